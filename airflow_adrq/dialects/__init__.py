@@ -1,0 +1,101 @@
+"""Per-dialect SQL differences behind one small registry.
+
+Generic code asks :func:`get` for the :class:`DialectSupport` of a bind and
+never compares dialect names itself. Each backend module registers itself
+with :func:`register`; adding a backend means adding a module here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import Column, Select, Table
+from sqlalchemy.engine import Connection, Dialect, Engine
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.dml import Insert
+
+from airflow_adrq.errors import UnsupportedDialectError
+
+__all__ = ["ConflictMode", "DialectSupport", "get", "register", "registered"]
+
+ConflictMode = Literal["ignore", "refresh"]
+
+
+@dataclass(frozen=True)
+class DialectSupport:
+    """What differs between backends on the queueing path.
+
+    ``insert_from_select(table, columns, select, key, on_conflict, refresh)``
+    returns ``INSERT INTO table (columns) <select>`` with the backend's
+    conflict clause on the primary key ``key``:
+
+    * ``"ignore"``: an existing row is left untouched;
+    * ``"refresh"``: the existing row's ``refresh`` column becomes the greater
+      of its value and the new one (never moves backwards).
+
+    ``insert_ignore(table)`` is an ``INSERT`` (add ``.values()``) that leaves
+    an existing row with the same primary key untouched.
+
+    ``engine_kwargs`` and ``configure_engine(engine)`` are the connection
+    settings the guarantees rely on (isolation level, busy handling, FK
+    enforcement); :func:`airflow_adrq.engine.create_engine` applies both.
+    """
+
+    name: str
+    insert_from_select: Callable[
+        [Table, Sequence[Column[Any]], Select[Any], Sequence[str], ConflictMode, str], Insert
+    ]
+    insert_ignore: Callable[[Table], Insert]
+    engine_kwargs: Mapping[str, Any]
+    configure_engine: Callable[[Engine], None]
+
+
+_REGISTRY: dict[str, DialectSupport] = {}
+
+
+def register(*names: str) -> Callable[[DialectSupport], DialectSupport]:
+    """Register a :class:`DialectSupport` under one or more dialect names."""
+
+    def decorate(support: DialectSupport) -> DialectSupport:
+        for name in names:
+            _REGISTRY[name] = support
+        return support
+
+    return decorate
+
+
+def registered() -> tuple[str, ...]:
+    """Dialect names with support, sorted."""
+    _load_builtin()
+    return tuple(sorted(_REGISTRY))
+
+
+def get(bind: Session | Connection | Engine | Dialect | str) -> DialectSupport:
+    """The :class:`DialectSupport` for a session, connection, engine or dialect.
+
+    Raises :class:`~airflow_adrq.errors.UnsupportedDialectError` for a backend
+    without a registered module.
+    """
+    _load_builtin()
+    if isinstance(bind, str):
+        name = bind
+    elif isinstance(bind, Session):
+        name = bind.get_bind().dialect.name
+    elif isinstance(bind, Dialect):
+        name = bind.name
+    else:
+        name = bind.dialect.name
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnsupportedDialectError(
+            f"no airflow-adrq support for dialect {name!r} (supported: {', '.join(sorted(_REGISTRY))})"
+        ) from None
+
+
+def _load_builtin() -> None:
+    # Imported lazily so importing the package never imports every dialect's
+    # SQLAlchemy extension up front (and to avoid an import cycle).
+    from airflow_adrq.dialects import mysql, postgresql, sqlite  # noqa: F401

@@ -1,0 +1,75 @@
+"""SQLite: ``INSERT ... ON CONFLICT DO NOTHING`` (SQLite >= 3.24).
+
+SQLite has one writer at a time, so row order cannot deadlock; the risk is a
+DEFERRED transaction that reads first and then cannot upgrade to a write lock
+(``SQLITE_BUSY`` without the busy handler being called). Engines made by
+:func:`airflow_adrq.engine.create_engine` therefore start every transaction
+with ``BEGIN IMMEDIATE`` and wait on a busy timeout. The SELECT always has a
+WHERE clause, which SQLite's upsert parser needs after ``INSERT ... SELECT``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Column, Select, Table, event, func
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.sql.dml import Insert
+
+from airflow_adrq.dialects import ConflictMode, DialectSupport, register
+
+#: Seconds a writer waits for the database lock before SQLITE_BUSY.
+BUSY_TIMEOUT_SECONDS = 30
+
+
+def _insert_from_select(
+    table: Table,
+    columns: Sequence[Column[Any]],
+    select: Select[Any],
+    key: Sequence[str],
+    on_conflict: ConflictMode,
+    refresh: str,
+) -> Insert:
+    stmt = sqlite.insert(table).from_select(list(columns), select)
+    if on_conflict == "ignore":
+        return stmt.on_conflict_do_nothing(index_elements=list(key))
+    return stmt.on_conflict_do_update(
+        index_elements=list(key),
+        # SQLite's two-argument max() is a scalar function, like GREATEST.
+        set_={refresh: func.max(table.c[refresh], stmt.excluded[refresh])},
+        where=table.c[refresh] < stmt.excluded[refresh],
+    )
+
+
+def _insert_ignore(table: Table) -> Insert:
+    return sqlite.insert(table).on_conflict_do_nothing()
+
+
+def _configure_engine(engine: Engine) -> None:
+    # SQLAlchemy's documented recipe: take pysqlite's own transaction handling
+    # away and emit BEGIN ourselves, so it can be BEGIN IMMEDIATE.
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        # Airflow enables FK enforcement on SQLite too (ON DELETE CASCADE).
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_SECONDS * 1000:d}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+SUPPORT = register("sqlite")(
+    DialectSupport(
+        name="sqlite",
+        insert_from_select=_insert_from_select,
+        insert_ignore=_insert_ignore,
+        engine_kwargs={},
+        configure_engine=_configure_engine,
+    )
+)

@@ -1,0 +1,35 @@
+"""Exceptions raised by airflow-adrq."""
+
+from __future__ import annotations
+
+__all__ = [
+    "AdrqError",
+    "AirflowSchemaError",
+    "RetriesExhaustedError",
+    "UnsupportedDialectError",
+    "UnsupportedSchemaError",
+]
+
+
+class AdrqError(Exception):
+    """airflow-adrq error."""
+
+    def __init__(self, message: str | None = None) -> None:
+        # The class docstring is the default message (procrastinate's habit).
+        super().__init__(message or self.__doc__)
+
+
+class UnsupportedDialectError(AdrqError):
+    """This database backend is not supported by airflow-adrq."""
+
+
+class UnsupportedSchemaError(AdrqError):
+    """The asset_dag_run_queue table does not have a shape airflow-adrq knows how to write."""
+
+
+class AirflowSchemaError(AdrqError):
+    """Refusing to run airflow-adrq migrations against a database that holds Airflow's own schema."""
+
+
+class RetriesExhaustedError(AdrqError):
+    """The transaction kept failing with retryable database errors."""

@@ -1,0 +1,376 @@
+"""Airflow-identical tables for the asset-queueing path (Airflow 3.0-3.3 shape).
+
+Every table, column, primary key, foreign key (with its ON DELETE) and index
+name here matches ``apache-airflow-core==3.3.2`` (``airflow/models/asset.py``,
+``airflow/models/dag.py``, ``airflow/models/dagbundle.py``), with the same
+types, lengths and MySQL collations, so the SQL this package builds runs
+unchanged against a real Airflow metadata database.
+
+Two tables are documented subsets, because only these columns are read on the
+queueing path (or are NOT NULL without a default there):
+
+* ``dag``: ``dag_id``, ``is_paused``, ``is_stale``, ``exceeds_max_non_backfill``,
+  ``has_import_errors``, ``bundle_name``, ``timetable_partitioned``,
+  ``asset_expression``, ``max_active_runs``, ``next_dagrun_create_after``.
+* ``dag_bundle``: ``name`` only (the target of ``dag.bundle_name``'s FK).
+
+Differences from Airflow that do not change the schema:
+
+* ``StringID`` always carries the ``utf8mb3_bin`` collation on MySQL/MariaDB.
+  Airflow decides this at import time from ``[database] sql_alchemy_conn``;
+  we use a dialect variant, which renders the same DDL.
+* No ORM relationships: the queueing path uses set-based Core statements.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+)
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+__all__ = [
+    "ID_LEN",
+    "AssetActive",
+    "AssetAliasModel",
+    "AssetDagRunQueue",
+    "AssetEvent",
+    "AssetModel",
+    "Base",
+    "DagBundleModel",
+    "DagModel",
+    "DagScheduleAssetAliasReference",
+    "DagScheduleAssetNameReference",
+    "DagScheduleAssetReference",
+    "DagScheduleAssetUriReference",
+    "UtcDateTime",
+    "alias_association_table",
+    "asset_alias_asset_event_association_table",
+    "metadata",
+    "utcnow",
+]
+
+# Airflow's naming convention (airflow/models/base.py). Unnamed constraints
+# such as ``asset_pkey`` or ``asset_alias_asset_alias_id_fkey`` get their
+# names from here, exactly as in Airflow.
+NAMING_CONVENTION = {
+    "ix": "idx_%(column_0_N_label)s",
+    "uq": "%(table_name)s_%(column_0_N_name)s_uq",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "%(table_name)s_%(column_0_name)s_fkey",
+    "pk": "%(table_name)s_pkey",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+ID_LEN = 250
+
+# MySQL/MariaDB only: Airflow's collations. ids are compared byte-wise
+# (utf8mb3_bin); asset names/URIs are latin1 so that (name, uri) fits InnoDB's
+# 3072-byte index key limit.
+_MYSQL_FAMILY = ("mysql", "mariadb")
+
+
+def utcnow() -> dt.datetime:
+    """Timezone-aware now in UTC (Airflow's ``timezone.utcnow``)."""
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def StringID(length: int = ID_LEN) -> sa.types.TypeEngine[str]:
+    """Airflow's ``StringID``: VARCHAR(250), ``utf8mb3_bin`` on MySQL."""
+    variant = String(length, collation="utf8mb3_bin")
+    return String(length).with_variant(variant, *_MYSQL_FAMILY)
+
+
+def AssetString() -> sa.types.TypeEngine[str]:
+    """Airflow's asset name/uri/group type: VARCHAR(1500), ``latin1_general_cs`` on MySQL."""
+    variant = String(1500, collation="latin1_general_cs")
+    return String(1500).with_variant(variant, *_MYSQL_FAMILY)
+
+
+class UtcDateTime(TypeDecorator[dt.datetime]):
+    """Airflow's ``UtcDateTime``: ``TIMESTAMP WITH TIME ZONE``, UTC in and out.
+
+    Naive datetimes are rejected. MySQL's TIMESTAMP has no time zone, so values
+    are sent as naive UTC there (as Airflow does) and read back as aware UTC.
+    """
+
+    impl = sa.TIMESTAMP(timezone=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> sa.types.TypeEngine[Any]:
+        if dialect.name in _MYSQL_FAMILY:
+            return dialect.type_descriptor(mysql.TIMESTAMP(fsp=6))
+        return dialect.type_descriptor(self.impl)
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if not isinstance(value, dt.datetime):
+            raise TypeError(f"expected datetime.datetime, not {value!r}")
+        if value.tzinfo is None:
+            raise ValueError("naive datetime is disallowed")
+        value = value.astimezone(dt.timezone.utc)
+        if dialect.name in _MYSQL_FAMILY:
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value.astimezone(dt.timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = metadata
+
+
+class DagBundleModel(Base):
+    """``dag_bundle`` (subset: ``name``), the parent of ``dag.bundle_name``."""
+
+    __tablename__ = "dag_bundle"
+
+    name: Mapped[str] = mapped_column(StringID(), primary_key=True, nullable=False)
+
+
+class DagModel(Base):
+    """``dag`` (documented subset of Airflow's columns; see the module docstring)."""
+
+    __tablename__ = "dag"
+
+    dag_id: Mapped[str] = mapped_column(StringID(), primary_key=True)
+    # Airflow's ORM default is [core] dags_are_paused_at_creation; there is no
+    # server default, so callers must set it.
+    is_paused: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    is_stale: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
+    exceeds_max_non_backfill: Mapped[bool] = mapped_column(
+        Boolean, nullable=False, default=False, server_default="0"
+    )
+    bundle_name: Mapped[str] = mapped_column(StringID(), ForeignKey("dag_bundle.name"), nullable=False)
+    has_import_errors: Mapped[bool | None] = mapped_column(Boolean(), default=False, server_default="0")
+    timetable_partitioned: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default="0")
+    asset_expression: Mapped[dict[str, Any] | None] = mapped_column(JSON(), nullable=True)
+    max_active_runs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    next_dagrun_create_after: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
+
+    __table_args__ = (Index("idx_next_dagrun_create_after", next_dagrun_create_after, unique=False),)
+
+
+alias_association_table = Table(
+    "asset_alias_asset",
+    metadata,
+    Column("alias_id", ForeignKey("asset_alias.id", ondelete="CASCADE"), primary_key=True),
+    Column("asset_id", ForeignKey("asset.id", ondelete="CASCADE"), primary_key=True),
+    Index("idx_asset_alias_asset_alias_id", "alias_id"),
+    Index("idx_asset_alias_asset_asset_id", "asset_id"),
+)
+
+asset_alias_asset_event_association_table = Table(
+    "asset_alias_asset_event",
+    metadata,
+    Column("alias_id", ForeignKey("asset_alias.id", ondelete="CASCADE"), primary_key=True),
+    Column("event_id", ForeignKey("asset_event.id", ondelete="CASCADE"), primary_key=True),
+    Index("idx_asset_alias_asset_event_alias_id", "alias_id"),
+    Index("idx_asset_alias_asset_event_event_id", "event_id"),
+)
+
+
+class AssetAliasModel(Base):
+    """``asset_alias``."""
+
+    __tablename__ = "asset_alias"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(AssetString(), nullable=False)
+    group: Mapped[str] = mapped_column(AssetString(), default="", nullable=False)
+
+    __table_args__ = (
+        Index("idx_asset_alias_name_unique", name, unique=True),
+        {"sqlite_autoincrement": True},  # ensures PK values are not reused
+    )
+
+
+class AssetModel(Base):
+    """``asset``."""
+
+    __tablename__ = "asset"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(AssetString(), nullable=False)
+    uri: Mapped[str] = mapped_column(AssetString(), nullable=False)
+    group: Mapped[str] = mapped_column(AssetString(), default=str, nullable=False)
+    extra: Mapped[dict[str, Any]] = mapped_column(JSON(), nullable=False, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow, nullable=False)
+    updated_at: Mapped[dt.datetime] = mapped_column(
+        UtcDateTime, default=utcnow, onupdate=utcnow, nullable=False
+    )
+
+    __table_args__ = (
+        Index("idx_asset_name_uri_unique", name, uri, unique=True),
+        {"sqlite_autoincrement": True},
+    )
+
+
+class AssetActive(Base):
+    """``asset_active``: name and URI are each unique among active assets."""
+
+    __tablename__ = "asset_active"
+
+    name: Mapped[str] = mapped_column(AssetString(), nullable=False)
+    uri: Mapped[str] = mapped_column(AssetString(), nullable=False)
+
+    __table_args__ = (
+        PrimaryKeyConstraint(name, uri, name="asset_active_pkey"),
+        ForeignKeyConstraint(
+            columns=[name, uri],
+            refcolumns=["asset.name", "asset.uri"],
+            name="asset_active_asset_name_uri_fkey",
+            ondelete="CASCADE",
+        ),
+        Index("idx_asset_active_name_unique", name, unique=True),
+        Index("idx_asset_active_uri_unique", uri, unique=True),
+    )
+
+
+class DagScheduleAssetNameReference(Base):
+    """``dag_schedule_asset_name_reference``: a DAG scheduled on ``Asset.ref(name=...)``."""
+
+    __tablename__ = "dag_schedule_asset_name_reference"
+
+    name: Mapped[str] = mapped_column(AssetString(), primary_key=True, nullable=False)
+    dag_id: Mapped[str] = mapped_column(StringID(), primary_key=True, nullable=False)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow, nullable=False)
+
+    __table_args__ = (
+        PrimaryKeyConstraint(name, dag_id, name="dsanr_pkey"),
+        ForeignKeyConstraint(
+            columns=(dag_id,), refcolumns=["dag.dag_id"], name="dsanr_dag_id_fkey", ondelete="CASCADE"
+        ),
+        Index("idx_dag_schedule_asset_name_reference_dag_id", dag_id),
+    )
+
+
+class DagScheduleAssetUriReference(Base):
+    """``dag_schedule_asset_uri_reference``: a DAG scheduled on ``Asset.ref(uri=...)``."""
+
+    __tablename__ = "dag_schedule_asset_uri_reference"
+
+    uri: Mapped[str] = mapped_column(AssetString(), primary_key=True, nullable=False)
+    dag_id: Mapped[str] = mapped_column(StringID(), primary_key=True, nullable=False)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow, nullable=False)
+
+    __table_args__ = (
+        PrimaryKeyConstraint(uri, dag_id, name="dsaur_pkey"),
+        ForeignKeyConstraint(
+            columns=(dag_id,), refcolumns=["dag.dag_id"], name="dsaur_dag_id_fkey", ondelete="CASCADE"
+        ),
+        Index("idx_dag_schedule_asset_uri_reference_dag_id", dag_id),
+    )
+
+
+class DagScheduleAssetAliasReference(Base):
+    """``dag_schedule_asset_alias_reference``: a DAG scheduled on an asset alias."""
+
+    __tablename__ = "dag_schedule_asset_alias_reference"
+
+    alias_id: Mapped[int] = mapped_column(Integer, primary_key=True, nullable=False)
+    dag_id: Mapped[str] = mapped_column(StringID(), primary_key=True, nullable=False)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow, nullable=False)
+    updated_at: Mapped[dt.datetime] = mapped_column(
+        UtcDateTime, default=utcnow, onupdate=utcnow, nullable=False
+    )
+
+    __table_args__ = (
+        PrimaryKeyConstraint(alias_id, dag_id, name="dsaar_pkey"),
+        ForeignKeyConstraint(
+            (alias_id,), ["asset_alias.id"], name="dsaar_asset_alias_fkey", ondelete="CASCADE"
+        ),
+        ForeignKeyConstraint(
+            columns=(dag_id,), refcolumns=["dag.dag_id"], name="dsaar_dag_id_fkey", ondelete="CASCADE"
+        ),
+        Index("idx_dag_schedule_asset_alias_reference_dag_id", dag_id),
+    )
+
+
+class DagScheduleAssetReference(Base):
+    """``dag_schedule_asset_reference``: a DAG scheduled directly on an asset."""
+
+    __tablename__ = "dag_schedule_asset_reference"
+
+    asset_id: Mapped[int] = mapped_column(Integer, primary_key=True, nullable=False)
+    dag_id: Mapped[str] = mapped_column(StringID(), primary_key=True, nullable=False)
+    allow_producer_teams: Mapped[list[str] | None] = mapped_column(JSON(), nullable=True)
+    allow_global_producers: Mapped[bool] = mapped_column(Boolean(), nullable=False, server_default=sa.true())
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow, nullable=False)
+    updated_at: Mapped[dt.datetime] = mapped_column(
+        UtcDateTime, default=utcnow, onupdate=utcnow, nullable=False
+    )
+
+    __table_args__ = (
+        PrimaryKeyConstraint(asset_id, dag_id, name="dsar_pkey"),
+        ForeignKeyConstraint((asset_id,), ["asset.id"], name="dsar_asset_fkey", ondelete="CASCADE"),
+        ForeignKeyConstraint(
+            columns=(dag_id,), refcolumns=["dag.dag_id"], name="dsar_dag_id_fkey", ondelete="CASCADE"
+        ),
+        Index("idx_dag_schedule_asset_reference_dag_id", dag_id),
+    )
+
+
+class AssetDagRunQueue(Base):
+    """``asset_dag_run_queue`` (ADRQ): one row per (asset, consumer DAG) awaiting a run.
+
+    Airflow 3.0-3.3 shape: primary key ``(asset_id, target_dag_id)``.
+    """
+
+    __tablename__ = "asset_dag_run_queue"
+
+    asset_id: Mapped[int] = mapped_column(Integer, primary_key=True, nullable=False)
+    target_dag_id: Mapped[str] = mapped_column(StringID(), primary_key=True, nullable=False)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow, nullable=False)
+
+    __table_args__ = (
+        PrimaryKeyConstraint(asset_id, target_dag_id, name="assetdagrunqueue_pkey"),
+        ForeignKeyConstraint((asset_id,), ["asset.id"], name="adrq_asset_fkey", ondelete="CASCADE"),
+        ForeignKeyConstraint((target_dag_id,), ["dag.dag_id"], name="adrq_dag_fkey", ondelete="CASCADE"),
+        Index("idx_asset_dag_run_queue_target_dag_id", target_dag_id),
+    )
+
+
+class AssetEvent(Base):
+    """``asset_event``. No FK to ``asset``: events outlive their asset, as in Airflow."""
+
+    __tablename__ = "asset_event"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    asset_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    extra: Mapped[dict[str, Any]] = mapped_column(JSON(), nullable=False, default=dict)
+    source_task_id: Mapped[str | None] = mapped_column(StringID(), nullable=True)
+    source_dag_id: Mapped[str | None] = mapped_column(StringID(), nullable=True)
+    source_run_id: Mapped[str | None] = mapped_column(StringID(), nullable=True)
+    source_map_index: Mapped[int | None] = mapped_column(Integer, nullable=True, server_default="-1")
+    timestamp: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow, nullable=False)
+    partition_key: Mapped[str | None] = mapped_column(StringID(), nullable=True)
+
+    __table_args__ = (
+        Index("idx_asset_id_timestamp", asset_id, timestamp),
+        {"sqlite_autoincrement": True},
+    )
