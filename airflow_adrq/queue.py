@@ -86,6 +86,7 @@ from airflow_adrq.models import (
     UtcDateTime,
     utcnow,
 )
+from airflow_adrq.txscope import TransactionScoped, current_transaction, descends_from
 
 __all__ = [
     "QueueTarget",
@@ -99,8 +100,6 @@ __all__ = [
 
 _ADRQ = cast(Table, AssetDagRunQueue.__table__)
 _ADRQ_KEY = ("asset_id", "target_dag_id")
-_PENDING_KEY = "airflow_adrq.pending"
-_LISTENING_KEY = "airflow_adrq.listening"
 
 
 @dataclass(frozen=True, order=True)
@@ -251,17 +250,33 @@ class _Deferred:
     queued_in: SessionTransaction | None = None
 
 
-def _deferred_map(session: Session) -> dict[SessionTransaction, list[_Deferred]]:
-    # Keyed by the transaction (possibly a SAVEPOINT) each call was made in.
-    deferred: dict[SessionTransaction, list[_Deferred]] = session.info.setdefault(_PENDING_KEY, {})
-    return deferred
+def _unqueued(entries: Iterable[_Deferred]) -> list[_Deferred]:
+    return [entry for entry in entries if entry.queued_in is None]
 
 
-def _current_transaction(session: Session) -> SessionTransaction:
-    session.connection()  # autobegin, so there is a transaction to attach to
-    trans = session.get_nested_transaction() or session.get_transaction()
-    assert trans is not None
-    return trans
+def _queue_entries(session: Session, entries: list[_Deferred]) -> None:
+    entries = _unqueued(entries)
+    if not entries:
+        return
+    queue_dagruns(
+        session,
+        [QueueTarget(k, tuple(v)) for entry in entries for k, v in entry.targets.items()],
+        on_conflict="refresh" if any(entry.refresh for entry in entries) else "ignore",
+    )
+    current = current_transaction(session)
+    for entry in entries:
+        entry.queued_in = current
+
+
+def _requeue_rolled_back(session: Session, rolled_back: SessionTransaction, entries: list[_Deferred]) -> None:
+    for entry in entries:
+        if entry.queued_in is not None and descends_from(entry.queued_in, rolled_back):
+            entry.queued_in = None
+
+
+_DEFERRED: TransactionScoped[_Deferred] = TransactionScoped(
+    "deferred_dagruns", before_commit=_queue_entries, on_rollback=_requeue_rolled_back
+)
 
 
 def defer_dagruns(
@@ -283,31 +298,22 @@ def defer_dagruns(
     :func:`flush_queue`); a query on ``asset_dag_run_queue`` in the same
     transaction does not see them. Rollback: nothing is queued. SAVEPOINTs:
     targets deferred inside a nested transaction that is rolled back are
-    dropped; those of a released one join the enclosing transaction.
+    dropped; those of a released one are queued at the outermost COMMIT.
 
     Locks: none until the commit; then as :func:`queue_dagruns`. A failure of
     the statement (e.g. a deadlock) makes ``Session.commit()`` raise; the
-    transaction is rolled back and nothing is queued.
+    transaction is rolled back and nothing is queued: retry the whole
+    transaction.
     """
     merged = _merge(targets)
-    if not merged:
-        return
-    _listen(session)
-    entry = _Deferred(merged, refresh=on_conflict == "refresh")
-    _deferred_map(session).setdefault(_current_transaction(session), []).append(entry)
-
-
-def _unqueued(session: Session) -> list[_Deferred]:
-    return [
-        entry for entries in _deferred_map(session).values() for entry in entries if entry.queued_in is None
-    ]
+    if merged:
+        _DEFERRED.add(session, _Deferred(merged, refresh=on_conflict == "refresh"))
 
 
 def pending_targets(session: Session) -> list[QueueTarget]:
     """Targets deferred in this session's open transaction and not queued yet, in queue order."""
-    merged = _merge(
-        QueueTarget(k, tuple(v)) for entry in _unqueued(session) for k, v in entry.targets.items()
-    )
+    entries = _unqueued(_DEFERRED.items(session))
+    merged = _merge(QueueTarget(k, tuple(v)) for entry in entries for k, v in entry.targets.items())
     return [QueueTarget(asset_id, tuple(sorted(names))) for asset_id, names in sorted(merged.items())]
 
 
@@ -320,70 +326,9 @@ def flush_queue(session: Session) -> None:
     commit. Later deferrals are queued by the next flush or at commit. Locks
     as :func:`queue_dagruns`, from now until the transaction ends.
     """
-    entries = _unqueued(session)
-    if not entries:
-        return
-    queue_dagruns(
-        session,
-        [QueueTarget(k, tuple(v)) for entry in entries for k, v in entry.targets.items()],
-        on_conflict="refresh" if any(entry.refresh for entry in entries) else "ignore",
-    )
-    current = _current_transaction(session)
-    for entry in entries:
-        entry.queued_in = current
+    _queue_entries(session, _DEFERRED.items(session))
 
 
 def discard_pending(session: Session) -> None:
     """Forget everything deferred in this session without queueing it."""
-    _deferred_map(session).clear()
-
-
-def _listen(session: Session) -> None:
-    if session.info.get(_LISTENING_KEY):
-        return
-    from sqlalchemy import event
-
-    event.listen(session, "before_commit", _before_commit)
-    event.listen(session, "after_soft_rollback", _after_soft_rollback)
-    event.listen(session, "after_transaction_end", _after_transaction_end)
-    session.info[_LISTENING_KEY] = True
-
-
-def _before_commit(session: Session) -> None:
-    # before_commit also fires when a SAVEPOINT is released; queue only at the
-    # outermost COMMIT, when every surviving target is known.
-    if session.get_nested_transaction() is not None:
-        return
-    flush_queue(session)
-
-
-def _after_soft_rollback(session: Session, previous_transaction: SessionTransaction) -> None:
-    # Drop what was deferred in the rolled-back transaction and in any
-    # transaction nested inside it (released or not). Targets stay keyed by
-    # the transaction they were deferred in until the outermost transaction
-    # ends, because SQLAlchemy reports a SAVEPOINT's end *before* saying it
-    # was rolled back, so a released and a rolled-back one look alike there.
-    deferred = _deferred_map(session)
-    for trans in list(deferred):
-        if _descends_from(trans, previous_transaction):
-            del deferred[trans]
-    for entries in deferred.values():
-        for entry in entries:
-            if entry.queued_in is not None and _descends_from(entry.queued_in, previous_transaction):
-                entry.queued_in = None
-
-
-def _after_transaction_end(session: Session, transaction: SessionTransaction) -> None:
-    if transaction.parent is None:
-        # The outermost transaction ended: committed (already queued by
-        # before_commit) or rolled back (nothing to queue).
-        _deferred_map(session).clear()
-
-
-def _descends_from(trans: SessionTransaction, ancestor: SessionTransaction) -> bool:
-    node: SessionTransaction | None = trans
-    while node is not None:
-        if node is ancestor:
-            return True
-        node = node.parent
-    return False
+    _DEFERRED.clear(session)

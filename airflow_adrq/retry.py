@@ -1,0 +1,186 @@
+"""Whole-transaction retry, and the one place database errors are classified.
+
+A deadlock victim's transaction is gone: PostgreSQL aborts it, InnoDB rolls
+it back entirely (and discards its SAVEPOINTs, so MariaDB/MySQL then report
+error 1305 "SAVEPOINT ... does not exist" with the 1213 further down the
+exception chain). The only safe retry starts again from BEGIN and re-runs
+the logic that chose the SQL; anything that is not a database write (listener
+callbacks, metrics, messages) runs once, after the COMMIT that succeeded.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+from sqlalchemy.orm import Session
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from airflow_adrq.errors import RetriesExhaustedError
+
+__all__ = ["Retryable", "RetryableKind", "classify", "is_retryable", "run_in_transaction"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Callback = Callable[[], object]
+
+
+class RetryableKind(enum.Enum):
+    DEADLOCK = "deadlock"
+    SERIALIZATION = "serialization"
+    LOCK_TIMEOUT = "lock_timeout"
+    BUSY = "busy"
+
+
+@dataclass(frozen=True)
+class Retryable:
+    """A database error after which the whole transaction may be retried."""
+
+    kind: RetryableKind
+    code: str  # SQLSTATE, MySQL error number or SQLite result code, as text
+
+
+# PostgreSQL SQLSTATEs (Appendix A, "PostgreSQL Error Codes").
+_PG_SQLSTATES = {
+    "40P01": RetryableKind.DEADLOCK,  # deadlock_detected
+    "40001": RetryableKind.SERIALIZATION,  # serialization_failure
+    "55P03": RetryableKind.LOCK_TIMEOUT,  # lock_not_available (lock_timeout / NOWAIT)
+}
+# MySQL / MariaDB server error numbers.
+_MYSQL_ERRNOS = {
+    1213: RetryableKind.DEADLOCK,  # ER_LOCK_DEADLOCK: InnoDB rolled the transaction back
+    1205: RetryableKind.LOCK_TIMEOUT,  # ER_LOCK_WAIT_TIMEOUT: only the statement was rolled back
+}
+# SQLite primary result codes (the low byte of extended codes such as
+# SQLITE_BUSY_SNAPSHOT = 517).
+_SQLITE_CODES = {
+    5: RetryableKind.BUSY,  # SQLITE_BUSY
+    6: RetryableKind.BUSY,  # SQLITE_LOCKED
+}
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, the DBAPI error SQLAlchemy wraps, and everything they were raised from."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        for linked in (getattr(current, "orig", None), current.__cause__, current.__context__):
+            if isinstance(linked, BaseException):
+                todo.append(linked)
+
+
+def _classify_one(exc: BaseException) -> Retryable | None:
+    # psycopg2 exposes .pgcode, psycopg 3 .sqlstate.
+    sqlstate = getattr(exc, "pgcode", None) or getattr(exc, "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate in _PG_SQLSTATES:
+        return Retryable(_PG_SQLSTATES[sqlstate], sqlstate)
+    # sqlite3 (Python >= 3.11) exposes the extended result code.
+    sqlite_code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(sqlite_code, int):
+        kind = _SQLITE_CODES.get(sqlite_code & 0xFF)
+        return Retryable(kind, str(sqlite_code)) if kind else None
+    # mysqlclient and PyMySQL: args[0] is the server's error number.
+    if type(exc).__module__.split(".")[0] in ("MySQLdb", "pymysql") and exc.args:
+        errno = exc.args[0]
+        if isinstance(errno, int) and errno in _MYSQL_ERRNOS:
+            return Retryable(_MYSQL_ERRNOS[errno], str(errno))
+    return None
+
+
+def classify(exc: BaseException) -> Retryable | None:
+    """The retryable database error anywhere in ``exc``'s chain, or ``None``.
+
+    Walks ``.orig`` (SQLAlchemy's wrapped DBAPI error), ``__cause__`` and
+    ``__context__``, and reads driver error codes only, never message text.
+    """
+    for linked in _chain(exc):
+        found = _classify_one(linked)
+        if found is not None:
+            return found
+    return None
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or anything in its chain) allows a whole-transaction retry."""
+    return classify(exc) is not None
+
+
+def run_in_transaction(
+    session_factory: Callable[[], Session],
+    work: Callable[[Session, list[Callback]], T],
+    *,
+    max_attempts: int = 5,
+    initial_wait: float = 0.05,
+    max_wait: float = 2.0,
+    on_retry: Callable[[int, Retryable], None] | None = None,
+) -> T:
+    """Run ``work(session, callback_sink)`` in a fresh transaction; retry it from BEGIN.
+
+    Each attempt opens a new session from ``session_factory``, begins, calls
+    ``work``, and commits. On a retryable error (:func:`classify`) the
+    attempt's transaction is rolled back, its callbacks are dropped, and the
+    whole unit runs again after a jittered exponential backoff
+    (``initial_wait`` doubling up to ``max_wait``), at most ``max_attempts``
+    times. Callables that ``work`` appends to ``callback_sink`` (for example
+    by passing it as ``register_asset_change(callback_sink=...)``) run once,
+    in order, after the successful COMMIT; an exception in one is logged and
+    does not stop the others.
+
+    Locks: whatever ``work`` locks, released by the COMMIT or ROLLBACK of each
+    attempt. Does not promise: that ``work`` has no side effects outside the
+    database (it may run several times; keep them in the callback sink), or
+    success: :class:`~airflow_adrq.errors.RetriesExhaustedError` is raised
+    (from the last error) after ``max_attempts`` retryable failures.
+    Non-retryable errors propagate unchanged after the rollback.
+    """
+    if max_attempts < 1:
+        raise ValueError("max_attempts must be at least 1")
+
+    def before_sleep(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        found = classify(exc) if exc else None
+        if found is not None:
+            log.info(
+                "retrying transaction after %s (%s), attempt %d",
+                found.kind.value,
+                found.code,
+                state.attempt_number,
+            )
+            if on_retry is not None:
+                on_retry(state.attempt_number, found)
+
+    retrying = Retrying(
+        stop=stop_after_attempt(max_attempts),
+        wait=wait_random_exponential(multiplier=initial_wait, max=max_wait),
+        retry=retry_if_exception(is_retryable),
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+    callbacks: list[Callback] = []
+    try:
+        for attempt in retrying:
+            with attempt:
+                callbacks = []
+                with session_factory() as session, session.begin():
+                    result = work(session, callbacks)
+    except Exception as exc:
+        if is_retryable(exc):
+            raise RetriesExhaustedError(
+                f"transaction failed {max_attempts} times with retryable errors; last: {classify(exc)}"
+            ) from exc
+        raise
+    for callback in callbacks:
+        try:
+            callback()
+        except Exception:
+            log.exception("post-commit callback %r failed", callback)
+    return result

@@ -1,0 +1,149 @@
+"""Per-transaction bookkeeping on a SQLAlchemy ``Session``, SAVEPOINT-aware.
+
+Commit-time queueing and post-commit callbacks both need "remember this
+until the outermost COMMIT, and forget it if the (nested) transaction it was
+recorded in is rolled back". This module is that one mechanism.
+
+SQLAlchemy reports a SAVEPOINT's end (``after_transaction_end``) *before* it
+says the SAVEPOINT was rolled back (``after_soft_rollback``), so a released
+and a rolled-back SAVEPOINT look alike when they end. Items therefore stay
+keyed by the transaction they were recorded in until the outermost
+transaction ends, and a rollback drops the items of the rolled-back
+transaction and of every transaction nested inside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session, SessionTransaction
+
+__all__ = ["TransactionScoped", "current_transaction", "descends_from"]
+
+T = TypeVar("T")
+
+_SCOPES_KEY = "airflow_adrq.scopes"
+
+
+def current_transaction(session: Session) -> SessionTransaction:
+    """The innermost open transaction of ``session`` (beginning one if needed)."""
+    session.connection()  # autobegin, so there is a transaction to attach to
+    trans = session.get_nested_transaction() or session.get_transaction()
+    assert trans is not None
+    return trans
+
+
+def descends_from(trans: SessionTransaction, ancestor: SessionTransaction) -> bool:
+    """Whether ``trans`` is ``ancestor`` or nested (at any depth) inside it."""
+    node: SessionTransaction | None = trans
+    while node is not None:
+        if node is ancestor:
+            return True
+        node = node.parent
+    return False
+
+
+@dataclass
+class TransactionScoped(Generic[T]):
+    """Items recorded on a session, each with the transaction it was recorded in.
+
+    ``before_commit(session, items)`` runs just before the outermost COMMIT
+    (inside the transaction; it may execute SQL, and an exception aborts the
+    commit). ``after_commit(session, items)`` runs after the outermost COMMIT
+    succeeded. ``on_rollback(session, rolled_back, items)`` lets the owner
+    react to a rollback; the rolled-back transaction's own items are already
+    gone. The items are forgotten when the outermost transaction ends.
+    """
+
+    name: str
+    before_commit: Callable[[Session, list[T]], None] | None = None
+    after_commit: Callable[[Session, list[T]], None] | None = None
+    on_rollback: Callable[[Session, SessionTransaction, list[T]], None] | None = None
+    _key: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._key = f"airflow_adrq.scoped.{self.name}"
+
+    def add(self, session: Session, item: T) -> None:
+        """Record ``item`` in the session's current (innermost) transaction."""
+        _install(session, self)
+        self._map(session).setdefault(current_transaction(session), []).append(item)
+
+    def items(self, session: Session) -> list[T]:
+        """The items still alive in ``session``'s open transaction, in recording order."""
+        return [item for items in self._map(session).values() for item in items]
+
+    def clear(self, session: Session) -> None:
+        """Forget every item in ``session``."""
+        self._map(session).clear()
+
+    def _map(self, session: Session) -> dict[SessionTransaction, list[T]]:
+        found: dict[SessionTransaction, list[T]] = session.info.setdefault(self._key, {})
+        return found
+
+    # -- event dispatch (see _install) --------------------------------------
+
+    def _before_commit(self, session: Session) -> None:
+        if self.before_commit is not None and self._map(session):
+            self.before_commit(session, self.items(session))
+
+    def _after_commit(self, session: Session) -> None:
+        items = self.items(session)
+        self.clear(session)
+        if self.after_commit is not None and items:
+            self.after_commit(session, items)
+
+    def _rolled_back(self, session: Session, rolled_back: SessionTransaction) -> None:
+        mapping = self._map(session)
+        for trans in list(mapping):
+            if descends_from(trans, rolled_back):
+                del mapping[trans]
+        if self.on_rollback is not None:
+            self.on_rollback(session, rolled_back, self.items(session))
+
+
+def _install(session: Session, scope: TransactionScoped[T]) -> None:
+    scopes: list[TransactionScoped[object]] | None = session.info.get(_SCOPES_KEY)
+    if scopes is None:
+        scopes = session.info[_SCOPES_KEY] = []
+        event.listen(session, "before_commit", _on_before_commit)
+        event.listen(session, "after_commit", _on_after_commit)
+        event.listen(session, "after_soft_rollback", _on_soft_rollback)
+        event.listen(session, "after_transaction_end", _on_transaction_end)
+    if scope not in scopes:
+        scopes.append(scope)  # type: ignore[arg-type]
+
+
+def _scopes(session: Session) -> list[TransactionScoped[object]]:
+    return list(session.info.get(_SCOPES_KEY, ()))
+
+
+# before_commit and after_commit also fire when a SAVEPOINT is released; only
+# the outermost COMMIT counts (a released SAVEPOINT's items simply stay until then).
+
+
+def _on_before_commit(session: Session) -> None:
+    if session.get_nested_transaction() is None:
+        for scope in _scopes(session):
+            scope._before_commit(session)
+
+
+def _on_after_commit(session: Session) -> None:
+    if session.get_nested_transaction() is None:
+        for scope in _scopes(session):
+            scope._after_commit(session)
+
+
+def _on_soft_rollback(session: Session, previous_transaction: SessionTransaction) -> None:
+    for scope in _scopes(session):
+        scope._rolled_back(session, previous_transaction)
+
+
+def _on_transaction_end(session: Session, transaction: SessionTransaction) -> None:
+    if transaction.parent is None:
+        # Outermost transaction over: committed (handled) or rolled back.
+        for scope in _scopes(session):
+            scope.clear(session)
