@@ -1,0 +1,306 @@
+"""Create and upgrade airflow-adrq's *own* database with Alembic.
+
+These migrations are for a standalone database: the test suite, the
+benchmarks, or a scratch database to try the library on. A real Airflow
+metadata database needs none of them, because Airflow's own migrations
+already created the very same tables (``airflow_adrq.models`` mirrors them);
+the queueing code runs against that database as it is.
+
+So every command here first refuses a database that holds Airflow's schema
+(:func:`refuse_airflow_schema`). Running these migrations there could only do
+harm: ``upgrade`` would fail half-way on tables that already exist (and on
+MySQL, where DDL is not transactional, leave a half-applied state behind),
+and ``downgrade`` would drop Airflow's asset and DAG tables with their rows.
+
+Alembic is configured in code (no ``alembic.ini``) and keeps its revision in
+``airflow_adrq_version``, never ``alembic_version``, which is Airflow's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.resources
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext, MigrationInfo
+from alembic.script import Script, ScriptDirectory
+from sqlalchemy.engine import URL, Connection, Engine
+
+from airflow_adrq.engine import create_engine
+from airflow_adrq.errors import AdrqError, AirflowSchemaError
+from airflow_adrq.models import metadata
+
+__all__ = [
+    "AIRFLOW_MARKER_TABLES",
+    "VERSION_TABLE",
+    "CheckResult",
+    "MigrationResult",
+    "Step",
+    "alembic_config",
+    "check",
+    "current",
+    "downgrade",
+    "heads",
+    "refuse_airflow_schema",
+    "schema_diff",
+    "script_location",
+    "upgrade",
+]
+
+#: Alembic's version table for airflow-adrq. Not ``alembic_version``: that
+#: name is Airflow's, and sharing it would mix two revision histories.
+VERSION_TABLE = "airflow_adrq_version"
+
+#: Tables whose presence means "this is an Airflow metadata database":
+#: Airflow's Alembic version table, and ``dag_run``, which every Airflow
+#: schema since 1.x has and airflow-adrq never creates.
+AIRFLOW_MARKER_TABLES = ("alembic_version", "dag_run")
+
+#: Key in ``Config.attributes`` under which :mod:`migrations/env.py` finds the
+#: callback that records each applied revision.
+ON_VERSION_APPLY = "airflow_adrq.on_version_apply"
+
+Bind = str | URL | Engine
+
+
+@dataclass(frozen=True)
+class Step:
+    """One revision applied (``upgrade``) or reverted (``downgrade``)."""
+
+    direction: Literal["upgrade", "downgrade"]
+    revision: str
+    doc: str
+
+
+@dataclass(frozen=True)
+class MigrationResult:
+    """What :func:`upgrade` or :func:`downgrade` did."""
+
+    before: str | None
+    after: str | None
+    steps: tuple[Step, ...]
+    tables_created: tuple[str, ...]
+    tables_dropped: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What :func:`check` found. ``ok`` means at head and no schema difference."""
+
+    current: str | None
+    head: str
+    diffs: tuple[Any, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return self.current == self.head and not self.diffs
+
+
+def script_location() -> Path:
+    """The Alembic script directory (``env.py``, ``versions/``).
+
+    An installed wheel carries it as ``airflow_adrq/migrations`` (pyproject
+    force-includes the top-level ``migrations/`` there); a source checkout has
+    it at the top of the tree, next to the package.
+    """
+    installed = importlib.resources.files("airflow_adrq").joinpath("migrations")
+    if installed.is_dir():
+        if not isinstance(installed, Path):
+            # Alembic imports env.py and the revisions from real files.
+            raise AdrqError(f"airflow-adrq migrations must be on the file system, not in {installed!r}")
+        return installed
+    checkout = Path(__file__).resolve().parent.parent / "migrations"
+    if (checkout / "env.py").is_file():
+        return checkout
+    raise AdrqError(f"airflow-adrq migrations not found (looked in {installed} and {checkout})")
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    """An Alembic :class:`~alembic.config.Config` built in code, for ``connection``.
+
+    Also what a developer uses to author a revision, e.g.
+    ``command.revision(alembic_config(conn), "add x", autogenerate=True)``.
+    """
+    config = Config()
+    location = script_location()
+    config.set_main_option("script_location", str(location))
+    config.set_main_option("version_locations", str(location / "versions"))
+    config.set_main_option("path_separator", "os")
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def heads() -> tuple[str, ...]:
+    """The head revision(s) of the migration scripts (one, unless history forked)."""
+    return tuple(ScriptDirectory.from_config(alembic_config()).get_heads())
+
+
+def refuse_airflow_schema(connection: Connection) -> None:
+    """Raise :class:`~airflow_adrq.errors.AirflowSchemaError` if ``connection``'s database is Airflow's.
+
+    Looks for :data:`AIRFLOW_MARKER_TABLES` in the default schema with the
+    inspector, before Alembic does anything (it would otherwise create
+    ``airflow_adrq_version`` first). Reads only the catalog and, if present,
+    ``alembic_version``'s rows (for the message); takes no locks beyond what
+    the catalog read takes; changes nothing.
+
+    Not promised: a database that gains Airflow's tables after this check,
+    while the migration runs, is not detected.
+    """
+    inspector = sa.inspect(connection)
+    found = [name for name in AIRFLOW_MARKER_TABLES if inspector.has_table(name)]
+    if not found:
+        return
+    details = []
+    for name in found:
+        if name == "alembic_version" and any(
+            column["name"] == "version_num" for column in inspector.get_columns(name)
+        ):
+            version = sa.table(name, sa.column("version_num"))
+            revisions = connection.execute(sa.select(version.c.version_num)).scalars().all()
+            details.append(f"{name} (revision {', '.join(map(str, revisions)) or 'none'})")
+        else:
+            details.append(name)
+    url = connection.engine.url.render_as_string(hide_password=True)
+    raise AirflowSchemaError(
+        f"refusing to run airflow-adrq migrations on {url}: it holds Apache Airflow's own schema "
+        f"(found {', '.join(details)}). Airflow's migrations own these tables and airflow-adrq needs "
+        "no migration there; `airflow-adrq db` is only for a database of its own. Nothing was changed."
+    )
+
+
+def upgrade(bind: Bind, revision: str = "head") -> MigrationResult:
+    """Upgrade the database to ``revision`` (default: head), in one transaction.
+
+    Refuses an Airflow database first (:func:`refuse_airflow_schema`).
+    PostgreSQL and SQLite run the whole upgrade in one transaction, so a
+    failure leaves nothing behind; DDL takes ``ACCESS EXCLUSIVE`` locks on
+    PostgreSQL and the database write lock on SQLite until commit.
+
+    Not promised: on MySQL/MariaDB every DDL statement commits implicitly, so
+    a failure part-way leaves the revisions before it applied. Two concurrent
+    upgrades of the same database are not serialised (one fails).
+    """
+    return _migrate(bind, "upgrade", revision)
+
+
+def downgrade(bind: Bind, revision: str) -> MigrationResult:
+    """Downgrade the database to ``revision`` (``"base"`` drops every airflow-adrq table).
+
+    Same transaction, locking and refusal rules as :func:`upgrade`. There is
+    no default revision on purpose: a downgrade deletes data.
+    """
+    return _migrate(bind, "downgrade", revision)
+
+
+def current(bind: Bind) -> str | None:
+    """The revision recorded in ``airflow_adrq_version``, or ``None`` for an unmigrated database.
+
+    Read-only; refuses an Airflow database like the other commands.
+    """
+    with _connect(bind) as connection:
+        refuse_airflow_schema(connection)
+        return _current(connection)
+
+
+def check(bind: Bind) -> CheckResult:
+    """Compare the database with the head revision and with ``airflow_adrq.models``.
+
+    Read-only (like ``alembic check``): reports the current revision, the
+    head, and every difference Alembic's autogenerate finds between the
+    reflected schema and the models (:func:`schema_diff`).
+    """
+    (head,) = heads()
+    with _connect(bind) as connection:
+        refuse_airflow_schema(connection)
+        return CheckResult(current=_current(connection), head=head, diffs=tuple(schema_diff(connection)))
+
+
+def schema_diff(connection: Connection) -> list[Any]:
+    """Alembic autogenerate's differences between the database and ``airflow_adrq.models``.
+
+    Compares tables, columns, types, nullability, server defaults, indexes,
+    unique and foreign key constraints, restricted to the models' tables (the
+    version table and unrelated tables are not reported). An empty list means
+    the schema is what the models describe.
+    """
+    context = MigrationContext.configure(connection, opts=_compare_options())
+    return list(compare_metadata(context, metadata))
+
+
+def _compare_options() -> dict[str, Any]:
+    # Also used by migrations/env.py, so `alembic revision --autogenerate` and
+    # `db check` see the same differences.
+    from airflow_adrq import _schema_compare
+
+    return {
+        "version_table": VERSION_TABLE,
+        "compare_type": _schema_compare.compare_type,
+        "compare_server_default": _schema_compare.compare_server_default,
+        "include_name": _schema_compare.include_name,
+    }
+
+
+def _migrate(bind: Bind, direction: Literal["upgrade", "downgrade"], revision: str) -> MigrationResult:
+    steps: list[Step] = []
+
+    def record(*, step: MigrationInfo, **_: Any) -> None:
+        script = step.up_revision
+        steps.append(
+            Step(
+                direction="upgrade" if step.is_upgrade else "downgrade",
+                revision=step.up_revision_id or "",
+                doc=script.doc.strip() if isinstance(script, Script) else "",
+            )
+        )
+
+    with _connect(bind) as connection:
+        # Before Alembic runs: it would create airflow_adrq_version first.
+        refuse_airflow_schema(connection)
+        before = _current(connection)
+        tables_before = set(sa.inspect(connection).get_table_names())
+        config = alembic_config(connection)
+        config.attributes[ON_VERSION_APPLY] = record
+        if direction == "upgrade":
+            command.upgrade(config, revision)
+        else:
+            command.downgrade(config, revision)
+        after = _current(connection)
+        # A fresh inspector: the first one cached the table names.
+        tables_after = set(sa.inspect(connection).get_table_names())
+    ours = tables_after ^ tables_before
+    return MigrationResult(
+        before=before,
+        after=after,
+        steps=tuple(steps),
+        tables_created=tuple(sorted(ours & tables_after)),
+        tables_dropped=tuple(sorted(ours & tables_before)),
+    )
+
+
+def _current(connection: Connection) -> str | None:
+    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    return context.get_current_revision()
+
+
+@contextlib.contextmanager
+def _connect(bind: Bind) -> Iterator[Connection]:
+    """One connection in one transaction, committed on success."""
+    if isinstance(bind, Engine):
+        with bind.begin() as connection:
+            yield connection
+        return
+    engine = create_engine(bind, poolclass=sa.pool.NullPool)
+    try:
+        with engine.begin() as connection:
+            yield connection
+    finally:
+        engine.dispose()
