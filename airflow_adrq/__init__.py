@@ -1,1 +1,69 @@
-"""airflow-adrq."""
+"""airflow-adrq: deadlock-free, set-based ``asset_dag_run_queue`` writes for Apache Airflow.
+
+Guarantee, in one paragraph: every transaction queues all the downstream DAGs
+of all the assets it registered with ONE ``INSERT ... SELECT ... ORDER BY
+asset_id, dag_id`` statement, run just before its COMMIT, so concurrent
+producers lock queue rows in the same global order and cannot deadlock on
+them; the rows appear when the transaction commits and never if it rolls
+back. Deadlocks through other tables remain possible: run producer
+transactions under :func:`run_in_transaction`, which retries them from BEGIN.
+
+Public API (everything else is internal):
+
+* :func:`register_asset_change`, :func:`register_asset_changes` — Airflow 3.3's
+  ``AssetManager.register_asset_change``, standalone.
+* :func:`queue_dagruns` (now), :func:`defer_dagruns` (at COMMIT),
+  :func:`flush_queue`, :func:`build_queue_statement` — the queueing statement.
+* :func:`run_in_transaction`, :func:`classify` — whole-transaction retry.
+* :func:`create_engine` — an engine with the settings the guarantees assume.
+"""
+
+from __future__ import annotations
+
+from airflow_adrq.engine import create_engine
+from airflow_adrq.errors import (
+    AdrqError,
+    AirflowSchemaError,
+    RetriesExhaustedError,
+    UnsupportedDialectError,
+    UnsupportedSchemaError,
+)
+from airflow_adrq.listeners import AssetEventInfo, add_listener, remove_listener
+from airflow_adrq.manager import AssetChange, register_asset_change, register_asset_changes
+from airflow_adrq.queue import (
+    QueueTarget,
+    build_queue_statement,
+    defer_dagruns,
+    discard_pending,
+    flush_queue,
+    pending_targets,
+    queue_dagruns,
+)
+from airflow_adrq.retry import classify, run_in_transaction
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdrqError",
+    "AirflowSchemaError",
+    "AssetChange",
+    "AssetEventInfo",
+    "QueueTarget",
+    "RetriesExhaustedError",
+    "UnsupportedDialectError",
+    "UnsupportedSchemaError",
+    "__version__",
+    "add_listener",
+    "build_queue_statement",
+    "classify",
+    "create_engine",
+    "defer_dagruns",
+    "discard_pending",
+    "flush_queue",
+    "pending_targets",
+    "queue_dagruns",
+    "register_asset_change",
+    "register_asset_changes",
+    "remove_listener",
+    "run_in_transaction",
+]

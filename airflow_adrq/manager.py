@@ -1,0 +1,337 @@
+"""``register_asset_change``: a drop-in for Airflow 3.3's, with deadlock-free queueing.
+
+Same keyword signature, return value and database effects as
+``airflow.assets.manager.AssetManager.register_asset_change`` in Airflow
+3.3.2, minus the parts that need a running Airflow (see "Out of scope").
+
+What is different, on purpose:
+
+* The ``asset_dag_run_queue`` rows are written by ONE ordered statement
+  (:mod:`airflow_adrq.queue`). By default (``queue_mode="commit"``) that
+  statement runs just before the transaction's COMMIT and covers every asset
+  registered in the transaction; ``queue_mode="immediate"`` runs it now.
+* Listener callbacks never run inside the transaction: they go to
+  ``callback_sink`` when one is given (as Airflow's Execution API does) or
+  run after the session's outermost COMMIT otherwise (Airflow runs them
+  inline in that case), and are dropped on rollback.
+
+Out of scope standalone (the Airflow plug-in :mod:`airflow_adrq.airflow`
+keeps Airflow's own code for these): multi-team filtering
+(``source_is_api`` and the ``api_*`` arguments are accepted and ignored),
+partitioned DAGs (``asset_partition_dag_run``: events with a
+``partition_key`` queue nothing here, and DAGs with a partitioned timetable
+are never put in ``asset_dag_run_queue``, exactly as in Airflow), the
+``asset.updates`` metric, and Airflow's listener manager (see
+:mod:`airflow_adrq.listeners`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import logging
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, cast
+
+from sqlalchemy import Table, and_, insert, or_, select
+from sqlalchemy.orm import Session
+
+from airflow_adrq import dialects, listeners
+from airflow_adrq.dialects import ConflictMode
+from airflow_adrq.listeners import AssetEventInfo
+from airflow_adrq.models import (
+    AssetActive,
+    AssetAliasModel,
+    AssetEvent,
+    AssetModel,
+    alias_association_table,
+    asset_alias_asset_event_association_table,
+)
+from airflow_adrq.queue import QueueTarget, defer_dagruns, queue_dagruns
+from airflow_adrq.txscope import TransactionScoped
+
+__all__ = [
+    "AssetChange",
+    "AssetLike",
+    "QueueMode",
+    "TaskInstanceLike",
+    "register_asset_change",
+    "register_asset_changes",
+]
+
+log = logging.getLogger(__name__)
+
+QueueMode = Literal["commit", "immediate"]
+Callback = Callable[[], object]
+
+
+class AssetLike(Protocol):
+    """Anything with an asset's ``name`` and ``uri`` (Airflow's Asset, AssetModel, ...)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def uri(self) -> str: ...
+
+
+class TaskInstanceLike(Protocol):
+    """The source task fields an asset event records."""
+
+    @property
+    def dag_id(self) -> str: ...
+
+    @property
+    def task_id(self) -> str: ...
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def map_index(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class AssetChange:
+    """One asset event to register (the per-event arguments of ``register_asset_change``)."""
+
+    asset: AssetLike
+    extra: Mapping[str, Any] | None = None
+    source_alias_names: Collection[str] = ()
+    partition_key: str | None = None
+    partition_date: dt.datetime | None = None
+    _alias_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        name, uri = getattr(self.asset, "name", None), getattr(self.asset, "uri", None)
+        if not isinstance(name, str) or not isinstance(uri, str):
+            raise TypeError(f"asset must have str 'name' and 'uri' attributes, got {self.asset!r}")
+        if self.extra is not None and not isinstance(self.extra, Mapping):
+            raise TypeError(f"extra must be a mapping or None, not {type(self.extra).__name__}")
+        if isinstance(self.source_alias_names, str | bytes):
+            raise TypeError("source_alias_names must be a collection of names, not a single string")
+        names = tuple(self.source_alias_names)
+        if not all(isinstance(n, str) for n in names):
+            raise TypeError(f"alias names must be strings, got {names!r}")
+        if self.partition_key is not None and not isinstance(self.partition_key, str):
+            raise TypeError(f"partition_key must be a string or None, not {self.partition_key!r}")
+        # Keep the caller's order (Airflow inserts alias links in that order), once each.
+        object.__setattr__(self, "_alias_names", tuple(dict.fromkeys(names)))
+
+
+def _run_callbacks(_session: Session, callbacks: list[Callback]) -> None:
+    for callback in callbacks:
+        try:
+            callback()
+        except Exception:
+            log.exception("post-commit callback %r failed", callback)
+
+
+# Listener callbacks of sessions without a callback_sink: run after COMMIT.
+_AFTER_COMMIT: TransactionScoped[Callback] = TransactionScoped("after_commit", after_commit=_run_callbacks)
+
+
+def register_asset_change(
+    *,
+    task_instance: TaskInstanceLike | None = None,
+    asset: AssetLike,
+    extra: Mapping[str, Any] | None = None,
+    source_alias_names: Collection[str] = (),
+    session: Session,
+    partition_key: str | None = None,
+    partition_date: dt.datetime | None = None,
+    source_is_api: bool = False,
+    api_user_teams: set[str] | None = None,
+    api_allow_consumer_teams: list[str] | None = None,
+    api_allow_global_consumers: bool = True,
+    callback_sink: list[Callback] | None = None,
+    queue_mode: QueueMode = "commit",
+    on_conflict: ConflictMode = "ignore",
+    **kwargs: Any,
+) -> AssetEvent | None:
+    """Record an asset event and queue the DAGs scheduled on the asset.
+
+    Looks the asset up by ``(name, uri)``; an unknown asset logs a warning and
+    returns ``None`` (nothing written); an inactive one logs a warning and
+    continues. Links the asset to ``source_alias_names`` (creating missing
+    aliases), inserts the ``asset_event`` (source fields from
+    ``task_instance``: any object with ``dag_id``, ``task_id``, ``run_id``,
+    ``map_index``) and its ``asset_alias_asset_event`` rows, and queues the
+    unpaused DAGs scheduled on the asset directly, by name, by URI or through
+    those aliases, unless ``partition_key`` is given (as Airflow does).
+    Unknown keyword arguments are ignored, as Airflow does.
+
+    Locks: inserts the event rows (new keys, no waits) and, for aliases,
+    inserts-or-ignores ``asset_alias`` / ``asset_alias_asset`` rows in name /
+    key order. The queue rows are locked by one statement in
+    ``(asset_id, target_dag_id)`` order, at COMMIT (``queue_mode="commit"``,
+    together with every other asset of the transaction) or now
+    (``"immediate"``); see :func:`airflow_adrq.queue.defer_dagruns`.
+
+    Does not commit, and does not retry: run the whole transaction under
+    :func:`airflow_adrq.retry.run_in_transaction` (or your own
+    retry-from-BEGIN) to survive deadlocks with other writers.
+    """
+    del source_is_api, api_user_teams, api_allow_consumer_teams, api_allow_global_consumers, kwargs
+    change = AssetChange(
+        asset=asset,
+        extra=extra,
+        source_alias_names=source_alias_names,
+        partition_key=partition_key,
+        partition_date=partition_date,
+    )
+    (event,) = register_asset_changes(
+        session=session,
+        changes=[change],
+        task_instance=task_instance,
+        callback_sink=callback_sink,
+        queue_mode=queue_mode,
+        on_conflict=on_conflict,
+    )
+    return event
+
+
+def register_asset_changes(
+    *,
+    session: Session,
+    changes: Iterable[AssetChange],
+    task_instance: TaskInstanceLike | None = None,
+    callback_sink: list[Callback] | None = None,
+    queue_mode: QueueMode = "commit",
+    on_conflict: ConflictMode = "ignore",
+) -> list[AssetEvent | None]:
+    """Register several asset events at once (a task's outlets); one result per change.
+
+    Same effects as calling :func:`register_asset_change` for each change,
+    with one asset lookup, and all the queueing in ONE statement (now for
+    ``queue_mode="immediate"``, at COMMIT otherwise). Locks as
+    :func:`register_asset_change`.
+    """
+    changes = list(changes)
+    if queue_mode not in ("commit", "immediate"):
+        raise ValueError(f"queue_mode must be 'commit' or 'immediate', not {queue_mode!r}")
+    if on_conflict not in ("ignore", "refresh"):
+        raise ValueError(f"on_conflict must be 'ignore' or 'refresh', not {on_conflict!r}")
+    if not changes:
+        return []
+    found = _lookup_assets(session, {(c.asset.name, c.asset.uri) for c in changes})
+    alias_ids = _associate_aliases(session, changes, found)
+
+    results: list[AssetEvent | None] = []
+    for change in changes:
+        key = (change.asset.name, change.asset.uri)
+        if key not in found:
+            log.warning("AssetModel %s not found; cannot create asset event.", change.asset)
+            results.append(None)
+            continue
+        asset_id, active = found[key]
+        if not active:
+            log.warning("Emitting event for inactive AssetModel %s", change.asset)
+        event = AssetEvent(
+            asset_id=asset_id, extra=dict(change.extra or {}), partition_key=change.partition_key
+        )
+        if task_instance is not None:
+            event.source_task_id = task_instance.task_id
+            event.source_dag_id = task_instance.dag_id
+            event.source_run_id = task_instance.run_id
+            event.source_map_index = task_instance.map_index
+        session.add(event)
+        results.append(event)
+    session.flush()  # event ids, for the alias links and the listeners
+
+    alias_links = [
+        {"alias_id": alias_ids[name], "event_id": event.id}
+        for change, event in zip(changes, results, strict=True)
+        if event is not None
+        for name in change._alias_names
+    ]
+    if alias_links:
+        session.execute(insert(asset_alias_asset_event_association_table), alias_links)
+
+    targets = [
+        QueueTarget(event.asset_id, change._alias_names)
+        for change, event in zip(changes, results, strict=True)
+        if event is not None and change.partition_key is None
+    ]
+    if queue_mode == "immediate":
+        queue_dagruns(session, targets, on_conflict=on_conflict)
+    else:
+        defer_dagruns(session, targets, on_conflict=on_conflict)
+
+    for change, registered in zip(changes, results, strict=True):
+        if registered is not None:
+            info = _event_info(change, registered)
+            callback = functools.partial(listeners.notify, info)
+            if callback_sink is not None:
+                callback_sink.append(callback)
+            else:
+                _AFTER_COMMIT.add(session, callback)
+    return results
+
+
+def _lookup_assets(session: Session, keys: set[tuple[str, str]]) -> dict[tuple[str, str], tuple[int, bool]]:
+    """(name, uri) -> (asset id, is active), one plain SELECT, no row locks."""
+    asset = _table(AssetModel)
+    active = _table(AssetActive)
+    rows = session.execute(
+        select(asset.c.name, asset.c.uri, asset.c.id, active.c.name.is_not(None))
+        .outerjoin(active, and_(active.c.name == asset.c.name, active.c.uri == asset.c.uri))
+        .where(or_(*(and_(asset.c.name == name, asset.c.uri == uri) for name, uri in sorted(keys))))
+    ).all()
+    return {(name, uri): (asset_id, bool(is_active)) for name, uri, asset_id, is_active in rows}
+
+
+def _associate_aliases(
+    session: Session,
+    changes: Sequence[AssetChange],
+    found: Mapping[tuple[str, str], tuple[int, bool]],
+) -> dict[str, int]:
+    """Create missing aliases and asset-alias links; return alias name -> id.
+
+    Insert-or-ignore in sorted order, so concurrent producers naming the
+    same new alias neither fail nor lock in opposite orders.
+    """
+    wanted = {
+        (name, found[(c.asset.name, c.asset.uri)][0])
+        for c in changes
+        if (c.asset.name, c.asset.uri) in found
+        for name in c._alias_names
+    }
+    if not wanted:
+        return {}
+    support = dialects.get(session)
+    alias = _table(AssetAliasModel)
+    names = sorted({name for name, _ in wanted})
+    session.execute(support.insert_ignore(alias), [{"name": n, "group": ""} for n in names])
+    alias_ids: dict[str, int] = {
+        name: alias_id
+        for name, alias_id in session.execute(select(alias.c.name, alias.c.id).where(alias.c.name.in_(names)))
+    }
+    links = sorted((alias_ids[name], asset_id) for name, asset_id in wanted)
+    session.execute(
+        support.insert_ignore(alias_association_table),
+        [{"alias_id": alias_id, "asset_id": asset_id} for alias_id, asset_id in links],
+    )
+    return alias_ids
+
+
+def _event_info(change: AssetChange, event: AssetEvent) -> AssetEventInfo:
+    return AssetEventInfo(
+        event_id=event.id,
+        asset_id=event.asset_id,
+        asset_name=change.asset.name,
+        asset_uri=change.asset.uri,
+        extra=dict(event.extra),
+        source_dag_id=event.source_dag_id,
+        source_task_id=event.source_task_id,
+        source_run_id=event.source_run_id,
+        source_map_index=event.source_map_index,
+        source_alias_names=change._alias_names,
+        partition_key=change.partition_key,
+        partition_date=change.partition_date,
+    )
+
+
+def _table(model: type[Any]) -> Table:
+    return cast(Table, model.__table__)
