@@ -46,6 +46,7 @@ __all__ = [
     "alembic_config",
     "check",
     "current",
+    "describe_diff",
     "downgrade",
     "heads",
     "refuse_airflow_schema",
@@ -234,6 +235,30 @@ def schema_diff(connection: Connection) -> list[Any]:
     """
     context = MigrationContext.configure(connection, opts=_compare_options())
     return list(compare_metadata(context, metadata))
+
+
+def describe_diff(diff: Any) -> str:
+    """One line for one :func:`schema_diff` entry, e.g. ``modify_type asset.extra: LONGTEXT -> JSON``."""
+    # Alembic yields ("add_index", Index) style tuples, and lists of
+    # ("modify_<what>", schema, table, column, info, old, new) for columns.
+    if isinstance(diff, list):
+        return "; ".join(describe_diff(item) for item in diff)
+    kind, *rest = diff
+    if kind.startswith("modify_"):
+        _schema, table, column, _info, old, new = rest
+        return f"{kind} {table}.{column}: {_render(old)} -> {_render(new)}"
+    obj = rest[-1] if kind.endswith("_column") else rest[0]
+    where = f" on {rest[1]}" if kind.endswith("_column") else ""
+    table = getattr(obj, "table", None)
+    if table is not None and not kind.endswith("_column"):
+        where = f" on {table.name}"
+    return f"{kind} {getattr(obj, 'name', obj)}{where}"
+
+
+def _render(value: Any) -> str:
+    if isinstance(value, sa.schema.DefaultClause):
+        return str(getattr(value.arg, "text", value.arg))
+    return repr(value)
 
 
 def _compare_options() -> dict[str, Any]:

@@ -1,0 +1,187 @@
+"""The ``airflow-adrq`` command line.
+
+::
+
+    airflow-adrq db upgrade   [--url URL] [--revision REV]   # default: head
+    airflow-adrq db downgrade [--url URL] --revision REV     # "base" drops every table
+    airflow-adrq db current   [--url URL]
+    airflow-adrq db check     [--url URL]                    # exit 1 if not at head or drifted
+    airflow-adrq bench ...                                   # see airflow_adrq.bench.cli
+
+``--url`` defaults to ``$AIRFLOW_ADRQ_DATABASE_URL`` (keeps passwords out of
+``ps``). The ``db`` commands manage a database of airflow-adrq's own and
+refuse an Airflow metadata database (see :mod:`airflow_adrq.migrate`).
+
+Adding a subcommand: a module provides ``add_<name>_parser(subparsers)``,
+which calls ``subparsers.add_parser(...)`` and sets ``func`` with
+``set_defaults(func=handler)``, where ``handler(args: argparse.Namespace) ->
+int`` returns the exit status. ``bench`` is registered that way from
+``airflow_adrq.bench.cli.add_bench_parser``, imported only when the parser
+is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.exc import SQLAlchemyError
+
+from airflow_adrq import migrate
+from airflow_adrq.errors import AdrqError
+
+__all__ = ["URL_ENV", "build_parser", "main"]
+
+#: Environment variable that ``--url`` defaults to.
+URL_ENV = "AIRFLOW_ADRQ_DATABASE_URL"
+
+# The modules that, when missing, mean "bench is not there yet" rather than
+# "bench is broken" (an ImportError inside bench must not be hidden).
+_BENCH_MODULES = frozenset({"airflow_adrq.bench", "airflow_adrq.bench.cli"})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 success, 1 failure, 2 usage)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        status: int = args.func(args)
+    except (AdrqError, SQLAlchemyError) as exc:
+        print(f"airflow-adrq: error: {exc}", file=sys.stderr)
+        return 1
+    return status
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``airflow-adrq`` argument parser with every subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="airflow-adrq", description="Deadlock-free asset_dag_run_queue writes for Apache Airflow."
+    )
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    add_db_parser(subparsers)
+    _add_bench_parser(subparsers)
+    return parser
+
+
+def add_db_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``db upgrade|downgrade|current|check``."""
+    db = subparsers.add_parser(
+        "db",
+        help="create or upgrade airflow-adrq's own database (never Airflow's)",
+        description="Alembic migrations for a database of airflow-adrq's own. "
+        "Refuses a database that holds Airflow's schema.",
+    )
+    commands = db.add_subparsers(title="db commands", metavar="DB_COMMAND")
+
+    upgrade = commands.add_parser("upgrade", help="upgrade to a revision (default: head)")
+    _add_url(upgrade)
+    upgrade.add_argument("--revision", default="head", help="target revision (default: %(default)s)")
+    upgrade.set_defaults(func=_db_upgrade)
+
+    downgrade = commands.add_parser("downgrade", help="downgrade to a revision ('base' drops all tables)")
+    _add_url(downgrade)
+    downgrade.add_argument("--revision", required=True, help="target revision, or 'base'")
+    downgrade.set_defaults(func=_db_downgrade)
+
+    current = commands.add_parser("current", help="print the database's revision")
+    _add_url(current)
+    current.set_defaults(func=_db_current)
+
+    check = commands.add_parser("check", help="exit 1 unless at head and identical to the models")
+    _add_url(check)
+    check.set_defaults(func=_db_check)
+
+    db.set_defaults(func=lambda _args: _usage(db))
+
+
+def _add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    # Imported here, not at the top: building `db` must not import the
+    # benchmark suite, and the suite may not be installed in every checkout.
+    try:
+        bench_cli = importlib.import_module("airflow_adrq.bench.cli")
+    except ModuleNotFoundError as exc:
+        if exc.name not in _BENCH_MODULES:
+            raise
+        bench = subparsers.add_parser("bench", help="benchmarks (not implemented yet)")
+        bench.set_defaults(func=_bench_missing)
+        return
+    bench_cli.add_bench_parser(subparsers)
+
+
+def _bench_missing(args: argparse.Namespace) -> int:
+    print("airflow-adrq: bench is not implemented yet (airflow_adrq.bench.cli is missing)", file=sys.stderr)
+    return 1
+
+
+def _add_url(parser: argparse.ArgumentParser) -> None:
+    default = os.environ.get(URL_ENV)
+    parser.add_argument(
+        "--url",
+        default=default,
+        required=default is None,
+        help=f"SQLAlchemy database URL (default: ${URL_ENV})",
+    )
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _show(url: str) -> str:
+    return sa.engine.make_url(url).render_as_string(hide_password=True)
+
+
+def _report(url: str, result: migrate.MigrationResult) -> None:
+    print(f"database: {_show(url)}")
+    if not result.steps:
+        print(f"nothing to do: already at {result.after or '<base>'}")
+        return
+    for step in result.steps:
+        verb = "applied" if step.direction == "upgrade" else "reverted"
+        print(f"{verb} {step.revision}: {step.doc}")
+    if result.tables_created:
+        print(f"created tables: {', '.join(result.tables_created)}")
+    if result.tables_dropped:
+        print(f"dropped tables: {', '.join(result.tables_dropped)}")
+    print(f"revision: {result.before or '<base>'} -> {result.after or '<base>'}")
+
+
+def _db_upgrade(args: argparse.Namespace) -> int:
+    _report(args.url, migrate.upgrade(args.url, args.revision))
+    return 0
+
+
+def _db_downgrade(args: argparse.Namespace) -> int:
+    _report(args.url, migrate.downgrade(args.url, args.revision))
+    return 0
+
+
+def _db_current(args: argparse.Namespace) -> int:
+    print(migrate.current(args.url) or "<base>")
+    return 0
+
+
+def _db_check(args: argparse.Namespace) -> int:
+    result = migrate.check(args.url)
+    print(f"database: {_show(args.url)}")
+    print(f"revision: {result.current or '<base>'} (head: {result.head})")
+    for diff in result.diffs:
+        print(f"differs from airflow_adrq.models: {migrate.describe_diff(diff)}")
+    if result.ok:
+        print("ok: at head and identical to airflow_adrq.models")
+        return 0
+    if result.current != result.head:
+        print("not at head: run `airflow-adrq db upgrade`")
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
