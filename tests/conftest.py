@@ -38,6 +38,7 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
+import airflow_adrq
 from airflow_adrq import servers
 from airflow_adrq.engine import create_engine
 from airflow_adrq.models import metadata
@@ -114,7 +115,8 @@ class _XdistHooks:
 
 
 def pytest_report_header(config):
-    lines = []
+    # Shows whether the installed wheel (tox) or the source tree is under test.
+    lines = [f"adrq package: {os.path.dirname(airflow_adrq.__file__)}"]
     for backend in config.stash[_SELECTED]:
         if backend == "sqlite":
             lines.append(f"adrq sqlite: SQLite {sqlite3.sqlite_version}, a file database per worker")
