@@ -1,0 +1,123 @@
+"""Benchmark sizes, names and the run plan shared by the controller and the workers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+__all__ = [
+    "BASELINE_STRATEGIES",
+    "DEFAULT",
+    "QUICK",
+    "SCENARIOS",
+    "STRATEGIES",
+    "Cell",
+    "Plan",
+    "Sizes",
+]
+
+#: Strategies in report order: the three loop versions, then ours.
+BASELINE_STRATEGIES: Final = ("airflow_3_3", "sorted_loop", "values_batch")
+STRATEGIES: Final = (*BASELINE_STRATEGIES, "per_call", "commit_time")
+
+#: ``single``: every producer emits the same asset; ``multi_outlet``: every
+#: transaction emits ``outlets`` assets in random order; ``with_consumer``:
+#: ``multi_outlet`` while a scheduler-like process claims and deletes rows.
+SCENARIOS: Final = ("single", "multi_outlet", "with_consumer")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big a run is. Defaults take a few minutes on 2 cores per server."""
+
+    producers: int = 8
+    fanout: int = 32
+    outlets: int = 3
+    #: Paused consumers of every asset (must never be queued).
+    paused: int = 2
+    #: Transactions per producer per round.
+    transactions: int = 10
+    #: Time a transaction stays open after queueing (the rest of task success).
+    hold_ms: float = 5.0
+    rounds: int = 1
+    #: After this, producers start no new attempt; the round ends.
+    round_timeout_s: float = 15.0
+    max_attempts: int = 50
+    #: PostgreSQL ``lock_timeout`` / InnoDB ``innodb_lock_wait_timeout``.
+    lock_timeout_s: float = 10.0
+    sweep: tuple[int, ...] = (1, 16, 256, 1024, 10000)
+    sweep_repeats: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("producers", "fanout", "outlets", "transactions", "rounds", "max_attempts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.hold_ms < 0 or self.round_timeout_s <= 0 or self.lock_timeout_s <= 0:
+            raise ValueError("hold_ms must be >= 0 and the timeouts > 0")
+        if any(f < 1 for f in self.sweep):
+            raise ValueError("fan-out sweep values must be at least 1")
+
+
+DEFAULT: Final = Sizes()
+QUICK: Final = Sizes(
+    producers=4,
+    fanout=16,
+    outlets=2,
+    transactions=4,
+    round_timeout_s=2.0,
+    lock_timeout_s=5.0,
+    sweep=(1, 16, 256, 1024),
+    sweep_repeats=1,
+)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One round of one strategy in one scenario on one database."""
+
+    index: int
+    db: str
+    url: str
+    strategy: str
+    scenario: str
+    round: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.db} {self.scenario}/{self.strategy} r{self.round}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a worker needs; written by the controller as JSON."""
+
+    out_dir: str
+    sizes: Sizes
+    cells: tuple[Cell, ...]
+    #: Seconds to wait at a barrier before giving up on the other processes.
+    barrier_timeout_s: float = 120.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def parties(self) -> int:
+        """Producers plus the coordinator (which is also the consumer)."""
+        return self.sizes.producers + 1
+
+    def dump(self, path: Path) -> None:
+        path.write_text(json.dumps(dataclasses.asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, path: Path) -> Plan:
+        raw = json.loads(path.read_text())
+        sizes = raw["sizes"]
+        sizes["sweep"] = tuple(sizes["sweep"])
+        return cls(
+            out_dir=raw["out_dir"],
+            sizes=Sizes(**sizes),
+            cells=tuple(Cell(**c) for c in raw["cells"]),
+            barrier_timeout_s=raw["barrier_timeout_s"],
+            extra=raw.get("extra", {}),
+        )

@@ -1,0 +1,189 @@
+"""Run the benchmark end to end: scratch databases, the xdist suite, the sweep, the report.
+
+The concurrent part runs as ``python -m pytest --pyargs
+airflow_adrq.bench.suite -n <producers + 1>`` in a subprocess (so it works
+from an installed wheel), with its output in ``<out>/pytest.log``; this
+process shows progress from the coordinator's ``cells.jsonl`` meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from airflow_adrq import servers
+from airflow_adrq.bench import dataset, engine
+from airflow_adrq.bench.config import SCENARIOS, STRATEGIES, Cell, Plan, Sizes
+from airflow_adrq.errors import AdrqError
+
+__all__ = ["BenchError", "Target", "run"]
+
+SUITE = "airflow_adrq.bench.suite"
+PLAN_ENV = "ADRQ_BENCH_PLAN"
+
+
+class BenchError(AdrqError):
+    """The benchmark run failed."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A database to benchmark: a short name for tables, the URL, the server version."""
+
+    name: str
+    url: str
+    version: str
+
+
+def sqlite_version() -> str:
+    import sqlite3
+
+    return f"SQLite {sqlite3.sqlite_version}"
+
+
+def describe(url: str) -> Target:
+    """Name and version of the server at ``url`` (connects once)."""
+    parsed = sa.engine.make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return Target("sqlite", url, sqlite_version())
+    version = servers.server_version(url)
+    name = "mariadb" if version.startswith("MariaDB") else backend
+    return Target(name, url, version)
+
+
+def run(
+    targets: Sequence[Target],
+    sizes: Sizes,
+    out_dir: Path,
+    *,
+    strategies: Sequence[str] = STRATEGIES,
+    scenarios: Sequence[str] = SCENARIOS,
+    progress: Callable[[str], None] = lambda _msg: None,
+) -> dict[str, Any]:
+    """Benchmark every target; returns the raw results (see :mod:`.report`)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "barriers").mkdir(exist_ok=True)
+    for name in ("cells.jsonl", "current", *(f"tx-{p}.jsonl" for p in range(1, sizes.producers + 1))):
+        (out_dir / name).unlink(missing_ok=True)
+    for marker in (out_dir / "barriers").iterdir():
+        marker.unlink()
+    started = time.time()
+    with contextlib.ExitStack() as stack:
+        scratch: dict[str, str] = {}
+        for target in targets:
+            progress(f"{target.name}: creating a scratch database and seed data")
+            url = stack.enter_context(dataset.scratch_database(target.url))
+            seed_engine = dataset.bench_engine(url, lock_timeout_s=sizes.lock_timeout_s)
+            try:
+                dataset.seed(seed_engine, sizes)
+            finally:
+                seed_engine.dispose()
+            scratch[target.name] = url
+        cells = tuple(
+            Cell(index=i, db=db, url=url, strategy=strategy, scenario=scenario, round=r)
+            for i, (db, url, scenario, strategy, r) in enumerate(
+                (db, url, scenario, strategy, r)
+                for db, url in scratch.items()
+                for scenario in scenarios
+                for strategy in strategies
+                for r in range(sizes.rounds)
+            )
+        )
+        plan = Plan(out_dir=str(out_dir), sizes=sizes, cells=cells)
+        plan_path = out_dir / "plan.json"
+        plan.dump(plan_path)
+        _run_suite(plan, plan_path, progress)
+        sweeps: dict[str, list[dict[str, Any]]] = {}
+        for target in targets:
+
+            def sweep_progress(msg: str, name: str = target.name) -> None:
+                progress(f"{name}: {msg}")
+
+            sweeps[target.name] = engine.run_sweep(
+                scratch[target.name], sizes, strategies, progress=sweep_progress
+            )
+    return {
+        "started_at": started,
+        "duration_s": time.time() - started,
+        "sizes": _asdict(sizes),
+        "targets": [{"name": t.name, "version": t.version} for t in targets],
+        "cells": _read_jsonl(out_dir / "cells.jsonl"),
+        "transactions": [
+            tx for p in range(1, sizes.producers + 1) for tx in _read_jsonl(out_dir / f"tx-{p}.jsonl")
+        ],
+        "sweeps": sweeps,
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+    }
+
+
+def _asdict(sizes: Sizes) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(sizes)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _run_suite(plan: Plan, plan_path: Path, progress: Callable[[str], None]) -> None:
+    out = Path(plan.out_dir)
+    ini = out / "pytest.ini"
+    ini.write_text("[pytest]\n")
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--pyargs",
+        SUITE,
+        "-n",
+        str(plan.parties),
+        "-c",
+        str(ini),
+        "--rootdir",
+        str(out),
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        "-q",
+        "-x",
+    ]
+    env = {**os.environ, PLAN_ENV: str(plan_path)}
+    log_path = out / "pytest.log"
+    total = len(plan.cells)
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        shown = -1
+        while proc.poll() is None:
+            done = len(_read_jsonl(out / "cells.jsonl"))
+            if done != shown:
+                current = _current(out)
+                progress(f"[{done:>3}/{total}] {current}")
+                shown = done
+            time.sleep(0.25)
+    if proc.returncode != 0:
+        tail = "\n".join(log_path.read_text().splitlines()[-30:])
+        raise BenchError(f"the benchmark suite failed (exit {proc.returncode}); see {log_path}:\n{tail}")
+    progress(f"[{total:>3}/{total}] concurrent rounds done")
+
+
+def _current(out: Path) -> str:
+    try:
+        cell = json.loads((out / "current").read_text())
+    except (OSError, ValueError):
+        return "starting producer processes"
+    return f"{cell['db']} {cell['scenario']}/{cell['strategy']} (round {cell['round'] + 1})"
