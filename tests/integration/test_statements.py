@@ -61,10 +61,10 @@ def test_commit_mode_one_insert_per_transaction(engine, fanout):
     statement, parameters, executemany = inserts[0]
     assert not executemany
     assert "ORDER BY" in statement.upper()
-    # Parameters do not grow with the fan-out: the 3 asset ids in each of the
-    # direct/name/uri branches (9), one alias branch per asset (its id and
-    # alias name: 6), and the timestamp (1).
-    assert len(parameters) == 16
+    # Parameters do not grow with the fan-out: the 3 asset ids (repeated in the
+    # direct/name/uri branches by positional-parameter drivers: 9), one alias
+    # branch per asset (its id and alias name: 6), and the timestamp (1).
+    assert len(parameters) <= 16
     assert not [s for s, _, _ in statements if _SAVEPOINT.search(s)]
     assert queued(engine) == {(i, d) for i in ids.values() for d in dag_ids}
 
