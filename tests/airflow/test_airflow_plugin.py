@@ -1,0 +1,395 @@
+# mypy: ignore-errors
+"""AdrqAssetManager against real apache-airflow-core 3.3.2 on a database Airflow migrated."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import airflow.models.taskinstance as airflow_ti
+import pytest
+import sqlalchemy as sa
+from airflow.assets import manager as airflow_manager
+from airflow.assets.manager import AssetManager
+from airflow.models.taskinstance import TaskInstance
+from sqlalchemy.orm import Session
+
+from airflow_adrq.airflow import AdrqAssetManager, flush_queue, pending, schema
+from airflow_adrq.errors import UnsupportedSchemaError
+
+import adrq_af_scenario as scenario
+from adrq_af_scenario import alias_event, outlet, task_instance
+
+# The differential scenario: direct, alias, name and URI references; a paused
+# and a partitioned consumer; an inactive asset; an asset created on the fly
+# through an alias; several outlets per task; a partition key; an API event.
+SCENARIO = dict(
+    assets=["a1", "a2", "a3", "a4"],
+    consumers={"a1": ["c1", "c2", "c3", "paused1", "part1"], "a2": ["c2", "c3", "c4"], "a3": ["c1", "c4"]},
+    paused={"paused1"},
+    partitioned={"part1"},
+    alias_consumers={"al1": ["c5", "c2"], "al2": ["paused1"]},
+    name_ref_consumers={"a2": ["c6"]},
+    uri_ref_consumers={"a3": ["c7", "paused1"]},
+    inactive={"a4"},
+)
+EXPECTED_QUEUE = sorted(
+    [
+        ("a1", "c1"),
+        ("a1", "c2"),
+        ("a1", "c3"),
+        ("a1", "c5"),
+        ("dyn", "c2"),
+        ("dyn", "c5"),
+        ("a2", "c2"),
+        ("a2", "c3"),
+        ("a2", "c4"),
+        ("a2", "c6"),
+        ("a3", "c1"),
+        ("a3", "c4"),
+        ("a3", "c7"),
+    ]
+)
+
+
+@contextlib.contextmanager
+def configured_manager(manager):
+    """Make Airflow's module-level ``asset_manager`` (what task success calls) ``manager``."""
+    saved = airflow_ti.asset_manager, airflow_manager.asset_manager
+    airflow_ti.asset_manager = airflow_manager.asset_manager = manager
+    try:
+        yield manager
+    finally:
+        airflow_ti.asset_manager, airflow_manager.asset_manager = saved
+
+
+def run_scenario(engine, manager_class) -> dict:
+    with Session(engine) as session:
+        scenario.seed(session, **SCENARIO)
+    with configured_manager(manager_class()) as manager, Session(engine) as session:
+        # 1. One task, many outlets: assets, name/URI refs, an inactive asset,
+        #    and alias-emitted events (one to an asset that does not exist yet).
+        TaskInstance.register_asset_changes_in_db(
+            task_instance("t1"),
+            [
+                outlet("a1"),
+                outlet("a2"),
+                outlet("a3"),
+                outlet("a4"),
+                outlet("a2", kind="AssetNameRef"),
+                outlet(kind="AssetUriRef", ref_uri=scenario.uri("a3")),
+                outlet("al1", kind="AssetAlias"),
+                outlet("al2", kind="AssetAlias"),
+            ],
+            [alias_event("al1", "a1", {"k": 1}), alias_event("al1", "dyn"), alias_event("al2", "a2")],
+            session=session,
+        )
+        session.commit()
+        # 2. Outlet events with extras and a partition key (non-partitioned
+        #    consumers are then not queued, as in Airflow).
+        TaskInstance.register_asset_changes_in_db(
+            task_instance("t2", "run-2"),
+            [outlet("a2"), outlet("a3")],
+            [
+                {"dest_asset_key": {"name": "a2", "uri": scenario.uri("a2")}, "extra": {"x": 1}},
+                {
+                    "dest_asset_key": {"name": "a3", "uri": scenario.uri("a3")},
+                    "extra": {},
+                    "partition_key": "2026-01-01",
+                },
+            ],
+            session=session,
+        )
+        session.commit()
+        # 3. A REST-API style event (no task instance) on an asset with a
+        #    partitioned consumer and no partition key: Airflow logs it.
+        manager.register_asset_change(
+            asset=SimpleNamespace(name="a1", uri=scenario.uri("a1")),
+            extra={"api": True},
+            source_is_api=True,
+            session=session,
+        )
+        session.commit()
+        # 4. A transaction that is rolled back leaves nothing.
+        TaskInstance.register_asset_changes_in_db(
+            task_instance("t3", "run-3"), [outlet("a1"), outlet("a3")], [], session=session
+        )
+        session.rollback()
+    with engine.connect() as conn:
+        return scenario.snapshot(conn)
+
+
+def empty_tables(engine):
+    with engine.begin() as conn:
+        scenario.empty(conn)
+
+
+def test_same_rows_as_stock_airflow(af_engine):
+    stock = run_scenario(af_engine, AssetManager)
+    empty_tables(af_engine)
+    ours = run_scenario(af_engine, AdrqAssetManager)
+
+    assert ours == stock
+    # ...and the scenario does what it is meant to (so equal cannot mean "both empty").
+    assert ours["asset_dag_run_queue"] == EXPECTED_QUEUE
+    assert len(ours["asset_event"]) == 11
+    assert ours["asset_alias_asset_event"] and ours["log"] == ["missing partition key"] * 3
+
+
+class StatementCounter:
+    """Counts INSERTs into asset_dag_run_queue (and rows sent) on an engine."""
+
+    def __init__(self, engine):
+        self.inserts = 0
+        self.engine = engine
+        sa.event.listen(engine, "before_cursor_execute", self._count)
+
+    def _count(self, conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("INSERT INTO ASSET_DAG_RUN_QUEUE"):
+            self.inserts += 1
+
+    def close(self):
+        sa.event.remove(self.engine, "before_cursor_execute", self._count)
+
+
+def _many_outlets(engine, manager_class):
+    with Session(engine) as session:
+        scenario.seed(
+            session,
+            assets=["a1", "a2", "a3"],
+            consumers={"a1": ["c1", "c2"], "a2": ["c2", "c3"], "a3": ["c1", "c3", "c4"]},
+        )
+    counter = StatementCounter(engine)
+    try:
+        with configured_manager(manager_class()), Session(engine) as session:
+            TaskInstance.register_asset_changes_in_db(
+                task_instance(), [outlet("a1"), outlet("a2"), outlet("a3")], [], session=session
+            )
+            before_commit = counter.inserts
+            session.commit()
+    finally:
+        counter.close()
+    with engine.connect() as conn:
+        rows = scenario.snapshot(conn)["asset_dag_run_queue"]
+    return before_commit, counter.inserts, rows
+
+
+def test_one_statement_queues_all_outlets(af_engine):
+    expected = [
+        ("a1", "c1"),
+        ("a1", "c2"),
+        ("a2", "c2"),
+        ("a2", "c3"),
+        ("a3", "c1"),
+        ("a3", "c3"),
+        ("a3", "c4"),
+    ]
+    before, total, rows = _many_outlets(af_engine, AdrqAssetManager)
+    assert (before, total, rows) == (0, 1, expected)
+
+    # The same counter sees Airflow's per-asset (PostgreSQL) or per-row writes.
+    empty_tables(af_engine)
+    before, total, rows = _many_outlets(af_engine, AssetManager)
+    assert rows == expected
+    assert before == total == (3 if af_engine.dialect.name == "postgresql" else 7)
+
+
+def test_rows_are_sent_sorted(af_engine):
+    with Session(af_engine) as session:
+        seeded = scenario.seed(session, assets=["b", "a"], consumers={"a": ["z", "m"], "b": ["y", "a"]})
+    with Session(af_engine) as session:
+        for name in ("b", "a"):
+            AdrqAssetManager.register_asset_change(
+                asset=SimpleNamespace(name=name, uri=scenario.uri(name)), session=session
+            )
+        assert pending.pending_rows(session) == sorted(
+            [(seeded.asset_ids["a"], "m"), (seeded.asset_ids["a"], "z")]
+            + [(seeded.asset_ids["b"], "a"), (seeded.asset_ids["b"], "y")]
+        )
+        session.commit()
+        assert pending.pending_rows(session) == []
+
+
+def _register(session, name):
+    return AdrqAssetManager.register_asset_change(
+        asset=SimpleNamespace(name=name, uri=scenario.uri(name)), session=session
+    )
+
+
+def test_savepoint_rollback_forgets_its_rows(af_engine):
+    with Session(af_engine) as session:
+        scenario.seed(session, assets=["a1", "a2", "a3"], consumers={"a1": ["c1"], "a2": ["c2"], "a3": ["c3"]})
+    with Session(af_engine) as session:
+        _register(session, "a1")
+        with contextlib.suppress(RuntimeError), session.begin_nested():
+            _register(session, "a2")
+            raise RuntimeError("roll this savepoint back")
+        with session.begin_nested():
+            _register(session, "a3")  # released: belongs to the outer transaction
+        session.commit()
+        # A rolled-back transaction leaves nothing for the next one on the same session.
+        _register(session, "a2")
+        session.rollback()
+        session.commit()
+    with af_engine.connect() as conn:
+        snap = scenario.snapshot(conn)
+    assert snap["asset_dag_run_queue"] == [("a1", "c1"), ("a3", "c3")]
+    # The events follow the transactions too: the a2 events were rolled back with their rows.
+    assert sorted(e[0] for e in snap["asset_event"]) == ["a1", "a3"]
+
+
+def test_flush_queue_writes_before_commit(af_engine):
+    with Session(af_engine) as session:
+        scenario.seed(session, assets=["a1"], consumers={"a1": ["c1", "c2"]})
+    with Session(af_engine) as session:
+        _register(session, "a1")
+        assert session.scalar(sa.text("SELECT count(*) FROM asset_dag_run_queue")) == 0
+        assert flush_queue(session) == 2
+        assert session.scalar(sa.text("SELECT count(*) FROM asset_dag_run_queue")) == 2
+        session.commit()
+
+
+def test_existing_queue_row_is_left_alone(af_engine):
+    with Session(af_engine) as session:
+        scenario.seed(session, assets=["a1"], consumers={"a1": ["c1"]})
+    with Session(af_engine) as session:
+        _register(session, "a1")
+        session.commit()
+        first = session.execute(sa.text("SELECT created_at FROM asset_dag_run_queue")).scalar_one()
+        _register(session, "a1")
+        session.commit()
+        assert session.execute(sa.text("SELECT created_at FROM asset_dag_run_queue")).all() == [(first,)]
+
+
+@pytest.mark.airflow_backends("sqlite", "postgresql")
+def test_triggerer_patch_routes_submit_event(af_engine):
+    from airflow.models.asset import AssetModel, AssetWatcherModel
+    from airflow.models.trigger import Trigger
+    from airflow.triggers.base import TriggerEvent
+
+    import airflow_adrq.airflow as plugin
+
+    with Session(af_engine) as session:
+        scenario.seed(session, assets=["a1", "a2"], consumers={"a1": ["c1", "c2"], "a2": ["c2"]})
+        trigger = Trigger(classpath="tests.Trigger", kwargs={})
+        session.add(trigger)
+        session.flush()
+        for name in ("a2", "a1"):
+            asset = session.scalar(sa.select(AssetModel).where(AssetModel.name == name))
+            session.add(AssetWatcherModel(name=f"w-{name}", asset_id=asset.id, trigger_id=trigger.id))
+        session.commit()
+        trigger_id = trigger.id
+
+    counter = StatementCounter(af_engine)
+    try:
+        with configured_manager(AdrqAssetManager()):
+            plugin.install_triggerer_patch()
+            assert plugin.is_triggerer_patched()
+            with Session(af_engine) as session:
+                Trigger.submit_event(trigger_id, TriggerEvent({"p": 1}), session=session)
+                session.commit()
+    finally:
+        plugin.uninstall_triggerer_patch()
+        counter.close()
+    assert not plugin.is_triggerer_patched()
+    with af_engine.connect() as conn:
+        snap = scenario.snapshot(conn)
+    assert snap["asset_dag_run_queue"] == [("a1", "c1"), ("a1", "c2"), ("a2", "c2")]
+    assert counter.inserts == 1
+    assert all('"from_trigger": true' in e[1] for e in snap["asset_event"])
+
+
+def test_triggerer_patch_requires_the_configured_manager():
+    import airflow_adrq.airflow as plugin
+
+    with configured_manager(AssetManager()), pytest.raises(RuntimeError, match="asset_manager_class"):
+        plugin.install_triggerer_patch()
+    assert not plugin.is_triggerer_patched()
+
+
+def test_triggerer_patch_leaves_a_changed_call_site_alone(monkeypatch, caplog):
+    import airflow.models.trigger as trigger_module
+
+    import airflow_adrq.airflow as plugin
+
+    class Fixed(AssetManager):
+        """Stands for a future Airflow whose triggerer already uses the configured manager."""
+
+    monkeypatch.setattr(trigger_module, "AssetManager", Fixed)
+    with configured_manager(AdrqAssetManager()):
+        plugin.install_triggerer_patch()
+    assert trigger_module.AssetManager is Fixed
+    assert "not applied" in caplog.text
+
+
+@pytest.mark.airflow_backends("sqlite")
+def test_config_line_and_local_settings_in_a_real_airflow_process(airflow_db, tmp_path):
+    """What an operator does: the config line plus airflow_local_settings.py, in a fresh process."""
+    home = tmp_path / "home"
+    (home / "config").mkdir(parents=True)
+    (home / "config" / "airflow_local_settings.py").write_text(
+        "from airflow_adrq.airflow import install_triggerer_patch\n\ninstall_triggerer_patch()\n"
+    )
+    env = airflow_db.airflow_env()
+    env["AIRFLOW_HOME"] = str(home)
+    env["AIRFLOW__CORE__ASSET_MANAGER_CLASS"] = "airflow_adrq.airflow.AdrqAssetManager"
+    code = textwrap.dedent(
+        """
+        from airflow.assets.manager import asset_manager
+        import airflow.models.trigger as t
+        print(type(asset_manager).__name__, t.AssetManager.__name__)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-2:] == ["AdrqAssetManager", "AdrqAssetManager"]
+    assert "queues asset-triggered runs at commit" in result.stdout + result.stderr
+
+
+def test_refuses_an_event_keyed_queue(airflow_db):
+    """Airflow 3.4's asset_dag_run_queue (PK target_dag_id, asset_event_id) is refused, not written."""
+    engine = sa.create_engine(airflow_db.scratch_url)
+    metadata = sa.MetaData()
+    sa.Table(
+        "asset_dag_run_queue",
+        metadata,
+        sa.Column("target_dag_id", sa.String(250), primary_key=True),
+        sa.Column("asset_event_id", sa.Integer, primary_key=True),
+        sa.Column("asset_id", sa.Integer, nullable=False),
+        sa.Column("created_at", sa.DateTime, nullable=False),
+    )
+    metadata.create_all(engine)
+    schema.clear_cache()
+    try:
+        with Session(engine) as session, pytest.raises(UnsupportedSchemaError) as info:
+            AdrqAssetManager._defer_queue_rows(1, [SimpleNamespace(dag_id="d")], session)
+        assert "(target_dag_id, asset_event_id)" in str(info.value)
+        assert not pending.pending_rows(session)
+    finally:
+        metadata.drop_all(engine)
+        engine.dispose()
+        schema.clear_cache()
+
+
+def test_refuses_to_load_without_the_airflow_33_hooks(monkeypatch):
+    monkeypatch.delattr(AssetManager, "_queue_dagruns_nonpartitioned_postgres")
+    monkeypatch.delitem(sys.modules, "airflow_adrq.airflow.manager")
+    with pytest.raises(ImportError, match="_queue_dagruns_nonpartitioned_postgres"):
+        importlib.import_module("airflow_adrq.airflow.manager")
+
+
+def test_importing_the_package_needs_no_airflow():
+    code = (
+        "import sys, airflow_adrq, airflow_adrq.airflow, airflow_adrq.models; "
+        "assert not any(m == 'airflow' or m.startswith('airflow.') for m in sys.modules), sorted(sys.modules)"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
