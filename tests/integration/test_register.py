@@ -50,6 +50,14 @@ def listener_calls():
     remove_listener(calls.append)
 
 
+def _one_asset(s, *, active=True):
+    """One DAG "c" scheduled on one asset "a"; returns the asset id."""
+    add_dags(s, ["c"])
+    asset_id = add_asset(s, "a", active=active)
+    schedule_on_asset(s, asset_id, ["c"])
+    return asset_id
+
+
 def _setup(engine, build):
     with Session(engine) as session:
         result = build(session)
@@ -87,7 +95,9 @@ def test_queues_direct_references_and_skips_paused(engine):
 
 def test_queues_name_uri_and_alias_references(engine):
     def build(s):
-        add_dags(s, ["by_name", "by_uri", "by_alias", "by_other_alias", "paused_alias"], paused={"paused_alias"})
+        add_dags(
+            s, ["by_name", "by_uri", "by_alias", "by_other_alias", "paused_alias"], paused={"paused_alias"}
+        )
         aid = add_asset(s, "a", "s3://b/a")
         schedule_on_name(s, "a", ["by_name"])
         schedule_on_uri(s, "s3://b/a", ["by_uri"])
@@ -124,7 +134,8 @@ def test_unknown_alias_is_created_and_linked(engine):
 
 def test_duplicates_are_ignored_and_created_at_kept(engine):
     asset_id = _setup(
-        engine, lambda s: (add_dags(s, ["c"]), (aid := add_asset(s, "a")), schedule_on_asset(s, aid, ["c"]))[1]
+        engine,
+        lambda s: (add_dags(s, ["c"]), (aid := add_asset(s, "a")), schedule_on_asset(s, aid, ["c"]))[1],
     )
     for _ in range(2):
         with Session(engine) as session:
@@ -139,12 +150,15 @@ def test_duplicates_are_ignored_and_created_at_kept(engine):
 
 def test_refresh_moves_created_at_forward_only(engine):
     asset_id = _setup(
-        engine, lambda s: (add_dags(s, ["c"]), (aid := add_asset(s, "a")), schedule_on_asset(s, aid, ["c"]))[1]
+        engine,
+        lambda s: (add_dags(s, ["c"]), (aid := add_asset(s, "a")), schedule_on_asset(s, aid, ["c"]))[1],
     )
 
     def created_at():
         with Session(engine) as s:
-            return s.scalar(sa.select(AssetDagRunQueue.created_at).where(AssetDagRunQueue.asset_id == asset_id))
+            return s.scalar(
+                sa.select(AssetDagRunQueue.created_at).where(AssetDagRunQueue.asset_id == asset_id)
+            )
 
     with Session(engine) as session:
         register_asset_change(asset=asset_ref("a"), session=session)
@@ -177,9 +191,11 @@ def test_unknown_asset_warns_and_writes_nothing(engine, caplog, listener_calls):
 def test_inactive_asset_warns_and_continues(engine, caplog):
     asset_id = _setup(
         engine,
-        lambda s: (add_dags(s, ["c"]), (aid := add_asset(s, "a", active=False)), schedule_on_asset(s, aid, ["c"]))[
-            1
-        ],
+        lambda s: (
+            add_dags(s, ["c"]),
+            (aid := add_asset(s, "a", active=False)),
+            schedule_on_asset(s, aid, ["c"]),
+        )[1],
     )
     with Session(engine) as session, caplog.at_level(logging.WARNING, logger="airflow_adrq.manager"):
         assert register_asset_change(asset=asset_ref("a"), session=session) is not None
@@ -248,7 +264,9 @@ def test_listeners_run_after_commit_only(engine, listener_calls):
         session.flush()
         event_id = event.id
         session.commit()
-    assert [(c.event_id, c.asset_name, c.source_alias_names) for c in listener_calls] == [(event_id, "a", ("al",))]
+    assert [(c.event_id, c.asset_name, c.source_alias_names) for c in listener_calls] == [
+        (event_id, "a", ("al",))
+    ]
 
 
 def test_callback_sink_receives_the_listener_calls(engine, listener_calls):
@@ -356,7 +374,11 @@ def test_batch_api_registers_every_change(engine):
     with Session(engine) as session:
         results = register_asset_changes(
             session=session,
-            changes=[AssetChange(asset_ref("b")), AssetChange(asset_ref("missing")), AssetChange(asset_ref("a"))],
+            changes=[
+                AssetChange(asset_ref("b")),
+                AssetChange(asset_ref("missing")),
+                AssetChange(asset_ref("a")),
+            ],
             task_instance=task_instance(),
         )
         assert [r.asset_id if r else None for r in results] == [ids["b"], None, ids["a"]]

@@ -71,7 +71,7 @@ def test_commit_mode_one_insert_per_transaction(engine, fanout):
 
 @pytest.mark.parametrize("fanout", [1, 300])
 def test_immediate_mode_one_insert_per_call(engine, fanout):
-    ids, dag_ids = _setup(engine, fanout)
+    _ids, _dag_ids = _setup(engine, fanout)
     with recorded(engine) as statements, Session(engine) as session:
         for name in ("c", "a"):
             register_asset_change(asset=asset_ref(name), session=session, queue_mode="immediate")
@@ -82,10 +82,12 @@ def test_immediate_mode_one_insert_per_call(engine, fanout):
 
 
 def test_batch_api_one_insert(engine):
-    ids, dag_ids = _setup(engine, 50)
+    _ids, _dag_ids = _setup(engine, 50)
     with recorded(engine) as statements, Session(engine) as session:
         register_asset_changes(
-            session=session, changes=[AssetChange(asset_ref(n)) for n in ("b", "a", "c")], queue_mode="immediate"
+            session=session,
+            changes=[AssetChange(asset_ref(n)) for n in ("b", "a", "c")],
+            queue_mode="immediate",
         )
         session.commit()
     assert len(_adrq_inserts(statements)) == 1

@@ -54,14 +54,13 @@ def test_one_ordered_insert_select_with_the_dialect_conflict_clause(name):
 @pytest.mark.parametrize("name", sorted(DIALECTS))
 def test_refresh_keeps_the_greatest_created_at(name):
     sql, _ = _sql(name, [1], on_conflict="refresh")
+    old, new = "asset_dag_run_queue.created_at", "excluded.created_at"
+    odku = f"ON DUPLICATE KEY UPDATE created_at = greatest({old}, VALUES(created_at))"
     expected = {
-        "postgresql": "DO UPDATE SET created_at = greatest(asset_dag_run_queue.created_at, excluded.created_at) "
-        "WHERE asset_dag_run_queue.created_at < excluded.created_at",
-        "mysql": "ON DUPLICATE KEY UPDATE created_at = greatest(asset_dag_run_queue.created_at, VALUES(created_at))",
-        "mariadb": "ON DUPLICATE KEY UPDATE created_at = greatest(asset_dag_run_queue.created_at, "
-        "VALUES(created_at))",
-        "sqlite": "DO UPDATE SET created_at = max(asset_dag_run_queue.created_at, excluded.created_at) "
-        "WHERE asset_dag_run_queue.created_at < excluded.created_at",
+        "postgresql": f"DO UPDATE SET created_at = greatest({old}, {new}) WHERE {old} < {new}",
+        "mysql": odku,
+        "mariadb": odku,
+        "sqlite": f"DO UPDATE SET created_at = max({old}, {new}) WHERE {old} < {new}",
     }[name]
     assert sql.endswith(expected)
 
