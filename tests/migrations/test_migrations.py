@@ -1,0 +1,463 @@
+# mypy: ignore-errors
+"""Migrations are tested, not trusted.
+
+The pytest-alembic defaults (single head, up/down round trip, autogenerate
+against the models finds nothing), plus what autogenerate does not look at
+(primary key and foreign key names, SQLite AUTOINCREMENT, MySQL collations
+and AUTO_INCREMENT), the refusal to touch an Airflow database, and the
+``airflow-adrq db`` command line. Each runs on SQLite, PostgreSQL and
+MySQL/MariaDB, on a brand-new empty database (``fresh_db_url``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.script import ScriptDirectory
+
+import airflow_adrq
+from airflow_adrq import cli, migrate
+from airflow_adrq.engine import create_engine
+from airflow_adrq.errors import AirflowSchemaError
+from airflow_adrq.models import metadata
+
+MODEL_TABLES = frozenset(metadata.tables)
+HEAD = migrate.heads()[0]
+# A real Airflow 3.x revision, as Airflow's alembic_version would hold it.
+AIRFLOW_REVISION = "29ce7909c52b"
+
+
+@pytest.fixture
+def fresh_engine(fresh_db_url):
+    engine = create_engine(fresh_db_url)
+    yield engine
+    engine.dispose()
+
+
+def _tables(engine):
+    return set(sa.inspect(engine).get_table_names())
+
+
+def _snapshot(engine):
+    """Every table's rows, sorted: the whole visible state of the database."""
+    state = {}
+    with engine.connect() as conn:
+        for name in sorted(_tables(engine)):
+            table = sa.Table(name, sa.MetaData(), autoload_with=conn)
+            state[name] = sorted(tuple(row) for row in conn.execute(sa.select(table)))
+    return state
+
+
+def _diffs(engine):
+    with engine.connect() as conn:
+        return [migrate.describe_diff(diff) for diff in migrate.schema_diff(conn)]
+
+
+# --- the revision history --------------------------------------------------------
+
+
+def test_single_head_and_linear_numbered_history():
+    """One head, no branches, and file numbers that follow the history.
+
+    Two heads mean two revisions were written against the same parent;
+    ``upgrade head`` would then be ambiguous.
+    """
+    script = ScriptDirectory.from_config(migrate.alembic_config())
+    assert script.get_heads() == [HEAD]
+    revisions = list(reversed(list(script.walk_revisions())))  # base first
+    for number, revision in enumerate(revisions, start=1):
+        assert revision.down_revision == (revisions[number - 2].revision if number > 1 else None)
+        filename = Path(revision.path).name
+        # NNNN_<airflow version the tables mirror>_<slug>.py, as Airflow names its own.
+        assert re.fullmatch(rf"{number:04d}_\d+_\d+_\d+_[a-z0-9_]+\.py", filename), filename
+
+
+def test_migrations_ship_inside_the_wheel():
+    """pyproject puts ``migrations/`` into the wheel where script_location() looks first."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    force_include = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
+    assert force_include["migrations"] == "airflow_adrq/migrations"
+    location = migrate.script_location()
+    assert (location / "env.py").is_file()
+    assert (location / "versions").is_dir()
+
+
+# --- upgrade / downgrade ---------------------------------------------------------
+
+
+def test_upgrade_downgrade_upgrade(fresh_db_url, fresh_engine):
+    first = migrate.upgrade(fresh_db_url)
+    assert (first.before, first.after) == (None, HEAD)
+    assert [(step.direction, step.revision) for step in first.steps] == [("upgrade", HEAD)]
+    assert set(first.tables_created) == MODEL_TABLES | {migrate.VERSION_TABLE}
+    assert "alembic_version" not in _tables(fresh_engine)
+
+    again = migrate.upgrade(fresh_db_url)
+    assert (again.before, again.after, again.steps) == (HEAD, HEAD, ())
+
+    down = migrate.downgrade(fresh_db_url, "base")
+    assert (down.before, down.after) == (HEAD, None)
+    assert set(down.tables_dropped) == MODEL_TABLES
+    # Alembic keeps its (now empty) version table.
+    assert _tables(fresh_engine) == {migrate.VERSION_TABLE}
+    assert migrate.current(fresh_db_url) is None
+
+    second = migrate.upgrade(fresh_db_url)
+    assert (second.before, second.after) == (None, HEAD)
+    assert set(second.tables_created) == MODEL_TABLES
+    assert migrate.check(fresh_db_url).ok
+
+
+def test_migrated_tables_take_rows_and_cascade(fresh_db_url, fresh_engine):
+    """The migrated schema works with the models: inserts, server defaults, ON DELETE CASCADE."""
+    migrate.upgrade(fresh_db_url)
+    now = dt.datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=dt.timezone.utc)
+    t = metadata.tables
+    with fresh_engine.begin() as conn:
+        conn.execute(t["dag_bundle"].insert().values(name="bundle"))
+        conn.execute(
+            t["dag"].insert().values(dag_id="consumer", is_paused=False, is_stale=False, bundle_name="bundle")
+        )
+        asset_id = conn.execute(
+            t["asset"]
+            .insert()
+            .values(name="a", uri="s3://a", group="", extra={}, created_at=now, updated_at=now)
+        ).inserted_primary_key[0]
+        conn.execute(
+            t["dag_schedule_asset_reference"]
+            .insert()
+            .values(asset_id=asset_id, dag_id="consumer", created_at=now, updated_at=now)
+        )
+        conn.execute(
+            t["asset_dag_run_queue"]
+            .insert()
+            .values(asset_id=asset_id, target_dag_id="consumer", created_at=now)
+        )
+        conn.execute(t["asset_event"].insert().values(asset_id=asset_id, extra={"k": 1}, timestamp=now))
+    with fresh_engine.connect() as conn:
+        dag = conn.execute(sa.select(t["dag"])).one()
+        assert (dag.exceeds_max_non_backfill, dag.has_import_errors, dag.timetable_partitioned) == (
+            False,
+            False,
+            False,
+        )
+        dsar = conn.execute(sa.select(t["dag_schedule_asset_reference"])).one()
+        assert dsar.allow_global_producers is True
+        event = conn.execute(sa.select(t["asset_event"])).one()
+        assert (event.source_map_index, event.extra, event.timestamp) == (-1, {"k": 1}, now)
+    with fresh_engine.begin() as conn:
+        conn.execute(t["asset"].delete())
+    with fresh_engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(t["asset_dag_run_queue"])).scalar() == 0
+        assert (
+            conn.execute(sa.select(sa.func.count()).select_from(t["dag_schedule_asset_reference"])).scalar()
+            == 0
+        )
+        # asset_event has no FK to asset: events outlive their asset.
+        assert conn.execute(sa.select(sa.func.count()).select_from(t["asset_event"])).scalar() == 1
+
+
+# --- migrations == models --------------------------------------------------------
+
+
+def test_autogenerate_finds_no_difference(fresh_db_url, fresh_engine):
+    """What ``alembic check`` checks: tables, columns, types, nullability, server defaults, indexes, FKs."""
+    migrate.upgrade(fresh_db_url)
+    assert _diffs(fresh_engine) == []
+    assert _tables(fresh_engine) == MODEL_TABLES | {migrate.VERSION_TABLE}
+
+
+def _expected_autoincrement(table):
+    column = table.autoincrement_column
+    return {column.name} if column is not None else set()
+
+
+def test_names_and_details_autogenerate_does_not_compare(fresh_db_url, fresh_engine):
+    """PK/FK names, ON DELETE, index names, autoincrement and collations equal the models'.
+
+    Alembic matches foreign keys by their columns and ignores primary keys,
+    AUTOINCREMENT and (mostly) collations; Airflow's code and DBAs refer to
+    these by name, so they are compared here one by one.
+    """
+    migrate.upgrade(fresh_db_url)
+    dialect = fresh_engine.dialect
+    is_mysql = dialect.name in ("mysql", "mariadb")
+    inspector = sa.inspect(fresh_engine)
+    for table in metadata.sorted_tables:
+        name = table.name
+        pk = inspector.get_pk_constraint(name)
+        assert pk["constrained_columns"] == [c.name for c in table.primary_key.columns], name
+        expected_pk_name = table.primary_key.name
+        if dialect.name == "sqlite" and table.dialect_options["sqlite"]["autoincrement"]:
+            # "id INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT" is a column
+            # constraint, which has no name (also in Airflow's SQLite schema).
+            expected_pk_name = None
+        if not is_mysql:  # MySQL names every primary key PRIMARY.
+            assert pk["name"] == expected_pk_name, name
+
+        reflected_fks = {
+            fk["name"]: (
+                tuple(fk["constrained_columns"]),
+                fk["referred_table"],
+                tuple(fk["referred_columns"]),
+                (fk["options"].get("ondelete") or "").upper() or None,
+            )
+            for fk in inspector.get_foreign_keys(name)
+        }
+        expected_fks = {
+            fk.name: (
+                tuple(c.name for c in fk.columns),
+                fk.referred_table.name,
+                tuple(e.column.name for e in fk.elements),
+                fk.ondelete,
+            )
+            for fk in table.foreign_key_constraints
+        }
+        assert reflected_fks == expected_fks, name
+
+        reflected_indexes = {
+            ix["name"]: (tuple(ix["column_names"]), bool(ix["unique"])) for ix in inspector.get_indexes(name)
+        }
+        expected_indexes = {ix.name: (tuple(c.name for c in ix.columns), ix.unique) for ix in table.indexes}
+        if is_mysql:
+            # InnoDB creates an index for a foreign key no other index
+            # covers, named after the constraint (here: dag.bundle_name).
+            # Accept exactly those, nothing else.
+            for fk_name, (columns, *_rest) in expected_fks.items():
+                if reflected_indexes.get(fk_name) == (columns, False):
+                    del reflected_indexes[fk_name]
+        assert reflected_indexes == expected_indexes, name
+
+    if dialect.name == "sqlite":
+        with fresh_engine.connect() as conn:
+            rows = conn.execute(sa.text("SELECT name, sql FROM sqlite_master WHERE type = 'table'")).all()
+        autoincrement = {row.name for row in rows if "AUTOINCREMENT" in row.sql.upper()}
+        assert autoincrement == {
+            t.name for t in metadata.sorted_tables if t.dialect_options["sqlite"]["autoincrement"]
+        }
+    else:
+        for table in metadata.sorted_tables:
+            reflected = {
+                c["name"] for c in inspector.get_columns(table.name) if c.get("autoincrement") is True
+            }
+            assert reflected == _expected_autoincrement(table), table.name
+
+    if is_mysql:
+        columns = sa.table(
+            "COLUMNS",
+            sa.column("table_schema"),
+            sa.column("table_name"),
+            sa.column("column_name"),
+            sa.column("collation_name"),
+            schema="information_schema",
+        )
+        with fresh_engine.connect() as conn:
+            collations = {
+                (row.table_name, row.column_name): row.collation_name
+                for row in conn.execute(
+                    sa.select(columns).where(columns.c.table_schema == sa.func.database())
+                )
+            }
+        for table in metadata.sorted_tables:
+            for column in table.columns:
+                impl = column.type.dialect_impl(dialect)
+                if isinstance(impl, sa.String) and not isinstance(impl, sa.JSON):
+                    assert collations[(table.name, column.name)] == impl.collation, (table.name, column.name)
+
+
+# --- the comparison can fail ----------------------------------------------------
+
+
+def test_a_missing_index_is_reported(fresh_db_url, fresh_engine):
+    migrate.upgrade(fresh_db_url)
+    with fresh_engine.begin() as conn:
+        conn.execute(
+            sa.text("DROP INDEX idx_next_dagrun_create_after ON dag")
+            if fresh_engine.dialect.name in ("mysql", "mariadb")
+            else sa.text("DROP INDEX idx_next_dagrun_create_after")
+        )
+    assert _diffs(fresh_engine) == ["add_index idx_next_dagrun_create_after on dag"]
+    assert not migrate.check(fresh_db_url).ok
+
+
+@pytest.mark.backends("postgresql", "mysql")
+def test_a_changed_server_default_is_reported(fresh_db_url, fresh_engine):
+    migrate.upgrade(fresh_db_url)
+    with fresh_engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE asset_event ALTER COLUMN source_map_index SET DEFAULT -2"))
+    (diff,) = _diffs(fresh_engine)
+    # PostgreSQL reflects the default as '-2'::integer.
+    assert re.fullmatch(r"modify_default asset_event\.source_map_index: '?-2'?(::integer)? -> -1", diff), diff
+
+
+@pytest.mark.backends("mysql")
+def test_mysql_boolean_default_normalisation_is_not_blanket(fresh_db_url, fresh_engine):
+    """``DEFAULT true`` reflects as 1 on MySQL; a real change (to 0) must still show."""
+    migrate.upgrade(fresh_db_url)
+    with fresh_engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "ALTER TABLE dag_schedule_asset_reference ALTER COLUMN allow_global_producers SET DEFAULT 0"
+            )
+        )
+    (diff,) = _diffs(fresh_engine)
+    assert diff.startswith("modify_default dag_schedule_asset_reference.allow_global_producers: 0 -> ")
+
+
+@pytest.mark.backends("mysql")
+def test_mysql_json_needs_json_not_just_longtext(fresh_db_url, fresh_engine):
+    """MariaDB's JSON is LONGTEXT + CHECK (json_valid(col)); a LONGTEXT without the check is a difference."""
+    migrate.upgrade(fresh_db_url)
+    with fresh_engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "ALTER TABLE dag MODIFY asset_expression"
+                " LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL"
+            )
+        )
+    (diff,) = _diffs(fresh_engine)
+    assert diff.startswith("modify_type dag.asset_expression: LONGTEXT("), diff
+
+
+# --- refusing an Airflow database ------------------------------------------------
+
+
+def _make_airflow_version_table(engine):
+    version = sa.Table(
+        "alembic_version",
+        sa.MetaData(),
+        sa.Column("version_num", sa.String(32), primary_key=True),
+    )
+    with engine.begin() as conn:
+        version.create(conn)
+        conn.execute(version.insert().values(version_num=AIRFLOW_REVISION))
+
+
+def _make_airflow_dag_run_table(engine):
+    dag_run = sa.Table(
+        "dag_run",
+        sa.MetaData(),
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("dag_id", sa.String(250), nullable=False),
+        sa.Column("run_id", sa.String(250), nullable=False),
+    )
+    with engine.begin() as conn:
+        dag_run.create(conn)
+        conn.execute(dag_run.insert().values(id=1, dag_id="producer", run_id="manual__1"))
+
+
+AIRFLOW_LOOKALIKES = {
+    "alembic_version": (_make_airflow_version_table, [f"alembic_version (revision {AIRFLOW_REVISION})"]),
+    "dag_run": (_make_airflow_dag_run_table, ["dag_run"]),
+}
+
+
+@pytest.mark.parametrize("marker", sorted(AIRFLOW_LOOKALIKES))
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(lambda url: migrate.upgrade(url), id="upgrade"),
+        pytest.param(lambda url: migrate.downgrade(url, "base"), id="downgrade"),
+        pytest.param(lambda url: migrate.current(url), id="current"),
+        pytest.param(lambda url: migrate.check(url), id="check"),
+    ],
+)
+def test_refuses_an_airflow_database_and_changes_nothing(fresh_db_url, fresh_engine, marker, command):
+    make, mentions = AIRFLOW_LOOKALIKES[marker]
+    make(fresh_engine)
+    before = _snapshot(fresh_engine)
+    assert set(before) == {marker}
+
+    with pytest.raises(AirflowSchemaError) as excinfo:
+        command(fresh_db_url)
+
+    message = str(excinfo.value)
+    assert "Apache Airflow's own schema" in message
+    assert "Nothing was changed" in message
+    for mention in mentions:
+        assert mention in message
+    # Not even Alembic's version table was created.
+    assert _snapshot(fresh_engine) == before
+
+
+def test_cli_refuses_an_airflow_database(fresh_db_url, fresh_engine, capsys):
+    _make_airflow_version_table(fresh_engine)
+    before = _snapshot(fresh_engine)
+    assert cli.main(["db", "upgrade", "--url", fresh_db_url]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("airflow-adrq: error: refusing to run airflow-adrq migrations on ")
+    assert AIRFLOW_REVISION in captured.err
+    assert _snapshot(fresh_engine) == before
+
+
+# --- the command line ------------------------------------------------------------
+
+
+def test_cli_db_commands(fresh_db_url, fresh_engine, capsys):
+    shown = sa.make_url(fresh_db_url).render_as_string(hide_password=True)
+
+    assert cli.main(["db", "current", "--url", fresh_db_url]) == 0
+    assert capsys.readouterr().out == "<base>\n"
+
+    assert cli.main(["db", "check", "--url", fresh_db_url]) == 1
+    out = capsys.readouterr().out
+    assert f"revision: <base> (head: {HEAD})" in out
+    assert "not at head" in out
+
+    assert cli.main(["db", "upgrade", "--url", fresh_db_url]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"database: {shown}"
+    assert out[1] == f"applied {HEAD}: Create Airflow 3.3's asset-queueing tables."
+    assert out[2].startswith("created tables: airflow_adrq_version, asset, ")
+    assert out[-1] == f"revision: <base> -> {HEAD}"
+
+    assert cli.main(["db", "upgrade", "--url", fresh_db_url]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"nothing to do: already at {HEAD}"
+
+    assert cli.main(["db", "check", "--url", fresh_db_url]) == 0
+    assert "ok: at head and identical to airflow_adrq.models" in capsys.readouterr().out
+
+    assert cli.main(["db", "downgrade", "--url", fresh_db_url, "--revision", "base"]) == 0
+    out = capsys.readouterr().out
+    assert f"reverted {HEAD}" in out
+    assert f"revision: {HEAD} -> <base>" in out
+    assert _tables(fresh_engine) == {migrate.VERSION_TABLE}
+
+
+def test_cli_downgrade_needs_an_explicit_revision(capsys):
+    with pytest.raises(SystemExit) as excinfo:
+        cli.main(["db", "downgrade", "--url", "sqlite://"])
+    assert excinfo.value.code == 2
+    assert "--revision" in capsys.readouterr().err
+
+
+def test_cli_url_from_environment(monkeypatch, tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'env.db'}"
+    monkeypatch.setenv(cli.URL_ENV, url)
+    assert cli.main(["db", "upgrade"]) == 0
+    assert capsys.readouterr().out.startswith(f"database: {url}\n")
+
+
+def test_cli_runs_as_a_process(tmp_path):
+    """Exit status and output of a real process (what an operator's script sees)."""
+    url = f"sqlite:///{tmp_path / 'proc.db'}"
+    env = {**os.environ, "PYTHONPATH": str(Path(airflow_adrq.__file__).resolve().parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-m", "airflow_adrq.cli", "db", "upgrade", "--url", url],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"applied {HEAD}" in done.stdout
