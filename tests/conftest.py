@@ -33,7 +33,9 @@ import dataclasses
 import json
 import os
 import sqlite3
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -42,6 +44,13 @@ import airflow_adrq
 from airflow_adrq import servers
 from airflow_adrq.engine import create_engine
 from airflow_adrq.models import metadata
+
+# Test modules import shared helpers as ``tests.<module>``. Append the
+# repository root, never prepend it: under tox ``airflow_adrq`` must still
+# resolve to the installed wheel, not to the source tree.
+_REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+if _REPO_ROOT not in sys.path:
+    sys.path.append(_REPO_ROOT)
 
 BACKENDS = ("sqlite", "postgresql", "mysql")
 
