@@ -25,7 +25,7 @@ from alembic.script import ScriptDirectory
 import airflow_adrq
 from airflow_adrq import cli, migrate
 from airflow_adrq.engine import create_engine
-from airflow_adrq.errors import AirflowSchemaError
+from airflow_adrq.errors import AdrqError, AirflowSchemaError
 from airflow_adrq.models import metadata
 
 MODEL_TABLES = frozenset(metadata.tables)
@@ -461,3 +461,22 @@ def test_cli_runs_as_a_process(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert f"applied {HEAD}" in done.stdout
+
+
+@pytest.mark.backends("mysql")
+def test_mysql_without_explicit_timestamp_defaults_is_refused(fresh_db_url):
+    """With explicit_defaults_for_timestamp off, adrq.created_at would get ON UPDATE CURRENT_TIMESTAMP."""
+    engine = create_engine(fresh_db_url)
+
+    @sa.event.listens_for(engine, "connect")
+    def _off(dbapi_connection, _record):
+        cursor = dbapi_connection.cursor()
+        cursor.execute("SET SESSION explicit_defaults_for_timestamp = 0")
+        cursor.close()
+
+    try:
+        with pytest.raises(AdrqError, match="explicit_defaults_for_timestamp=ON"):
+            migrate.upgrade(engine)
+        assert _tables(engine) == set()
+    finally:
+        engine.dispose()
