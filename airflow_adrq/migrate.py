@@ -187,8 +187,10 @@ def upgrade(bind: Bind, revision: str = "head") -> MigrationResult:
     PostgreSQL and the database write lock on SQLite until commit.
 
     Not promised: on MySQL/MariaDB every DDL statement commits implicitly, so
-    a failure part-way leaves the revisions before it applied. Two concurrent
-    upgrades of the same database are not serialised (one fails).
+    a failure part-way leaves the tables created before it, unrecorded in
+    ``airflow_adrq_version`` (drop them by hand before retrying). Two
+    concurrent upgrades of the same database are not serialised: one fails
+    on tables the other created.
     """
     return _migrate(bind, "upgrade", revision)
 
@@ -205,7 +207,9 @@ def downgrade(bind: Bind, revision: str) -> MigrationResult:
 def current(bind: Bind) -> str | None:
     """The revision recorded in ``airflow_adrq_version``, or ``None`` for an unmigrated database.
 
-    Read-only; refuses an Airflow database like the other commands.
+    Read-only; refuses an Airflow database like the other commands. On
+    SQLite the engine's ``BEGIN IMMEDIATE`` holds the write lock for the
+    (short) duration of the read.
     """
     with _connect(bind) as connection:
         refuse_airflow_schema(connection)
@@ -217,7 +221,8 @@ def check(bind: Bind) -> CheckResult:
 
     Read-only (like ``alembic check``): reports the current revision, the
     head, and every difference Alembic's autogenerate finds between the
-    reflected schema and the models (:func:`schema_diff`).
+    reflected schema and the models (:func:`schema_diff`). Locks as
+    :func:`current` does.
     """
     (head,) = heads()
     with _connect(bind) as connection:
@@ -238,21 +243,23 @@ def schema_diff(connection: Connection) -> list[Any]:
 
 
 def describe_diff(diff: Any) -> str:
-    """One line for one :func:`schema_diff` entry, e.g. ``modify_type asset.extra: LONGTEXT -> JSON``."""
-    # Alembic yields ("add_index", Index) style tuples, and lists of
-    # ("modify_<what>", schema, table, column, info, old, new) for columns.
-    if isinstance(diff, list):
+    """One line for one :func:`schema_diff` entry, e.g. ``add_index idx_x on dag``."""
+    if isinstance(diff, list):  # changes to one column come as a list of modify_* tuples
         return "; ".join(describe_diff(item) for item in diff)
-    kind, *rest = diff
+    kind = diff[0]
     if kind.startswith("modify_"):
-        _schema, table, column, _info, old, new = rest
+        # ("modify_type", schema, table, column, existing, old, new)
+        _kind, _schema, table, column, _existing, old, new = diff
         return f"{kind} {table}.{column}: {_render(old)} -> {_render(new)}"
-    obj = rest[-1] if kind.endswith("_column") else rest[0]
-    where = f" on {rest[1]}" if kind.endswith("_column") else ""
+    if kind in ("add_column", "remove_column"):
+        # ("add_column", schema, table, Column)
+        _kind, _schema, table, column = diff
+        return f"{kind} {table}.{column.name}"
+    # ("add_table", Table), ("remove_index", Index), ("add_fk", ForeignKeyConstraint), ...
+    obj = diff[1]
     table = getattr(obj, "table", None)
-    if table is not None and not kind.endswith("_column"):
-        where = f" on {table.name}"
-    return f"{kind} {getattr(obj, 'name', obj)}{where}"
+    where = f" on {table.name}" if table is not None else ""
+    return f"{kind} {obj.name}{where}"
 
 
 def _render(value: Any) -> str:

@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -480,3 +481,38 @@ def test_mysql_without_explicit_timestamp_defaults_is_refused(fresh_db_url):
         assert _tables(engine) == set()
     finally:
         engine.dispose()
+
+
+# --- the bench subcommand plug-in ------------------------------------------------
+
+
+def test_cli_bench_plugs_in_from_bench_cli(monkeypatch, capsys):
+    """``bench`` comes from airflow_adrq.bench.cli.add_bench_parser(subparsers)."""
+    fake = types.ModuleType("airflow_adrq.bench.cli")
+
+    def add_bench_parser(subparsers):
+        bench = subparsers.add_parser("bench")
+        bench.add_argument("--size", type=int)
+        bench.set_defaults(func=lambda args: print(f"bench size={args.size}") or 0)
+
+    fake.add_bench_parser = add_bench_parser
+    monkeypatch.setitem(sys.modules, "airflow_adrq.bench.cli", fake)
+    assert cli.main(["bench", "--size", "3"]) == 0
+    assert capsys.readouterr().out == "bench size=3\n"
+
+
+def test_cli_bench_missing_says_so(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "airflow_adrq.bench.cli", None)  # import raises ModuleNotFoundError
+    assert cli.main(["bench"]) == 1
+    assert "bench is not implemented yet" in capsys.readouterr().err
+
+
+def test_cli_bench_import_errors_are_not_hidden(monkeypatch):
+    """A dependency missing *inside* the bench module is a real error, not 'not implemented'."""
+
+    def import_module(name):
+        raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+
+    monkeypatch.setattr(cli.importlib, "import_module", import_module)
+    with pytest.raises(ModuleNotFoundError, match="matplotlib"):
+        cli.main(["db", "current", "--url", "sqlite://"])
