@@ -64,12 +64,12 @@ class Sizes:
 DEFAULT: Final = Sizes()
 QUICK: Final = Sizes(
     producers=4,
-    fanout=16,
+    fanout=8,
     outlets=2,
-    transactions=4,
-    round_timeout_s=2.0,
-    lock_timeout_s=5.0,
-    sweep=(1, 16, 256, 1024),
+    transactions=3,
+    round_timeout_s=1.0,
+    lock_timeout_s=3.0,
+    sweep=(1, 16, 256),
     sweep_repeats=1,
 )
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+import airflow_adrq
 from airflow_adrq import servers
 from airflow_adrq.bench import dataset, engine
 from airflow_adrq.bench.config import SCENARIOS, STRATEGIES, Cell, Plan, Sizes
@@ -72,6 +73,7 @@ def run(
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> dict[str, Any]:
     """Benchmark every target; returns the raw results (see :mod:`.report`)."""
+    out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "barriers").mkdir(exist_ok=True)
     for name in ("cells.jsonl", "current", *(f"tx-{p}.jsonl" for p in range(1, sizes.producers + 1))):
@@ -156,17 +158,23 @@ def _run_suite(plan: Plan, plan_path: Path, progress: Callable[[str], None]) -> 
         "--rootdir",
         str(out),
         "-p",
-        "no:cacheprovider",
+        "xdist",
         "-p",
-        "no:randomly",
+        "no:cacheprovider",
         "-q",
         "-x",
     ]
-    env = {**os.environ, PLAN_ENV: str(plan_path)}
+    # Run from the output directory with this process's copy of the package
+    # first on the path: the workers must run the code the controller runs.
+    package_root = str(Path(airflow_adrq.__file__).resolve().parent.parent)
+    path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
+    # Only xdist: other installed plugins (pytest-randomly reseeding, database
+    # fixtures, benchmark timers) cost start-up time or get in the way.
+    env = {**os.environ, PLAN_ENV: str(plan_path), "PYTHONPATH": path, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     log_path = out / "pytest.log"
     total = len(plan.cells)
     with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out)
         shown = -1
         while proc.poll() is None:
             done = len(_read_jsonl(out / "cells.jsonl"))

@@ -1,0 +1,178 @@
+"""``airflow-adrq bench``: registered by :func:`add_bench_parser` (see :mod:`airflow_adrq.cli`).
+
+::
+
+    airflow-adrq bench                 # SQLite + every PostgreSQL/MariaDB server found or started
+    airflow-adrq bench --quick         # the same in under a minute
+    airflow-adrq bench --db postgresql://user@host/db --db mysql://user@host/db
+
+Each database URL only names a server: the benchmark creates a scratch
+database there and drops it afterwards (for SQLite, a temporary file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime as dt
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow_adrq import servers
+from airflow_adrq.bench import report, runner
+from airflow_adrq.bench.config import DEFAULT, QUICK, SCENARIOS, STRATEGIES, Sizes
+
+__all__ = ["add_bench_parser"]
+
+
+def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``bench``."""
+    parser = subparsers.add_parser(
+        "bench",
+        help="show the loop versions deadlocking and the set-based ones not, on your database",
+        description=(
+            "Concurrent producer processes (pytest-xdist workers) queue asset consumers with Airflow "
+            "3.3's loop, two later loop variants, and airflow-adrq's set-based statements; prints a "
+            "comparison table and writes JSON and PNG plots. Without --db: SQLite plus every "
+            "PostgreSQL and MySQL/MariaDB server found (see airflow_adrq.servers)."
+        ),
+    )
+    parser.add_argument(
+        "--db",
+        action="append",
+        metavar="URL",
+        help="benchmark this server (repeatable); a scratch database is created on it and dropped",
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes: finishes in under a minute")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output directory (default: ./adrq-bench-<UTC timestamp>)",
+    )
+    parser.add_argument("--strategy", action="append", choices=STRATEGIES, help="only these (repeatable)")
+    parser.add_argument("--scenario", action="append", choices=SCENARIOS, help="only these (repeatable)")
+    sizes = parser.add_argument_group("sizes (defaults: a few minutes on 2 cores; --quick lowers them)")
+    for field in dataclasses.fields(Sizes):
+        if field.name == "sweep":
+            sizes.add_argument(
+                "--sweep", type=_int_list, help="fan-outs of the single-call sweep, e.g. 1,16,256"
+            )
+            continue
+        kind = float if field.type == "float" else int
+        sizes.add_argument(f"--{field.name.replace('_', '-')}", type=kind, default=None, dest=field.name)
+    parser.set_defaults(func=_bench)
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, not {text!r}") from None
+
+
+def _sizes(args: argparse.Namespace) -> Sizes:
+    base = QUICK if args.quick else DEFAULT
+    overrides: dict[str, Any] = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(Sizes)
+        if getattr(args, f.name, None) is not None
+    }
+    return dataclasses.replace(base, **overrides)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    sizes = _sizes(args)
+    out = args.out or Path(f"adrq-bench-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}")
+    say = _Progress()
+    with contextlib.ExitStack() as stack:
+        if args.db:
+            targets = [runner.describe(url) for url in args.db]
+        else:
+            targets = [runner.describe("sqlite://")]
+            for backend in servers.BACKENDS:
+                try:
+                    info = stack.enter_context(servers.discover(backend))
+                except servers.ServerNotFoundError as exc:
+                    say.line(f"not benchmarking {backend}: {exc}")
+                    continue
+                say.line(f"{info.version}: {info.how_found}")
+                targets.append(runner.describe(info.url))
+        say.line(
+            f"benchmarking {', '.join(t.version for t in targets)} on {os.cpu_count()} CPUs; "
+            f"{sizes.producers} producers x {sizes.transactions} transactions per round, "
+            f"fan-out {sizes.fanout}, {sizes.outlets} outlets, hold {sizes.hold_ms:g} ms; output in {out}"
+        )
+        if any(t.name == "sqlite" for t in targets):
+            say.line(f"note: {report.SQLITE_NOTE}")
+        raw = runner.run(
+            targets,
+            sizes,
+            out,
+            strategies=args.strategy or STRATEGIES,
+            scenarios=args.scenario or SCENARIOS,
+            progress=say,
+        )
+    say.done()
+    rows = report.aggregate(raw)
+    tables = report.format_table(raw, rows) + "\n" + report.format_sweep(raw)
+    json_path = out / "bench.json"
+    report.write_json(raw, rows, json_path)
+    (out / "bench.md").write_text(tables)
+    pngs = report.plot(raw, rows, out)
+    print(tables)
+    print(
+        f"took {raw['duration_s']:.0f} s; wrote {json_path}, {out / 'bench.md'}, {', '.join(map(str, pngs))}"
+    )
+    inexact = [r for r in rows if not r["rows_exact"]]
+    if inexact:
+        for r in inexact:
+            print(
+                f"ERROR: {r['db']} {r['scenario']}/{r['strategy']}: queue rows not exact {r['row_check']}",
+                file=sys.stderr,
+            )
+        return 1
+    return 0
+
+
+class _Progress:
+    """Progress on stderr: rewritten in place on a terminal, one line per update otherwise."""
+
+    def __init__(self) -> None:
+        self._tty = sys.stderr.isatty()
+        self._open = False
+
+    def __call__(self, message: str) -> None:
+        if self._tty:
+            sys.stderr.write("\r\033[K" + message)
+            self._open = True
+        else:
+            sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+
+    def line(self, message: str) -> None:
+        self.done()
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self._open:
+            sys.stderr.write("\n")
+            self._open = False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m airflow_adrq.bench.cli``: the same as ``airflow-adrq bench``."""
+    parser = argparse.ArgumentParser(prog="airflow-adrq")
+    add_bench_parser(parser.add_subparsers())
+    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    status: int = args.func(args)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
