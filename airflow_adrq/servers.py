@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import sqlalchemy as sa
-from sqlalchemy.engine import URL, Connection
+from sqlalchemy.engine import URL
 from sqlalchemy.pool import NullPool
 
 from airflow_adrq.errors import AdrqError
@@ -205,8 +205,7 @@ def create_database(server_url: str | URL, name: str) -> str:
     ``template1`` leaks in; MySQL/MariaDB use ``utf8mb4`` as Airflow's docs
     ask. Fails if the database exists. ``name`` must match ``[a-z_][a-z0-9_]*``.
     """
-    with _admin_connection(server_url) as conn:
-        conn.exec_driver_sql(_backend_for_url(server_url).create_sql.format(name=_quoted(conn, name)))
+    _run_ddl(server_url, _backend_for_url(server_url).create_sql, name)
     url = sa.make_url(server_url).set(database=name)
     return url.render_as_string(hide_password=False)
 
@@ -217,25 +216,21 @@ def drop_database(server_url: str | URL, name: str) -> None:
     PostgreSQL disconnects sessions still using it (``WITH (FORCE)``, PG 13+);
     MySQL/MariaDB wait for them to release their metadata locks.
     """
-    with _admin_connection(server_url) as conn:
-        conn.exec_driver_sql(_backend_for_url(server_url).drop_sql.format(name=_quoted(conn, name)))
+    _run_ddl(server_url, _backend_for_url(server_url).drop_sql, name)
 
 
-@contextlib.contextmanager
-def _admin_connection(server_url: str | URL) -> Iterator[Connection]:
+def _run_ddl(server_url: str | URL, template: str, name: str) -> None:
+    if not _DATABASE_NAME.fullmatch(name):
+        raise ValueError(f"database name {name!r} must match {_DATABASE_NAME.pattern}")
     # CREATE/DROP DATABASE cannot run inside a transaction on PostgreSQL.
     engine = sa.create_engine(server_url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as conn:
-            yield conn
+            # Identifiers cannot be bound parameters: validated above, quoted here.
+            quoted = conn.dialect.identifier_preparer.quote_identifier(name)
+            conn.exec_driver_sql(template.format(name=quoted))
     finally:
         engine.dispose()
-
-
-def _quoted(conn: Connection, name: str) -> str:
-    if not _DATABASE_NAME.fullmatch(name):
-        raise ValueError(f"database name {name!r} must match {_DATABASE_NAME.pattern}")
-    return conn.dialect.identifier_preparer.quote_identifier(name)
 
 
 # --- throwaway servers -------------------------------------------------------

@@ -13,6 +13,8 @@ Fixtures (all function-scoped):
 * ``engine`` -- ``airflow_adrq.engine.create_engine(db_url)``, disposed after the test.
 * ``fresh_db_url`` -- a brand-new empty database (no tables), dropped after the
   test: for migration tests.
+* ``server_info`` -- the ``airflow_adrq.servers.ServerInfo`` of the backend's
+  server (PostgreSQL and MySQL only: mark the test ``backends("postgresql", "mysql")``).
 
 Servers are found once, by the controller process, through
 ``airflow_adrq.servers.discover`` (``$ADRQ_TEST_POSTGRESQL_URL`` /
@@ -261,3 +263,12 @@ def fresh_db_url(backend, _worker_databases, tmp_path):
     url = servers.create_database(server_url, name)
     yield url
     servers.drop_database(server_url, name)
+
+
+@pytest.fixture
+def server_info(backend, request):
+    if backend not in servers.BACKENDS:
+        raise RuntimeError(
+            f"{backend} has no server: mark the test @pytest.mark.backends('postgresql', 'mysql')"
+        )
+    return servers.ServerInfo(**request.config.stash[_SERVERS][backend]["info"])
