@@ -23,12 +23,13 @@ only does with ``--user``, so a throwaway server started by root runs as the
 ``postgres`` / ``mysql`` account (``nobody`` when that does not exist), which
 then owns its temporary directory.
 
-We drive the server processes with mirakuru's ``TCPExecutor`` rather than
-pytest-postgresql's ``PostgreSQLExecutor`` / pytest-mysql's ``MySQLExecutor``:
-the former runs every step through ``pg_ctl``, which refuses root and offers no
-way to run its ``initdb``/``status``/``stop`` calls as another user, and the
-latter starts ``mysqld_safe`` with ``--no-defaults`` impossible to pass first,
-so the machine's ``/etc/mysql`` configuration leaks into the throwaway server.
+The server processes are driven by mirakuru's ``TCPExecutor`` (start, wait for
+the port, stop, kill leftovers at exit) rather than by the executors of
+pytest-postgresql and pytest-mysql built on it: ``PostgreSQLExecutor`` runs
+every step through ``pg_ctl``, which refuses to run as root, with no way to run
+those steps as another user; ``MySQLExecutor`` starts ``mysqld_safe``, whose
+``--no-defaults`` must be the first argument, which the executor does not allow,
+so the machine's ``/etc/mysql`` configuration would leak into the throwaway server.
 """
 
 from __future__ import annotations
