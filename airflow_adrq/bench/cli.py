@@ -52,7 +52,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "--out",
         type=Path,
         default=None,
-        help="output directory (default: ./adrq-bench-<UTC timestamp>)",
+        help="output directory (default: ./bench-results/<UTC timestamp>)",
     )
     parser.add_argument("--strategy", action="append", choices=STRATEGIES, help="only these (repeatable)")
     parser.add_argument("--scenario", action="append", choices=SCENARIOS, help="only these (repeatable)")
@@ -87,7 +87,7 @@ def _sizes(args: argparse.Namespace) -> Sizes:
 
 def _bench(args: argparse.Namespace) -> int:
     sizes = _sizes(args)
-    out = args.out or Path(f"adrq-bench-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}")
+    out = args.out or Path("bench-results") / f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
     say = _Progress()
     with contextlib.ExitStack() as stack:
         if args.db:

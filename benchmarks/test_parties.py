@@ -1,0 +1,4 @@
+# mypy: ignore-errors
+"""One benchmark party per xdist worker (the packaged suite's test)."""
+
+from airflow_adrq.bench.suite.test_parties import test_party  # noqa: F401
