@@ -330,7 +330,17 @@ def _connect(bind: Bind) -> Iterator[Connection]:
         with bind.begin() as connection:
             yield connection
         return
-    engine = create_engine(bind, poolclass=sa.pool.NullPool)
+    try:
+        engine = create_engine(bind, poolclass=sa.pool.NullPool)
+    except ImportError as exc:
+        # SQLAlchemy imports the driver here; a missing one is a setup
+        # problem the command line should name, not a traceback.
+        url = sa.engine.make_url(bind)
+        raise AdrqError(
+            f"no database driver for {url.drivername!r} ({exc}); install it, e.g. "
+            "pip install 'airflow-adrq[postgres]' (psycopg2: use postgresql+psycopg2://) or "
+            "'airflow-adrq[mysql]'"
+        ) from exc
     try:
         with engine.begin() as connection:
             yield connection

@@ -516,3 +516,11 @@ def test_cli_bench_import_errors_are_not_hidden(monkeypatch):
     monkeypatch.setattr(cli.importlib, "import_module", import_module)
     with pytest.raises(ModuleNotFoundError, match="matplotlib"):
         cli.main(["db", "current", "--url", "sqlite://"])
+
+
+def test_cli_names_a_missing_database_driver(monkeypatch, capsys):
+    # SQLAlchemy imports the DBAPI module while creating the engine.
+    monkeypatch.setitem(sys.modules, "pg8000", None)  # import raises ModuleNotFoundError
+    assert cli.main(["db", "upgrade", "--url", "postgresql+pg8000://nobody@127.0.0.1/none"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("airflow-adrq: error: no database driver for 'postgresql+pg8000'"), err
