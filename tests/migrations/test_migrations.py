@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+import shutil
 import subprocess
 import sys
 import types
@@ -89,6 +90,34 @@ def test_migrations_ship_inside_the_wheel():
     location = migrate.script_location()
     assert (location / "env.py").is_file()
     assert (location / "versions").is_dir()
+
+
+def test_installed_layout_uses_the_packaged_migrations(tmp_path):
+    """Laid out as the wheel installs it (migrations inside the package), from a process
+    whose working directory is not the checkout, ``db upgrade`` uses the packaged copy."""
+    site = tmp_path / "site"
+    package = Path(airflow_adrq.__file__).resolve().parent
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(package, site / "airflow_adrq", ignore=ignore)
+    shutil.copytree(package.parent / "migrations", site / "airflow_adrq" / "migrations", ignore=ignore)
+    url = f"sqlite:///{tmp_path / 'installed.db'}"
+    code = (
+        "import sys; from airflow_adrq import cli, migrate; print(migrate.script_location()); "
+        f"sys.exit(cli.main(['db', 'upgrade', '--url', {url!r}]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(site)},
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    location, *report = done.stdout.splitlines()
+    assert location == str(site / "airflow_adrq" / "migrations")
+    assert f"applied {HEAD}: Create Airflow 3.3's asset-queueing tables." in report
 
 
 # --- upgrade / downgrade ---------------------------------------------------------
