@@ -31,7 +31,7 @@ def run_migrations_online() -> None:
         # The caller's transaction covers the whole run: on PostgreSQL and
         # SQLite a failed upgrade leaves nothing behind.
         transaction_per_migration=False,
-        **migrate._compare_options(),
+        **migrate.comparison_options(),
     )
     _require_explicit_timestamp_defaults(connection)
     with context.begin_transaction():
