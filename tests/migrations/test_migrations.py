@@ -97,9 +97,15 @@ def test_installed_layout_uses_the_packaged_migrations(tmp_path):
     whose working directory is not the checkout, ``db upgrade`` uses the packaged copy."""
     site = tmp_path / "site"
     package = Path(airflow_adrq.__file__).resolve().parent
-    ignore = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(package, site / "airflow_adrq", ignore=ignore)
-    shutil.copytree(package.parent / "migrations", site / "airflow_adrq" / "migrations", ignore=ignore)
+    # Works from a checkout and from an installed wheel (tox) alike.
+    shutil.copytree(
+        package, site / "airflow_adrq", ignore=shutil.ignore_patterns("__pycache__", "migrations")
+    )
+    shutil.copytree(
+        migrate.script_location(),
+        site / "airflow_adrq" / "migrations",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     url = f"sqlite:///{tmp_path / 'installed.db'}"
     code = (
         "import sys; from airflow_adrq import cli, migrate; print(migrate.script_location()); "
