@@ -7,10 +7,10 @@ Tests talk to it through engines set up the way Airflow sets up its own
 (``airflow.utils.orm_event_handlers.setup_event_handlers``; READ COMMITTED on
 MySQL/MariaDB, as ``airflow.settings.prepare_engine_args`` does).
 
-Servers: ``ADRQ_TEST_POSTGRESQL_URL`` / ``ADRQ_TEST_MYSQL_URL`` (a URL of a
-server database we may CREATE DATABASE from), else the local 127.0.0.1
-servers. A backend that is not reachable is skipped with its reason shown;
-with ``CI=true`` it is an error instead.
+Servers are found by ``airflow_adrq.servers.discover`` as in the rest of the
+suite (``ADRQ_TEST_POSTGRESQL_URL`` / ``ADRQ_TEST_MYSQL_URL``, local servers,
+throwaway servers). A backend without a server is skipped with its reason
+shown; with ``CI=true`` it is an error instead.
 """
 
 from __future__ import annotations
@@ -38,11 +38,7 @@ import sqlalchemy as sa  # noqa: E402
 from adrq_af_scenario import empty  # noqa: E402
 
 BACKENDS = ("sqlite", "postgresql", "mysql")
-_DEFAULT_SERVER_URLS = {
-    "postgresql": "postgresql+psycopg2://root@127.0.0.1:5432/test",
-    "mysql": "mysql+mysqldb://root@127.0.0.1:3306/test",
-}
-_ENV_URLS = {"postgresql": "ADRQ_TEST_POSTGRESQL_URL", "mysql": "ADRQ_TEST_MYSQL_URL"}
+_AIRFLOW_DRIVERS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+mysqldb"}
 
 
 def pytest_configure(config):
@@ -63,15 +59,21 @@ def af_backend(request):
     return request.param
 
 
-def _server_url(backend: str) -> sa.engine.URL:
-    return sa.engine.make_url(os.environ.get(_ENV_URLS[backend]) or _DEFAULT_SERVER_URLS[backend])
+@pytest.fixture(scope="session")
+def af_server(af_backend):
+    """A server for ``af_backend`` found like the rest of the suite finds one (airflow_adrq.servers)."""
+    from airflow_adrq import servers
 
-
-def _unavailable(backend: str, why: str):
-    message = f"{backend} server not available for the Airflow plug-in tests: {why}"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(message)
-    pytest.skip(message)
+    try:
+        with servers.discover(af_backend) as info:
+            url = sa.engine.make_url(info.url)
+            # Airflow needs its sync drivers here (plus asyncpg/aiomysql, installed by tox).
+            yield url.set(drivername=_AIRFLOW_DRIVERS[af_backend])
+    except servers.ServerNotFoundError as exc:
+        message = f"{af_backend} server not available for the Airflow plug-in tests: {exc}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
 
 
 class AirflowDatabase:
@@ -108,33 +110,8 @@ def _migrate(url: sa.engine.URL) -> subprocess.CompletedProcess:
     )
 
 
-def _create_server_databases(backend: str, names: list[str]):
-    server = _server_url(backend)
-    try:
-        admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            for name in names:
-                conn.exec_driver_sql(f"CREATE DATABASE {name}")
-    except sa.exc.OperationalError as exc:
-        _unavailable(backend, str(exc).splitlines()[0])
-
-    def drop():
-        with admin.connect() as conn:
-            if backend == "postgresql":
-                for name in names:
-                    conn.exec_driver_sql(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
-                        (name,),
-                    )
-            for name in names:
-                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}")
-        admin.dispose()
-
-    return [server.set(database=name) for name in names], drop
-
-
 @pytest.fixture(scope="session")
-def airflow_db(af_backend, tmp_path_factory):
+def airflow_db(af_backend, tmp_path_factory, request):
     """The backend's database, migrated by Airflow 3.3.2's ``airflow db migrate``."""
     tag = f"adrq_af_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     if af_backend == "sqlite":
@@ -145,7 +122,16 @@ def airflow_db(af_backend, tmp_path_factory):
             return None
 
     else:
-        urls, drop = _create_server_databases(af_backend, [tag, f"{tag}_scratch"])
+        from airflow_adrq import servers
+
+        server = request.getfixturevalue("af_server")
+        names = [tag, f"{tag}_scratch"]
+        urls = [sa.engine.make_url(servers.create_database(server, name)) for name in names]
+
+        def drop():
+            for name in names:
+                servers.drop_database(server, name)
+
     result = _migrate(urls[0])
     if result.returncode != 0:
         drop()
