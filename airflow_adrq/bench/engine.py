@@ -87,11 +87,12 @@ def run_transaction(
     hold_s: float,
     rng: random.Random,
     assets: Sequence[int] = (),
+    give_up: Callable[[], bool] = lambda: False,
 ) -> TxResult:
     """Run ``work`` + hold + COMMIT, retrying the whole transaction on retryable failures.
 
-    Gives up after ``max_attempts`` attempts or once ``time.monotonic()``
-    passes ``deadline``. Other errors propagate.
+    Gives up after ``max_attempts`` attempts, once ``time.monotonic()``
+    passes ``deadline``, or when ``give_up()`` says so. Other errors propagate.
     """
     failures: Counter[str] = Counter()
     start = time.perf_counter()
@@ -110,7 +111,7 @@ def run_transaction(
             if retryable is None:
                 raise
             failures[retryable.kind.value] += 1
-            if attempt >= max_attempts or time.monotonic() > deadline:
+            if attempt >= max_attempts or time.monotonic() > deadline or give_up():
                 return TxResult(False, attempt, time.perf_counter() - start, 0, list(assets), dict(failures))
             # Jittered backoff, so two victims do not restart in lockstep.
             time.sleep(rng.uniform(0, min(0.05, 0.005 * attempt)))

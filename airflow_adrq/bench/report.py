@@ -256,8 +256,11 @@ def plot(raw: dict[str, Any], rows: Sequence[dict[str, Any]], out_dir: Path) -> 
         ax = fig.add_subplot(grid[1, 2])
         sweep = raw["sweeps"].get(db, [])
         for k, strategy in enumerate(strategies):
-            points = [(r["fanout"], r["latency_s"] * 1000) for r in sweep if r["strategy"] == strategy]
-            points = [p for p in points if p[1] is not None]
+            points = [
+                (r["fanout"], r["latency_s"] * 1000)
+                for r in sweep
+                if r["strategy"] == strategy and r.get("latency_s") is not None
+            ]
             if points:
                 ax.plot(*zip(*points, strict=True), marker="o", label=strategy, color=colors(k))
         ax.set_xscale("log")
