@@ -19,11 +19,11 @@ row alone" clause. The rows are the same ones Airflow would write.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from airflow._shared.timezones import timezone
 from airflow.assets.manager import AssetManager
 from airflow.models.asset import AssetDagRunQueue
 
@@ -54,7 +54,8 @@ if _missing:
     )
 
 
-class AdrqAssetManager(AssetManager):
+# Without Airflow installed (mypy's own env) AssetManager is Any.
+class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
     """Airflow ``AssetManager`` whose non-partitioned queue writes are sorted and made at COMMIT.
 
     Set ``[core] asset_manager_class = airflow_adrq.airflow.AdrqAssetManager``.
@@ -73,7 +74,7 @@ class AdrqAssetManager(AssetManager):
     def __init__(self, **kwargs: Any) -> None:
         # Airflow builds one instance per process (resolve_asset_manager); the
         # line lets an operator confirm in any component's log that it is used.
-        super().__init__(**kwargs)
+        super().__init__(**kwargs)  # type: ignore[no-untyped-call,unused-ignore]
         log.info(
             "airflow-adrq: %s.%s queues asset-triggered runs at commit, sorted by (asset_id, dag_id)",
             type(self).__module__,
@@ -99,8 +100,13 @@ class AdrqAssetManager(AssetManager):
         # 3.4) before anything is recorded, inside the caller's transaction.
         schema.check_queue_shape(session, table.name, table.schema)
         dag_ids = sorted(dag.dag_id for dag in dags_to_queue)
-        pending.defer_rows(session, table, asset_id, dag_ids, now=timezone.utcnow)
+        pending.defer_rows(session, table, asset_id, dag_ids, now=_utcnow)
         cls.logger().debug("consuming dag ids %s (queued at commit)", dag_ids)
+
+
+def _utcnow() -> dt.datetime:
+    # What Airflow's column default (timezone.utcnow) returns, without its private module.
+    return dt.datetime.now(dt.timezone.utc)
 
 
 def flush_queue(session: Session) -> int:

@@ -68,7 +68,7 @@ def uninstall_triggerer_patch() -> None:
             sys.meta_path.remove(finder)
         module = sys.modules.get(_TARGET)
         if module is not None and _original is not None:
-            module.AssetManager = _original
+            setattr(module, "AssetManager", _original)  # noqa: B010 - ModuleType has no such attribute
         _original = None
 
 
@@ -108,7 +108,7 @@ def _patch(module: ModuleType) -> None:
             )
             return
         _original = current
-        module.AssetManager = configured
+        setattr(module, "AssetManager", configured)  # noqa: B010 - ModuleType has no such attribute
     log.info("airflow-adrq: triggerer asset events now go through %s", configured.__qualname__)
 
 

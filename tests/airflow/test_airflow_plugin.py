@@ -11,9 +11,11 @@ import sys
 import textwrap
 from types import SimpleNamespace
 
+import adrq_af_scenario as scenario
 import airflow.models.taskinstance as airflow_ti
 import pytest
 import sqlalchemy as sa
+from adrq_af_scenario import alias_event, outlet, task_instance
 from airflow.assets import manager as airflow_manager
 from airflow.assets.manager import AssetManager
 from airflow.models.taskinstance import TaskInstance
@@ -21,9 +23,6 @@ from sqlalchemy.orm import Session
 
 from airflow_adrq.airflow import AdrqAssetManager, flush_queue, pending, schema
 from airflow_adrq.errors import UnsupportedSchemaError
-
-import adrq_af_scenario as scenario
-from adrq_af_scenario import alias_event, outlet, task_instance
 
 # The differential scenario: direct, alias, name and URI references; a paused
 # and a partitioned consumer; an inactive asset; an asset created on the fly
@@ -207,10 +206,8 @@ def test_rows_are_sent_sorted(af_engine):
             AdrqAssetManager.register_asset_change(
                 asset=SimpleNamespace(name=name, uri=scenario.uri(name)), session=session
             )
-        assert pending.pending_rows(session) == sorted(
-            [(seeded.asset_ids["a"], "m"), (seeded.asset_ids["a"], "z")]
-            + [(seeded.asset_ids["b"], "a"), (seeded.asset_ids["b"], "y")]
-        )
+        a, b = seeded.asset_ids["a"], seeded.asset_ids["b"]
+        assert pending.pending_rows(session) == sorted([(a, "m"), (a, "z"), (b, "a"), (b, "y")])
         session.commit()
         assert pending.pending_rows(session) == []
 
@@ -223,7 +220,9 @@ def _register(session, name):
 
 def test_savepoint_rollback_forgets_its_rows(af_engine):
     with Session(af_engine) as session:
-        scenario.seed(session, assets=["a1", "a2", "a3"], consumers={"a1": ["c1"], "a2": ["c2"], "a3": ["c3"]})
+        scenario.seed(
+            session, assets=["a1", "a2", "a3"], consumers={"a1": ["c1"], "a2": ["c2"], "a3": ["c3"]}
+        )
     with Session(af_engine) as session:
         _register(session, "a1")
         with contextlib.suppress(RuntimeError), session.begin_nested():
@@ -391,5 +390,7 @@ def test_importing_the_package_needs_no_airflow():
         "assert not any(m == 'airflow' or m.startswith('airflow.') for m in sys.modules), sorted(sys.modules)"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stderr[-2000:]

@@ -43,6 +43,8 @@ def _compare(ours, theirs, what):
     if _without_known_difference(ours) == _without_known_difference(theirs):
         pytest.xfail(f"{what}: {KNOWN_SQLITE_DATETIME}")
     assert ours == theirs, what
+
+
 TABLES = sorted(our_metadata.tables)
 DIALECTS = {"postgresql": postgresql.dialect(), "sqlite": sqlite.dialect()}
 
@@ -110,9 +112,7 @@ def _reflect(engine, names):
     out = {}
     for name in names:
         out[name] = {
-            "columns": {
-                c["name"]: (repr(c["type"]), c["nullable"]) for c in inspector.get_columns(name)
-            },
+            "columns": {c["name"]: (repr(c["type"]), c["nullable"]) for c in inspector.get_columns(name)},
             "pk": tuple(inspector.get_pk_constraint(name)["constrained_columns"]),
             "fks": {
                 (
