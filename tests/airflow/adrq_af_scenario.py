@@ -50,6 +50,9 @@ SCENARIO_TABLES = (
     "asset_active",
     "asset_alias",
     "asset",
+    "serialized_dag",
+    "dag_code",
+    "dag_version",
     "dag",
     "dag_bundle",
 )
@@ -139,8 +142,28 @@ def seed(
     for name, dags in uri_ref_consumers.items():
         for dag_id in dags:
             session.add(DagScheduleAssetUriReference(uri=uri(name), dag_id=dag_id))
+    for dag_id in sorted(partitioned):
+        _serialize_partitioned_dag(
+            session, dag_id, [name for name, dags in consumers.items() if dag_id in dags]
+        )
     session.commit()
     return out
+
+
+def _serialize_partitioned_dag(session, dag_id: str, asset_names: list[str]) -> None:
+    """A real serialized DAG with a PartitionedAssetTimetable: Airflow's partitioned path loads it."""
+    from airflow.models.serialized_dag import SerializedDagModel
+    from airflow.providers.standard.operators.empty import EmptyOperator
+    from airflow.sdk import DAG, Asset, PartitionedAssetTimetable
+    from airflow.serialization.serialized_objects import LazyDeserializedDAG
+
+    assets = [Asset(name=name, uri=uri(name)) for name in asset_names]
+    condition = assets[0]
+    for asset in assets[1:]:
+        condition = condition | asset
+    with DAG(dag_id, schedule=PartitionedAssetTimetable(assets=condition)) as dag:
+        EmptyOperator(task_id="t")
+    SerializedDagModel.write_dag(LazyDeserializedDAG.from_dag(dag), bundle_name=BUNDLE, session=session)
 
 
 def task_instance(task_id: str = "t", run_id: str = "run-1", *, partition_key=None, map_index: int = -1):
@@ -213,6 +236,25 @@ def snapshot(conn) -> dict[str, list]:
         "asset_dag_run_queue": sorted(
             (asset[r.asset_id], r.target_dag_id)
             for r in conn.execute(sa.text("SELECT asset_id, target_dag_id FROM asset_dag_run_queue"))
+        ),
+        "asset_partition_dag_run": sorted(
+            (r.target_dag_id, r.partition_key)
+            for r in conn.execute(sa.text("SELECT target_dag_id, partition_key FROM asset_partition_dag_run"))
+        ),
+        "partitioned_asset_key_log": sorted(
+            (
+                asset[r.asset_id],
+                events[r.asset_event_id],
+                r.target_dag_id,
+                r.source_partition_key,
+                r.target_partition_key,
+            )
+            for r in conn.execute(
+                sa.text(
+                    "SELECT asset_id, asset_event_id, target_dag_id, source_partition_key, "
+                    "target_partition_key FROM partitioned_asset_key_log"
+                )
+            )
         ),
         # Log.extra names asset ids, which differ between runs: compare the events.
         "log": sorted(r.event for r in conn.execute(sa.text("SELECT event FROM log"))),

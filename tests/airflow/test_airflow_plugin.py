@@ -93,11 +93,17 @@ def run_scenario(engine, manager_class) -> dict:
         #    consumers are then not queued, as in Airflow).
         TaskInstance.register_asset_changes_in_db(
             task_instance("t2", "run-2"),
-            [outlet("a2"), outlet("a3")],
+            [outlet("a1"), outlet("a2"), outlet("a3")],
             [
                 {"dest_asset_key": {"name": "a2", "uri": scenario.uri("a2")}, "extra": {"x": 1}},
                 {
                     "dest_asset_key": {"name": "a3", "uri": scenario.uri("a3")},
+                    "extra": {},
+                    "partition_key": "2026-01-01",
+                },
+                # a1 has a partitioned consumer: Airflow's partitioned path runs.
+                {
+                    "dest_asset_key": {"name": "a1", "uri": scenario.uri("a1")},
                     "extra": {},
                     "partition_key": "2026-01-01",
                 },
@@ -136,7 +142,9 @@ def test_same_rows_as_stock_airflow(af_engine):
     assert ours == stock
     # ...and the scenario does what it is meant to (so equal cannot mean "both empty").
     assert ours["asset_dag_run_queue"] == EXPECTED_QUEUE
-    assert len(ours["asset_event"]) == 11
+    assert len(ours["asset_event"]) == 12
+    assert ours["asset_partition_dag_run"] == [("part1", "2026-01-01")]
+    assert len(ours["partitioned_asset_key_log"]) == 1
     assert ours["asset_alias_asset_event"] and ours["log"] == ["missing partition key"] * 3
 
 
