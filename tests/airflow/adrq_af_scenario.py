@@ -54,7 +54,9 @@ SCENARIO_TABLES = (
     "dag_code",
     "dag_version",
     "dag",
+    "dag_bundle_team",
     "dag_bundle",
+    "team",
 )
 
 

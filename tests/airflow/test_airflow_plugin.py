@@ -148,6 +148,78 @@ def test_same_rows_as_stock_airflow(af_engine):
     assert ours["asset_alias_asset_event"] and ours["log"] == ["missing partition key"] * 3
 
 
+def run_multi_team_scenario(engine, manager_class) -> dict:
+    """Producer in team "a"; consumers in team "a", team "b" (with and without allowing "a"), teamless."""
+    from airflow.models.asset import AssetModel, DagScheduleAssetReference, TaskOutletAssetReference
+    from airflow.models.dag import DagModel
+    from airflow.models.dagbundle import DagBundleModel
+    from airflow.models.team import Team, dag_bundle_team_association_table
+
+    with Session(engine) as session:
+        scenario.seed(
+            session,
+            assets=["a1", "a2"],
+            consumers={"a1": ["teamless1"], "a2": ["teamless2"]},
+        )
+        session.add_all([Team(name="a"), Team(name="b")])
+        session.add_all([DagBundleModel(name="bundle-a"), DagBundleModel(name="bundle-b")])
+        session.flush()
+        session.execute(
+            sa.insert(dag_bundle_team_association_table),
+            [
+                {"dag_bundle_name": "bundle-a", "team_name": "a"},
+                {"dag_bundle_name": "bundle-b", "team_name": "b"},
+            ],
+        )
+        session.execute(
+            sa.update(DagModel).where(DagModel.dag_id == "producer").values(bundle_name="bundle-a")
+        )
+        for dag_id, bundle in [("same", "bundle-a"), ("other", "bundle-b"), ("other_allows_a", "bundle-b")]:
+            session.add(DagModel(dag_id=dag_id, bundle_name=bundle, is_paused=False, is_stale=False))
+        session.flush()
+        ids = {m.name: m.id for m in session.scalars(sa.select(AssetModel))}
+        for name in ("a1", "a2"):
+            session.add_all(
+                [
+                    DagScheduleAssetReference(asset_id=ids[name], dag_id="same"),
+                    DagScheduleAssetReference(asset_id=ids[name], dag_id="other"),
+                    DagScheduleAssetReference(
+                        asset_id=ids[name], dag_id="other_allows_a", allow_producer_teams=["a"]
+                    ),
+                ]
+            )
+        # The producing task keeps a2's events away from teamless consumers.
+        session.add(
+            TaskOutletAssetReference(
+                asset_id=ids["a2"], dag_id="producer", task_id="t", allow_global_consumers=False
+            )
+        )
+        session.commit()
+    with configured_manager(manager_class()), Session(engine) as session:
+        TaskInstance.register_asset_changes_in_db(
+            task_instance("t"), [outlet("a1"), outlet("a2")], [], session=session
+        )
+        session.commit()
+    with engine.connect() as conn:
+        return scenario.snapshot(conn)
+
+
+def test_same_rows_as_stock_airflow_with_multi_team(af_engine, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__CORE__MULTI_TEAM", "True")
+    stock = run_multi_team_scenario(af_engine, AssetManager)
+    empty_tables(af_engine)
+    ours = run_multi_team_scenario(af_engine, AdrqAssetManager)
+
+    assert ours == stock
+    assert ours["asset_dag_run_queue"] == [
+        ("a1", "other_allows_a"),
+        ("a1", "same"),
+        ("a1", "teamless1"),
+        ("a2", "other_allows_a"),
+        ("a2", "same"),
+    ]
+
+
 class StatementCounter:
     """Counts INSERTs into asset_dag_run_queue (and rows sent) on an engine."""
 
