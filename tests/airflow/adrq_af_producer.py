@@ -18,15 +18,19 @@ import sys
 import time
 
 
+# PostgreSQL SQLSTATE 40P01; MySQL/MariaDB errno 1213. On MariaDB a deadlock
+# inside Airflow's SAVEPOINT path surfaces as 1305 "SAVEPOINT ... does not
+# exist", with 1213 further down the chain: walk the whole chain.
 def _is_deadlock(exc: BaseException | None) -> bool:
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if (
-            getattr(exc, "pgcode", None) == "40P01"
-            or getattr(getattr(exc, "orig", None), "pgcode", None) == "40P01"
-        ):
-            return True
+        for candidate in (exc, getattr(exc, "orig", None)):
+            if getattr(candidate, "pgcode", None) == "40P01":
+                return True
+            args = getattr(candidate, "args", ())
+            if args and args[0] == 1213:
+                return True
         exc = exc.__cause__ or exc.__context__
     return False
 
@@ -42,10 +46,10 @@ def run(index, url, variants, rounds, outlet_names, hold_seconds, barrier, resul
 
     from airflow_adrq.airflow import AdrqAssetManager
 
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    kwargs = {"isolation_level": "READ COMMITTED"} if url.startswith("mysql") else {}
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool, **kwargs)
     setup_event_handlers(engine)
 
-    @sa.event.listens_for(engine, "connect")
     def _fast_deadlock_detection(dbapi_connection, _record):
         # Each detected deadlock otherwise costs deadlock_timeout (1 s); needs superuser.
         # SET is transactional in PostgreSQL: commit it, or the pool's reset rolls it back.
@@ -57,6 +61,8 @@ def run(index, url, variants, rounds, outlet_names, hold_seconds, barrier, resul
             dbapi_connection.rollback()
         cursor.close()
 
+    if engine.dialect.name == "postgresql":
+        sa.event.listen(engine, "connect", _fast_deadlock_detection)
     managers = {"stock": AssetManager, "adrq": AdrqAssetManager}
     outlets = [outlet(name) for name in outlet_names]
     for variant in variants:
@@ -70,6 +76,7 @@ def run(index, url, variants, rounds, outlet_names, hold_seconds, barrier, resul
                     conn.exec_driver_sql("DELETE FROM asset_dag_run_queue")
             barrier.wait(timeout=60)
             ti = task_instance(f"t{index}", f"{variant}-{round_no}")
+            attempt = 0
             while True:
                 start = time.monotonic()
                 try:
@@ -83,8 +90,9 @@ def run(index, url, variants, rounds, outlet_names, hold_seconds, barrier, resul
                     if not _is_deadlock(exc):
                         raise
                     deadlocks += 1
-                    # Jittered back-off before the replay, or the victims keep meeting again.
-                    time.sleep(random.uniform(0, 0.02))
+                    attempt += 1
+                    # Jittered exponential back-off before the replay, or the victims keep meeting again.
+                    time.sleep(random.uniform(0, 0.01 * 2 ** min(attempt, 5)))
             if os.environ.get("ADRQ_AF_TRACE"):
                 print(f"{variant} producer {index} round {round_no}: {deadlocks} deadlocks", file=sys.stderr)
         results.put((variant, index, deadlocks, worst))
