@@ -49,7 +49,7 @@ class Sizes:
     round_timeout_s: float = 8.0
     max_attempts: int = 50
     #: PostgreSQL ``lock_timeout`` / InnoDB ``innodb_lock_wait_timeout``.
-    lock_timeout_s: float = 10.0
+    lock_timeout_s: float = 5.0
     sweep: tuple[int, ...] = (1, 16, 256, 1024, 10000)
     sweep_repeats: int = 3
 

@@ -18,13 +18,20 @@ def count_statements(engine: Engine) -> None:
 
     SAVEPOINT and RELEASE count; BEGIN does not (PostgreSQL and MySQL send it
     implicitly, SQLite's BEGIN IMMEDIATE goes through the cursor). An
-    executemany counts once.
+    ``executemany`` counts once per parameter set: psycopg2 sends one
+    statement per set (Airflow 3.3's PostgreSQL path is such an executemany;
+    SQLAlchemy's "insertmanyvalues" batching, when it applies, reaches this
+    hook as single multi-row statements instead).
     """
 
     @sa.event.listens_for(engine, "before_cursor_execute")
-    def _count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        if not statement.lstrip().upper().startswith("BEGIN"):
-            _local.statements = getattr(_local, "statements", 0) + 1
+    def _count(
+        _conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, executemany: bool
+    ) -> None:
+        if statement.lstrip().upper().startswith("BEGIN"):
+            return
+        sent = len(parameters) if executemany else 1
+        _local.statements = getattr(_local, "statements", 0) + sent
 
 
 def reset() -> None:
