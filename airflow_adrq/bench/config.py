@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 __all__ = [
     "BASELINE_STRATEGIES",
@@ -102,7 +102,6 @@ class Plan:
     cells: tuple[Cell, ...]
     #: Seconds to wait at a barrier before giving up on the other processes.
     barrier_timeout_s: float = 120.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def parties(self) -> int:
@@ -122,5 +121,4 @@ class Plan:
             sizes=Sizes(**sizes),
             cells=tuple(Cell(**c) for c in raw["cells"]),
             barrier_timeout_s=raw["barrier_timeout_s"],
-            extra=raw.get("extra", {}),
         )
