@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 PRODUCERS = 8
-ROUNDS = 3
+ROUNDS = 2
 ASSETS = ["a0", "a1", "a2"]
 CONSUMERS = [f"c{i:02d}" for i in range(6)]
 HOLD_SECONDS = 0.005
@@ -60,7 +60,7 @@ def test_eight_producers_stock_deadlocks_ours_does_not(af_engine, airflow_db):
         pytest.fail(f"producers did not finish; got {collected}")
     finally:
         for proc in procs:
-            proc.join(timeout=10)
+            proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
     elapsed = time.monotonic() - started
@@ -68,7 +68,7 @@ def test_eight_producers_stock_deadlocks_ours_does_not(af_engine, airflow_db):
     deadlocks = {v: sum(d for (variant, _, d, _) in collected if variant == v) for v in ("stock", "adrq")}
     worst = {v: max(w for (variant, _, _, w) in collected if variant == v) for v in ("stock", "adrq")}
     print(f"\n{airflow_db.backend}: deadlocks {deadlocks}, worst transaction {worst}, {elapsed:.1f} s")
-    assert all(proc.exitcode == 0 for proc in procs)
+    assert [proc.exitcode for proc in procs] == [0] * PRODUCERS
 
     # Exact rows: every committed transaction left one event per outlet, the
     # replayed (deadlocked) attempts left nothing, and the last round queued
