@@ -169,7 +169,7 @@ def format_table(raw: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     for target in raw["targets"]:
         db_rows = [r for r in rows if r["db"] == target["name"]]
         out.append(f"### {target['name']} ({target['version']})\n")
-        if target["name"] == "sqlite":
+        if target["name"].startswith("sqlite"):
             out.append(f"> {SQLITE_NOTE}\n")
         body = [[_cell_text(key, r) for _, key in _COLUMNS] for r in db_rows]
         out.append(_markdown([h for h, _ in _COLUMNS], body))

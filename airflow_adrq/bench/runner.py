@@ -9,6 +9,7 @@ process shows progress from the coordinator's ``cells.jsonl`` meanwhile.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -73,6 +74,7 @@ def run(
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> dict[str, Any]:
     """Benchmark every target; returns the raw results (see :mod:`.report`)."""
+    targets = _unique_names(targets)
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "barriers").mkdir(exist_ok=True)
@@ -129,9 +131,18 @@ def run(
     }
 
 
-def _asdict(sizes: Sizes) -> dict[str, Any]:
-    import dataclasses
+def _unique_names(targets: Sequence[Target]) -> list[Target]:
+    """``postgresql``, ``postgresql-2``, ...: two servers of one kind stay apart."""
+    seen: dict[str, int] = {}
+    unique = []
+    for target in targets:
+        seen[target.name] = seen.get(target.name, 0) + 1
+        name = target.name if seen[target.name] == 1 else f"{target.name}-{seen[target.name]}"
+        unique.append(dataclasses.replace(target, name=name))
+    return unique
 
+
+def _asdict(sizes: Sizes) -> dict[str, Any]:
     return dataclasses.asdict(sizes)
 
 
