@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as dt
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
@@ -86,6 +87,11 @@ def _sizes(args: argparse.Namespace) -> Sizes:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    missing = [name for name in ("pytest", "xdist", "matplotlib") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise runner.BenchError(
+            f"airflow-adrq bench needs {', '.join(missing)}: pip install 'airflow-adrq[bench]'"
+        )
     sizes = _sizes(args)
     out = args.out or Path("bench-results") / f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
     say = _Progress()
