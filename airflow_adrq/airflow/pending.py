@@ -17,8 +17,12 @@ forgotten with it; rows recorded in a released SAVEPOINT belong to the
 enclosing transaction. A rolled-back or closed outermost transaction forgets
 everything.
 
-This is Airflow-free on purpose (plain SQLAlchemy + the dialect registry); it
-is the part that could move into :mod:`airflow_adrq.queue`.
+The bookkeeping is :mod:`airflow_adrq.txscope` (the same mechanism as
+:func:`airflow_adrq.queue.defer_dagruns`); what differs from ``defer_dagruns``
+is only what is recorded: explicit ``(asset_id, target_dag_id)`` rows that
+Airflow's code already computed, instead of assets whose references are
+looked up by the statement. Airflow-free on purpose (plain SQLAlchemy, the
+dialect registry), so it could move into :mod:`airflow_adrq.queue`.
 """
 
 from __future__ import annotations
@@ -26,12 +30,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from sqlalchemy import Table, event
+from sqlalchemy import Table
 from sqlalchemy.orm import Session, SessionTransaction
 
 from airflow_adrq import dialects
+from airflow_adrq.txscope import TransactionScoped, current_transaction, descends_from
 
 __all__ = ["CHUNK_ROWS", "defer_rows", "flush_rows", "pending_rows"]
 
@@ -42,15 +47,64 @@ log = logging.getLogger(__name__)
 #: SQLite's (32766) and PostgreSQL's (65535) limits.
 CHUNK_ROWS = 1000
 
-_INFO_KEY = "airflow_adrq.pending_queue"
-
 
 @dataclass
-class _Pending:
+class _Rows:
+    """One :func:`defer_rows` call, remembered until the outermost transaction ends."""
+
     table: Table
     now: Callable[[], dt.datetime]
-    # (transaction that recorded the row, asset_id, target_dag_id)
-    rows: list[tuple[SessionTransaction, int, str]] = field(default_factory=list)
+    rows: list[tuple[int, str]]
+    # The transaction whose statement wrote these rows (flush_rows or the
+    # commit); None while they still have to be written. A rollback of that
+    # transaction undoes the rows, so they become pending again.
+    written_in: SessionTransaction | None = None
+
+
+def _unwritten(entries: Iterable[_Rows]) -> list[_Rows]:
+    return [entry for entry in entries if entry.written_in is None]
+
+
+def _write(session: Session, entries: list[_Rows]) -> int:
+    entries = _unwritten(entries)
+    if not entries:
+        return 0
+    tables = {entry.table for entry in entries}
+    if len(tables) != 1:
+        raise ValueError("one session can only queue rows for one asset_dag_run_queue table")
+    table = tables.pop()
+    rows = sorted({row for entry in entries for row in entry.rows})
+    created_at = entries[0].now()
+    stmt = dialects.get(session).insert_ignore(table)
+    for start in range(0, len(rows), CHUNK_ROWS):
+        session.execute(
+            stmt.values(
+                [
+                    {"asset_id": asset_id, "target_dag_id": dag_id, "created_at": created_at}
+                    for asset_id, dag_id in rows[start : start + CHUNK_ROWS]
+                ]
+            )
+        )
+    current = current_transaction(session)
+    for entry in entries:
+        entry.written_in = current
+    log.debug("airflow-adrq queued %d asset_dag_run_queue rows in sorted order", len(rows))
+    return len(rows)
+
+
+def _before_commit(session: Session, entries: list[_Rows]) -> None:
+    _write(session, entries)
+
+
+def _rewrite_rolled_back(session: Session, rolled_back: SessionTransaction, entries: list[_Rows]) -> None:
+    for entry in entries:
+        if entry.written_in is not None and descends_from(entry.written_in, rolled_back):
+            entry.written_in = None
+
+
+_ROWS: TransactionScoped[_Rows] = TransactionScoped(
+    "airflow_plugin_rows", before_commit=_before_commit, on_rollback=_rewrite_rolled_back
+)
 
 
 def defer_rows(
@@ -63,112 +117,41 @@ def defer_rows(
 ) -> None:
     """Record ``(asset_id, dag_id)`` queue rows; they are written just before COMMIT.
 
-    Locks nothing and emits no SQL. At the outermost ``Session.commit()`` all
-    rows recorded in this transaction (and not rolled back with a SAVEPOINT)
-    are inserted into ``table`` (the ``asset_dag_run_queue`` table, primary
-    key ``(asset_id, target_dag_id)``) by :func:`flush_rows`, with
-    ``created_at = now()``.
+    Locks nothing and emits no SQL. Just before the outermost
+    ``Session.commit()``, all rows recorded in the transaction (and not
+    rolled back with a SAVEPOINT) are inserted into ``table`` (Airflow's
+    ``asset_dag_run_queue``, primary key ``(asset_id, target_dag_id)``) as
+    :func:`flush_rows` does, with ``created_at = now()``. A failure of that
+    statement makes ``Session.commit()`` raise; nothing is queued.
 
     Does not promise anything if the transaction is committed some other way
     than ``Session.commit()`` (for example on the raw connection).
     """
-    pending = _attach(session, table, now)
-    if pending.table is not table:
-        raise ValueError("one session can only defer rows for one asset_dag_run_queue table")
-    transaction = session.get_transaction()
-    if transaction is None:
-        # Recording without a transaction would leave nothing to attach the
-        # rows to; starting one is what the caller's next statement does anyway.
-        transaction = session.begin()
-    current = session.get_nested_transaction() or transaction
-    pending.rows.extend((current, asset_id, dag_id) for dag_id in dag_ids)
+    rows = [(asset_id, dag_id) for dag_id in dag_ids]
+    if rows:
+        _ROWS.add(session, _Rows(table=table, now=now, rows=rows))
 
 
 def pending_rows(session: Session) -> list[tuple[int, str]]:
-    """The distinct ``(asset_id, target_dag_id)`` rows waiting for COMMIT, sorted."""
-    pending = _pending(session)
-    if pending is None:
-        return []
-    return sorted({(asset_id, dag_id) for _, asset_id, dag_id in pending.rows})
+    """The distinct ``(asset_id, target_dag_id)`` rows not written yet, sorted (the write order)."""
+    return sorted({row for entry in _unwritten(_ROWS.items(session)) for row in entry.rows})
 
 
 def flush_rows(session: Session) -> int:
     """Insert the recorded rows now, in one sorted statement; return how many rows were sent.
 
     Locks, in ``(asset_id, target_dag_id)`` order: each queue row it inserts
-    (or, on PostgreSQL, waits for a concurrent uncommitted insert of the same
-    key; on MySQL/MariaDB takes an exclusive lock on an existing duplicate),
-    plus the FK parents ``asset`` and ``dag`` (PostgreSQL ``FOR KEY SHARE``;
-    InnoDB shared record locks). An existing row is left untouched (its
-    ``created_at`` is not moved), exactly as Airflow's own writes do.
+    (on PostgreSQL/SQLite it waits for a concurrent uncommitted insert of the
+    same key; on MySQL/MariaDB it takes an exclusive lock on an existing
+    duplicate), plus the FK parents ``asset`` and ``dag`` (PostgreSQL
+    ``FOR KEY SHARE``; InnoDB shared record locks), until the transaction
+    ends. An existing row is left untouched (its ``created_at`` is not
+    moved), as Airflow's own writes do.
 
     More than :data:`CHUNK_ROWS` rows are sent as several statements in the
-    same global order. Called automatically before COMMIT; call it yourself
-    only if something in the same transaction must read the queue.
+    same global order. Runs automatically before COMMIT; call it yourself
+    only if something in the same transaction must read the queue. Rows
+    written inside a SAVEPOINT that is then rolled back are written again at
+    COMMIT.
     """
-    pending = _pending(session)
-    if pending is None or not pending.rows:
-        return 0
-    rows = pending_rows(session)
-    created_at = pending.now()
-    stmt = dialects.get(session).insert_ignore(pending.table)
-    for start in range(0, len(rows), CHUNK_ROWS):
-        chunk = rows[start : start + CHUNK_ROWS]
-        session.execute(
-            stmt.values(
-                [
-                    {"asset_id": asset_id, "target_dag_id": dag_id, "created_at": created_at}
-                    for asset_id, dag_id in chunk
-                ]
-            )
-        )
-    pending.rows.clear()
-    log.debug("airflow-adrq queued %d asset_dag_run_queue rows in sorted order", len(rows))
-    return len(rows)
-
-
-def _pending(session: Session) -> _Pending | None:
-    pending: _Pending | None = session.info.get(_INFO_KEY)
-    return pending
-
-
-def _attach(session: Session, table: Table, now: Callable[[], dt.datetime]) -> _Pending:
-    # Instance-level listeners, installed once per Session object: sessions
-    # that never queue anything are not touched.
-    pending = _pending(session)
-    if pending is None:
-        pending = session.info[_INFO_KEY] = _Pending(table=table, now=now)
-        event.listen(session, "before_commit", _before_commit)
-        event.listen(session, "after_soft_rollback", _after_soft_rollback)
-        event.listen(session, "after_transaction_end", _after_transaction_end)
-    return pending
-
-
-def _before_commit(session: Session) -> None:
-    # before_commit also fires when a SAVEPOINT is released; the rows are
-    # written only for the outermost COMMIT.
-    if session.get_nested_transaction() is not None:
-        return
-    flush_rows(session)
-
-
-def _after_soft_rollback(session: Session, previous_transaction: SessionTransaction) -> None:
-    pending = _pending(session)
-    if pending is None or not pending.rows:
-        return
-    pending.rows[:] = [row for row in pending.rows if not _within(row[0], previous_transaction)]
-
-
-def _after_transaction_end(session: Session, transaction: SessionTransaction) -> None:
-    if transaction.parent is None:
-        pending = _pending(session)
-        if pending is not None:
-            pending.rows.clear()
-
-
-def _within(transaction: SessionTransaction | None, ancestor: SessionTransaction) -> bool:
-    while transaction is not None:
-        if transaction is ancestor:
-            return True
-        transaction = transaction.parent
-    return False
+    return _write(session, _ROWS.items(session))

@@ -331,6 +331,19 @@ def test_flush_queue_writes_before_commit(af_engine):
         assert flush_queue(session) == 2
         assert session.scalar(sa.text("SELECT count(*) FROM asset_dag_run_queue")) == 2
         session.commit()
+    with af_engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM asset_dag_run_queue")
+    # Written inside a SAVEPOINT that is rolled back: written again at COMMIT.
+    with Session(af_engine) as session:
+        _register(session, "a1")
+        with contextlib.suppress(RuntimeError), session.begin_nested():
+            assert flush_queue(session) == 2
+            raise RuntimeError("roll this savepoint back")
+        assert session.scalar(sa.text("SELECT count(*) FROM asset_dag_run_queue")) == 0
+        assert pending.pending_rows(session)
+        session.commit()
+    with af_engine.connect() as conn:
+        assert scenario.snapshot(conn)["asset_dag_run_queue"] == [("a1", "c1"), ("a1", "c2")]
 
 
 def test_existing_queue_row_is_left_alone(af_engine):
