@@ -118,7 +118,9 @@ class UtcDateTime(TypeDecorator[dt.datetime]):
     def load_dialect_impl(self, dialect: Dialect) -> sa.types.TypeEngine[Any]:
         if dialect.name in _MYSQL_FAMILY:
             return dialect.type_descriptor(mysql.TIMESTAMP(fsp=6))
-        return dialect.type_descriptor(self.impl)
+        # As Airflow: the TIMESTAMP impl itself, so SQLite's DDL says
+        # TIMESTAMP (dialect.type_descriptor would adapt it to DATETIME).
+        return super().load_dialect_impl(dialect)
 
     def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
         if value is None:

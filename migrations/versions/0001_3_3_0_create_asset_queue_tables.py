@@ -47,11 +47,10 @@ def _asset_string() -> sa.types.TypeEngine[str]:
 
 
 def _utc_datetime() -> sa.types.TypeEngine[dt.datetime]:
-    # Airflow's UtcDateTime, as its TIMESTAMP(timezone=True) impl renders
-    # through the TypeDecorator: TIMESTAMP WITH TIME ZONE on PostgreSQL,
-    # DATETIME on SQLite (SQLite adapts every DateTime to DATETIME), and
+    # Airflow's UtcDateTime, as its TIMESTAMP(timezone=True) impl renders:
+    # TIMESTAMP WITH TIME ZONE on PostgreSQL, TIMESTAMP on SQLite, and
     # TIMESTAMP(6) on MySQL (UtcDateTime.load_dialect_impl).
-    return sa.DateTime(timezone=True).with_variant(mysql.TIMESTAMP(fsp=6), *_MYSQL_FAMILY)
+    return sa.TIMESTAMP(timezone=True).with_variant(mysql.TIMESTAMP(fsp=6), *_MYSQL_FAMILY)
 
 
 def upgrade() -> None:

@@ -25,23 +25,7 @@ import_all_models()
 
 SUBSET_TABLES = {"dag", "dag_bundle"}
 
-# Known difference, reported to the models' owner: airflow_adrq.models.UtcDateTime
-# passes its TIMESTAMP impl through dialect.type_descriptor(), which SQLite turns
-# into DATETIME; Airflow's returns the impl itself (TIMESTAMP). One-line fix in
-# models.py: ``return super().load_dialect_impl(dialect)`` for non-MySQL dialects.
-# Only this exact difference is tolerated (as an xfail); anything else fails.
-KNOWN_SQLITE_DATETIME = "models.UtcDateTime renders DATETIME on SQLite where Airflow renders TIMESTAMP"
-
-
-def _without_known_difference(value):
-    return repr(value).replace("DATETIME", "TIMESTAMP")
-
-
 def _compare(ours, theirs, what):
-    if ours == theirs:
-        return
-    if _without_known_difference(ours) == _without_known_difference(theirs):
-        pytest.xfail(f"{what}: {KNOWN_SQLITE_DATETIME}")
     assert ours == theirs, what
 
 
@@ -99,12 +83,12 @@ def test_table_matches_airflow_metadata(name):
         assert set(our_cols) < set(their_cols), "a documented subset must stay a subset"
         assert _foreign_keys(ours) <= _foreign_keys(theirs)
         assert _indexes(ours) <= _indexes(theirs)
-        _compare(our_cols, {c: their_cols[c] for c in our_cols}, name)  # last: it may xfail
+        _compare(our_cols, {c: their_cols[c] for c in our_cols}, name)
     else:
         assert _foreign_keys(ours) == _foreign_keys(theirs)
         assert _indexes(ours) == _indexes(theirs)
         assert _uniques(ours) == _uniques(theirs)
-        _compare(our_cols, their_cols, name)  # last: it may xfail
+        _compare(our_cols, their_cols, name)
 
 
 def _reflect(engine, names):
@@ -134,34 +118,23 @@ def _reflect(engine, names):
     return out
 
 
-def _column_check(ours, theirs, name):
-    """None if equal; the table name if only the known SQLite difference; else fail."""
-    if ours == theirs:
-        return None
-    assert _without_known_difference(ours) == _without_known_difference(theirs), name
-    return name
-
-
 def test_created_schema_matches_the_migrated_database(airflow_db):
     migrated = airflow_db.engine()
     scratch = sa.create_engine(airflow_db.scratch_url)
     try:
         our_metadata.create_all(scratch)
         ours, theirs = _reflect(scratch, TABLES), _reflect(migrated, TABLES)
-        xfail = None
         for name in TABLES:
             o, t = ours[name], theirs[name]
             assert o["pk"] == t["pk"], name
             if name in SUBSET_TABLES:
-                xfail = _column_check(o["columns"], {c: t["columns"][c] for c in o["columns"]}, name) or xfail
+                assert o["columns"] == {c: t["columns"][c] for c in o["columns"]}, name
                 assert o["fks"] <= t["fks"], name
                 assert {ix for ix in o["indexes"] if ix[0] != "dag_bundle_name_fkey"} <= t["indexes"], name
             else:
-                xfail = _column_check(o["columns"], t["columns"], name) or xfail
+                assert o["columns"] == t["columns"], name
                 assert o["fks"] == t["fks"], name
                 assert o["indexes"] == t["indexes"], name
-        if xfail:
-            pytest.xfail(f"{xfail}: {KNOWN_SQLITE_DATETIME}")
     finally:
         our_metadata.drop_all(scratch)
         scratch.dispose()
