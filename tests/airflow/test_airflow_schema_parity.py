@@ -25,6 +25,7 @@ import_all_models()
 
 SUBSET_TABLES = {"dag", "dag_bundle"}
 
+
 def _compare(ours, theirs, what):
     assert ours == theirs, what
 
