@@ -69,7 +69,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.engine import Connection, Dialect
-from sqlalchemy.orm import Session, SessionTransaction
+from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Insert
 
 from airflow_adrq import dialects
@@ -86,7 +86,7 @@ from airflow_adrq.models import (
     UtcDateTime,
     utcnow,
 )
-from airflow_adrq.txscope import TransactionScoped, current_transaction, descends_from
+from airflow_adrq.txscope import DeferredWrites
 
 __all__ = [
     "QueueTarget",
@@ -240,43 +240,21 @@ def queue_dagruns(
 
 @dataclass
 class _Deferred:
-    """One :func:`defer_dagruns` call, remembered until the outermost transaction ends."""
+    """One :func:`defer_dagruns` call."""
 
     targets: dict[int, set[str]]
     refresh: bool
-    # The transaction whose statement queued these targets (flush_queue or
-    # the commit); None while they still have to be queued. A rollback of
-    # that transaction undoes the rows, so the targets become pending again.
-    queued_in: SessionTransaction | None = None
 
 
-def _unqueued(entries: Iterable[_Deferred]) -> list[_Deferred]:
-    return [entry for entry in entries if entry.queued_in is None]
-
-
-def _queue_entries(session: Session, entries: list[_Deferred]) -> None:
-    entries = _unqueued(entries)
-    if not entries:
-        return
+def _queue_deferred(session: Session, entries: list[_Deferred]) -> None:
     queue_dagruns(
         session,
         [QueueTarget(k, tuple(v)) for entry in entries for k, v in entry.targets.items()],
         on_conflict="refresh" if any(entry.refresh for entry in entries) else "ignore",
     )
-    current = current_transaction(session)
-    for entry in entries:
-        entry.queued_in = current
 
 
-def _requeue_rolled_back(session: Session, rolled_back: SessionTransaction, entries: list[_Deferred]) -> None:
-    for entry in entries:
-        if entry.queued_in is not None and descends_from(entry.queued_in, rolled_back):
-            entry.queued_in = None
-
-
-_DEFERRED: TransactionScoped[_Deferred] = TransactionScoped(
-    "deferred_dagruns", before_commit=_queue_entries, on_rollback=_requeue_rolled_back
-)
+_DEFERRED: DeferredWrites[_Deferred] = DeferredWrites("deferred_dagruns", _queue_deferred)
 
 
 def defer_dagruns(
@@ -312,7 +290,7 @@ def defer_dagruns(
 
 def pending_targets(session: Session) -> list[QueueTarget]:
     """Targets deferred in this session's open transaction and not queued yet, in queue order."""
-    entries = _unqueued(_DEFERRED.items(session))
+    entries = _DEFERRED.pending(session)
     merged = _merge(QueueTarget(k, tuple(v)) for entry in entries for k, v in entry.targets.items())
     return [QueueTarget(asset_id, tuple(sorted(names))) for asset_id, names in sorted(merged.items())]
 
@@ -326,7 +304,7 @@ def flush_queue(session: Session) -> None:
     commit. Later deferrals are queued by the next flush or at commit. Locks
     as :func:`queue_dagruns`, from now until the transaction ends.
     """
-    _queue_entries(session, _DEFERRED.items(session))
+    _DEFERRED.flush(session)
 
 
 def discard_pending(session: Session) -> None:

@@ -21,7 +21,7 @@ from typing import Generic, TypeVar
 from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction
 
-__all__ = ["TransactionScoped", "current_transaction", "descends_from"]
+__all__ = ["DeferredWrites", "TransactionScoped", "current_transaction", "descends_from"]
 
 T = TypeVar("T")
 
@@ -147,3 +147,66 @@ def _on_transaction_end(session: Session, transaction: SessionTransaction) -> No
         # Outermost transaction over: committed (handled) or rolled back.
         for scope in _scopes(session):
             scope.clear(session)
+
+
+@dataclass
+class _Write(Generic[T]):
+    item: T
+    # The transaction whose statement wrote the item (a flush or the commit);
+    # None while it still has to be written.
+    written_in: SessionTransaction | None = None
+
+
+class DeferredWrites(Generic[T]):
+    """Items written by one ``write(session, items)`` call just before the outermost COMMIT.
+
+    :meth:`flush` writes the items not written yet earlier, in the current
+    (possibly nested) transaction. If that SAVEPOINT is then rolled back, its
+    rows are gone, so those items become unwritten again and are written at
+    COMMIT (items *recorded* in a rolled-back transaction are dropped, as in
+    :class:`TransactionScoped`). An exception from ``write`` at COMMIT makes
+    ``Session.commit()`` raise.
+    """
+
+    def __init__(self, name: str, write: Callable[[Session, list[T]], None]) -> None:
+        self._write = write
+        self._scope: TransactionScoped[_Write[T]] = TransactionScoped(
+            name, before_commit=self._before_commit, on_rollback=self._rolled_back
+        )
+
+    def add(self, session: Session, item: T) -> None:
+        """Record ``item`` in the session's current transaction; emits no SQL."""
+        self._scope.add(session, _Write(item))
+
+    def pending(self, session: Session) -> list[T]:
+        """Items recorded and not written yet, in recording order."""
+        return [entry.item for entry in self._unwritten(session)]
+
+    def flush(self, session: Session) -> list[T]:
+        """Write the pending items now with one ``write`` call; return them."""
+        entries = self._unwritten(session)
+        if not entries:
+            return []
+        items = [entry.item for entry in entries]
+        self._write(session, items)
+        current = current_transaction(session)
+        for entry in entries:
+            entry.written_in = current
+        return items
+
+    def clear(self, session: Session) -> None:
+        """Forget every item without writing it."""
+        self._scope.clear(session)
+
+    def _unwritten(self, session: Session) -> list[_Write[T]]:
+        return [entry for entry in self._scope.items(session) if entry.written_in is None]
+
+    def _before_commit(self, session: Session, _entries: list[_Write[T]]) -> None:
+        self.flush(session)
+
+    def _rolled_back(
+        self, _session: Session, rolled_back: SessionTransaction, entries: list[_Write[T]]
+    ) -> None:
+        for entry in entries:
+            if entry.written_in is not None and descends_from(entry.written_in, rolled_back):
+                entry.written_in = None

@@ -17,7 +17,7 @@ forgotten with it; rows recorded in a released SAVEPOINT belong to the
 enclosing transaction. A rolled-back or closed outermost transaction forgets
 everything.
 
-The bookkeeping is :mod:`airflow_adrq.txscope` (the same mechanism as
+The bookkeeping is :class:`airflow_adrq.txscope.DeferredWrites` (the same mechanism as
 :func:`airflow_adrq.queue.defer_dagruns`); what differs from ``defer_dagruns``
 is only what is recorded: explicit ``(asset_id, target_dag_id)`` rows that
 Airflow's code already computed, instead of assets whose references are
@@ -33,10 +33,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import Table
-from sqlalchemy.orm import Session, SessionTransaction
+from sqlalchemy.orm import Session
 
 from airflow_adrq import dialects
-from airflow_adrq.txscope import TransactionScoped, current_transaction, descends_from
+from airflow_adrq.txscope import DeferredWrites
 
 __all__ = ["CHUNK_ROWS", "defer_rows", "flush_rows", "pending_rows"]
 
@@ -50,30 +50,23 @@ CHUNK_ROWS = 1000
 
 @dataclass
 class _Rows:
-    """One :func:`defer_rows` call, remembered until the outermost transaction ends."""
+    """One :func:`defer_rows` call."""
 
     table: Table
     now: Callable[[], dt.datetime]
     rows: list[tuple[int, str]]
-    # The transaction whose statement wrote these rows (flush_rows or the
-    # commit); None while they still have to be written. A rollback of that
-    # transaction undoes the rows, so they become pending again.
-    written_in: SessionTransaction | None = None
 
 
-def _unwritten(entries: Iterable[_Rows]) -> list[_Rows]:
-    return [entry for entry in entries if entry.written_in is None]
+def _sorted_rows(entries: Iterable[_Rows]) -> list[tuple[int, str]]:
+    return sorted({row for entry in entries for row in entry.rows})
 
 
-def _write(session: Session, entries: list[_Rows]) -> int:
-    entries = _unwritten(entries)
-    if not entries:
-        return 0
+def _write(session: Session, entries: list[_Rows]) -> None:
     tables = {entry.table for entry in entries}
     if len(tables) != 1:
         raise ValueError("one session can only queue rows for one asset_dag_run_queue table")
     table = tables.pop()
-    rows = sorted({row for entry in entries for row in entry.rows})
+    rows = _sorted_rows(entries)
     created_at = entries[0].now()
     stmt = dialects.get(session).insert_ignore(table)
     for start in range(0, len(rows), CHUNK_ROWS):
@@ -85,26 +78,10 @@ def _write(session: Session, entries: list[_Rows]) -> int:
                 ]
             )
         )
-    current = current_transaction(session)
-    for entry in entries:
-        entry.written_in = current
     log.debug("airflow-adrq queued %d asset_dag_run_queue rows in sorted order", len(rows))
-    return len(rows)
 
 
-def _before_commit(session: Session, entries: list[_Rows]) -> None:
-    _write(session, entries)
-
-
-def _rewrite_rolled_back(session: Session, rolled_back: SessionTransaction, entries: list[_Rows]) -> None:
-    for entry in entries:
-        if entry.written_in is not None and descends_from(entry.written_in, rolled_back):
-            entry.written_in = None
-
-
-_ROWS: TransactionScoped[_Rows] = TransactionScoped(
-    "airflow_plugin_rows", before_commit=_before_commit, on_rollback=_rewrite_rolled_back
-)
+_ROWS: DeferredWrites[_Rows] = DeferredWrites("airflow_plugin_rows", _write)
 
 
 def defer_rows(
@@ -134,7 +111,7 @@ def defer_rows(
 
 def pending_rows(session: Session) -> list[tuple[int, str]]:
     """The distinct ``(asset_id, target_dag_id)`` rows not written yet, sorted (the write order)."""
-    return sorted({row for entry in _unwritten(_ROWS.items(session)) for row in entry.rows})
+    return _sorted_rows(_ROWS.pending(session))
 
 
 def flush_rows(session: Session) -> int:
@@ -154,4 +131,4 @@ def flush_rows(session: Session) -> int:
     written inside a SAVEPOINT that is then rolled back are written again at
     COMMIT.
     """
-    return _write(session, _ROWS.items(session))
+    return len(_sorted_rows(_ROWS.flush(session)))
