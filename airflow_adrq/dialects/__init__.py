@@ -8,7 +8,7 @@ with :func:`register`; adding a backend means adding a module here.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sqlalchemy import Column, Select, Table
@@ -48,8 +48,8 @@ class DialectSupport:
         [Table, Sequence[Column[Any]], Select[Any], Sequence[str], ConflictMode, str], Insert
     ]
     insert_ignore: Callable[[Table], Insert]
-    engine_kwargs: Mapping[str, Any]
-    configure_engine: Callable[[Engine], None]
+    engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    configure_engine: Callable[[Engine], None] = field(default=lambda engine: None)
 
 
 _REGISTRY: dict[str, DialectSupport] = {}

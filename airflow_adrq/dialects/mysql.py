@@ -21,7 +21,6 @@ from typing import Any
 
 from sqlalchemy import Column, Select, Table, func
 from sqlalchemy.dialects import mysql
-from sqlalchemy.engine import Engine
 from sqlalchemy.sql.dml import Insert
 
 from airflow_adrq.dialects import ConflictMode, DialectSupport, register
@@ -47,10 +46,6 @@ def _insert_ignore(table: Table) -> Insert:
     return mysql.insert(table).on_duplicate_key_update({first.name: first})
 
 
-def _configure_engine(engine: Engine) -> None:
-    return None
-
-
 SUPPORT = register("mysql", "mariadb")(
     DialectSupport(
         name="mysql",
@@ -59,6 +54,5 @@ SUPPORT = register("mysql", "mariadb")(
         # Airflow forces READ COMMITTED on MySQL (settings.prepare_engine_args);
         # under REPEATABLE READ the SELECT would take shared next-key locks.
         engine_kwargs={"isolation_level": "READ COMMITTED"},
-        configure_engine=_configure_engine,
     )
 )

@@ -10,41 +10,16 @@ WHERE clause, which SQLite's upsert parser needs after ``INSERT ... SELECT``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Column, Select, Table, event, func
+from sqlalchemy import event
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.sql.dml import Insert
 
-from airflow_adrq.dialects import ConflictMode, DialectSupport, register
+from airflow_adrq.dialects import DialectSupport, _on_conflict, register
 
 #: Seconds a writer waits for the database lock before SQLITE_BUSY.
 BUSY_TIMEOUT_SECONDS = 30
-
-
-def _insert_from_select(
-    table: Table,
-    columns: Sequence[Column[Any]],
-    select: Select[Any],
-    key: Sequence[str],
-    on_conflict: ConflictMode,
-    refresh: str,
-) -> Insert:
-    stmt = sqlite.insert(table).from_select(list(columns), select)
-    if on_conflict == "ignore":
-        return stmt.on_conflict_do_nothing(index_elements=list(key))
-    return stmt.on_conflict_do_update(
-        index_elements=list(key),
-        # SQLite's two-argument max() is a scalar function, like GREATEST.
-        set_={refresh: func.max(table.c[refresh], stmt.excluded[refresh])},
-        where=table.c[refresh] < stmt.excluded[refresh],
-    )
-
-
-def _insert_ignore(table: Table) -> Insert:
-    return sqlite.insert(table).on_conflict_do_nothing()
 
 
 def _configure_engine(engine: Engine) -> None:
@@ -67,9 +42,9 @@ def _configure_engine(engine: Engine) -> None:
 SUPPORT = register("sqlite")(
     DialectSupport(
         name="sqlite",
-        insert_from_select=_insert_from_select,
-        insert_ignore=_insert_ignore,
-        engine_kwargs={},
+        # SQLite's two-argument max() is a scalar function, like GREATEST.
+        insert_from_select=_on_conflict.insert_from_select(sqlite.insert, "max"),
+        insert_ignore=_on_conflict.insert_ignore(sqlite.insert),
         configure_engine=_configure_engine,
     )
 )
