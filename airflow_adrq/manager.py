@@ -49,6 +49,7 @@ from airflow_adrq.models import (
     asset_alias_asset_event_association_table,
 )
 from airflow_adrq.queue import QueueTarget, defer_dagruns, queue_dagruns
+from airflow_adrq.retry import run_callbacks
 from airflow_adrq.txscope import TransactionScoped
 
 __all__ = [
@@ -121,11 +122,7 @@ class AssetChange:
 
 
 def _run_callbacks(_session: Session, callbacks: list[Callback]) -> None:
-    for callback in callbacks:
-        try:
-            callback()
-        except Exception:
-            log.exception("post-commit callback %r failed", callback)
+    run_callbacks(callbacks)
 
 
 # Listener callbacks of sessions without a callback_sink: run after COMMIT.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -21,7 +21,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_at
 
 from airflow_adrq.errors import RetriesExhaustedError
 
-__all__ = ["Retryable", "RetryableKind", "classify", "is_retryable", "run_in_transaction"]
+__all__ = ["Retryable", "RetryableKind", "classify", "is_retryable", "run_callbacks", "run_in_transaction"]
 
 log = logging.getLogger(__name__)
 
@@ -178,9 +178,14 @@ def run_in_transaction(
                 f"transaction failed {max_attempts} times with retryable errors; last: {classify(exc)}"
             ) from exc
         raise
+    run_callbacks(callbacks)
+    return result
+
+
+def run_callbacks(callbacks: Iterable[Callback]) -> None:
+    """Call each post-commit callback in order; a failure is logged and does not stop the rest."""
     for callback in callbacks:
         try:
             callback()
         except Exception:
             log.exception("post-commit callback %r failed", callback)
-    return result
