@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -61,6 +62,13 @@ _SQLITE_CODES = {
     5: RetryableKind.BUSY,  # SQLITE_BUSY
     6: RetryableKind.BUSY,  # SQLITE_LOCKED
 }
+# Python 3.10's sqlite3 exposes no result code, only the message, which for
+# these results is SQLite's fixed sqlite3_errstr() text of the code. The one
+# place we read text: exact, whole strings that stand for a result code.
+_SQLITE_ERRSTR = {
+    "database is locked": 5,  # sqlite3_errstr(SQLITE_BUSY)
+    "database table is locked": 6,  # sqlite3_errstr(SQLITE_LOCKED)
+}
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -85,6 +93,8 @@ def _classify_one(exc: BaseException) -> Retryable | None:
         return Retryable(_PG_SQLSTATES[sqlstate], sqlstate)
     # sqlite3 (Python >= 3.11) exposes the extended result code.
     sqlite_code = getattr(exc, "sqlite_errorcode", None)
+    if sqlite_code is None and isinstance(exc, sqlite3.OperationalError) and exc.args:
+        sqlite_code = _SQLITE_ERRSTR.get(exc.args[0])
     if isinstance(sqlite_code, int):
         kind = _SQLITE_CODES.get(sqlite_code & 0xFF)
         return Retryable(kind, str(sqlite_code)) if kind else None
@@ -100,7 +110,9 @@ def classify(exc: BaseException) -> Retryable | None:
     """The retryable database error anywhere in ``exc``'s chain, or ``None``.
 
     Walks ``.orig`` (SQLAlchemy's wrapped DBAPI error), ``__cause__`` and
-    ``__context__``, and reads driver error codes only, never message text.
+    ``__context__``, and reads driver error codes, never message text
+    (except SQLite's fixed result-code strings on Python 3.10, which has no
+    ``sqlite_errorcode``).
     """
     for linked in _chain(exc):
         found = _classify_one(linked)
