@@ -19,7 +19,6 @@ row alone" clause. The rows are the same ones Airflow would write.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
@@ -100,13 +99,8 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         # 3.4) before anything is recorded, inside the caller's transaction.
         schema.check_queue_shape(session, table.name, table.schema)
         dag_ids = sorted(dag.dag_id for dag in dags_to_queue)
-        pending.defer_rows(session, table, asset_id, dag_ids, now=_utcnow)
+        pending.defer_rows(session, table, asset_id, dag_ids)
         cls.logger().debug("consuming dag ids %s (queued at commit)", dag_ids)
-
-
-def _utcnow() -> dt.datetime:
-    # What Airflow's column default (timezone.utcnow) returns, without its private module.
-    return dt.datetime.now(dt.timezone.utc)
 
 
 def flush_queue(session: Session) -> int:

@@ -27,15 +27,15 @@ dialect registry), so it could move into :mod:`airflow_adrq.queue`.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import Table
 from sqlalchemy.orm import Session
 
 from airflow_adrq import dialects
+from airflow_adrq.models import utcnow
 from airflow_adrq.txscope import DeferredWrites
 
 __all__ = ["CHUNK_ROWS", "defer_rows", "flush_rows", "pending_rows"]
@@ -53,7 +53,6 @@ class _Rows:
     """One :func:`defer_rows` call."""
 
     table: Table
-    now: Callable[[], dt.datetime]
     rows: list[tuple[int, str]]
 
 
@@ -67,7 +66,7 @@ def _write(session: Session, entries: list[_Rows]) -> None:
         raise ValueError("one session can only queue rows for one asset_dag_run_queue table")
     table = tables.pop()
     rows = _sorted_rows(entries)
-    created_at = entries[0].now()
+    created_at = utcnow()
     stmt = dialects.get(session).insert_ignore(table)
     for start in range(0, len(rows), CHUNK_ROWS):
         session.execute(
@@ -89,8 +88,6 @@ def defer_rows(
     table: Table,
     asset_id: int,
     dag_ids: Iterable[str],
-    *,
-    now: Callable[[], dt.datetime],
 ) -> None:
     """Record ``(asset_id, dag_id)`` queue rows; they are written just before COMMIT.
 
@@ -98,7 +95,7 @@ def defer_rows(
     ``Session.commit()``, all rows recorded in the transaction (and not
     rolled back with a SAVEPOINT) are inserted into ``table`` (Airflow's
     ``asset_dag_run_queue``, primary key ``(asset_id, target_dag_id)``) as
-    :func:`flush_rows` does, with ``created_at = now()``. A failure of that
+    :func:`flush_rows` does, with ``created_at`` = the time of the write. A failure of that
     statement makes ``Session.commit()`` raise; nothing is queued.
 
     Does not promise anything if the transaction is committed some other way
@@ -106,7 +103,7 @@ def defer_rows(
     """
     rows = [(asset_id, dag_id) for dag_id in dag_ids]
     if rows:
-        _ROWS.add(session, _Rows(table=table, now=now, rows=rows))
+        _ROWS.add(session, _Rows(table=table, rows=rows))
 
 
 def pending_rows(session: Session) -> list[tuple[int, str]]:
