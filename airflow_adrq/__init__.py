@@ -1,21 +1,28 @@
 """airflow-adrq: deadlock-free, set-based ``asset_dag_run_queue`` writes for Apache Airflow.
 
 Guarantee, in one paragraph: every transaction queues all the downstream DAGs
-of all the assets it registered with ONE ``INSERT ... SELECT ... ORDER BY
-asset_id, dag_id`` statement, run just before its COMMIT, so concurrent
-producers lock queue rows in the same global order and cannot deadlock on
-them; the rows appear when the transaction commits and never if it rolls
-back. Deadlocks through other tables remain possible: run producer
-transactions under :func:`run_in_transaction`, which retries them from BEGIN.
+of all the asset events it registered with ONE ``INSERT ... SELECT ... ORDER
+BY asset_id, dag_id`` statement driven by its own ``asset_event`` rows, run
+just before its COMMIT, so concurrent producers lock queue rows in the same
+global order and cannot deadlock on them; the rows appear when the
+transaction commits and never if it rolls back, and the events' ``timestamp``
+and the rows' ``created_at`` are stamped together just before COMMIT.
+Deadlocks through other tables remain possible: run producer transactions
+under :func:`run_in_transaction`, which retries them from BEGIN.
 
-Public API (everything else is internal):
+Public API (every name in ``__all__``; anything else is internal):
 
-* :func:`register_asset_change`, :func:`register_asset_changes` — Airflow 3.3's
-  ``AssetManager.register_asset_change``, standalone.
-* :func:`queue_dagruns` (now), :func:`defer_dagruns` (at COMMIT),
-  :func:`flush_queue`, :func:`build_queue_statement` — the queueing statement.
+* :func:`register_asset_change`, :func:`register_asset_changes`,
+  :class:`AssetChange` — Airflow 3.3's ``AssetManager.register_asset_change``,
+  standalone.
+* :func:`defer_events` (at COMMIT), :func:`queue_events` (now),
+  :func:`flush_queue`, :func:`queue_dagruns` (by asset id, without events),
+  :func:`build_queue_statement` — the queueing statement.
 * :func:`run_in_transaction`, :func:`classify` — whole-transaction retry.
 * :func:`create_engine` — an engine with the settings the guarantees assume.
+* :func:`add_listener`, :func:`remove_listener`, :class:`AssetEventInfo` —
+  post-commit listeners.
+* The exceptions, all subclasses of :class:`AdrqError`.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from airflow_adrq.engine import create_engine
 from airflow_adrq.errors import (
     AdrqError,
     AirflowSchemaError,
+    DeferredTooLateError,
+    IsolationLevelError,
     RetriesExhaustedError,
     UnsupportedDialectError,
     UnsupportedSchemaError,
@@ -31,13 +40,11 @@ from airflow_adrq.errors import (
 from airflow_adrq.listeners import AssetEventInfo, add_listener, remove_listener
 from airflow_adrq.manager import AssetChange, register_asset_change, register_asset_changes
 from airflow_adrq.queue import (
-    QueueTarget,
     build_queue_statement,
-    defer_dagruns,
-    discard_pending,
+    defer_events,
     flush_queue,
-    pending_targets,
     queue_dagruns,
+    queue_events,
 )
 from airflow_adrq.retry import classify, run_in_transaction
 
@@ -48,7 +55,8 @@ __all__ = [
     "AirflowSchemaError",
     "AssetChange",
     "AssetEventInfo",
-    "QueueTarget",
+    "DeferredTooLateError",
+    "IsolationLevelError",
     "RetriesExhaustedError",
     "UnsupportedDialectError",
     "UnsupportedSchemaError",
@@ -57,11 +65,10 @@ __all__ = [
     "build_queue_statement",
     "classify",
     "create_engine",
-    "defer_dagruns",
-    "discard_pending",
+    "defer_events",
     "flush_queue",
-    "pending_targets",
     "queue_dagruns",
+    "queue_events",
     "register_asset_change",
     "register_asset_changes",
     "remove_listener",

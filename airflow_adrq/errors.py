@@ -5,6 +5,8 @@ from __future__ import annotations
 __all__ = [
     "AdrqError",
     "AirflowSchemaError",
+    "DeferredTooLateError",
+    "IsolationLevelError",
     "RetriesExhaustedError",
     "UnsupportedDialectError",
     "UnsupportedSchemaError",
@@ -33,3 +35,11 @@ class AirflowSchemaError(AdrqError):
 
 class RetriesExhaustedError(AdrqError):
     """The transaction kept failing with retryable database errors."""
+
+
+class IsolationLevelError(AdrqError):
+    """The connection's transaction isolation level breaks the locking guarantees."""
+
+
+class DeferredTooLateError(AdrqError):
+    """A queue write was deferred after the transaction's commit-time write had already run."""

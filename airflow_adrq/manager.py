@@ -34,8 +34,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, cast
 
-from sqlalchemy import Table, and_, insert, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Table, and_, bindparam, insert, select
+from sqlalchemy.orm import Session, make_transient_to_detached
 
 from airflow_adrq import dialects, listeners
 from airflow_adrq.dialects import ConflictMode
@@ -47,8 +47,9 @@ from airflow_adrq.models import (
     AssetModel,
     alias_association_table,
     asset_alias_asset_event_association_table,
+    utcnow,
 )
-from airflow_adrq.queue import QueueTarget, defer_dagruns, queue_dagruns
+from airflow_adrq.queue import defer_events, queue_events
 from airflow_adrq.retry import run_callbacks
 from airflow_adrq.txscope import TransactionScoped
 
@@ -159,12 +160,17 @@ def register_asset_change(
     those aliases, unless ``partition_key`` is given (as Airflow does).
     Unknown keyword arguments are ignored, as Airflow does.
 
-    Locks: inserts the event rows (new keys, no waits) and, for aliases,
-    inserts-or-ignores ``asset_alias`` / ``asset_alias_asset`` rows in name /
-    key order. The queue rows are locked by one statement in
-    ``(asset_id, target_dag_id)`` order, at COMMIT (``queue_mode="commit"``,
-    together with every other asset of the transaction) or now
-    (``"immediate"``); see :func:`airflow_adrq.queue.defer_dagruns`.
+    Locks: inserts the event rows and their alias links (new keys, no waits;
+    FK checks share-lock the ``asset_alias`` parents). Aliases and
+    asset-alias links are read first; only missing ones are inserted, in
+    name / key order, so existing ones are never locked exclusively. The
+    queue rows are locked by one statement in ``(asset_id, target_dag_id)``
+    order, at COMMIT (``queue_mode="commit"``, together with every other
+    event of the transaction) or now (``"immediate"``); just before that
+    statement the events' ``timestamp`` and the new rows' ``created_at`` are
+    set to one value (see :func:`airflow_adrq.queue.defer_events`). The
+    returned event's ``timestamp`` is therefore the time of the queue write,
+    not of this call.
 
     Does not commit, and does not retry: run the whole transaction under
     :func:`airflow_adrq.retry.run_in_transaction` (or your own
@@ -201,9 +207,9 @@ def register_asset_changes(
     """Register several asset events at once (a task's outlets); one result per change.
 
     Same effects as calling :func:`register_asset_change` for each change,
-    with one asset lookup, and all the queueing in ONE statement (now for
-    ``queue_mode="immediate"``, at COMMIT otherwise). Locks as
-    :func:`register_asset_change`.
+    with one asset lookup, one alias read, and all the queueing in ONE
+    statement (now for ``queue_mode="immediate"``, at COMMIT otherwise).
+    Locks as :func:`register_asset_change`.
     """
     changes = list(changes)
     if queue_mode not in ("commit", "immediate"):
@@ -213,103 +219,176 @@ def register_asset_changes(
     if not changes:
         return []
     found = _lookup_assets(session, {(c.asset.name, c.asset.uri) for c in changes})
-    alias_ids = _associate_aliases(session, changes, found)
-
-    results: list[AssetEvent | None] = []
+    registered: list[tuple[AssetChange, int]] = []
     for change in changes:
         key = (change.asset.name, change.asset.uri)
         if key not in found:
             log.warning("AssetModel %s not found; cannot create asset event.", change.asset)
-            results.append(None)
             continue
         asset_id, active = found[key]
         if not active:
             log.warning("Emitting event for inactive AssetModel %s", change.asset)
-        event = AssetEvent(
-            asset_id=asset_id, extra=dict(change.extra or {}), partition_key=change.partition_key
-        )
-        if task_instance is not None:
-            event.source_task_id = task_instance.task_id
-            event.source_dag_id = task_instance.dag_id
-            event.source_run_id = task_instance.run_id
-            event.source_map_index = task_instance.map_index
-        session.add(event)
-        results.append(event)
-    session.flush()  # event ids, for the alias links and the listeners
+        registered.append((change, asset_id))
+    alias_ids = _associate_aliases(session, registered)
+    events = _insert_events(session, registered, task_instance)
 
     alias_links = [
         {"alias_id": alias_ids[name], "event_id": event.id}
-        for change, event in zip(changes, results, strict=True)
-        if event is not None
+        for (change, _), event in zip(registered, events, strict=True)
         for name in change._alias_names
     ]
     if alias_links:
         session.execute(insert(asset_alias_asset_event_association_table), alias_links)
 
-    targets = [
-        QueueTarget(event.asset_id, change._alias_names)
-        for change, event in zip(changes, results, strict=True)
-        if event is not None and change.partition_key is None
-    ]
     if queue_mode == "immediate":
-        queue_dagruns(session, targets, on_conflict=on_conflict)
+        queue_events(session, events, on_conflict=on_conflict)
     else:
-        defer_dagruns(session, targets, on_conflict=on_conflict)
+        defer_events(session, events, on_conflict=on_conflict)
 
-    for change, registered in zip(changes, results, strict=True):
-        if registered is not None:
-            info = _event_info(change, registered)
-            callback = functools.partial(listeners.notify, info)
-            if callback_sink is not None:
-                callback_sink.append(callback)
-            else:
-                _AFTER_COMMIT.add(session, callback)
+    by_change = {id(change): event for (change, _), event in zip(registered, events, strict=True)}
+    results: list[AssetEvent | None] = []
+    for change in changes:
+        event = by_change.get(id(change))
+        results.append(event)
+        if event is None:
+            continue
+        callback = functools.partial(listeners.notify, _event_info(change, event))
+        if callback_sink is not None:
+            callback_sink.append(callback)
+        else:
+            _AFTER_COMMIT.add(session, callback)
     return results
+
+
+_ASSET = cast(Table, AssetModel.__table__)
+_ACTIVE = cast(Table, AssetActive.__table__)
+_ALIAS = cast(Table, AssetAliasModel.__table__)
+_EVENT = cast(Table, AssetEvent.__table__)
+
+# Constant shapes (compiled once): the expanding lists change length, not SQL.
+# ``name IN .. AND uri IN ..`` uses the (name, uri) unique index on every
+# backend; the few cross pairs it may return are filtered in Python.
+_LOOKUP = (
+    select(_ASSET.c.name, _ASSET.c.uri, _ASSET.c.id, _ACTIVE.c.name.is_not(None))
+    .outerjoin(_ACTIVE, and_(_ACTIVE.c.name == _ASSET.c.name, _ACTIVE.c.uri == _ASSET.c.uri))
+    .where(
+        _ASSET.c.name.in_(bindparam("names", expanding=True)),
+        _ASSET.c.uri.in_(bindparam("uris", expanding=True)),
+    )
+)
+_ALIASES_BY_NAME = select(_ALIAS.c.name, _ALIAS.c.id).where(
+    _ALIAS.c.name.in_(bindparam("names", expanding=True))
+)
+_LINKS = select(alias_association_table.c.alias_id, alias_association_table.c.asset_id).where(
+    alias_association_table.c.alias_id.in_(bindparam("alias_ids", expanding=True)),
+    alias_association_table.c.asset_id.in_(bindparam("asset_ids", expanding=True)),
+)
 
 
 def _lookup_assets(session: Session, keys: set[tuple[str, str]]) -> dict[tuple[str, str], tuple[int, bool]]:
     """(name, uri) -> (asset id, is active), one plain SELECT, no row locks."""
-    asset = _table(AssetModel)
-    active = _table(AssetActive)
     rows = session.execute(
-        select(asset.c.name, asset.c.uri, asset.c.id, active.c.name.is_not(None))
-        .outerjoin(active, and_(active.c.name == asset.c.name, active.c.uri == asset.c.uri))
-        .where(or_(*(and_(asset.c.name == name, asset.c.uri == uri) for name, uri in sorted(keys))))
+        _LOOKUP, {"names": sorted({name for name, _ in keys}), "uris": sorted({uri for _, uri in keys})}
     ).all()
-    return {(name, uri): (asset_id, bool(is_active)) for name, uri, asset_id, is_active in rows}
+    return {
+        (name, uri): (asset_id, bool(is_active))
+        for name, uri, asset_id, is_active in rows
+        if (name, uri) in keys
+    }
 
 
-def _associate_aliases(
-    session: Session,
-    changes: Sequence[AssetChange],
-    found: Mapping[tuple[str, str], tuple[int, bool]],
-) -> dict[str, int]:
+def _insert_events(
+    session: Session, registered: Sequence[tuple[AssetChange, int]], task_instance: TaskInstanceLike | None
+) -> list[AssetEvent]:
+    """INSERT the events (Core, RETURNING ids where the dialect can) and return them as ORM objects.
+
+    The objects are attached to ``session`` as persistent rows without
+    another round trip, as the ORM would leave them after a flush.
+    """
+    if not registered:
+        return []
+    now = utcnow()
+    source: dict[str, Any] = {"source_task_id": None, "source_dag_id": None, "source_run_id": None}
+    source["source_map_index"] = -1  # the column's server default, as Airflow leaves it
+    if task_instance is not None:
+        source = {
+            "source_task_id": task_instance.task_id,
+            "source_dag_id": task_instance.dag_id,
+            "source_run_id": task_instance.run_id,
+            "source_map_index": task_instance.map_index,
+        }
+    rows = [
+        {
+            "asset_id": asset_id,
+            "extra": dict(change.extra or {}),
+            "partition_key": change.partition_key,
+            "timestamp": now,
+            **source,
+        }
+        for change, asset_id in registered
+    ]
+    ids = _insert_returning_ids(session, rows)
+    events = []
+    for row, event_id in zip(rows, ids, strict=True):
+        event = AssetEvent(id=event_id, **row)
+        make_transient_to_detached(event)
+        session.add(event)
+        events.append(event)
+    return events
+
+
+def _insert_returning_ids(session: Session, rows: list[dict[str, Any]]) -> list[int]:
+    conn = session.connection()
+    dialect = conn.dialect
+    if len(rows) > 1 and dialect.insert_executemany_returning_sort_by_parameter_order:
+        stmt = insert(_EVENT).returning(_EVENT.c.id, sort_by_parameter_order=True)
+        return list(conn.execute(stmt, rows).scalars())
+    if dialect.insert_returning:
+        stmt = insert(_EVENT).returning(_EVENT.c.id)
+        return [conn.execute(stmt, row).scalar_one() for row in rows]
+    # MySQL 8 has no RETURNING: one INSERT per event, id from LAST_INSERT_ID().
+    ids = []
+    for row in rows:
+        key = conn.execute(insert(_EVENT), row).inserted_primary_key
+        assert key is not None  # an INSERT of one row always has one
+        ids.append(int(key[0]))
+    return ids
+
+
+def _associate_aliases(session: Session, registered: Sequence[tuple[AssetChange, int]]) -> dict[str, int]:
     """Create missing aliases and asset-alias links; return alias name -> id.
 
-    Insert-or-ignore in sorted order, so concurrent producers naming the
-    same new alias neither fail nor lock in opposite orders.
+    Read first, write only what is missing (as Airflow's
+    ``_add_asset_alias_association`` does), so existing ``asset_alias`` and
+    ``asset_alias_asset`` rows are never locked exclusively: on InnoDB even a
+    no-op ``ON DUPLICATE KEY UPDATE`` takes an exclusive lock on an existing
+    row and holds it to COMMIT, in call order, which deadlocks producers that
+    name the same aliases in different orders. What is missing is inserted
+    in one global order (names, then ``(alias_id, asset_id)``), with the
+    backend's insert-or-ignore, so producers racing to create the same alias
+    neither fail nor lock in opposite orders.
     """
-    wanted = {
-        (name, found[(c.asset.name, c.asset.uri)][0])
-        for c in changes
-        if (c.asset.name, c.asset.uri) in found
-        for name in c._alias_names
-    }
+    wanted = {(name, asset_id) for change, asset_id in registered for name in change._alias_names}
     if not wanted:
         return {}
-    support = dialects.get(session)
-    alias = _table(AssetAliasModel)
     names = sorted({name for name, _ in wanted})
-    session.execute(support.insert_ignore(alias), [{"name": n, "group": ""} for n in names])
-    alias_ids: dict[str, int] = {
-        name: alias_id
-        for name, alias_id in session.execute(select(alias.c.name, alias.c.id).where(alias.c.name.in_(names)))
+    alias_ids: dict[str, int] = dict(session.execute(_ALIASES_BY_NAME, {"names": names}).tuples().all())
+    missing = [name for name in names if name not in alias_ids]
+    if missing:
+        support = dialects.get(session)
+        session.execute(support.insert_ignore(_ALIAS), [{"name": n, "group": ""} for n in missing])
+        alias_ids.update(session.execute(_ALIASES_BY_NAME, {"names": missing}).tuples().all())
+    params = {
+        "alias_ids": sorted({alias_ids[name] for name, _ in wanted}),
+        "asset_ids": sorted({asset_id for _, asset_id in wanted}),
     }
-    links = sorted((alias_ids[name], asset_id) for name, asset_id in wanted)
-    session.execute(
-        support.insert_ignore(alias_association_table),
-        [{"alias_id": alias_id, "asset_id": asset_id} for alias_id, asset_id in links],
-    )
+    linked = set(session.execute(_LINKS, params).tuples().all())
+    links = sorted({(alias_ids[name], asset_id) for name, asset_id in wanted} - linked)
+    if links:
+        session.execute(
+            dialects.get(session).insert_ignore(alias_association_table),
+            [{"alias_id": alias_id, "asset_id": asset_id} for alias_id, asset_id in links],
+        )
     return alias_ids
 
 
@@ -328,7 +407,3 @@ def _event_info(change: AssetChange, event: AssetEvent) -> AssetEventInfo:
         partition_key=change.partition_key,
         partition_date=change.partition_date,
     )
-
-
-def _table(model: type[Any]) -> Table:
-    return cast(Table, model.__table__)

@@ -1,23 +1,28 @@
-"""Queue downstream DAG runs with ONE ordered, set-based statement.
+"""Queue downstream DAG runs with ONE ordered, set-based statement per transaction.
 
-The statement (PostgreSQL rendering; the conflict clause is per dialect)::
+The statement is driven by the transaction's own ``asset_event`` rows
+(PostgreSQL rendering; the conflict clause is per dialect)::
 
+    WITH ev AS (                    -- this transaction's events
+        SELECT e.id AS event_id, e.asset_id FROM asset_event e
+         WHERE e.id IN (:event_ids) AND e.partition_key IS NULL
+    )
     INSERT INTO asset_dag_run_queue (asset_id, target_dag_id, created_at)
     SELECT src.asset_id, src.dag_id, :created_at
     FROM (
-        -- DAGs scheduled directly on the assets
-        SELECT r.asset_id, r.dag_id FROM dag_schedule_asset_reference r
-         WHERE r.asset_id IN (:asset_ids)
-        UNION  -- DAGs scheduled on Asset.ref(name=...)
-        SELECT a.id, n.dag_id FROM asset a JOIN dag_schedule_asset_name_reference n ON n.name = a.name
-         WHERE a.id IN (:asset_ids)
-        UNION  -- DAGs scheduled on Asset.ref(uri=...)
-        SELECT a.id, u.dag_id FROM asset a JOIN dag_schedule_asset_uri_reference u ON u.uri = a.uri
-         WHERE a.id IN (:asset_ids)
-        UNION  -- DAGs scheduled on an alias the event was emitted through
-        SELECT CAST(:asset_id AS INTEGER), ar.dag_id FROM dag_schedule_asset_alias_reference ar
-          JOIN asset_alias al ON al.id = ar.alias_id
-         WHERE al.name IN (:alias_names)  -- one such SELECT per asset with aliases
+        -- DAGs scheduled directly on the event's asset
+        SELECT ev.asset_id, r.dag_id FROM ev
+          JOIN dag_schedule_asset_reference r ON r.asset_id = ev.asset_id
+        UNION  -- ... on Asset.ref(name=...)
+        SELECT ev.asset_id, n.dag_id FROM ev JOIN asset a ON a.id = ev.asset_id
+          JOIN dag_schedule_asset_name_reference n ON n.name = a.name
+        UNION  -- ... on Asset.ref(uri=...)
+        SELECT ev.asset_id, u.dag_id FROM ev JOIN asset a ON a.id = ev.asset_id
+          JOIN dag_schedule_asset_uri_reference u ON u.uri = a.uri
+        UNION  -- ... on an alias the event was emitted through
+        SELECT ev.asset_id, ar.dag_id FROM ev
+          JOIN asset_alias_asset_event l ON l.event_id = ev.event_id
+          JOIN dag_schedule_asset_alias_reference ar ON ar.alias_id = l.alias_id
     ) AS src
     JOIN dag ON dag.dag_id = src.dag_id
     WHERE dag.is_paused = false AND dag.timetable_partitioned = false
@@ -27,56 +32,60 @@ The statement (PostgreSQL rendering; the conflict clause is per dialect)::
 Why this shape:
 
 * **Lock order.** The rows are inserted, and so locked, in primary-key order
-  ``(asset_id, target_dag_id)``. Two transactions that queue overlapping rows
-  wait for each other in the same order and cannot form a cycle on this
-  table. ``ORDER BY`` sits at the top level because MariaDB may ignore it
-  inside a derived table. Neither PostgreSQL nor MySQL documents that
-  ``INSERT ... SELECT ... ORDER BY`` inserts in that order, though both do;
-  the concurrency tests fail if that stops being true.
+  ``(asset_id, target_dag_id)`` as the database collates it (never a Python
+  sort: collations differ from code-point order). Two transactions that
+  queue overlapping rows wait for each other in the same order and cannot
+  form a cycle on this table. ``ORDER BY`` sits at the top level because
+  MariaDB may ignore it inside a derived table. Neither PostgreSQL nor MySQL
+  documents that ``INSERT ... SELECT ... ORDER BY`` inserts in that order,
+  though both do; the concurrency tests fail if that stops being true.
 * **One statement per transaction.** A task with several outlets registers
   each asset separately. Queued one statement per asset, two such tasks
-  still lock ``(A, d)`` and ``(B, d)`` in opposite orders. :func:`defer_dagruns`
-  collects a transaction's assets and queues them all in one statement just
+  still lock ``(A, d)`` and ``(B, d)`` in opposite orders. :func:`defer_events`
+  collects a transaction's events and queues them all in one statement just
   before COMMIT, which also keeps the queue rows locked only for the commit.
-* **No per-DAG parameters.** The DAG set comes from the reference tables in
-  the database, so fan-out does not change the statement's size: the bound
-  parameters are the asset ids, the alias names and the timestamp.
+* **Constant shape.** The only parameters are the event ids (one expanding
+  ``IN`` list, rendered once, in the CTE) and the timestamp, whatever the
+  number of assets, aliases, events or consumers; the statement is built once
+  per dialect and its compiled form is cached. Aliases come from the
+  ``asset_alias_asset_event`` rows the transaction wrote, so they need no
+  parameters of their own.
+* **Timing.** Airflow 3.3's scheduler sets a run's ``triggered_date`` to the
+  newest ``created_at`` among a DAG's queue rows and attaches the events with
+  ``previous run_after < timestamp <= triggered_date``. An event whose
+  ``timestamp`` lies in that window but whose transaction commits after the
+  scheduler's read is attached to no run. At COMMIT the transaction's events
+  get ``timestamp = now`` and their new queue rows ``created_at = now`` (the
+  same value, in the same statement batch), so that window is the commit
+  itself rather than the transaction. Only Airflow 3.4's per-event queue
+  closes it.
 * **Same rows as Airflow 3.3.** Direct, alias, name and URI references;
   unpaused DAGs only; each (asset, DAG) once; DAGs with a partitioned
-  timetable are never put in this queue (Airflow sends them to
-  ``asset_partition_dag_run`` instead). Like Airflow, stale DAGs are queued
-  and filtered by the scheduler.
+  timetable and events with a ``partition_key`` are never put in this queue
+  (Airflow sends them to ``asset_partition_dag_run``). Like Airflow, stale
+  DAGs are queued and filtered by the scheduler.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
+import functools
+import logging
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Literal, Protocol, cast
 
-from sqlalchemy import (
-    BindParameter,
-    CompoundSelect,
-    Integer,
-    Select,
-    Table,
-    bindparam,
-    false,
-    literal,
-    select,
-    union,
-)
-from sqlalchemy import cast as sql_cast
+from sqlalchemy import Table, bindparam, false, select, union, update
 from sqlalchemy.engine import Connection, Dialect
-from sqlalchemy.orm import Session
-from sqlalchemy.sql.dml import Insert
+from sqlalchemy.orm import Session, attributes
+from sqlalchemy.sql.dml import Insert, Update
+from sqlalchemy.sql.selectable import CTE
 
 from airflow_adrq import dialects
 from airflow_adrq.dialects import ConflictMode
 from airflow_adrq.models import (
-    AssetAliasModel,
     AssetDagRunQueue,
+    AssetEvent,
     AssetModel,
     DagModel,
     DagScheduleAssetAliasReference,
@@ -84,227 +93,355 @@ from airflow_adrq.models import (
     DagScheduleAssetReference,
     DagScheduleAssetUriReference,
     UtcDateTime,
+    asset_alias_asset_event_association_table,
     utcnow,
 )
 from airflow_adrq.txscope import DeferredWrites
 
 __all__ = [
-    "QueueTarget",
+    "IDS_PER_STATEMENT",
+    "EventLike",
+    "Source",
     "build_queue_statement",
-    "defer_dagruns",
+    "defer_events",
     "discard_pending",
     "flush_queue",
-    "pending_targets",
+    "pending_events",
     "queue_dagruns",
+    "queue_events",
 ]
+
+log = logging.getLogger(__name__)
+
+#: Ids bound to one statement. The ids are rendered once (in the CTE), so this
+#: stays below SQLite's 32,766 and psycopg 3's 65,535 bound-parameter limits.
+#: Larger sets are written as several statements in one global order (see
+#: :func:`_chunks`).
+IDS_PER_STATEMENT = 30_000
+
+#: What drives the statement: a transaction's events (the default, with
+#: aliases) or bare asset ids (direct, name and URI references only).
+Source = Literal["events", "assets"]
 
 _ADRQ = cast(Table, AssetDagRunQueue.__table__)
 _ADRQ_KEY = ("asset_id", "target_dag_id")
+_EVENT = cast(Table, AssetEvent.__table__)
 
 
-@dataclass(frozen=True, order=True)
-class QueueTarget:
-    """An asset whose downstream DAGs are to be queued.
+class EventLike(Protocol):
+    """An ``asset_event`` row: ours, Airflow's ORM ``AssetEvent``, or a plain record."""
 
-    ``alias_names`` are the aliases the event was emitted through; DAGs
-    scheduled on those aliases are queued for this asset too.
-    """
+    @property
+    def id(self) -> int: ...
 
-    asset_id: int
-    alias_names: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if isinstance(self.asset_id, bool) or not isinstance(self.asset_id, int):
-            raise TypeError(f"asset_id must be an int, not {self.asset_id!r}")
-        if isinstance(self.alias_names, str):
-            raise TypeError("alias_names must be a collection of names, not a single string")
+    @property
+    def asset_id(self) -> int: ...
 
 
-def _merge(targets: Iterable[QueueTarget | int]) -> dict[int, set[str]]:
-    """asset id -> alias names, merged over duplicate targets."""
-    merged: dict[int, set[str]] = {}
-    for target in targets:
-        if not isinstance(target, QueueTarget):
-            target = QueueTarget(target)
-        merged.setdefault(target.asset_id, set()).update(target.alias_names)
-    return merged
+# --- the statement ----------------------------------------------------------
 
 
-def _source_select(merged: Mapping[int, set[str]]) -> CompoundSelect[Any]:
-    """UNION of (asset_id, dag_id) pairs from every kind of schedule reference."""
-    asset = AssetModel.__table__
-    ids: BindParameter[Any] = bindparam("asset_ids", sorted(merged), expanding=True)
-    direct = DagScheduleAssetReference.__table__
-    by_name = DagScheduleAssetNameReference.__table__
-    by_uri = DagScheduleAssetUriReference.__table__
-    parts: list[Select[Any]] = [
-        select(direct.c.asset_id.label("asset_id"), direct.c.dag_id.label("dag_id")).where(
-            direct.c.asset_id.in_(ids)
-        ),
-        select(asset.c.id, by_name.c.dag_id)
-        .join(by_name, by_name.c.name == asset.c.name)
-        .where(asset.c.id.in_(ids)),
-        select(asset.c.id, by_uri.c.dag_id)
-        .join(by_uri, by_uri.c.uri == asset.c.uri)
-        .where(asset.c.id.in_(ids)),
+def _events_cte() -> CTE:
+    return (
+        select(_EVENT.c.id.label("event_id"), _EVENT.c.asset_id)
+        .where(_EVENT.c.id.in_(bindparam("ids", expanding=True)), _EVENT.c.partition_key.is_(None))
+        .cte("ev")
+    )
+
+
+def _assets_cte() -> CTE:
+    asset = cast(Table, AssetModel.__table__)
+    return (
+        select(asset.c.id.label("asset_id")).where(asset.c.id.in_(bindparam("ids", expanding=True))).cte("ev")
+    )
+
+
+def _consumers(ev: CTE, *, with_aliases: bool) -> Any:
+    """UNION of (asset_id, dag_id) over every kind of schedule reference."""
+    asset = cast(Table, AssetModel.__table__)
+    direct = cast(Table, DagScheduleAssetReference.__table__)
+    by_name = cast(Table, DagScheduleAssetNameReference.__table__)
+    by_uri = cast(Table, DagScheduleAssetUriReference.__table__)
+    parts = [
+        select(ev.c.asset_id, direct.c.dag_id).join(direct, direct.c.asset_id == ev.c.asset_id),
+        select(ev.c.asset_id, by_name.c.dag_id)
+        .join(asset, asset.c.id == ev.c.asset_id)
+        .join(by_name, by_name.c.name == asset.c.name),
+        select(ev.c.asset_id, by_uri.c.dag_id)
+        .join(asset, asset.c.id == ev.c.asset_id)
+        .join(by_uri, by_uri.c.uri == asset.c.uri),
     ]
-    with_aliases = {asset_id: names for asset_id, names in sorted(merged.items()) if names}
     if with_aliases:
-        alias = AssetAliasModel.__table__
-        alias_ref = DagScheduleAssetAliasReference.__table__
-        # An alias counts only for the asset whose event went through it, so
-        # each asset carries its own alias names (params per asset, not per DAG).
-        for asset_id, names in with_aliases.items():
-            parts.append(
-                select(sql_cast(literal(asset_id, Integer), Integer), alias_ref.c.dag_id)
-                .join(alias, alias.c.id == alias_ref.c.alias_id)
-                .where(alias.c.name.in_(sorted(names)))
-            )
-    return union(*parts)
-
-
-def build_queue_statement(
-    targets: Iterable[QueueTarget | int],
-    *,
-    dialect: Dialect | str,
-    created_at: dt.datetime | None = None,
-    on_conflict: ConflictMode = "ignore",
-) -> Insert:
-    """Build the one ``INSERT ... SELECT ... ORDER BY`` that queues ``targets``.
-
-    ``on_conflict="ignore"`` leaves an already-queued row as it is (Airflow's
-    behaviour); ``"refresh"`` sets its ``created_at`` to the greater of the
-    old and new values, so a newer event is never represented by an older
-    timestamp. Raises :class:`ValueError` for an empty target set.
-    """
-    merged = _merge(targets)
-    if not merged:
-        raise ValueError("no targets to queue")
-    if on_conflict not in ("ignore", "refresh"):
-        raise ValueError(f"on_conflict must be 'ignore' or 'refresh', not {on_conflict!r}")
-    src = _source_select(merged).subquery("src")
-    dag = DagModel.__table__
-    rows = (
-        select(
-            src.c.asset_id,
-            src.c.dag_id,
-            bindparam("created_at", created_at or utcnow(), type_=UtcDateTime()),
+        link = asset_alias_asset_event_association_table
+        by_alias = cast(Table, DagScheduleAssetAliasReference.__table__)
+        parts.append(
+            select(ev.c.asset_id, by_alias.c.dag_id)
+            .join(link, link.c.event_id == ev.c.event_id)
+            .join(by_alias, by_alias.c.alias_id == link.c.alias_id)
         )
+    return union(*parts).subquery("src")
+
+
+@functools.cache
+def _statement(dialect_name: str, source: Source, on_conflict: ConflictMode) -> Insert:
+    ev = _events_cte() if source == "events" else _assets_cte()
+    src = _consumers(ev, with_aliases=source == "events")
+    dag = cast(Table, DagModel.__table__)
+    rows = (
+        select(src.c.asset_id, src.c.dag_id, bindparam("created_at", type_=UtcDateTime()))
         .join(dag, dag.c.dag_id == src.c.dag_id)
         .where(dag.c.is_paused == false(), dag.c.timetable_partitioned == false())
         .order_by(src.c.asset_id, src.c.dag_id)
     )
     columns = [_ADRQ.c.asset_id, _ADRQ.c.target_dag_id, _ADRQ.c.created_at]
-    return dialects.get(dialect).insert_from_select(
+    return dialects.get(dialect_name).insert_from_select(
         _ADRQ, columns, rows, _ADRQ_KEY, on_conflict, "created_at"
     )
 
 
+def build_queue_statement(
+    dialect: Dialect | str,
+    *,
+    source: Source = "events",
+    on_conflict: ConflictMode = "ignore",
+) -> Insert:
+    """The one ``INSERT ... SELECT ... ORDER BY`` that queues consumers, for ``dialect``.
+
+    Built once per (dialect, source, on_conflict) and reused, so SQLAlchemy
+    compiles it once. Execute it with ``{"ids": [...], "created_at": aware
+    datetime}``: ``ids`` are ``asset_event`` ids for ``source="events"``,
+    ``asset`` ids for ``source="assets"`` (no alias references: an alias
+    counts only for the events emitted through it).
+
+    ``on_conflict="ignore"`` leaves an already-queued row as it is (Airflow's
+    behaviour); ``"refresh"`` sets its ``created_at`` to the greater of the
+    old and new values, so a newer event is never represented by an older
+    timestamp.
+    """
+    if source not in ("events", "assets"):
+        raise ValueError(f"source must be 'events' or 'assets', not {source!r}")
+    if on_conflict not in ("ignore", "refresh"):
+        raise ValueError(f"on_conflict must be 'ignore' or 'refresh', not {on_conflict!r}")
+    name = dialects.get(dialect).name
+    return _statement(name, source, on_conflict)
+
+
+_STAMP: Update = (
+    update(_EVENT)
+    .where(_EVENT.c.id.in_(bindparam("ids", expanding=True)))
+    .values(timestamp=bindparam("stamp", type_=UtcDateTime()))
+)
+
+
+def _dialect(bind: Session | Connection) -> Dialect:
+    return bind.get_bind().dialect if isinstance(bind, Session) else bind.dialect
+
+
+def _connection(bind: Session | Connection) -> Connection:
+    return bind.connection() if isinstance(bind, Session) else bind
+
+
+def _chunks(events: Iterable[EventLike]) -> Iterator[list[int]]:
+    """Event ids in ``(asset_id, id)`` order, cut into statements only between assets.
+
+    Each statement inserts its rows in ``(asset_id, dag_id)`` order; cutting
+    only where the asset changes keeps the order global across statements.
+    (An asset's rows must all come from one statement: its alias rows depend
+    on which events are in it.)
+    """
+    chunk: list[int] = []
+    last_asset: int | None = None
+    seen: set[int] = set()
+    for event in sorted(events, key=lambda e: (e.asset_id, e.id)):
+        if event.id in seen:
+            continue
+        seen.add(event.id)
+        if len(chunk) >= IDS_PER_STATEMENT and event.asset_id != last_asset:
+            yield chunk
+            chunk = []
+        chunk.append(event.id)
+        last_asset = event.asset_id
+    if chunk:
+        yield chunk
+
+
+def queue_events(
+    bind: Session | Connection,
+    events: Iterable[EventLike],
+    *,
+    on_conflict: ConflictMode = "ignore",
+    stamp: dt.datetime | None = None,
+) -> dt.datetime | None:
+    """Queue the consumers of ``events`` now, and stamp the events; return the stamp.
+
+    Sets every given event's ``timestamp`` and the ``created_at`` of the
+    queue rows it inserts to one value (``stamp``, default now), then inserts
+    with ONE statement (several, in one global order, past
+    :data:`IDS_PER_STATEMENT` events). Pass only the caller's own, uncommitted
+    events: their timestamps are rewritten. Runs in the caller's transaction
+    and does not commit. Returns ``None`` (and does nothing) for no events.
+
+    Locks: the given ``asset_event`` rows (exclusive; the caller's own new
+    rows, which no one else can see), then inserts (with MySQL/MariaDB's no-op
+    ``ON DUPLICATE KEY UPDATE`` also locks the existing duplicates of) the
+    ``asset_dag_run_queue`` rows in ``(asset_id, target_dag_id)`` order, held
+    until the transaction ends; FK checks take shared locks on the ``asset``
+    and ``dag`` parent rows (PostgreSQL ``FOR KEY SHARE``). Reads the
+    reference tables, ``asset``, ``asset_alias_asset_event`` and ``dag``
+    without locking them (READ COMMITTED; on MySQL/MariaDB another isolation
+    level raises :class:`~airflow_adrq.errors.AdrqError`, see
+    :mod:`airflow_adrq.dialects.mysql`).
+
+    Does not promise: freedom from deadlocks with earlier statements of the
+    same transaction that locked queue rows (use :func:`defer_events` for all
+    of a transaction's events), or with writers that lock these rows in
+    another order. Retry the whole transaction on a deadlock
+    (:func:`airflow_adrq.retry.run_in_transaction`).
+    """
+    chunks = list(_chunks(events))
+    if not chunks:
+        return None
+    stamp = stamp or utcnow()
+    conn = _connection(bind)
+    support = dialects.get(conn)
+    support.check_connection(conn)
+    stmt = build_queue_statement(conn.dialect, on_conflict=on_conflict)
+    for ids in chunks:
+        conn.execute(_STAMP, {"ids": ids, "stamp": stamp})
+        conn.execute(stmt, {"ids": ids, "created_at": stamp})
+    return stamp
+
+
 def queue_dagruns(
     bind: Session | Connection,
-    targets: Iterable[QueueTarget | int],
+    asset_ids: Iterable[int],
     *,
     created_at: dt.datetime | None = None,
     on_conflict: ConflictMode = "ignore",
 ) -> None:
-    """Queue the downstream DAGs of ``targets`` now, with one statement.
+    """Queue the consumers of assets (without events) now, with one statement.
 
-    Runs in the caller's transaction and does not commit.
+    For callers that have no ``asset_event`` rows: direct, name and URI
+    references only (an alias counts only for the events emitted through it).
+    ``created_at`` defaults to now. Runs in the caller's transaction and does
+    not commit.
 
-    Locks: inserts (and with MySQL/MariaDB's no-op ``ON DUPLICATE KEY UPDATE``
-    also locks the existing duplicates of) the ``asset_dag_run_queue`` rows in
-    ``(asset_id, target_dag_id)`` order, held until the caller's transaction
-    ends; FK checks take shared locks on the ``asset`` and ``dag`` parent rows
-    (PostgreSQL ``FOR KEY SHARE``). Reads the reference tables and ``dag``
-    without locking them (READ COMMITTED).
-
-    Does not promise: freedom from deadlocks with other statements of the same
-    transaction that locked queue rows earlier (use :func:`defer_dagruns` for
-    several assets in one transaction), or with transactions that lock these
-    rows in another order. Retry the whole transaction on a deadlock
-    (:func:`airflow_adrq.retry.run_in_transaction`).
+    Locks: as :func:`queue_events`, without touching ``asset_event``. Does not
+    promise: a global order with other queue writes of the same transaction
+    (this is its own statement).
     """
-    merged = _merge(targets)
-    if not merged:
+    ids = sorted(set(asset_ids))
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        raise TypeError(f"asset ids must be ints, got {ids!r}")
+    if not ids:
         return
-    dialect = bind.get_bind().dialect if isinstance(bind, Session) else bind.dialect
-    targets_list = [QueueTarget(k, tuple(sorted(v))) for k, v in merged.items()]
-    stmt = build_queue_statement(
-        targets_list, dialect=dialect, created_at=created_at, on_conflict=on_conflict
-    )
-    bind.execute(stmt)
+    conn = _connection(bind)
+    support = dialects.get(conn)
+    support.check_connection(conn)
+    stmt = build_queue_statement(conn.dialect, source="assets", on_conflict=on_conflict)
+    for start in range(0, len(ids), IDS_PER_STATEMENT):
+        conn.execute(
+            stmt, {"ids": ids[start : start + IDS_PER_STATEMENT], "created_at": created_at or utcnow()}
+        )
 
 
 # --- commit-time queueing ---------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Deferred:
-    """One :func:`defer_dagruns` call."""
+    """One event recorded by :func:`defer_events`."""
 
-    targets: dict[int, set[str]]
+    id: int
+    asset_id: int
     refresh: bool
+    # The caller's ORM object, if any: its ``timestamp`` is set to the stamp
+    # without a reload (expire_on_commit=False sessions keep it).
+    obj: object | None
 
 
 def _queue_deferred(session: Session, entries: list[_Deferred]) -> None:
-    queue_dagruns(
-        session,
-        [QueueTarget(k, tuple(v)) for entry in entries for k, v in entry.targets.items()],
-        on_conflict="refresh" if any(entry.refresh for entry in entries) else "ignore",
-    )
+    on_conflict: ConflictMode = "refresh" if any(entry.refresh for entry in entries) else "ignore"
+    stamp = queue_events(session, entries, on_conflict=on_conflict)
+    for entry in entries:
+        if entry.obj is not None and stamp is not None:
+            _set_loaded_timestamp(entry.obj, stamp)
 
 
-_DEFERRED: DeferredWrites[_Deferred] = DeferredWrites("deferred_dagruns", _queue_deferred)
+def _set_loaded_timestamp(obj: object, stamp: dt.datetime) -> None:
+    state = attributes.instance_state(obj)
+    if "timestamp" in state.mapper.attrs:
+        attributes.set_committed_value(obj, "timestamp", stamp)
 
 
-def defer_dagruns(
+_DEFERRED: DeferredWrites[_Deferred] = DeferredWrites("deferred_events", _queue_deferred)
+
+
+def defer_events(
     session: Session,
-    targets: Iterable[QueueTarget | int],
+    events: Iterable[EventLike],
     *,
     on_conflict: ConflictMode = "ignore",
 ) -> None:
-    """Record ``targets`` to be queued by ONE statement just before COMMIT.
+    """Record ``events`` to be stamped and queued by ONE statement just before COMMIT.
 
-    Every asset deferred in the session's transaction is queued by a single
-    :func:`build_queue_statement` run from the session's ``before_commit``
-    hook, so all of a transaction's queue rows are locked in one global
-    ``(asset_id, target_dag_id)`` order and only for the duration of the
-    commit. ``on_conflict="refresh"`` for any target makes the whole
-    statement refresh.
+    Every event deferred in the session's transaction is queued by a single
+    :func:`queue_events` call from the session's ``before_commit`` hook (after
+    a final ``Session.flush()``), so all of a transaction's queue rows are
+    locked in one global ``(asset_id, target_dag_id)`` order and only for the
+    duration of the commit, and the events' ``timestamp`` and their rows'
+    ``created_at`` are one value taken just before COMMIT. ``on_conflict=
+    "refresh"`` for any event makes the whole statement refresh. ``events``
+    are mapped ``asset_event`` objects (flushed, so they have ids) or any
+    objects with ``id`` and ``asset_id``.
 
     Visibility: the rows do not exist until the commit (or an explicit
-    :func:`flush_queue`); a query on ``asset_dag_run_queue`` in the same
-    transaction does not see them. Rollback: nothing is queued. SAVEPOINTs:
-    targets deferred inside a nested transaction that is rolled back are
-    dropped; those of a released one are queued at the outermost COMMIT.
+    :func:`flush_queue`). Rollback: nothing is queued. SAVEPOINTs: events
+    deferred inside a nested transaction that is rolled back are dropped;
+    those of a released one are queued at the outermost COMMIT. Deferring
+    after the commit-time write has run (from a later ``before_commit``
+    listener) raises :class:`~airflow_adrq.errors.AdrqError`.
 
-    Locks: none until the commit; then as :func:`queue_dagruns`. A failure of
+    Locks: none until the commit; then as :func:`queue_events`. A failure of
     the statement (e.g. a deadlock) makes ``Session.commit()`` raise; the
     transaction is rolled back and nothing is queued: retry the whole
-    transaction.
+    transaction. Does not promise anything if the transaction is committed
+    some other way than ``Session.commit()`` (e.g. on the raw connection).
     """
-    merged = _merge(targets)
-    if merged:
-        _DEFERRED.add(session, _Deferred(merged, refresh=on_conflict == "refresh"))
+    refresh = on_conflict == "refresh"
+    if on_conflict not in ("ignore", "refresh"):
+        raise ValueError(f"on_conflict must be 'ignore' or 'refresh', not {on_conflict!r}")
+    for event in events:
+        event_id, asset_id = event.id, event.asset_id
+        if not isinstance(event_id, int) or not isinstance(asset_id, int):
+            raise TypeError(f"events need integer id and asset_id (flush them first), got {event!r}")
+        obj = event if _is_mapped(event) else None
+        _DEFERRED.add(session, _Deferred(event_id, asset_id, refresh, obj))
 
 
-def pending_targets(session: Session) -> list[QueueTarget]:
-    """Targets deferred in this session's open transaction and not queued yet, in queue order."""
-    entries = _DEFERRED.pending(session)
-    merged = _merge(QueueTarget(k, tuple(v)) for entry in entries for k, v in entry.targets.items())
-    return [QueueTarget(asset_id, tuple(sorted(names))) for asset_id, names in sorted(merged.items())]
+def _is_mapped(obj: object) -> bool:
+    try:
+        attributes.instance_state(obj)
+    except Exception:  # sqlalchemy.orm.exc.UnmappedInstanceError and friends
+        return False
+    return True
 
 
-def flush_queue(session: Session) -> None:
-    """Queue everything deferred so far in this session, now, in one statement.
+def pending_events(session: Session) -> list[int]:
+    """Ids of the events deferred in this session's open transaction and not queued yet, sorted."""
+    return sorted({entry.id for entry in _DEFERRED.pending(session)})
+
+
+def flush_queue(session: Session) -> int:
+    """Stamp and queue everything deferred so far in this session, now; return the event count.
 
     For callers that must read the queue before committing. The rows are
     written in the session's current (possibly nested) transaction; if that
-    SAVEPOINT is rolled back, the surviving targets are queued again at
+    SAVEPOINT is rolled back, the surviving events are queued again at
     commit. Later deferrals are queued by the next flush or at commit. Locks
-    as :func:`queue_dagruns`, from now until the transaction ends.
+    as :func:`queue_events`, from now until the transaction ends.
     """
-    _DEFERRED.flush(session)
+    return len({entry.id for entry in _DEFERRED.flush(session)})
 
 
 def discard_pending(session: Session) -> None:

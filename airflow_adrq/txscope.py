@@ -14,12 +14,15 @@ transaction and of every transaction nested inside it.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction
+
+from airflow_adrq.errors import DeferredTooLateError
 
 __all__ = ["DeferredWrites", "TransactionScoped", "current_transaction", "descends_from"]
 
@@ -51,8 +54,9 @@ class TransactionScoped(Generic[T]):
     """Items recorded on a session, each with the transaction it was recorded in.
 
     ``before_commit(session, items)`` runs just before the outermost COMMIT
-    (inside the transaction; it may execute SQL, and an exception aborts the
-    commit). ``after_commit(session, items)`` runs after the outermost COMMIT
+    of every transaction once the scope is used on the session, with or
+    without items (inside the transaction; it may execute SQL, and an
+    exception aborts the commit). ``after_commit(session, items)`` runs after the outermost COMMIT
     succeeded. ``on_rollback(session, rolled_back, items)`` lets the owner
     react to a rollback; the rolled-back transaction's own items are already
     gone. The items are forgotten when the outermost transaction ends.
@@ -87,7 +91,8 @@ class TransactionScoped(Generic[T]):
     # -- event dispatch (see _install) --------------------------------------
 
     def _before_commit(self, session: Session) -> None:
-        if self.before_commit is not None and self._map(session):
+        # Called even without items: an owner may need to know the commit began.
+        if self.before_commit is not None:
             self.before_commit(session, self.items(session))
 
     def _after_commit(self, session: Session) -> None:
@@ -166,16 +171,30 @@ class DeferredWrites(Generic[T]):
     COMMIT (items *recorded* in a rolled-back transaction are dropped, as in
     :class:`TransactionScoped`). An exception from ``write`` at COMMIT makes
     ``Session.commit()`` raise.
+
+    At COMMIT the session is flushed first, so items recorded by flush hooks
+    are written too. An item recorded after the commit-time write (from a
+    ``before_commit`` listener that runs after this one) cannot be written
+    any more: :meth:`add` raises :class:`DeferredTooLateError` rather than
+    drop it silently.
     """
 
     def __init__(self, name: str, write: Callable[[Session, list[T]], None]) -> None:
         self._write = write
+        self._written_key = f"airflow_adrq.written_at_commit.{name}"
         self._scope: TransactionScoped[_Write[T]] = TransactionScoped(
             name, before_commit=self._before_commit, on_rollback=self._rolled_back
         )
 
     def add(self, session: Session, item: T) -> None:
         """Record ``item`` in the session's current transaction; emits no SQL."""
+        written: weakref.ref[SessionTransaction] | None = session.info.get(self._written_key)
+        if written is not None and written() is not None and written() is session.get_transaction():
+            raise DeferredTooLateError(
+                f"{self._scope.name}: recorded after this transaction's commit-time write had run "
+                "(from a before_commit listener registered after airflow-adrq's?). Register it "
+                "before committing, or call the flush function from that listener first."
+            )
         self._scope.add(session, _Write(item))
 
     def pending(self, session: Session) -> list[T]:
@@ -202,7 +221,12 @@ class DeferredWrites(Generic[T]):
         return [entry for entry in self._scope.items(session) if entry.written_in is None]
 
     def _before_commit(self, session: Session, _entries: list[_Write[T]]) -> None:
+        # Flush hooks may record more; flush now so they are written too.
+        session.flush()
         self.flush(session)
+        root = session.get_transaction()
+        if root is not None:
+            session.info[self._written_key] = weakref.ref(root)
 
     def _rolled_back(
         self, _session: Session, rolled_back: SessionTransaction, entries: list[_Write[T]]

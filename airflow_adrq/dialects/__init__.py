@@ -41,6 +41,11 @@ class DialectSupport:
     ``engine_kwargs`` and ``configure_engine(engine)`` are the connection
     settings the guarantees rely on (isolation level, busy handling, FK
     enforcement); :func:`airflow_adrq.engine.create_engine` applies both.
+
+    ``check_connection(connection)`` runs before every queue write and raises
+    :class:`~airflow_adrq.errors.AdrqError` for a connection whose settings
+    break those guarantees (MySQL/MariaDB above READ COMMITTED). It must be
+    cheap: cache per DBAPI connection.
     """
 
     name: str
@@ -50,6 +55,7 @@ class DialectSupport:
     insert_ignore: Callable[[Table], Insert]
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
     configure_engine: Callable[[Engine], None] = field(default=lambda engine: None)
+    check_connection: Callable[[Connection], None] = field(default=lambda connection: None)
 
 
 _REGISTRY: dict[str, DialectSupport] = {}

@@ -8,7 +8,16 @@ exclusive record lock on the duplicate instead, held until commit.
 READ COMMITTED (as Airflow configures MySQL) makes the SELECT half a
 consistent read: no shared next-key locks on ``dag_schedule_asset_reference``
 or ``dag``; only the inserted/duplicate ADRQ rows and the FK parent records
-are locked.
+are locked. Under REPEATABLE READ or SERIALIZABLE, ``INSERT ... SELECT``
+takes shared next-key locks on every row it reads (reference tables,
+``asset``, ``dag``), which conflict with the DAG processor and the scheduler:
+the first queue write on such a connection raises
+:class:`~airflow_adrq.errors.IsolationLevelError`, unless the connection (or
+its engine) carries the execution option ``adrq_allow_isolation=True``
+(``engine.execution_options(adrq_allow_isolation=True)``): the caller then
+accepts those locks. The level is read once per DBAPI connection (and again
+when the ``isolation_level`` execution option changes); a raw ``SET SESSION
+TRANSACTION ISOLATION LEVEL`` on a pooled connection is not noticed.
 
 SQLAlchemy renders ``VALUES(col)`` (not MySQL 8.0.20's row alias) for
 ``INSERT ... SELECT``; both MySQL 8 and MariaDB accept it.
@@ -21,9 +30,18 @@ from typing import Any
 
 from sqlalchemy import Column, Select, Table, func
 from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Connection
 from sqlalchemy.sql.dml import Insert
 
 from airflow_adrq.dialects import ConflictMode, DialectSupport, register
+from airflow_adrq.errors import IsolationLevelError
+
+#: Execution option that lets a connection write the queue at any isolation level.
+ALLOW_ISOLATION_OPTION = "adrq_allow_isolation"
+
+# Levels under which INSERT ... SELECT reads without next-key locks.
+_LOCK_FREE_READS = frozenset({"READ COMMITTED", "READ UNCOMMITTED", "AUTOCOMMIT"})
+_LEVEL_KEY = "airflow_adrq.isolation_level"
 
 
 def _insert_from_select(
@@ -41,6 +59,27 @@ def _insert_from_select(
     return stmt.on_duplicate_key_update({refresh: func.greatest(table.c[refresh], stmt.inserted[refresh])})
 
 
+def _check_connection(connection: Connection) -> None:
+    options = connection.get_execution_options()
+    if options.get(ALLOW_ISOLATION_OPTION):
+        return
+    # Per DBAPI connection (the pool record's info survives checkouts); keyed
+    # by the isolation_level option, which SQLAlchemy resets on check-in.
+    info = connection.connection.info
+    requested = options.get("isolation_level")
+    cached = info.get(_LEVEL_KEY)
+    if cached is None or cached[0] != requested:
+        cached = info[_LEVEL_KEY] = (requested, connection.get_isolation_level())
+    level = cached[1]
+    if level not in _LOCK_FREE_READS:
+        raise IsolationLevelError(
+            f"this MySQL/MariaDB connection runs at {level}: INSERT ... SELECT would take shared "
+            "next-key locks on the reference, asset and dag rows it reads. Use READ COMMITTED "
+            "(airflow_adrq.create_engine and Airflow both do), or accept those locks with "
+            f"engine.execution_options({ALLOW_ISOLATION_OPTION}=True)."
+        )
+
+
 def _insert_ignore(table: Table) -> Insert:
     first = next(iter(table.primary_key.columns))
     return mysql.insert(table).on_duplicate_key_update({first.name: first})
@@ -54,5 +93,6 @@ SUPPORT = register("mysql", "mariadb")(
         # Airflow forces READ COMMITTED on MySQL (settings.prepare_engine_args);
         # under REPEATABLE READ the SELECT would take shared next-key locks.
         engine_kwargs={"isolation_level": "READ COMMITTED"},
+        check_connection=_check_connection,
     )
 )

@@ -22,7 +22,7 @@ from concurrency_harness import run_producers, run_waves, seeded_engine
 from airflow_adrq import dialects
 from airflow_adrq.bench import dataset
 from airflow_adrq.models import AssetDagRunQueue, DagModel, DagScheduleAssetReference, UtcDateTime, utcnow
-from airflow_adrq.queue import QueueTarget, build_queue_statement
+from airflow_adrq.queue import build_queue_statement
 
 pytestmark = [pytest.mark.backends("postgresql", "mysql"), pytest.mark.slow]
 
@@ -98,11 +98,12 @@ def test_rows_are_locked_in_order_by_order(backend, db_url, reverse_one):
 
         # Both statements are built before the wave starts, so neither thread
         # is still in Python while the other's statement runs.
-        library_statement = build_queue_statement([QueueTarget(asset_id)], dialect=eng.dialect)
+        library_statement = build_queue_statement(eng.dialect, source="assets")
+        params = {"ids": [asset_id], "created_at": utcnow()}
         other_statement = _direct_refs_statement(eng, asset_id, descending=reverse_one)
 
         def library(_rng):
-            return [asset_id], lambda session: session.execute(library_statement)
+            return [asset_id], lambda session: session.execute(library_statement, params)
 
         def hand_built(_rng):
             return [asset_id], lambda session: session.execute(other_statement)

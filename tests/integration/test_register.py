@@ -15,7 +15,6 @@ from airflow_adrq import (
     AssetChange,
     add_listener,
     flush_queue,
-    pending_targets,
     register_asset_change,
     register_asset_changes,
     remove_listener,
@@ -27,6 +26,7 @@ from airflow_adrq.models import (
     alias_association_table,
     asset_alias_asset_event_association_table,
 )
+from airflow_adrq.queue import pending_events
 from tests.factories import (
     add_alias,
     add_asset,
@@ -301,7 +301,7 @@ def test_rows_appear_at_commit_not_before(engine):
     with Session(engine) as session:
         register_asset_change(asset=asset_ref("a"), session=session)
         assert queued(session) == set()
-        assert [t.asset_id for t in pending_targets(session)] == [ids["a"]]
+        assert len(pending_events(session)) == 1
         session.commit()
     assert queued(engine) == {(ids["a"], "c1"), (ids["a"], "c2")}
 
@@ -312,7 +312,7 @@ def test_flush_queue_makes_rows_visible_in_the_transaction(engine):
         register_asset_change(asset=asset_ref("a"), session=session)
         flush_queue(session)
         assert queued(session) == {(ids["a"], "c1")}
-        assert pending_targets(session) == []
+        assert pending_events(session) == []
         session.commit()
     assert queued(engine) == {(ids["a"], "c1")}
 
@@ -391,7 +391,7 @@ def test_immediate_mode_writes_before_commit(engine):
     with Session(engine) as session:
         register_asset_change(asset=asset_ref("a"), session=session, queue_mode="immediate")
         assert queued(session) == {(ids["a"], "c1")}
-        assert pending_targets(session) == []
+        assert pending_events(session) == []
         session.commit()
 
 

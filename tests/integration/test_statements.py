@@ -13,7 +13,10 @@ from sqlalchemy.orm import Session
 from airflow_adrq import AssetChange, register_asset_change, register_asset_changes
 from tests.factories import add_asset, add_dags, asset_ref, queued, schedule_on_asset
 
-_ADRQ_INSERT = re.compile(r"^\s*INSERT\s+INTO\s+[`\"]?asset_dag_run_queue", re.IGNORECASE)
+# PostgreSQL and SQLite render the CTE before INSERT, MySQL after it.
+_ADRQ_INSERT = re.compile(
+    r"^\s*(WITH\s.*)?INSERT\s+INTO\s+[`\"]?asset_dag_run_queue", re.IGNORECASE | re.DOTALL
+)
 _SAVEPOINT = re.compile(r"\bSAVEPOINT\b", re.IGNORECASE)
 
 

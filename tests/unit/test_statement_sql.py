@@ -3,15 +3,12 @@
 
 from __future__ import annotations
 
-import datetime as dt
-
 import pytest
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
-from airflow_adrq import QueueTarget, build_queue_statement
+from airflow_adrq import build_queue_statement
 from airflow_adrq.errors import UnsupportedDialectError
 
-NOW = dt.datetime(2026, 11, 29, tzinfo=dt.timezone.utc)
 DIALECTS = {
     "postgresql": postgresql.dialect(),
     "mysql": mysql.dialect(),
@@ -24,36 +21,64 @@ CONFLICT = {
     "mariadb": "ON DUPLICATE KEY UPDATE asset_id = asset_dag_run_queue.asset_id",
     "sqlite": "ON CONFLICT (asset_id, target_dag_id) DO NOTHING",
 }
+REFERENCES = (
+    "dag_schedule_asset_reference",
+    "dag_schedule_asset_name_reference",
+    "dag_schedule_asset_uri_reference",
+    "dag_schedule_asset_alias_reference",
+)
 
 
-def _sql(name, targets, **kw):
+def _sql(name, **kw):
     dialect = DIALECTS[name]
-    compiled = build_queue_statement(targets, dialect=dialect, created_at=NOW, **kw).compile(dialect=dialect)
+    compiled = build_queue_statement(dialect, **kw).compile(dialect=dialect)
     return " ".join(str(compiled).split()), compiled
 
 
 @pytest.mark.parametrize("name", sorted(DIALECTS))
-def test_one_ordered_insert_select_with_the_dialect_conflict_clause(name):
-    sql, _ = _sql(name, [QueueTarget(3), QueueTarget(1, ("al",))])
-    assert sql.startswith("INSERT INTO asset_dag_run_queue (asset_id, target_dag_id, created_at) SELECT ")
+def test_one_ordered_insert_select_driven_by_events(name):
+    sql, _ = _sql(name)
+    assert "INSERT INTO asset_dag_run_queue (asset_id, target_dag_id, created_at)" in sql
+    assert (
+        "WITH ev AS (SELECT asset_event.id AS event_id, asset_event.asset_id AS asset_id FROM asset_event"
+        in sql
+    )
+    assert "asset_event.partition_key IS NULL" in sql
     assert "ORDER BY src.asset_id, src.dag_id" in sql
     # The ORDER BY is on the top-level SELECT (MariaDB ignores it in derived tables).
     assert sql.rindex("ORDER BY") > sql.rindex(") AS src")
     assert sql.endswith(CONFLICT[name])
     assert "IGNORE" not in sql.upper().replace("ON CONFLICT", "")
-    for table in (
-        "dag_schedule_asset_reference",
-        "dag_schedule_asset_name_reference",
-        "dag_schedule_asset_uri_reference",
-        "dag_schedule_asset_alias_reference",
-    ):
+    for table in REFERENCES:
         assert table in sql
+    # Aliases through the event's own alias links, not through names.
+    assert "asset_alias_asset_event.event_id = ev.event_id" in sql
     assert "dag.is_paused = " in sql and "dag.timetable_partitioned = " in sql
 
 
 @pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_shape_is_constant_and_the_ids_are_rendered_once(name):
+    _, compiled = _sql(name)
+    # One expanding parameter (the ids), in the CTE only, and the timestamp.
+    assert set(compiled.params) == {"ids", "created_at"}
+    assert str(compiled).count("POSTCOMPILE_ids") == 1
+    # Built once per (dialect, source, conflict mode): the same object, so
+    # SQLAlchemy's compiled cache serves every later execution.
+    assert build_queue_statement(DIALECTS[name]) is build_queue_statement(DIALECTS[name])
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_asset_id_form_has_no_alias_branch(name):
+    sql, compiled = _sql(name, source="assets")
+    assert "asset_event" not in sql
+    assert "dag_schedule_asset_alias_reference" not in sql
+    assert set(compiled.params) == {"ids", "created_at"}
+    assert sql.endswith(CONFLICT[name])
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
 def test_refresh_keeps_the_greatest_created_at(name):
-    sql, _ = _sql(name, [1], on_conflict="refresh")
+    sql, _ = _sql(name, on_conflict="refresh")
     old, new = "asset_dag_run_queue.created_at", "excluded.created_at"
     odku = f"ON DUPLICATE KEY UPDATE created_at = greatest({old}, VALUES(created_at))"
     expected = {
@@ -65,28 +90,10 @@ def test_refresh_keeps_the_greatest_created_at(name):
     assert sql.endswith(expected)
 
 
-@pytest.mark.parametrize("name", sorted(DIALECTS))
-def test_parameters_are_per_asset_not_per_dag(name):
-    _, compiled = _sql(name, [QueueTarget(i) for i in range(5)])
-    # One expanding parameter for the asset ids and one for the timestamp.
-    assert set(compiled.params) == {"asset_ids", "created_at"}
-    assert compiled.params["asset_ids"] == [0, 1, 2, 3, 4]
-
-
-def test_targets_are_merged_and_sorted():
-    _, compiled = _sql("postgresql", [QueueTarget(5, ("b",)), 2, QueueTarget(5, ("a", "b"))])
-    assert compiled.params["asset_ids"] == [2, 5]
-    assert sorted(v for k, v in compiled.params.items() if k.startswith("name_")) == [["a", "b"]]
-
-
-def test_bad_targets():
-    with pytest.raises(ValueError, match="no targets"):
-        build_queue_statement([], dialect=DIALECTS["sqlite"])
-    with pytest.raises(TypeError):
-        QueueTarget("1")
-    with pytest.raises(TypeError):
-        QueueTarget(1, "alias")
+def test_bad_arguments():
     with pytest.raises(ValueError, match="on_conflict"):
-        build_queue_statement([1], dialect=DIALECTS["sqlite"], on_conflict="replace")
+        build_queue_statement(DIALECTS["sqlite"], on_conflict="replace")
+    with pytest.raises(ValueError, match="source"):
+        build_queue_statement(DIALECTS["sqlite"], source="dags")
     with pytest.raises(UnsupportedDialectError, match="oracle"):
-        build_queue_statement([1], dialect="oracle")
+        build_queue_statement("oracle")
