@@ -274,8 +274,9 @@ def queue_events(
 ) -> dt.datetime | None:
     """Queue the consumers of ``events`` now, and stamp the events; return the stamp.
 
-    Sets every given event's ``timestamp`` and the ``created_at`` of the
-    queue rows it inserts to one value (``stamp``, default now), then inserts
+    Sets every given event's ``timestamp`` (in the database, and on mapped
+    objects without a reload) and the ``created_at`` of the queue rows it
+    inserts to one value (``stamp``, default now), then inserts
     with ONE statement (several, in one global order, past
     :data:`IDS_PER_STATEMENT` events). Pass only the caller's own, uncommitted
     events: their timestamps are rewritten. Runs in the caller's transaction
@@ -298,6 +299,7 @@ def queue_events(
     another order. Retry the whole transaction on a deadlock
     (:func:`airflow_adrq.retry.run_in_transaction`).
     """
+    events = list(events)
     chunks = list(_chunks(events))
     if not chunks:
         return None
@@ -309,6 +311,9 @@ def queue_events(
     for ids in chunks:
         conn.execute(_STAMP, {"ids": ids, "stamp": stamp})
         conn.execute(stmt, {"ids": ids, "created_at": stamp})
+    for event in events:
+        if _is_mapped(event):
+            _set_loaded_timestamp(event, stamp)
     return stamp
 
 

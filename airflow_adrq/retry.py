@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
@@ -71,8 +72,27 @@ _SQLITE_ERRSTR = {
 }
 
 
+# DBAPI drivers whose exceptions count as database errors (besides SQLAlchemy's own).
+_DRIVER_MODULES = frozenset({"psycopg2", "psycopg", "MySQLdb", "pymysql", "sqlite3", "_sqlite3"})
+
+
+def _is_database_error(exc: BaseException) -> bool:
+    if isinstance(exc, (SQLAlchemyError, sqlite3.Error)):
+        return True
+    return type(exc).__module__.split(".")[0] in _DRIVER_MODULES
+
+
 def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc``, the DBAPI error SQLAlchemy wraps, and everything they were raised from."""
+    """The chain of database errors starting at ``exc``.
+
+    ``exc`` itself, the DBAPI error SQLAlchemy wraps (``.orig``), and what
+    they were raised from or while handling, as long as those are database
+    errors too. A non-database exception ends the walk: a ``ValueError``
+    raised by user code while handling a deadlock is the user's error, not a
+    deadlock, and must not be retried.
+    """
+    if not _is_database_error(exc):
+        return
     seen: set[int] = set()
     todo: list[BaseException] = [exc]
     while todo:
@@ -82,7 +102,7 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         seen.add(id(current))
         yield current
         for linked in (getattr(current, "orig", None), current.__cause__, current.__context__):
-            if isinstance(linked, BaseException):
+            if isinstance(linked, BaseException) and _is_database_error(linked):
                 todo.append(linked)
 
 
@@ -107,10 +127,13 @@ def _classify_one(exc: BaseException) -> Retryable | None:
 
 
 def classify(exc: BaseException) -> Retryable | None:
-    """The retryable database error anywhere in ``exc``'s chain, or ``None``.
+    """The retryable database error anywhere in ``exc``'s chain of database errors, or ``None``.
 
     Walks ``.orig`` (SQLAlchemy's wrapped DBAPI error), ``__cause__`` and
-    ``__context__``, and reads driver error codes, never message text
+    ``__context__`` through database errors only (SQLAlchemy's and the
+    drivers'; MariaDB reports a deadlock inside a SAVEPOINT as 1305 with the
+    1213 in ``__context__``), never through other exceptions, and reads
+    driver error codes, never message text
     (except SQLite's fixed result-code strings on Python 3.10, which has no
     ``sqlite_errorcode``).
     """

@@ -51,3 +51,52 @@ def test_sqlite_result_code_strings_without_sqlite_errorcode():
     # has none on any version, so this exercises that path everywhere.
     found = classify(_wrapped(sqlite3.OperationalError("database is locked")))
     assert (found.kind, found.code) == (RetryableKind.BUSY, "5")
+
+
+def test_user_error_raised_while_handling_a_deadlock_is_not_retryable():
+    # A ValueError from user code whose __context__ is a deadlock is the
+    # user's error: retrying it would only end as RetriesExhaustedError.
+    deadlock = _wrapped(MySQLdb.OperationalError(1213, "Deadlock found when trying to get lock"))
+    try:
+        try:
+            raise deadlock
+        except sa.exc.OperationalError:
+            raise ValueError("bad input found while handling the deadlock")  # noqa: B904
+    except ValueError as exc:
+        assert exc.__context__ is deadlock
+        assert classify(exc) is None
+    # The same deadlock raised *from* a database error still counts.
+    try:
+        try:
+            raise deadlock
+        except sa.exc.OperationalError as inner:
+            raise sa.exc.InternalError("ROLLBACK", {}, RuntimeError("x")) from inner
+    except sa.exc.InternalError as exc:
+        assert classify(exc).kind is RetryableKind.DEADLOCK
+
+
+def test_run_in_transaction_does_not_retry_a_user_error_over_a_deadlock():
+    from airflow_adrq.retry import run_in_transaction
+
+    calls = []
+
+    class FakeSession:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def begin(self):
+            return self
+
+    def work(_session, _sink):
+        calls.append(1)
+        try:
+            raise _wrapped(MySQLdb.OperationalError(1213, "Deadlock found"))
+        except sa.exc.OperationalError:
+            raise ValueError("user error") from None
+
+    with pytest.raises(ValueError, match="user error"):
+        run_in_transaction(FakeSession, work, max_attempts=3, initial_wait=0)
+    assert calls == [1]

@@ -1,0 +1,155 @@
+# mypy: ignore-errors
+"""What the commit-time write promises beyond the rows: stamps, late deferrals, isolation."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from airflow_adrq import (
+    AssetChange,
+    DeferredTooLateError,
+    IsolationLevelError,
+    create_engine,
+    register_asset_change,
+    register_asset_changes,
+)
+from airflow_adrq.models import AssetDagRunQueue, AssetEvent
+from tests.factories import add_asset, add_dags, asset_ref, queued, schedule_on_asset
+
+
+def _fan(engine, assets):
+    with Session(engine) as s:
+        add_dags(s, sorted({d for ds in assets.values() for d in ds}))
+        ids = {}
+        for name, dag_ids in assets.items():
+            ids[name] = add_asset(s, name)
+            schedule_on_asset(s, ids[name], dag_ids)
+        s.commit()
+    return ids
+
+
+def _stamps(engine):
+    with engine.connect() as conn:
+        events = dict(conn.execute(sa.select(AssetEvent.id, AssetEvent.timestamp)).all())
+        rows = {
+            (a, d): c
+            for a, d, c in conn.execute(
+                sa.select(AssetDagRunQueue.asset_id, AssetDagRunQueue.target_dag_id, AssetDagRunQueue.created_at)
+            )
+        }
+    return events, rows
+
+
+@pytest.mark.parametrize("queue_mode", ["commit", "immediate"])
+def test_events_and_their_rows_are_stamped_together(engine, queue_mode):
+    ids = _fan(engine, {"a": ["c1", "c2"], "b": ["c2", "c3"]})
+    with Session(engine, expire_on_commit=False) as session:
+        results = register_asset_changes(
+            session=session,
+            changes=[AssetChange(asset_ref("a")), AssetChange(asset_ref("b"))],
+            queue_mode=queue_mode,
+        )
+        registered_at = [e.timestamp for e in results]
+        session.commit()
+    events, rows = _stamps(engine)
+    (stamp,) = set(events.values())
+    assert set(rows.values()) == {stamp}
+    assert len(rows) == 4 and set(rows) == queued(engine)
+    # The stamp is taken at the queue write, never before the registration.
+    assert all(stamp >= t for t in registered_at)
+    # The returned objects carry the stored stamp, without a reload.
+    assert [e.timestamp for e in results] == [stamp, stamp]
+    assert {ids["a"], ids["b"]} == {a for a, _ in rows}
+
+
+def test_each_transaction_has_its_own_stamp(engine):
+    _fan(engine, {"a": ["c1"]})
+    with Session(engine) as session:
+        for _ in range(2):
+            register_asset_change(asset=asset_ref("a"), session=session)
+            session.commit()
+    events, rows = _stamps(engine)
+    first, second = sorted(events.values())
+    assert first < second
+    # The queue row stands for the first event (ignore keeps it as it was).
+    assert list(rows.values()) == [first]
+
+
+def test_deferral_from_a_flush_hook_is_written(engine):
+    """An event registered by a before_flush hook during COMMIT's final flush is queued."""
+    ids = _fan(engine, {"a": ["c1"], "b": ["c2"]})
+    with Session(engine) as session:
+        register_asset_change(asset=asset_ref("a"), session=session)
+        fired = []
+
+        @sa.event.listens_for(session, "before_flush")
+        def _hook(sess, _ctx, _instances):
+            if not fired:
+                fired.append(True)
+                register_asset_change(asset=asset_ref("b"), session=sess)
+
+        # Something for the final flush to do, as an ORM-using caller would have.
+        session.add(AssetEvent(asset_id=ids["a"], extra={}))
+        session.commit()
+    assert queued(engine) == {(ids["a"], "c1"), (ids["b"], "c2")}
+
+
+def test_deferral_after_the_commit_time_write_raises(engine):
+    """A before_commit listener registered after ours cannot be written any more: clear error, nothing lost."""
+    _fan(engine, {"a": ["c1"], "b": ["c2"]})
+    with Session(engine) as session:
+        register_asset_change(asset=asset_ref("a"), session=session)  # installs our hooks first
+
+        @sa.event.listens_for(session, "before_commit")
+        def _late(sess):
+            register_asset_change(asset=asset_ref("b"), session=sess)
+
+        with pytest.raises(DeferredTooLateError, match="commit-time write"):
+            session.commit()
+        session.rollback()
+    # The commit failed as a whole: no event and no queue row of either asset.
+    assert queued(engine) == set()
+    events, _ = _stamps(engine)
+    assert events == {}
+
+
+@pytest.mark.backends("mysql")
+def test_mysql_repeatable_read_is_refused_unless_allowed(db_url, engine):
+    _fan(engine, {"a": ["c1"]})
+    rr = create_engine(db_url, isolation_level="REPEATABLE READ")
+    try:
+        with Session(rr) as session:
+            with pytest.raises(IsolationLevelError, match="REPEATABLE READ"):
+                register_asset_change(asset=asset_ref("a"), session=session, queue_mode="immediate")
+            session.rollback()
+            register_asset_change(asset=asset_ref("a"), session=session)
+            with pytest.raises(IsolationLevelError):
+                session.commit()
+            session.rollback()
+        assert queued(engine) == set()
+
+        allowed = rr.execution_options(adrq_allow_isolation=True)
+        with Session(allowed) as session:
+            register_asset_change(asset=asset_ref("a"), session=session)
+            session.commit()
+        assert len(queued(engine)) == 1
+    finally:
+        rr.dispose()
+
+
+@pytest.mark.backends("mysql")
+def test_mysql_isolation_is_read_per_connection_option(engine):
+    ids = _fan(engine, {"a": ["c1"]})
+    with engine.connect() as conn:
+        rr = conn.execution_options(isolation_level="REPEATABLE READ")
+        with Session(bind=rr) as session:
+            with pytest.raises(IsolationLevelError):
+                register_asset_change(asset=asset_ref("a"), session=session, queue_mode="immediate")
+            session.rollback()
+    # The same pooled connection, back at the engine's READ COMMITTED.
+    with Session(engine) as session:
+        register_asset_change(asset=asset_ref("a"), session=session, queue_mode="immediate")
+        session.commit()
+    assert queued(engine) == {(ids["a"], "c1")}
