@@ -33,11 +33,10 @@ def _fan(engine, assets):
 def _stamps(engine):
     with engine.connect() as conn:
         events = dict(conn.execute(sa.select(AssetEvent.id, AssetEvent.timestamp)).all())
+        adrq = AssetDagRunQueue.__table__
         rows = {
             (a, d): c
-            for a, d, c in conn.execute(
-                sa.select(AssetDagRunQueue.asset_id, AssetDagRunQueue.target_dag_id, AssetDagRunQueue.created_at)
-            )
+            for a, d, c in conn.execute(sa.select(adrq.c.asset_id, adrq.c.target_dag_id, adrq.c.created_at))
         }
     return events, rows
 
@@ -97,7 +96,7 @@ def test_deferral_from_a_flush_hook_is_written(engine):
 
 
 def test_deferral_after_the_commit_time_write_raises(engine):
-    """A before_commit listener registered after ours cannot be written any more: clear error, nothing lost."""
+    """A before_commit listener registered after ours is too late to be written: a clear error, not a loss."""
     _fan(engine, {"a": ["c1"], "b": ["c2"]})
     with Session(engine) as session:
         register_asset_change(asset=asset_ref("a"), session=session)  # installs our hooks first
