@@ -71,15 +71,15 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
 
-from sqlalchemy import Table, bindparam, false, select, union, update
+from sqlalchemy import Table, bindparam, false, or_, select, tuple_, union, update
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.orm import Session, attributes
 from sqlalchemy.sql.dml import Insert, Update
-from sqlalchemy.sql.selectable import CTE
+from sqlalchemy.sql.selectable import CTE, Select
 
 from airflow_adrq import dialects
 from airflow_adrq.dialects import ConflictMode
@@ -103,6 +103,7 @@ __all__ = [
     "EventLike",
     "Source",
     "build_queue_statement",
+    "consumers_of_events",
     "defer_events",
     "discard_pending",
     "flush_queue",
@@ -156,18 +157,19 @@ def _assets_cte() -> CTE:
     )
 
 
-def _consumers(ev: CTE, *, with_aliases: bool) -> Any:
-    """UNION of (asset_id, dag_id) over every kind of schedule reference."""
+def _consumers(ev: CTE, *, with_aliases: bool, with_event_id: bool = False) -> Any:
+    """UNION of (asset_id, dag_id) -- or (event_id, asset_id, dag_id) -- over every kind of reference."""
     asset = cast(Table, AssetModel.__table__)
     direct = cast(Table, DagScheduleAssetReference.__table__)
     by_name = cast(Table, DagScheduleAssetNameReference.__table__)
     by_uri = cast(Table, DagScheduleAssetUriReference.__table__)
+    key = [ev.c.event_id, ev.c.asset_id] if with_event_id else [ev.c.asset_id]
     parts = [
-        select(ev.c.asset_id, direct.c.dag_id).join(direct, direct.c.asset_id == ev.c.asset_id),
-        select(ev.c.asset_id, by_name.c.dag_id)
+        select(*key, direct.c.dag_id).join(direct, direct.c.asset_id == ev.c.asset_id),
+        select(*key, by_name.c.dag_id)
         .join(asset, asset.c.id == ev.c.asset_id)
         .join(by_name, by_name.c.name == asset.c.name),
-        select(ev.c.asset_id, by_uri.c.dag_id)
+        select(*key, by_uri.c.dag_id)
         .join(asset, asset.c.id == ev.c.asset_id)
         .join(by_uri, by_uri.c.uri == asset.c.uri),
     ]
@@ -175,7 +177,7 @@ def _consumers(ev: CTE, *, with_aliases: bool) -> Any:
         link = asset_alias_asset_event_association_table
         by_alias = cast(Table, DagScheduleAssetAliasReference.__table__)
         parts.append(
-            select(ev.c.asset_id, by_alias.c.dag_id)
+            select(*key, by_alias.c.dag_id)
             .join(link, link.c.event_id == ev.c.event_id)
             .join(by_alias, by_alias.c.alias_id == link.c.alias_id)
         )
@@ -183,9 +185,11 @@ def _consumers(ev: CTE, *, with_aliases: bool) -> Any:
 
 
 @functools.cache
-def _statement(dialect_name: str, source: Source, on_conflict: ConflictMode) -> Insert:
+def _statement(
+    dialect_name: str, source: Source, on_conflict: ConflictMode, restricted: bool = False
+) -> Insert:
     ev = _events_cte() if source == "events" else _assets_cte()
-    src = _consumers(ev, with_aliases=source == "events")
+    src = _consumers(ev, with_aliases=source == "events", with_event_id=restricted)
     dag = cast(Table, DagModel.__table__)
     rows = (
         select(src.c.asset_id, src.c.dag_id, bindparam("created_at", type_=UtcDateTime()))
@@ -193,10 +197,35 @@ def _statement(dialect_name: str, source: Source, on_conflict: ConflictMode) -> 
         .where(dag.c.is_paused == false(), dag.c.timetable_partitioned == false())
         .order_by(src.c.asset_id, src.c.dag_id)
     )
+    if restricted:
+        # Events listed in :restricted_ids queue only their (event_id, dag_id)
+        # pairs in :allowed (Airflow's multi-team filter, computed by the
+        # caller); the others queue every consumer. One row per (asset, DAG).
+        allowed = tuple_(src.c.event_id, src.c.dag_id).in_(bindparam("allowed", expanding=True))
+        unrestricted = src.c.event_id.not_in(bindparam("restricted_ids", expanding=True))
+        rows = rows.where(or_(unrestricted, allowed)).distinct()
     columns = [_ADRQ.c.asset_id, _ADRQ.c.target_dag_id, _ADRQ.c.created_at]
     return dialects.get(dialect_name).insert_from_select(
         _ADRQ, columns, rows, _ADRQ_KEY, on_conflict, "created_at"
     )
+
+
+def consumers_of_events(event_ids: Sequence[int]) -> Select[Any]:
+    """``SELECT asset_id, dag_id`` of every DAG that references these events' assets.
+
+    The same four kinds of reference as the queue statement (direct, name,
+    URI, and the aliases each event was emitted through), before the
+    ``dag`` filters, so that a caller can load the consumers it must treat
+    in Python (Airflow's partitioned DAGs, its multi-team filter) with one
+    plain SELECT that locks nothing. The caller's own filters go on top.
+    """
+    ev = (
+        select(_EVENT.c.id.label("event_id"), _EVENT.c.asset_id)
+        .where(_EVENT.c.id.in_(list(event_ids)))
+        .cte("ev")
+    )
+    src = _consumers(ev, with_aliases=True)
+    return select(src.c.asset_id, src.c.dag_id)
 
 
 def build_queue_statement(
@@ -222,8 +251,7 @@ def build_queue_statement(
         raise ValueError(f"source must be 'events' or 'assets', not {source!r}")
     if on_conflict not in ("ignore", "refresh"):
         raise ValueError(f"on_conflict must be 'ignore' or 'refresh', not {on_conflict!r}")
-    name = dialects.get(dialect).name
-    return _statement(name, source, on_conflict)
+    return _statement(dialects.get(dialect).name, source, on_conflict)
 
 
 _STAMP: Update = (
@@ -271,6 +299,7 @@ def queue_events(
     *,
     on_conflict: ConflictMode = "ignore",
     stamp: dt.datetime | None = None,
+    allowed: Mapping[int, Iterable[str]] | None = None,
 ) -> dt.datetime | None:
     """Queue the consumers of ``events`` now, and stamp the events; return the stamp.
 
@@ -281,6 +310,11 @@ def queue_events(
     :data:`IDS_PER_STATEMENT` events). Pass only the caller's own, uncommitted
     events: their timestamps are rewritten. Runs in the caller's transaction
     and does not commit. Returns ``None`` (and does nothing) for no events.
+
+    ``allowed`` maps an event id to the only DAG ids it may queue (for a
+    filter the database cannot express, such as Airflow's multi-team
+    rules); events not in it queue every consumer. The statement then has
+    one more expanding parameter (the allowed pairs) and the same order.
 
     Locks: the given ``asset_event`` rows (exclusive; the caller's own new
     rows, which no one else can see), then inserts (with MySQL/MariaDB's no-op
@@ -307,10 +341,16 @@ def queue_events(
     conn = _connection(bind)
     support = dialects.get(conn)
     support.check_connection(conn)
-    stmt = build_queue_statement(conn.dialect, on_conflict=on_conflict)
+    restricted = allowed is not None and bool(allowed)
+    stmt = _statement(support.name, "events", on_conflict, restricted)
     for ids in chunks:
         conn.execute(_STAMP, {"ids": ids, "stamp": stamp})
-        conn.execute(stmt, {"ids": ids, "created_at": stamp})
+        params: dict[str, Any] = {"ids": ids, "created_at": stamp}
+        if allowed:
+            mine = [event_id for event_id in ids if event_id in allowed]
+            params["restricted_ids"] = mine
+            params["allowed"] = [(event_id, dag_id) for event_id in mine for dag_id in allowed[event_id]]
+        conn.execute(stmt, params)
     for event in events:
         if _is_mapped(event):
             _set_loaded_timestamp(event, stamp)
@@ -360,6 +400,8 @@ class _Deferred:
     id: int
     asset_id: int
     refresh: bool
+    # The DAG ids this event may queue (None: every consumer).
+    allowed: frozenset[str] | None
     # The caller's ORM object, if any: its ``timestamp`` is set to the stamp
     # without a reload (expire_on_commit=False sessions keep it).
     obj: object | None
@@ -367,7 +409,8 @@ class _Deferred:
 
 def _queue_deferred(session: Session, entries: list[_Deferred]) -> None:
     on_conflict: ConflictMode = "refresh" if any(entry.refresh for entry in entries) else "ignore"
-    stamp = queue_events(session, entries, on_conflict=on_conflict)
+    allowed = {entry.id: entry.allowed for entry in entries if entry.allowed is not None}
+    stamp = queue_events(session, entries, on_conflict=on_conflict, allowed=allowed or None)
     for entry in entries:
         if entry.obj is not None and stamp is not None:
             _set_loaded_timestamp(entry.obj, stamp)
@@ -387,6 +430,7 @@ def defer_events(
     events: Iterable[EventLike],
     *,
     on_conflict: ConflictMode = "ignore",
+    allowed_dags: Mapping[int, Iterable[str]] | None = None,
 ) -> None:
     """Record ``events`` to be stamped and queued by ONE statement just before COMMIT.
 
@@ -398,7 +442,8 @@ def defer_events(
     ``created_at`` are one value taken just before COMMIT. ``on_conflict=
     "refresh"`` for any event makes the whole statement refresh. ``events``
     are mapped ``asset_event`` objects (flushed, so they have ids) or any
-    objects with ``id`` and ``asset_id``.
+    objects with ``id`` and ``asset_id``. ``allowed_dags`` (event id -> DAG
+    ids) restricts those events' consumers, as in :func:`queue_events`.
 
     Visibility: the rows do not exist until the commit (or an explicit
     :func:`flush_queue`). Rollback: nothing is queued. SAVEPOINTs: events
@@ -421,7 +466,9 @@ def defer_events(
         if not isinstance(event_id, int) or not isinstance(asset_id, int):
             raise TypeError(f"events need integer id and asset_id (flush them first), got {event!r}")
         obj = event if _is_mapped(event) else None
-        _DEFERRED.add(session, _Deferred(event_id, asset_id, refresh, obj))
+        only = allowed_dags.get(event_id) if allowed_dags is not None else None
+        allowed = frozenset(only) if only is not None else None
+        _DEFERRED.add(session, _Deferred(event_id, asset_id, refresh, allowed, obj))
 
 
 def _is_mapped(obj: object) -> bool:

@@ -77,7 +77,8 @@ _DRIVER_MODULES = frozenset({"psycopg2", "psycopg", "MySQLdb", "pymysql", "sqlit
 
 
 def _is_database_error(exc: BaseException) -> bool:
-    if isinstance(exc, (SQLAlchemyError, sqlite3.Error)):
+    # RetriesExhaustedError only wraps the last database error (raised from it).
+    if isinstance(exc, (SQLAlchemyError, sqlite3.Error, RetriesExhaustedError)):
         return True
     return type(exc).__module__.split(".")[0] in _DRIVER_MODULES
 
