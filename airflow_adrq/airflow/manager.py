@@ -1,73 +1,86 @@
-"""``AdrqAssetManager``: Airflow's ``AssetManager`` with sorted, commit-time queue writes.
+"""``AdrqAssetManager``: Airflow's ``AssetManager`` with the set-based, commit-time queue write.
 
-Everything Airflow's ``register_asset_change`` does is kept as it is, because
-this class inherits it: the asset lookup, the alias association and
-``asset_alias_asset_event`` rows, the ``AssetEvent`` (flushed immediately, as
-Airflow does), the direct / alias / name / URI reference lookups and the
-paused-DAG filter, listener hooks (inline or through ``callback_sink``), the
-``asset.updates`` metric, multi-team filtering, and the whole partitioned-DAG
-path (``AssetPartitionDagRun``, ``PartitionedAssetKeyLog``, ``Log`` rows).
+``register_asset_change`` follows Airflow 3.3.2's, step by step and with the
+same arguments (:mod:`airflow_adrq.airflow.compat` names the Airflow pieces it
+calls), except for how the consumers of the event are found and queued:
 
-Only the last step changes: Airflow 3.3 writes each event's non-partitioned
-queue rows immediately (PostgreSQL: one ``ON CONFLICT DO NOTHING`` executemany
-per event, in ``set`` order; MySQL/SQLite: ``SAVEPOINT`` + ``merge`` per row).
-Here the rows are recorded on the session and written just before COMMIT by
-one ``INSERT`` sorted by ``(asset_id, target_dag_id)``
-(:mod:`airflow_adrq.airflow.pending`), with the backend's "leave an existing
-row alone" clause. The rows are the same ones Airflow would write.
+* Airflow loads every consumer ``DagModel`` through the ORM (direct
+  references with the asset lookup, alias references with the aliases, then a
+  name/URI query), unions them in a Python ``set`` and inserts one queue row
+  per DAG, in set order, right away. At fan-out 1,024 the loading alone costs
+  more than the whole write here, and the set order deadlocks.
+* Here the event is recorded on the session, and just before COMMIT ONE
+  ``INSERT ... SELECT ... ORDER BY asset_id, dag_id`` over Airflow's own
+  reference tables queues every event of the transaction
+  (:func:`airflow_adrq.queue.defer_events`, the library's statement), with the
+  events' ``timestamp`` and their rows' ``created_at`` stamped together. No
+  consumer ``DagModel`` is loaded for it.
+
+What is kept as Airflow does it, in the same order: the asset lookup and its
+two warnings, ``_add_asset_alias_association``, the ``AssetEvent`` (flushed
+at once) and its ``asset_alias_asset_event`` rows, the listener hooks (inline,
+or into ``callback_sink``), the ``asset.updates`` metric, the multi-team
+filter (``_filter_dags_by_team``) and the partitioned path
+(``_queue_partitioned_dags``). Only the consumers those two need are loaded:
+the partitioned ones, or with ``[core] multi_team`` all of them (the filter is
+Python; its result restricts the statement to the allowed pairs, still one
+statement in one order).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
-from airflow.assets.manager import AssetManager
-from airflow.models.asset import AssetDagRunQueue
+from sqlalchemy import insert, select
+from sqlalchemy.orm import joinedload
 
-from airflow_adrq.airflow import pending, schema
+from airflow_adrq import queue
+from airflow_adrq.airflow import compat, schema
 
 if TYPE_CHECKING:
-    from airflow.models.dag import DagModel
+    import datetime as dt
+
     from sqlalchemy.orm import Session
 
 __all__ = ["AdrqAssetManager", "flush_queue"]
 
 log = logging.getLogger(__name__)
 
-# The Airflow 3.3 methods this class replaces. If Airflow renames them (3.4
-# did), overriding would silently do nothing: refuse to load instead.
-_REPLACED_HOOKS = ("_queue_dagruns_nonpartitioned_postgres", "_queue_dagruns_nonpartitioned_slow_path")
+# Refuse to load on an Airflow whose AssetManager this class was not written
+# against (raises ImportError naming the version and what is missing).
+compat.check_supported()
 
-_missing = [name for name in _REPLACED_HOOKS if not hasattr(AssetManager, name)]
-if _missing:
-    try:
-        from airflow import __version__ as _airflow_version
-    except ImportError:  # pragma: no cover - Airflow always has it
-        _airflow_version = "unknown"
-    raise ImportError(
-        f"airflow_adrq.airflow supports Airflow 3.3 (asset_dag_run_queue keyed by (asset_id, "
-        f"target_dag_id)); Airflow {_airflow_version} has no AssetManager.{', '.join(_missing)}. "
-        "Remove [core] asset_manager_class to use Airflow's own AssetManager."
-    )
+from airflow.assets.manager import AssetManager  # noqa: E402
+from airflow.models.asset import (  # noqa: E402
+    AssetAliasModel,
+    AssetDagRunQueue,
+    AssetEvent,
+    AssetModel,
+    asset_alias_asset_event_association_table,
+)
 
 
 # Without Airflow installed (mypy's own env) AssetManager is Any.
 class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
-    """Airflow ``AssetManager`` whose non-partitioned queue writes are sorted and made at COMMIT.
+    """Airflow ``AssetManager`` whose non-partitioned queueing is one ordered statement at COMMIT.
 
     Set ``[core] asset_manager_class = airflow_adrq.airflow.AdrqAssetManager``.
 
-    Locks: nothing extra while registering. Just before the outermost COMMIT
-    of the session, the queue rows of every asset event in the transaction
-    are inserted in ``(asset_id, target_dag_id)`` order by one statement
-    (see :func:`airflow_adrq.airflow.pending.flush_rows` for the locks).
+    Locks: while registering, what Airflow's own code locks (new event and
+    alias rows; the partitioned path's ``asset`` row lock). Just before the
+    outermost COMMIT of the session: the transaction's ``asset_event`` rows
+    (its own), then the ``asset_dag_run_queue`` rows of every event in the
+    transaction, inserted in ``(asset_id, target_dag_id)`` order by one
+    statement, with FK share locks on ``asset`` and ``dag`` (see
+    :func:`airflow_adrq.queue.queue_events`).
 
     Does not promise: that queue rows are visible before COMMIT inside the
-    producing transaction (call :func:`flush_queue` if you need that), nor
-    anything about Airflow's own code before the queue write (the partitioned
-    path still locks the ``asset`` row as Airflow does).
+    producing transaction (call :func:`flush_queue` if you need that); that a
+    caller who commits some other way than ``Session.commit()`` gets its rows.
+    A failing queue write fails the COMMIT (and so the whole transaction)
+    instead of the registration call.
     """
 
     def __init__(self, **kwargs: Any) -> None:
@@ -81,33 +94,140 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         )
 
     @classmethod
-    def _queue_dagruns_nonpartitioned_postgres(
-        cls, asset_id: int, dags_to_queue: Collection[DagModel], session: Session
-    ) -> None:
-        cls._defer_queue_rows(asset_id, dags_to_queue, session)
+    def register_asset_change(
+        cls,
+        *,
+        task_instance: Any = None,
+        asset: Any,
+        extra: Any = None,
+        source_alias_names: Collection[str] = (),
+        session: Session,
+        partition_key: str | None = None,
+        partition_date: dt.datetime | None = None,
+        source_is_api: bool = False,
+        api_user_teams: set[str] | None = None,
+        api_allow_consumer_teams: list[str] | None = None,
+        api_allow_global_consumers: bool = True,
+        callback_sink: list[Callable[[], None]] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Airflow 3.3's ``register_asset_change``, queueing at COMMIT with one ordered statement."""
+        # Refuse a queue table of another shape (Airflow 3.4) before writing anything.
+        schema.check_queue_shape(session, AssetDagRunQueue.__tablename__)
+
+        # Airflow's lookup without ``scheduled_dags -> dag``: no consumer is loaded.
+        asset_model = session.scalar(
+            select(AssetModel)
+            .where(AssetModel.name == asset.name, AssetModel.uri == asset.uri)
+            .options(joinedload(AssetModel.active), joinedload(AssetModel.aliases))
+        )
+        if not asset_model:
+            cls.logger().warning("AssetModel %s not found; cannot create asset event.", asset)
+            return None
+        if not asset_model.active:
+            cls.logger().warning("Emitting event for inactive AssetModel %s", asset)
+
+        cls._add_asset_alias_association(
+            alias_names=source_alias_names, asset_model=asset_model, session=session
+        )
+
+        event_kwargs: dict[str, Any] = {
+            "asset_id": asset_model.id,
+            "extra": extra or {},
+            "partition_key": partition_key,
+        }
+        if task_instance:
+            event_kwargs.update(compat.event_source(task_instance))
+        asset_event = AssetEvent(**event_kwargs)
+        session.add(asset_event)
+        session.flush()  # the event id, for the alias rows and the queue statement
+
+        asset_alias_models: list[Any] = []
+        if source_alias_names:
+            asset_alias_models = list(
+                session.scalars(select(AssetAliasModel).where(AssetAliasModel.name.in_(source_alias_names)))
+            )
+            for asset_alias_model in asset_alias_models:
+                session.execute(
+                    insert(asset_alias_asset_event_association_table).values(
+                        alias_id=asset_alias_model.id, event_id=asset_event.id
+                    )
+                )
+
+        compat.notify_listeners(
+            cls,
+            asset_model=asset_model,
+            asset_event=asset_event,
+            asset_alias_models=asset_alias_models,
+            partition_key=partition_key,
+            partition_date=partition_date,
+            callback_sink=callback_sink,
+        )
+        team_name = compat.emit_updates_metric(task_instance, session=session)
+
+        allowed: set[str] | None = None
+        if compat.multi_team():
+            consumers = cls._consumer_dags(asset_event.id, session=session)
+            consumers = cls._filter_dags_by_team(
+                dags_to_queue=consumers,
+                asset_model=asset_model,
+                source_is_api=source_is_api,
+                session=session,
+                **compat.team_filter_arguments(
+                    task_instance,
+                    asset_model=asset_model,
+                    team_name=team_name,
+                    api_user_teams=api_user_teams,
+                    api_allow_consumer_teams=api_allow_consumer_teams,
+                    api_allow_global_consumers=api_allow_global_consumers,
+                    session=session,
+                ),
+            )
+            partition_dags = [dag for dag in consumers if dag.timetable_partitioned is True]
+            allowed = {dag.dag_id for dag in consumers} - {dag.dag_id for dag in partition_dags}
+        else:
+            partition_dags = list(cls._consumer_dags(asset_event.id, session=session, partitioned=True))
+
+        if partition_dags:
+            cls._queue_partitioned_dags(
+                asset_id=asset_model.id,
+                partition_dags=partition_dags,
+                event=asset_event,
+                partition_key=partition_key,
+                partition_date=partition_date,
+                task_instance=task_instance,
+                session=session,
+            )
+        # As Airflow: an event with a partition key queues no non-partitioned DAG.
+        if partition_key is None and (allowed is None or allowed):
+            queue.defer_events(
+                session,
+                [asset_event],
+                allowed_dags=None if allowed is None else {asset_event.id: allowed},
+            )
+        return asset_event
 
     @classmethod
-    def _queue_dagruns_nonpartitioned_slow_path(
-        cls, asset_id: int, dags_to_queue: Collection[DagModel], session: Session
-    ) -> None:
-        cls._defer_queue_rows(asset_id, dags_to_queue, session)
+    def _consumer_dags(cls, event_id: int, *, session: Session, partitioned: bool = False) -> set[Any]:
+        """Unpaused consumer ``DagModel``s of one event (only the partitioned ones if asked): one SELECT."""
+        # Imported here, as Airflow does: airflow.models.dag imports the module
+        # that is loading this class (airflow.assets.manager).
+        from airflow.models.dag import DagModel
 
-    @classmethod
-    def _defer_queue_rows(cls, asset_id: int, dags_to_queue: Collection[DagModel], session: Session) -> None:
-        table = AssetDagRunQueue.__table__
-        # First use per engine: refuse a queue table of another shape (Airflow
-        # 3.4) before anything is recorded, inside the caller's transaction.
-        schema.check_queue_shape(session, table.name, table.schema)
-        dag_ids = sorted(dag.dag_id for dag in dags_to_queue)
-        pending.defer_rows(session, table, asset_id, dag_ids)
-        cls.logger().debug("consuming dag ids %s (queued at commit)", dag_ids)
+        consumers = queue.consumers_of_events([event_id]).subquery()
+        stmt = select(DagModel).where(
+            DagModel.dag_id.in_(select(consumers.c.dag_id)), DagModel.is_paused.is_(False)
+        )
+        if partitioned:
+            stmt = stmt.where(DagModel.timetable_partitioned.is_(True))
+        return set(session.scalars(stmt))
 
 
 def flush_queue(session: Session) -> int:
-    """Write the queue rows recorded on ``session`` now, instead of at COMMIT.
+    """Write the queue rows of the events registered on ``session`` now, instead of at COMMIT.
 
     Same statement and locks as the automatic write; returns the number of
-    rows sent. Only needed if code in the producing transaction must read
+    events written. Only needed if code in the producing transaction must read
     ``asset_dag_run_queue`` after registering events.
     """
-    return pending.flush_rows(session)
+    return queue.flush_queue(session)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -21,7 +22,8 @@ from airflow.assets.manager import AssetManager
 from airflow.models.taskinstance import TaskInstance
 from sqlalchemy.orm import Session
 
-from airflow_adrq.airflow import AdrqAssetManager, flush_queue, pending, schema
+from airflow_adrq import queue
+from airflow_adrq.airflow import AdrqAssetManager, flush_queue, schema
 from airflow_adrq.errors import UnsupportedSchemaError
 
 # The differential scenario: direct, alias, name and URI references; a paused
@@ -228,8 +230,11 @@ class StatementCounter:
         self.engine = engine
         sa.event.listen(engine, "before_cursor_execute", self._count)
 
+    # PostgreSQL and SQLite render the statement's CTE before INSERT, MySQL after.
+    _INSERT = re.compile(r"^\s*(WITH\s.*)?INSERT\s+INTO\s+ASSET_DAG_RUN_QUEUE\b", re.IGNORECASE | re.DOTALL)
+
     def _count(self, conn, cursor, statement, parameters, context, executemany):
-        if statement.lstrip().upper().startswith("INSERT INTO ASSET_DAG_RUN_QUEUE"):
+        if self._INSERT.match(statement):
             self.inserts += 1
 
     def close(self):
@@ -278,18 +283,35 @@ def test_one_statement_queues_all_outlets(af_engine):
     assert before == total == (3 if af_engine.dialect.name == "postgresql" else 7)
 
 
-def test_rows_are_sent_sorted(af_engine):
+def test_events_are_queued_at_commit_by_the_ordered_statement(af_engine):
     with Session(af_engine) as session:
         seeded = scenario.seed(session, assets=["b", "a"], consumers={"a": ["z", "m"], "b": ["y", "a"]})
-    with Session(af_engine) as session:
-        for name in ("b", "a"):
-            AdrqAssetManager.register_asset_change(
-                asset=SimpleNamespace(name=name, uri=scenario.uri(name)), session=session
-            )
-        a, b = seeded.asset_ids["a"], seeded.asset_ids["b"]
-        assert pending.pending_rows(session) == sorted([(a, "m"), (a, "z"), (b, "a"), (b, "y")])
-        session.commit()
-        assert pending.pending_rows(session) == []
+    statements = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):
+        statements.append(statement)
+
+    sa.event.listen(af_engine, "before_cursor_execute", record)
+    try:
+        with Session(af_engine) as session:
+            events = [
+                AdrqAssetManager.register_asset_change(
+                    asset=SimpleNamespace(name=name, uri=scenario.uri(name)), session=session
+                )
+                for name in ("b", "a")
+            ]
+            assert queue.pending_events(session) == sorted(e.id for e in events)
+            session.commit()
+            assert queue.pending_events(session) == []
+    finally:
+        sa.event.remove(af_engine, "before_cursor_execute", record)
+    (insert,) = [s for s in statements if StatementCounter._INSERT.match(s)]
+    # The library's statement, driven by the events: the database orders the rows, not Python.
+    assert "WITH ev AS" in insert and "ORDER BY src.asset_id, src.dag_id" in insert
+    a, b = seeded.asset_ids["a"], seeded.asset_ids["b"]
+    with af_engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT asset_id, target_dag_id FROM asset_dag_run_queue")).all()
+    assert sorted(rows) == sorted([(a, "m"), (a, "z"), (b, "a"), (b, "y")])
 
 
 def _register(session, name):
@@ -328,7 +350,7 @@ def test_flush_queue_writes_before_commit(af_engine):
     with Session(af_engine) as session:
         _register(session, "a1")
         assert session.scalar(sa.text("SELECT count(*) FROM asset_dag_run_queue")) == 0
-        assert flush_queue(session) == 2
+        assert flush_queue(session) == 1  # one event, two rows
         assert session.scalar(sa.text("SELECT count(*) FROM asset_dag_run_queue")) == 2
         session.commit()
     with af_engine.begin() as conn:
@@ -337,10 +359,10 @@ def test_flush_queue_writes_before_commit(af_engine):
     with Session(af_engine) as session:
         _register(session, "a1")
         with contextlib.suppress(RuntimeError), session.begin_nested():
-            assert flush_queue(session) == 2
+            assert flush_queue(session) == 1
             raise RuntimeError("roll this savepoint back")
         assert session.scalar(sa.text("SELECT count(*) FROM asset_dag_run_queue")) == 0
-        assert pending.pending_rows(session)
+        assert queue.pending_events(session)
         session.commit()
     with af_engine.connect() as conn:
         assert scenario.snapshot(conn)["asset_dag_run_queue"] == [("a1", "c1"), ("a1", "c2")]
@@ -461,19 +483,28 @@ def test_refuses_an_event_keyed_queue(airflow_db):
     schema.clear_cache()
     try:
         with Session(engine) as session, pytest.raises(UnsupportedSchemaError) as info:
-            AdrqAssetManager._defer_queue_rows(1, [SimpleNamespace(dag_id="d")], session)
+            AdrqAssetManager.register_asset_change(asset=SimpleNamespace(name="a", uri="a"), session=session)
         assert "(target_dag_id, asset_event_id)" in str(info.value)
-        assert not pending.pending_rows(session)
+        assert not queue.pending_events(session)
     finally:
         metadata.drop_all(engine)
         engine.dispose()
         schema.clear_cache()
 
 
-def test_refuses_to_load_without_the_airflow_33_hooks(monkeypatch):
-    monkeypatch.delattr(AssetManager, "_queue_dagruns_nonpartitioned_postgres")
+def test_refuses_to_load_without_the_airflow_33_members(monkeypatch):
+    monkeypatch.delattr(AssetManager, "_queue_partitioned_dags")
     monkeypatch.delitem(sys.modules, "airflow_adrq.airflow.manager")
-    with pytest.raises(ImportError, match="_queue_dagruns_nonpartitioned_postgres"):
+    with pytest.raises(ImportError, match="_queue_partitioned_dags"):
+        importlib.import_module("airflow_adrq.airflow.manager")
+
+
+def test_refuses_to_load_on_an_untested_release(monkeypatch):
+    import airflow
+
+    monkeypatch.setattr(airflow, "__version__", "3.4.0")
+    monkeypatch.delitem(sys.modules, "airflow_adrq.airflow.manager")
+    with pytest.raises(ImportError, match=r"supports Airflow 3\.3.*this is Airflow 3\.4\.0"):
         importlib.import_module("airflow_adrq.airflow.manager")
 
 
