@@ -1,0 +1,27 @@
+# mypy: ignore-errors
+"""The ``airflow`` extra and the plug-in's accepted release lines say the same thing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airflow_adrq.airflow import compat
+
+tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+")
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+
+def test_airflow_extra_matches_the_supported_lines():
+    extra = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]["airflow"]
+    lines = sorted(compat.SUPPORTED)
+    low, high = lines[0], lines[-1]
+    assert extra == [f"apache-airflow-core>={low[0]}.{low[1]},<{high[0]}.{high[1] + 1}"]
+
+
+@pytest.mark.parametrize(
+    ("version", "line"), [("3.3.2", (3, 3)), ("3.4.0b2", (3, 4)), ("3.10.1", (3, 10)), ("main", None)]
+)
+def test_release_line(version, line):
+    assert compat._release_line(version) == line
