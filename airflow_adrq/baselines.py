@@ -1,30 +1,62 @@
 """The loop versions airflow-adrq replaces, reproduced for the benchmark only.
 
 Nothing in the package calls these; ``airflow-adrq bench`` and the
-concurrency tests run them side by side with :mod:`airflow_adrq.queue` to show
-the difference on a real database. Each one queues the downstream DAGs of ONE
-asset, in the caller's transaction, exactly as the Airflow code it is named
-after does (the non-partitioned path of ``AssetManager._queue_dagruns``):
+concurrency tests run them side by side with :func:`airflow_adrq.register_asset_change`
+to compare the whole drop-in with the whole Airflow code path on a real
+database.
+
+:func:`register_asset_change` here is a copy of apache-airflow-core 3.3.2's
+``AssetManager.register_asset_change`` (``airflow/assets/manager.py``) over
+:mod:`airflow_adrq.models`, step by step and statement by statement:
+
+1. the asset lookup: ``SELECT asset ... WHERE name = :name AND uri = :uri``
+   with the ``active``, ``aliases`` and ``scheduled_dags -> dag`` joined
+   loads. Our models have no ORM relationships, so the copy runs the same
+   single LEFT OUTER JOIN SELECT with those entities in its columns; the ORM
+   builds the same identity-mapped objects (one ``DagModel`` per consumer);
+2. unknown asset: warning, ``None``; inactive: warning, continue;
+3. ``_add_asset_alias_association``: ``SELECT asset_alias WHERE name IN
+   (:names)`` (sent even with no names, as Airflow does), missing aliases
+   created, missing ``asset_alias_asset`` links written with the event's flush;
+4. the ``asset_event`` row, flushed at once (ORM insert);
+5. direct consumers: ``{ref.dag for ref in scheduled_dags if not ref.dag.is_paused}``;
+6. with ``source_alias_names``: ``SELECT asset_alias ... scheduled_dags -> dag``
+   (one joined SELECT), then one ``INSERT INTO asset_alias_asset_event`` per
+   alias, and the unpaused alias consumers;
+7. ``Asset.ref`` consumers: ``SELECT dag LEFT JOIN name_ref LEFT JOIN uri_ref
+   WHERE (name = :name OR uri = :uri) AND NOT is_paused``;
+8. listener callbacks (``callback_sink`` or inline, as Airflow);
+9. ``_queue_dagruns`` for the union (a Python ``set`` of ``DagModel``), non-partitioned
+   DAGs only, nothing for an event with a ``partition_key``.
+
+Statements per call without aliases, empty queue: PostgreSQL 5 (lookup,
+alias SELECT, event INSERT, ref SELECT, one queue INSERT); MySQL/MariaDB and
+SQLite 4 + 4 per consumer DAG (SAVEPOINT, SELECT, INSERT, RELEASE).
+
+Only step 9's non-partitioned branch differs between the baselines
+(``queueing``):
 
 ``airflow_3_3``
-    apache-airflow-core 3.3.2, ``airflow/assets/manager.py``. The DAGs come
-    from a Python ``set`` of freshly loaded ``DagModel`` objects (direct
-    references plus ``Asset.ref(name=...)``/``Asset.ref(uri=...)``
-    references, unpaused only). PostgreSQL: one ``INSERT ... ON CONFLICT DO
-    NOTHING`` executed with one parameter set per DAG, in set order
-    (``_queue_dagruns_nonpartitioned_postgres``). MySQL/MariaDB and SQLite:
-    per DAG in set order ``with session.begin_nested():
-    session.merge(AssetDagRunQueue(...))``, catching only ``IntegrityError``
-    (``_queue_dagruns_nonpartitioned_slow_path``): SAVEPOINT, SELECT, INSERT,
-    RELEASE per DAG.
+    3.3.2 as released. PostgreSQL: ``insert(AssetDagRunQueue).values(asset_id=...)
+    .on_conflict_do_nothing()`` with one parameter set per DAG, in set order
+    (``_queue_dagruns_nonpartitioned_postgres``). It is sent as ONE multi-row
+    ``VALUES`` statement, which is what Airflow's PostgreSQL engine settings
+    (``executemany_mode="values_plus_batch"``, ``insertmanyvalues_page_size``)
+    make SQLAlchemy send for that executemany, whatever the benchmark's
+    engine settings. MySQL/MariaDB and SQLite: per DAG in set order ``with
+    session.begin_nested(): session.merge(AssetDagRunQueue(...))``, catching
+    only ``IntegrityError`` (``_queue_dagruns_nonpartitioned_slow_path``).
 ``sorted_loop``
-    The same code with the DAGs sorted by ``dag_id`` first (apache/airflow
-    PR #70128, closed unmerged): removes the cycles between producers of one
-    asset, not those between transactions that queue several assets.
+    The same with the DAGs sorted by ``dag_id`` first (apache/airflow PR
+    #70128, closed unmerged, all backends): removes the cycles between
+    producers of one asset, not those between transactions that queue
+    several assets.
 ``values_batch``
-    One multi-row ``INSERT ... VALUES`` upsert per asset, rows in set order
-    (apache/airflow PR #69977, merged to main after 3.3: MySQL ``ON DUPLICATE
-    KEY UPDATE`` no-op; PostgreSQL and SQLite ``ON CONFLICT DO NOTHING``).
+    apache/airflow PR #69977 (merged to main after 3.3): on MySQL/MariaDB one
+    ``INSERT ... VALUES ... ON DUPLICATE KEY UPDATE`` no-op per event, rows in
+    set order. That PR left PostgreSQL and SQLite unchanged, so there this
+    baseline IS ``airflow_3_3``; the benchmark runs it on MySQL/MariaDB only
+    (see :data:`VALUES_BATCH_DIALECTS`).
 
 Set order. A ``set`` of ``DagModel`` objects hashes them by identity, so its
 iteration order follows memory addresses: it differs between processes and
@@ -35,55 +67,243 @@ benchmark passes ``rng`` (a :class:`random.Random` seeded from
 uniformly random order per call: the worst case the real set order allows.
 With ``rng=None`` they iterate the set itself, as Airflow does.
 
-Alias references are not modelled (the benchmark does not emit through
-aliases); partitioned DAGs are skipped, as Airflow sends them elsewhere.
+Not reproduced (not on the benchmark's path, or needs a running Airflow):
+multi-team filtering, the ``asset.updates`` metric (a no-op without a
+metrics backend), Airflow's listener manager (our
+:func:`airflow_adrq.listeners.notify` stands in), and the partitioned-DAG
+path (``asset_partition_dag_run``; partitioned consumers are skipped with
+Airflow's warning, without its ``log`` row). Our ``dag`` table is a subset of
+Airflow's columns, so loading a ``DagModel`` costs less here than in Airflow.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import random
-from collections.abc import Callable, Iterable
-from typing import Final, cast
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal, Protocol, cast
 
-from sqlalchemy import Table, exc, or_, select
-from sqlalchemy.dialects import postgresql
+from sqlalchemy import Table, and_, exc, insert, or_, select
+from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.orm import Session
 
-from airflow_adrq import dialects
+from airflow_adrq import listeners
+from airflow_adrq.listeners import AssetEventInfo
 from airflow_adrq.models import (
+    AssetActive,
+    AssetAliasModel,
     AssetDagRunQueue,
+    AssetEvent,
     AssetModel,
     DagModel,
+    DagScheduleAssetAliasReference,
     DagScheduleAssetNameReference,
     DagScheduleAssetReference,
     DagScheduleAssetUriReference,
-    utcnow,
+    alias_association_table,
+    asset_alias_asset_event_association_table,
 )
 
-__all__ = ["BASELINES", "Baseline", "airflow_3_3", "dags_to_queue", "sorted_loop", "values_batch"]
+__all__ = [
+    "BASELINES",
+    "VALUES_BATCH_DIALECTS",
+    "Queueing",
+    "applies_to",
+    "register_asset_change",
+]
 
-#: ``baseline(session, asset_id, *, rng)`` queues one asset's consumers.
-Baseline = Callable[..., None]
+log = logging.getLogger(__name__)
+
+Queueing = Literal["airflow_3_3", "sorted_loop", "values_batch"]
+
+#: The baselines, in report order.
+BASELINES: Final[tuple[Queueing, ...]] = ("airflow_3_3", "sorted_loop", "values_batch")
+
+#: Dialects on which ``values_batch`` differs from ``airflow_3_3`` (PR #69977 changed MySQL only).
+VALUES_BATCH_DIALECTS: Final = frozenset({"mysql", "mariadb"})
+
+_ADRQ = cast(Table, AssetDagRunQueue.__table__)
 
 
-def dags_to_queue(session: Session, asset_id: int) -> set[DagModel]:
-    """Airflow 3.3.2's ``dags_to_queue`` for an event without aliases.
+def applies_to(queueing: str, dialect_name: str) -> bool:
+    """Whether ``queueing`` is a distinct code path on ``dialect_name``.
 
-    Freshly loaded ``DagModel`` objects: unpaused DAGs referencing the asset
-    directly, by name or by URI, minus those with a partitioned timetable.
-    Plain SELECTs, no locks.
+    ``values_batch`` is PR #69977's MySQL branch; on PostgreSQL and SQLite
+    that PR left Airflow 3.3's code, so benchmarking it there would only
+    measure ``airflow_3_3`` under another name.
     """
-    asset = session.get(AssetModel, asset_id)
-    if asset is None:
-        raise ValueError(f"no asset with id {asset_id}")
-    direct = set(
-        session.scalars(
-            select(DagModel)
-            .join(DagScheduleAssetReference, DagScheduleAssetReference.dag_id == DagModel.dag_id)
-            .where(DagScheduleAssetReference.asset_id == asset_id, DagModel.is_paused.is_(False))
-        )
+    return queueing != "values_batch" or dialect_name in VALUES_BATCH_DIALECTS
+
+
+class _AssetLike(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def uri(self) -> str: ...
+
+
+class _TaskInstanceLike(Protocol):
+    @property
+    def dag_id(self) -> str: ...
+
+    @property
+    def task_id(self) -> str: ...
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def map_index(self) -> int: ...
+
+
+@dataclass
+class _LoadedAsset:
+    """What Airflow's joined-load lookup gives ``register_asset_change``."""
+
+    model: AssetModel
+    active: bool
+    aliases: list[AssetAliasModel]
+    #: ``asset_model.scheduled_dags`` with each reference's ``dag``.
+    scheduled: list[tuple[DagScheduleAssetReference, DagModel]]
+
+
+def _lookup(session: Session, name: str, uri: str) -> _LoadedAsset | None:
+    """One SELECT: the asset with ``active``, ``aliases`` and ``scheduled_dags -> dag`` (LEFT JOINs)."""
+    rows = session.execute(
+        select(AssetModel, AssetActive, AssetAliasModel, DagScheduleAssetReference, DagModel)
+        .select_from(AssetModel)
+        .outerjoin(AssetActive, and_(AssetActive.name == AssetModel.name, AssetActive.uri == AssetModel.uri))
+        .outerjoin(alias_association_table, alias_association_table.c.asset_id == AssetModel.id)
+        .outerjoin(AssetAliasModel, AssetAliasModel.id == alias_association_table.c.alias_id)
+        .outerjoin(DagScheduleAssetReference, DagScheduleAssetReference.asset_id == AssetModel.id)
+        .outerjoin(DagModel, DagModel.dag_id == DagScheduleAssetReference.dag_id)
+        .where(AssetModel.name == name, AssetModel.uri == uri)
+    ).all()
+    if not rows:
+        return None
+    aliases: dict[int, AssetAliasModel] = {}
+    scheduled: dict[tuple[int, str], tuple[DagScheduleAssetReference, DagModel]] = {}
+    for _asset, _active, alias, ref, dag in rows:
+        if alias is not None:
+            aliases.setdefault(alias.id, alias)
+        if ref is not None and dag is not None:
+            scheduled.setdefault((ref.asset_id, ref.dag_id), (ref, dag))
+    return _LoadedAsset(
+        model=rows[0][0],
+        active=rows[0][1] is not None,
+        aliases=list(aliases.values()),
+        scheduled=list(scheduled.values()),
     )
-    by_ref = set(
+
+
+def _add_asset_alias_association(
+    session: Session, alias_names: Collection[str], loaded: _LoadedAsset
+) -> list[AssetAliasModel]:
+    """Airflow's ``_add_asset_alias_association``; returns the aliases to link at flush."""
+    already_related = {m.name for m in loaded.aliases}
+    existing_aliases = {
+        m.name: m
+        for m in session.scalars(select(AssetAliasModel).where(AssetAliasModel.name.in_(alias_names)))
+    }
+    to_link = []
+    for name in alias_names:
+        if name in already_related:
+            continue
+        model = existing_aliases.get(name)
+        if model is None:
+            model = AssetAliasModel(name=name)
+            session.add(model)
+        to_link.append(model)
+    return to_link
+
+
+def _alias_consumers(
+    session: Session, alias_names: Collection[str]
+) -> dict[int, tuple[AssetAliasModel, set[DagModel]]]:
+    """The aliases by name, each with its scheduled DAGs (one joined SELECT)."""
+    rows = session.execute(
+        select(AssetAliasModel, DagModel)
+        .select_from(AssetAliasModel)
+        .outerjoin(
+            DagScheduleAssetAliasReference, DagScheduleAssetAliasReference.alias_id == AssetAliasModel.id
+        )
+        .outerjoin(DagModel, DagModel.dag_id == DagScheduleAssetAliasReference.dag_id)
+        .where(AssetAliasModel.name.in_(alias_names))
+    ).all()
+    out: dict[int, tuple[AssetAliasModel, set[DagModel]]] = {}
+    for alias, dag in rows:
+        _, dags = out.setdefault(alias.id, (alias, set()))
+        if dag is not None:
+            dags.add(dag)
+    return out
+
+
+def register_asset_change(
+    *,
+    task_instance: _TaskInstanceLike | None = None,
+    asset: _AssetLike,
+    extra: Mapping[str, Any] | None = None,
+    source_alias_names: Collection[str] = (),
+    session: Session,
+    partition_key: str | None = None,
+    callback_sink: list[Callable[[], object]] | None = None,
+    queueing: Queueing = "airflow_3_3",
+    rng: random.Random | None = None,
+    **kwargs: Any,
+) -> AssetEvent | None:
+    """Airflow 3.3.2's ``register_asset_change``, with ``queueing``'s queue write.
+
+    Locks: the event row (new key); new alias rows and links; the queue rows
+    one by one in set order (``sorted_loop``: ``dag_id`` order within the
+    event), each held until the transaction ends (on MySQL/MariaDB
+    ``values_batch`` also the existing duplicates, exclusively). Promises no
+    lock order across producers or across the assets of one transaction:
+    concurrent callers deadlock, which is what it is here to show.
+    """
+    del kwargs
+    loaded = _lookup(session, asset.name, asset.uri)
+    if loaded is None:
+        log.warning("AssetModel %s not found; cannot create asset event.", asset)
+        return None
+    if not loaded.active:
+        log.warning("Emitting event for inactive AssetModel %s", asset)
+    asset_model = loaded.model
+
+    to_link = _add_asset_alias_association(session, source_alias_names, loaded)
+
+    event = AssetEvent(asset_id=asset_model.id, extra=dict(extra or {}), partition_key=partition_key)
+    if task_instance is not None:
+        event.source_task_id = task_instance.task_id
+        event.source_dag_id = task_instance.dag_id
+        event.source_run_id = task_instance.run_id
+        event.source_map_index = task_instance.map_index
+    session.add(event)
+    session.flush()  # "Ensure the event is written earlier than ADRQ entries below."
+    if to_link:
+        # Airflow writes these in the same flush, through asset_model.aliases.
+        session.execute(
+            insert(alias_association_table),
+            [{"alias_id": alias.id, "asset_id": asset_model.id} for alias in to_link],
+        )
+
+    dags_from_asset = {dag for _ref, dag in loaded.scheduled if not dag.is_paused}
+
+    dags_from_alias: set[DagModel] = set()
+    alias_models: list[AssetAliasModel] = []
+    if source_alias_names:
+        for alias_model, alias_dags in _alias_consumers(session, source_alias_names).values():
+            alias_models.append(alias_model)
+            session.execute(
+                insert(asset_alias_asset_event_association_table).values(
+                    alias_id=alias_model.id, event_id=event.id
+                )
+            )
+            dags_from_alias |= {dag for dag in alias_dags if not dag.is_paused}
+
+    dags_from_ref = set(
         session.scalars(
             select(DagModel)
             .join(
@@ -105,7 +325,60 @@ def dags_to_queue(session: Session, asset_id: int) -> set[DagModel]:
             )
         )
     )
-    return {dag for dag in direct | by_ref if dag.timetable_partitioned is not True}
+
+    info = AssetEventInfo(
+        event_id=event.id,
+        asset_id=asset_model.id,
+        asset_name=asset_model.name,
+        asset_uri=asset_model.uri,
+        extra=event.extra,
+        source_dag_id=event.source_dag_id,
+        source_task_id=event.source_task_id,
+        source_run_id=event.source_run_id,
+        source_map_index=event.source_map_index,
+        source_alias_names=tuple(a.name for a in alias_models),
+        partition_key=partition_key,
+    )
+    if callback_sink is None:
+        listeners.notify(info)
+    else:
+        callback_sink.append(functools.partial(listeners.notify, info))
+
+    dags_to_queue = dags_from_asset | dags_from_alias | dags_from_ref
+    _queue_dagruns(session, asset_model.id, dags_to_queue, partition_key, queueing, rng)
+    return event
+
+
+def _queue_dagruns(
+    session: Session,
+    asset_id: int,
+    dags_to_queue: set[DagModel],
+    partition_key: str | None,
+    queueing: Queueing,
+    rng: random.Random | None,
+) -> None:
+    if not dags_to_queue:
+        return
+    partition_dags = [d for d in dags_to_queue if d.timetable_partitioned is True]
+    if partition_dags and not partition_key:
+        log.warning(
+            "Listening Dags are partition-aware but the run has no partition key (listening_dags=%s)",
+            [d.dag_id for d in partition_dags],
+        )
+    non_partitioned = dags_to_queue.difference(partition_dags)
+    if not non_partitioned or partition_key is not None:
+        return
+    dialect = session.get_bind().dialect.name
+    if queueing == "sorted_loop":
+        ordered = sorted(non_partitioned, key=lambda dag: dag.dag_id)
+    else:
+        ordered = _set_order(non_partitioned, rng)
+    if queueing == "values_batch" and dialect in VALUES_BATCH_DIALECTS:
+        _mysql_on_duplicate_key(session, asset_id, ordered)
+    elif dialect == "postgresql":
+        _postgres_on_conflict(session, asset_id, ordered)
+    else:
+        _savepoint_merge_loop(session, asset_id, ordered)
 
 
 def _set_order(dags: set[DagModel], rng: random.Random | None) -> list[DagModel]:
@@ -115,84 +388,32 @@ def _set_order(dags: set[DagModel], rng: random.Random | None) -> list[DagModel]
     return ordered
 
 
-def _executemany_on_conflict(session: Session, asset_id: int, dags: Iterable[DagModel]) -> None:
-    # airflow/assets/manager.py::_queue_dagruns_nonpartitioned_postgres, verbatim.
-    values = [{"target_dag_id": dag.dag_id} for dag in dags]
-    stmt = postgresql.insert(AssetDagRunQueue).values(asset_id=asset_id).on_conflict_do_nothing()
-    session.execute(stmt, values)
+def _postgres_on_conflict(session: Session, asset_id: int, dags: Iterable[DagModel]) -> None:
+    # _queue_dagruns_nonpartitioned_postgres: insert(...).values(asset_id=...)
+    # .on_conflict_do_nothing() executed with [{"target_dag_id": ...}, ...].
+    # Rendered here as the multi-row VALUES statement Airflow's engine
+    # settings turn that executemany into (created_at: the column default).
+    rows = [{"asset_id": asset_id, "target_dag_id": dag.dag_id} for dag in dags]
+    session.execute(postgresql.insert(AssetDagRunQueue).values(rows).on_conflict_do_nothing())
 
 
 def _savepoint_merge_loop(session: Session, asset_id: int, dags: Iterable[DagModel]) -> None:
-    # airflow/assets/manager.py::_queue_dagruns_nonpartitioned_slow_path: a
-    # deadlock inside the SAVEPOINT is not an IntegrityError and propagates
-    # (on MariaDB as error 1305 with 1213 further down the chain).
+    # _queue_dagruns_nonpartitioned_slow_path, verbatim: a deadlock inside the
+    # SAVEPOINT is not an IntegrityError and propagates (on MariaDB as error
+    # 1305 with 1213 further down the chain).
     for dag in dags:
         item = AssetDagRunQueue(target_dag_id=dag.dag_id, asset_id=asset_id)
         try:
             with session.begin_nested():
                 session.merge(item)
         except exc.IntegrityError:
-            pass
+            log.debug("Skipping record %s", item, exc_info=True)
 
 
-# Airflow 3.3.2 picks its path by dialect name: PostgreSQL has the bulk
-# statement, everything else the SAVEPOINT loop.
-_AIRFLOW_3_3_PATHS: Final[dict[str, Callable[[Session, int, Iterable[DagModel]], None]]] = {
-    "postgresql": _executemany_on_conflict,
-}
-
-
-def _airflow_3_3_path(session: Session) -> Callable[[Session, int, Iterable[DagModel]], None]:
-    name = session.get_bind().dialect.name
-    return _AIRFLOW_3_3_PATHS.get(name, _savepoint_merge_loop)
-
-
-def airflow_3_3(session: Session, asset_id: int, *, rng: random.Random | None = None) -> None:
-    """Queue like apache-airflow-core 3.3.2 (rows in set order).
-
-    Locks: each ADRQ row as it is inserted (or, for a duplicate, waits for
-    its uncommitted inserter), in set order, until the transaction ends;
-    FK parent rows shared. Does not promise anything about lock order:
-    concurrent callers deadlock, which is what it is here to show.
-    """
-    dags = dags_to_queue(session, asset_id)
-    if dags:
-        _airflow_3_3_path(session)(session, asset_id, _set_order(dags, rng))
-
-
-def sorted_loop(session: Session, asset_id: int, *, rng: random.Random | None = None) -> None:
-    """Queue like 3.3.2 with the DAGs sorted by ``dag_id`` (apache/airflow PR #70128).
-
-    Locks: as :func:`airflow_3_3`, in ``dag_id`` order within the asset.
-    Does not order rows across assets queued in one transaction. ``rng`` is
-    accepted for a uniform signature and ignored.
-    """
-    dags = dags_to_queue(session, asset_id)
-    if dags:
-        _airflow_3_3_path(session)(session, asset_id, sorted(dags, key=lambda dag: dag.dag_id))
-
-
-def values_batch(session: Session, asset_id: int, *, rng: random.Random | None = None) -> None:
-    """One multi-row ``INSERT ... VALUES`` upsert, rows in set order (apache/airflow PR #69977).
-
-    Locks: the ADRQ rows in VALUES order (MySQL/MariaDB: also the existing
-    duplicates, exclusively, via the no-op ``ON DUPLICATE KEY UPDATE``) until
-    the transaction ends. Does not promise a lock order.
-    """
-    dags = dags_to_queue(session, asset_id)
-    if not dags:
-        return
-    created_at = utcnow()
-    rows = [
-        {"asset_id": asset_id, "target_dag_id": dag.dag_id, "created_at": created_at}
-        for dag in _set_order(dags, rng)
-    ]
-    stmt = dialects.get(session).insert_ignore(cast(Table, AssetDagRunQueue.__table__)).values(rows)
-    session.execute(stmt)
-
-
-BASELINES: Final[dict[str, Baseline]] = {
-    "airflow_3_3": airflow_3_3,
-    "sorted_loop": sorted_loop,
-    "values_batch": values_batch,
-}
+def _mysql_on_duplicate_key(session: Session, asset_id: int, dags: Iterable[DagModel]) -> None:
+    # PR #69977's _queue_dagruns_nonpartitioned_mysql: one INSERT ... ON
+    # DUPLICATE KEY UPDATE no-op, rows in set order (mysqlclient sends the
+    # executemany as this one multi-row statement).
+    rows = [{"asset_id": asset_id, "target_dag_id": dag.dag_id} for dag in dags]
+    stmt = mysql.insert(AssetDagRunQueue).values(rows)
+    session.execute(stmt.on_duplicate_key_update(asset_id=_ADRQ.c.asset_id))

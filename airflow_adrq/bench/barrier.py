@@ -1,9 +1,11 @@
 """A file barrier: the benchmark's processes start and end every round together.
 
-Each party creates ``<dir>/<name>.<party>`` and waits until all ``parties``
-files exist. Files are never removed during a run, so a late poller still
-sees a barrier that the others have already passed. Start skew is the poll
-interval (a millisecond), small against a round.
+Each party creates ``<dir>/<name>.<party>`` and waits until the files of all
+``parties`` exist. Files are never removed during a run, so a late poller
+still sees a barrier that the others have already passed. Start skew is the
+poll interval (a millisecond), small against a round. Pollers stat only the
+files of parties they have not seen yet (never list the directory, which
+grows by a file per party and barrier).
 """
 
 from __future__ import annotations
@@ -26,17 +28,22 @@ def arrive(directory: Path, name: str, party: int) -> None:
     (directory / f"{name}.{party}").touch()
 
 
-def arrived(directory: Path, name: str) -> int:
-    return sum(1 for _ in directory.glob(f"{name}.*"))
+def arrived(directory: Path, name: str, parties: int) -> int:
+    """How many of parties ``0 .. parties-1`` have arrived at barrier ``name``."""
+    return sum(1 for p in range(parties) if (directory / f"{name}.{p}").exists())
 
 
 def wait(directory: Path, name: str, party: int, parties: int, *, timeout_s: float) -> None:
     """Arrive at barrier ``name`` and return once all ``parties`` have."""
     arrive(directory, name, party)
     deadline = time.monotonic() + timeout_s
-    while arrived(directory, name) < parties:
+    missing = [p for p in range(parties) if p != party]
+    while True:
+        missing = [p for p in missing if not (directory / f"{name}.{p}").exists()]
+        if not missing:
+            return
         if time.monotonic() > deadline:
             raise BarrierTimeoutError(
-                f"barrier {name!r}: {arrived(directory, name)} of {parties} processes after {timeout_s:.0f} s"
+                f"barrier {name!r}: {parties - len(missing)} of {parties} processes after {timeout_s:.0f} s"
             )
         time.sleep(_POLL_S)

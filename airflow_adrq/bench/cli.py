@@ -19,7 +19,7 @@ import datetime as dt
 import importlib.util
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +58,25 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     parser.add_argument("--strategy", action="append", choices=STRATEGIES, help="only these (repeatable)")
     parser.add_argument("--scenario", action="append", choices=SCENARIOS, help="only these (repeatable)")
     sizes = parser.add_argument_group("sizes (defaults: a few minutes on 2 cores; --quick lowers them)")
+    helps = {
+        "sweep": "fan-outs of the single-call sweep, e.g. 1,16,256",
+        "ratio_fanouts": "fan-outs of the raw-SQL ratio row, e.g. 1,1024",
+        "lost_holds_ms": "holds before COMMIT compared by lost_events, e.g. 5,30",
+    }
+    kinds: dict[str, Callable[[str], Any]] = {
+        "int": int,
+        "float": float,
+        "tuple[int, ...]": _int_list,
+        "tuple[float, ...]": _float_list,
+    }
     for field in dataclasses.fields(Sizes):
-        if field.name == "sweep":
-            sizes.add_argument(
-                "--sweep", type=_int_list, help="fan-outs of the single-call sweep, e.g. 1,16,256"
-            )
-            continue
-        kind = float if field.type == "float" else int
-        sizes.add_argument(f"--{field.name.replace('_', '-')}", type=kind, default=None, dest=field.name)
+        sizes.add_argument(
+            f"--{field.name.replace('_', '-')}",
+            type=kinds[str(field.type)],
+            default=None,
+            dest=field.name,
+            help=helps.get(field.name),
+        )
     parser.set_defaults(func=_bench)
 
 
@@ -74,6 +85,13 @@ def _int_list(text: str) -> tuple[int, ...]:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, not {text!r}") from None
+
+
+def _float_list(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, not {text!r}") from None
 
 
 def _sizes(args: argparse.Namespace) -> Sizes:
@@ -111,7 +129,9 @@ def _bench(args: argparse.Namespace) -> int:
         say.line(
             f"benchmarking {', '.join(t.version for t in targets)} on {os.cpu_count()} CPUs; "
             f"{sizes.producers} producers x {sizes.transactions} transactions per round, "
-            f"fan-out {sizes.fanout}, {sizes.outlets} outlets, hold {sizes.hold_ms:g} ms; output in {out}"
+            f"fan-out {sizes.fanout}, {sizes.outlets} outlets, hold {sizes.hold_ms:g} ms; lost events: "
+            f"{sizes.lost_producers} producers, {sizes.lost_events} events, holds "
+            f"{', '.join(f'{h:g}' for h in sizes.lost_holds_ms)} ms; output in {out}"
         )
         if any(t.name == "sqlite" for t in targets):
             say.line(f"note: {report.SQLITE_NOTE}")
@@ -125,24 +145,46 @@ def _bench(args: argparse.Namespace) -> int:
         )
     say.done()
     rows = report.aggregate(raw)
-    tables = report.format_table(raw, rows) + "\n" + report.format_sweep(raw)
+    lost = report.aggregate_lost(raw)
+    tables = "\n".join(
+        part
+        for part in (
+            report.format_table(raw, rows),
+            report.format_lost(raw, lost),
+            report.format_sweep(raw),
+            report.format_ratio(raw),
+        )
+        if part
+    )
     json_path = out / "bench.json"
-    report.write_json(raw, rows, json_path)
+    report.write_json(raw, rows, json_path, lost)
     (out / "bench.md").write_text(tables)
     pngs = report.plot(raw, rows, out)
     print(tables)
     print(
         f"took {raw['duration_s']:.0f} s; wrote {json_path}, {out / 'bench.md'}, {', '.join(map(str, pngs))}"
     )
-    inexact = [r for r in rows if not r["rows_exact"]]
-    if inexact:
-        for r in inexact:
-            print(
-                f"ERROR: {r['db']} {r['scenario']}/{r['strategy']}: queue rows not exact {r['row_check']}",
-                file=sys.stderr,
-            )
-        return 1
-    return 0
+    errors = [
+        f"{r['db']} {r['scenario']}/{r['strategy']}: queue rows not exact {r['row_check']}"
+        for r in rows
+        if not r["rows_exact"]
+    ]
+    errors += [
+        f"{r['db']} lost_events/{r['strategy']} hold {r['hold_ms']:g} ms: "
+        f"{r['queue_rows_left']} queue rows left after the drain, "
+        f"{r['consumed_unknown']} unknown pairs consumed"
+        for r in lost
+        if r["queue_rows_left"] or r["consumed_unknown"]
+    ]
+    errors += [
+        f"{db} raw-SQL ratio F={r['fanout']}: queue rows not exact"
+        for db, results in raw.get("raw_sql_ratio", {}).items()
+        for r in results
+        if not r["rows_exact"]
+    ]
+    for error in errors:
+        print(f"ERROR: {error}", file=sys.stderr)
+    return 1 if errors else 0
 
 
 class _Progress:

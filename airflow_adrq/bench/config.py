@@ -10,7 +10,9 @@ from typing import Final
 
 __all__ = [
     "BASELINE_STRATEGIES",
+    "CONTENTION_SCENARIOS",
     "DEFAULT",
+    "LOST_EVENT_STRATEGIES",
     "QUICK",
     "SCENARIOS",
     "STRATEGIES",
@@ -19,14 +21,23 @@ __all__ = [
     "Sizes",
 ]
 
-#: Strategies in report order: the three loop versions, then ours.
+#: Strategies in report order: the three loop versions (Airflow 3.3.2's whole
+#: ``register_asset_change``, :mod:`airflow_adrq.baselines`), then ours
+#: (:func:`airflow_adrq.register_asset_change`, immediate and commit mode).
 BASELINE_STRATEGIES: Final = ("airflow_3_3", "sorted_loop", "values_batch")
 STRATEGIES: Final = (*BASELINE_STRATEGIES, "per_call", "commit_time")
 
 #: ``single``: every producer emits the same asset; ``multi_outlet``: every
 #: transaction emits ``outlets`` assets in random order; ``with_consumer``:
-#: ``multi_outlet`` while a scheduler-like process claims and deletes rows.
-SCENARIOS: Final = ("single", "multi_outlet", "with_consumer")
+#: ``multi_outlet`` while a scheduler-like process claims and deletes rows;
+#: ``lost_events``: producers of one asset against a consumer applying
+#: Airflow 3.3.2's scheduler rule, counting (event, consumer) pairs no run
+#: consumed (strategies :data:`LOST_EVENT_STRATEGIES` only).
+SCENARIOS: Final = ("single", "multi_outlet", "with_consumer", "lost_events")
+CONTENTION_SCENARIOS: Final = ("single", "multi_outlet", "with_consumer")
+
+#: ``lost_events`` compares ours (commit mode) with Airflow 3.3.2's shape.
+LOST_EVENT_STRATEGIES: Final = ("airflow_3_3", "commit_time")
 
 
 @dataclass(frozen=True)
@@ -52,15 +63,44 @@ class Sizes:
     lock_timeout_s: float = 5.0
     sweep: tuple[int, ...] = (1, 16, 256, 1024, 10000)
     sweep_repeats: int = 3
+    #: Fan-outs of the raw-SQL ratio row, and timed calls per side per fan-out.
+    ratio_fanouts: tuple[int, ...] = (1, 1024)
+    ratio_calls: int = 40
+    #: ``lost_events``: producers of one asset, its consumer DAGs, events in
+    #: all (split over the producers), and the holds before COMMIT compared.
+    lost_producers: int = 6
+    lost_consumers: int = 3
+    lost_events: int = 240
+    lost_holds_ms: tuple[float, ...] = (5.0, 30.0)
+    #: A ``lost_events`` round stops starting transactions after this.
+    lost_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
-        for name in ("producers", "fanout", "outlets", "transactions", "rounds", "max_attempts"):
+        for name in (
+            "producers",
+            "fanout",
+            "outlets",
+            "transactions",
+            "rounds",
+            "max_attempts",
+            "ratio_calls",
+            "lost_producers",
+            "lost_consumers",
+            "lost_events",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.hold_ms < 0 or self.round_timeout_s <= 0 or self.lock_timeout_s <= 0:
             raise ValueError("hold_ms must be >= 0 and the timeouts > 0")
-        if any(f < 1 for f in self.sweep):
-            raise ValueError("fan-out sweep values must be at least 1")
+        if self.lost_timeout_s <= 0 or any(h < 0 for h in self.lost_holds_ms):
+            raise ValueError("lost_timeout_s must be > 0 and lost_holds_ms >= 0")
+        if any(f < 1 for f in (*self.sweep, *self.ratio_fanouts)):
+            raise ValueError("fan-out values must be at least 1")
+
+    @property
+    def max_fanout(self) -> int:
+        """The most consumer DAGs any asset of the seed data has."""
+        return max(self.fanout, *self.sweep, *self.ratio_fanouts)
 
 
 DEFAULT: Final = Sizes()
@@ -74,12 +114,19 @@ QUICK: Final = Sizes(
     lock_timeout_s=3.0,
     sweep=(1, 16, 256),
     sweep_repeats=1,
+    ratio_calls=15,
+    lost_events=120,
 )
 
 
 @dataclass(frozen=True)
 class Cell:
-    """One round of one strategy in one scenario on one database."""
+    """One round of one strategy in one scenario on one database.
+
+    ``hold_ms``: the hold before COMMIT (``lost_events`` cells; the other
+    scenarios use :attr:`Sizes.hold_ms`). ``producers``: how many producer
+    parties take part (the others only pass the round's barriers).
+    """
 
     index: int
     db: str
@@ -87,10 +134,13 @@ class Cell:
     strategy: str
     scenario: str
     round: int
+    hold_ms: float
+    producers: int
 
     @property
     def label(self) -> str:
-        return f"{self.db} {self.scenario}/{self.strategy} r{self.round}"
+        hold = f" hold {self.hold_ms:g} ms" if self.scenario == "lost_events" else ""
+        return f"{self.db} {self.scenario}/{self.strategy}{hold} r{self.round}"
 
 
 @dataclass(frozen=True)
@@ -105,8 +155,8 @@ class Plan:
 
     @property
     def parties(self) -> int:
-        """Producers plus the coordinator (which is also the consumer)."""
-        return self.sizes.producers + 1
+        """The most producers any cell has, plus the coordinator (which is also the consumer)."""
+        return max((c.producers for c in self.cells), default=self.sizes.producers) + 1
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self), indent=2))
@@ -115,7 +165,9 @@ class Plan:
     def load(cls, path: Path) -> Plan:
         raw = json.loads(path.read_text())
         sizes = raw["sizes"]
-        sizes["sweep"] = tuple(sizes["sweep"])
+        for name, value in sizes.items():
+            if isinstance(value, list):
+                sizes[name] = tuple(value)
         return cls(
             out_dir=raw["out_dir"],
             sizes=Sizes(**sizes),

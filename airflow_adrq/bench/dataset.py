@@ -11,8 +11,14 @@ Seed data (``dag_bundle`` "bench"):
 * ``outlets`` assets ``bench_asset_<i>``; each is scheduled on by the same
   ``fanout`` unpaused DAGs ``dag_<n>`` and ``paused`` paused DAGs, which
   must never be queued;
-* for the fan-out sweep, asset ``sweep_<F>`` is scheduled on by ``dag_0`` ..
-  ``dag_<F-1>``.
+* per producer party ``p``, ``outlets`` warm-up assets ``bench_warm_<p>_<i>``
+  with the same consumers (a cell's warm-up transactions touch no row the
+  others touch, so they cannot block or deadlock each other);
+* for the fan-out sweep and the raw-SQL ratio, asset ``sweep_<F>`` is
+  scheduled on by ``dag_0`` .. ``dag_<F-1>``;
+* for ``lost_events``, asset ``lost_asset`` scheduled on by
+  ``lost_consumers`` DAGs ``lost_dag_<k>`` (nothing else schedules on them),
+  and per party a warm-up asset ``lost_warm_<p>`` with the same consumers.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import os
 import secrets
 import tempfile
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import sqlalchemy as sa
@@ -39,6 +46,7 @@ from airflow_adrq.models import (
     DagBundleModel,
     DagModel,
     DagScheduleAssetReference,
+    UtcDateTime,
     metadata,
     utcnow,
 )
@@ -46,17 +54,24 @@ from airflow_adrq.models import (
 __all__ = [
     "BUNDLE",
     "Pair",
+    "SeedAsset",
     "bench_engine",
     "bench_run",
     "check_rows",
     "consumer_dags",
     "dag_id",
+    "lost_asset",
+    "lost_dag_ids",
+    "lost_warm_asset",
     "main_asset_ids",
+    "main_assets",
     "queued_pairs",
     "reset",
     "scratch_database",
     "seed",
+    "sweep_asset",
     "sweep_asset_id",
+    "warm_assets",
 ]
 
 BUNDLE: Final = "bench"
@@ -64,6 +79,8 @@ Pair = tuple[int, str]
 
 #: The consumer's record of the runs it created (the benchmark's stand-in
 #: for ``dag_run``): one row per claim, written in the claiming transaction.
+#: ``run_after`` and ``consumed_events`` are set by the ``lost_events``
+#: consumer (Airflow 3.3.2's rule), which reads the previous ``run_after``.
 bench_metadata = sa.MetaData()
 bench_run = sa.Table(
     "adrq_bench_run",
@@ -71,7 +88,19 @@ bench_run = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("dag_id", sa.String(250), nullable=False),
     sa.Column("queued_rows", sa.Integer, nullable=False),
+    sa.Column("run_after", UtcDateTime(), nullable=True),
+    sa.Column("consumed_events", sa.Integer, nullable=True),
+    sa.Index("idx_adrq_bench_run_dag_run_after", "dag_id", "run_after"),
 )
+
+
+@dataclass(frozen=True)
+class SeedAsset:
+    """A seeded asset: its id, and the ``name`` / ``uri`` that ``register_asset_change`` looks up."""
+
+    id: int
+    name: str
+    uri: str
 
 
 def _t(model: type[Any]) -> sa.Table:
@@ -156,35 +185,106 @@ def bench_engine(url: str | URL, *, lock_timeout_s: float, pool_size: int = 2) -
 # --- schema and seed data ------------------------------------------------------
 
 
+def _warm_name(party: int, i: int) -> str:
+    return f"bench_warm_{party}_{i}"
+
+
+def _lost_dag_id(k: int) -> str:
+    return f"lost_dag_{k}"
+
+
 def seed(engine: Engine, sizes: Sizes) -> None:
     """Create the tables and the benchmark's DAGs, assets and references."""
     metadata.create_all(engine)
     bench_metadata.create_all(engine)
-    n_dags = max(sizes.fanout, *sizes.sweep)
+    parties = max(sizes.producers, sizes.lost_producers)
     now = utcnow()
-    assets = [(f"bench_asset_{i}", f"s3://bench/main/{i}") for i in range(sizes.outlets)]
-    assets += [(f"sweep_{f}", f"s3://bench/sweep/{f}") for f in sizes.sweep]
+    main = [(f"bench_asset_{i}", f"s3://bench/main/{i}") for i in range(sizes.outlets)]
+    warm = [
+        (_warm_name(p, i), f"s3://bench/warm/{p}/{i}")
+        for p in range(1, parties + 1)
+        for i in range(sizes.outlets)
+    ]
+    sweeps = sorted({*sizes.sweep, *sizes.ratio_fanouts})
+    sweep = [(f"sweep_{f}", f"s3://bench/sweep/{f}") for f in sweeps]
+    lost = [("lost_asset", "s3://bench/lost")]
+    lost += [(f"lost_warm_{p}", f"s3://bench/lost-warm/{p}") for p in range(1, parties + 1)]
+    assets = main + warm + sweep + lost
     with engine.begin() as conn:
         conn.execute(sa.insert(_t(DagBundleModel)), [{"name": BUNDLE}])
-        dag_rows = [_dag_row(dag_id(n), paused=False) for n in range(n_dags)]
+        dag_rows = [_dag_row(dag_id(n), paused=False) for n in range(sizes.max_fanout)]
         dag_rows += [_dag_row(_paused_dag_id(n), paused=True) for n in range(sizes.paused)]
+        dag_rows += [_dag_row(_lost_dag_id(k), paused=False) for k in range(sizes.lost_consumers)]
         _insert_chunked(conn, _t(DagModel), dag_rows)
-        conn.execute(
-            sa.insert(_t(AssetModel)),
+        _insert_chunked(
+            conn,
+            _t(AssetModel),
             [
                 {"name": n, "uri": u, "group": "bench", "extra": {}, "created_at": now, "updated_at": now}
                 for n, u in assets
             ],
         )
-        conn.execute(sa.insert(_t(AssetActive)), [{"name": n, "uri": u} for n, u in assets])
+        _insert_chunked(conn, _t(AssetActive), [{"name": n, "uri": u} for n, u in assets])
+        ids = _asset_ids_by_name(conn)
+        consumers = [dag_id(n) for n in range(sizes.fanout)]
+        consumers += [_paused_dag_id(n) for n in range(sizes.paused)]
+        lost_consumers = [_lost_dag_id(k) for k in range(sizes.lost_consumers)]
         refs: list[dict[str, Any]] = []
-        for asset_id in main_asset_ids(conn):
-            consumers = [dag_id(n) for n in range(sizes.fanout)]
-            consumers += [_paused_dag_id(n) for n in range(sizes.paused)]
-            refs += [_ref_row(asset_id, d, now) for d in consumers]
-        for fanout in sizes.sweep:
-            refs += [_ref_row(sweep_asset_id(conn, fanout), dag_id(n), now) for n in range(fanout)]
+        for name, _uri in main + warm:
+            refs += [_ref_row(ids[name], d, now) for d in consumers]
+        for fanout in sweeps:
+            refs += [_ref_row(ids[f"sweep_{fanout}"], dag_id(n), now) for n in range(fanout)]
+        for name, _uri in lost:
+            refs += [_ref_row(ids[name], d, now) for d in lost_consumers]
         _insert_chunked(conn, _t(DagScheduleAssetReference), refs)
+
+
+def _asset_ids_by_name(conn: Connection) -> dict[str, int]:
+    asset = _t(AssetModel)
+    return {str(n): int(i) for n, i in conn.execute(sa.select(asset.c.name, asset.c.id))}
+
+
+def _assets_where(conn: Connection, condition: sa.ColumnElement[bool]) -> list[SeedAsset]:
+    asset = _t(AssetModel)
+    rows = conn.execute(
+        sa.select(asset.c.id, asset.c.name, asset.c.uri).where(condition).order_by(asset.c.id)
+    )
+    return [SeedAsset(int(i), str(n), str(u)) for i, n, u in rows]
+
+
+def main_assets(conn: Connection) -> list[SeedAsset]:
+    """The ``outlets`` assets every producer of the contention scenarios emits."""
+    return _assets_where(conn, _t(AssetModel).c.name.like("bench_asset_%"))
+
+
+def warm_assets(conn: Connection, party: int) -> list[SeedAsset]:
+    """Producer party ``party``'s own warm-up assets (same consumers as the main assets)."""
+    names = [_warm_name(party, i) for i in range(len(main_assets(conn)))]
+    found = {a.name: a for a in _assets_where(conn, _t(AssetModel).c.name.in_(names))}
+    return [found[n] for n in names]
+
+
+def sweep_asset(conn: Connection, fanout: int) -> SeedAsset:
+    (asset,) = _assets_where(conn, _t(AssetModel).c.name == f"sweep_{fanout}")
+    return asset
+
+
+def lost_asset(conn: Connection) -> SeedAsset:
+    (asset,) = _assets_where(conn, _t(AssetModel).c.name == "lost_asset")
+    return asset
+
+
+def lost_warm_asset(conn: Connection, party: int) -> SeedAsset:
+    (asset,) = _assets_where(conn, _t(AssetModel).c.name == f"lost_warm_{party}")
+    return asset
+
+
+def lost_dag_ids(conn: Connection) -> list[str]:
+    """The consumer DAGs of ``lost_asset``, sorted."""
+    dag = _t(DagModel)
+    return list(
+        conn.scalars(sa.select(dag.c.dag_id).where(dag.c.dag_id.like("lost_dag_%")).order_by(dag.c.dag_id))
+    )
 
 
 def _dag_row(dag: str, *, paused: bool) -> dict[str, Any]:
@@ -209,15 +309,11 @@ def _insert_chunked(conn: Connection, table: sa.Table, rows: Sequence[dict[str, 
 
 
 def main_asset_ids(conn: Connection) -> list[int]:
-    asset = _t(AssetModel)
-    return list(
-        conn.scalars(sa.select(asset.c.id).where(asset.c.name.like("bench_asset_%")).order_by(asset.c.id))
-    )
+    return [a.id for a in main_assets(conn)]
 
 
 def sweep_asset_id(conn: Connection, fanout: int) -> int:
-    asset = _t(AssetModel)
-    return int(conn.scalar(sa.select(asset.c.id).where(asset.c.name == f"sweep_{fanout}")) or 0)
+    return sweep_asset(conn, fanout).id
 
 
 def consumer_dags(conn: Connection, asset_ids: Sequence[int]) -> dict[int, frozenset[str]]:

@@ -5,7 +5,9 @@ deadlocks, lock-wait timeouts, serialization failures, SQLite busy errors,
 retries, throughput, latency percentiles (a transaction's latency runs from
 its first BEGIN to its successful COMMIT, retries included), statements per
 committed transaction and the exact-rows verdict; ratios against
-``airflow_3_3`` from the same run. Plus the fan-out sweep.
+``airflow_3_3`` from the same run. Plus the lost-events table ((event,
+consumer) pairs no run consumed, ours against Airflow's shape), the fan-out
+sweep, and the raw-SQL ratio row.
 """
 
 from __future__ import annotations
@@ -13,14 +15,24 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from airflow_adrq.bench.config import STRATEGIES
 
-__all__ = ["SQLITE_NOTE", "aggregate", "format_sweep", "format_table", "plot", "write_json"]
+__all__ = [
+    "SQLITE_NOTE",
+    "aggregate",
+    "aggregate_lost",
+    "format_lost",
+    "format_ratio",
+    "format_sweep",
+    "format_table",
+    "plot",
+    "write_json",
+]
 
 SQLITE_NOTE = (
     "SQLite serialises writers (one BEGIN IMMEDIATE transaction at a time), so it cannot "
@@ -41,14 +53,15 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 def aggregate(raw: dict[str, Any]) -> list[dict[str, Any]]:
     """One summary row per (database, scenario, strategy), in report order."""
-    cells = {c["index"]: c for c in raw["cells"]}
+    contention = [c for c in raw["cells"] if c["scenario"] != "lost_events"]
+    cells = {c["index"]: c for c in contention}
     txs: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for tx in raw["transactions"]:
         cell = cells.get(tx["cell"])
         if cell is not None:
             txs[(cell["db"], cell["scenario"], cell["strategy"])].append(tx)
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
-    for cell in raw["cells"]:
+    for cell in contention:
         groups[(cell["db"], cell["scenario"], cell["strategy"])].append(cell)
     rows = []
     for key, group in groups.items():
@@ -95,7 +108,7 @@ def aggregate(raw: dict[str, Any]) -> list[dict[str, Any]]:
         row["p99_vs_airflow_3_3"] = _ratio(row["p99_ms"], base["p99_ms"]) if base else math.nan
     order = {s: i for i, s in enumerate(STRATEGIES)}
     dbs = [t["name"] for t in raw["targets"]]
-    scenarios = list(dict.fromkeys(c["scenario"] for c in raw["cells"]))
+    scenarios = list(dict.fromkeys(c["scenario"] for c in contention))
     rows.sort(
         key=lambda r: (dbs.index(r["db"]), scenarios.index(r["scenario"]), order.get(r["strategy"], 99))
     )
@@ -117,7 +130,9 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 
 def _x(value: float) -> str:
-    return "-" if math.isnan(value) else f"{value:.2f}x"
+    if math.isnan(value):
+        return "-"
+    return "inf" if math.isinf(value) else f"{value:.2f}x"
 
 
 _COLUMNS = (
@@ -173,6 +188,171 @@ def format_table(raw: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
             out.append(f"> {SQLITE_NOTE}\n")
         body = [[_cell_text(key, r) for _, key in _COLUMNS] for r in db_rows]
         out.append(_markdown([h for h, _ in _COLUMNS], body))
+        for note in _skip_notes(raw, target["name"]):
+            out.append(f"\n> {note}")
+        out.append("")
+    return "\n".join(out)
+
+
+def aggregate_lost(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (database, hold, strategy) of the ``lost_events`` rounds.
+
+    ``lost_pairs``: (event, consumer DAG) pairs of committed events that no
+    run consumed under Airflow 3.3.2's scheduler rule; ``vs_airflow_shaped``:
+    ``lost_pairs`` over ``airflow_3_3``'s at the same hold on the same
+    database (target for ours: at most 0.2).
+    """
+    cells = [c for c in raw["cells"] if c["scenario"] == "lost_events"]
+    indexes = {c["index"] for c in cells}
+    failures: dict[int, Counter[str]] = defaultdict(Counter)
+    committed: Counter[int] = Counter()
+    latencies: dict[int, list[float]] = defaultdict(list)
+    for tx in raw["transactions"]:
+        if tx["cell"] in indexes:
+            failures[tx["cell"]].update(tx["failures"])
+            if tx["ok"]:
+                committed[tx["cell"]] += 1
+                latencies[tx["cell"]].append(tx["latency_s"] * 1000)
+    rows = []
+    for c in cells:
+        rows.append(
+            {
+                "db": c["db"],
+                "hold_ms": c["hold_ms"],
+                "strategy": c["strategy"],
+                "producers": c["producers"],
+                "committed": committed[c["index"]],
+                "events": c["events"],
+                "consumers": c["consumers"],
+                "pairs": c["pairs"],
+                "lost_pairs": c["lost_pairs"],
+                "lost_pct": 100 * c["lost_pairs"] / c["pairs"] if c["pairs"] else math.nan,
+                "lost_events": c["lost_events"],
+                "late_pairs": c["late_pairs"],
+                "runs": c["runs"],
+                "deadlocks": failures[c["index"]].get("deadlock", 0),
+                "p50_ms": _percentile(latencies[c["index"]], 50),
+                "duration_s": c["duration_s"],
+                "queue_rows_left": c["queue_rows_left"],
+                "consumed_unknown": c["consumed_unknown"],
+            }
+        )
+    for row in rows:
+        base = next(
+            (
+                r
+                for r in rows
+                if (r["db"], r["hold_ms"], r["strategy"]) == (row["db"], row["hold_ms"], "airflow_3_3")
+            ),
+            None,
+        )
+        row["vs_airflow_shaped"] = (
+            _ratio(float(row["lost_pairs"]), float(base["lost_pairs"])) if base else math.nan
+        )
+        if base and base["lost_pairs"] == 0:
+            row["vs_airflow_shaped"] = 0.0 if row["lost_pairs"] == 0 else math.inf
+    order = {s: i for i, s in enumerate(STRATEGIES)}
+    dbs = [t["name"] for t in raw["targets"]]
+    rows.sort(key=lambda r: (dbs.index(r["db"]), r["hold_ms"], order.get(r["strategy"], 99)))
+    return rows
+
+
+_LOST_LABEL = {"airflow_3_3": "Airflow 3.3.2 shape (airflow_3_3)", "commit_time": "ours (commit_time)"}
+
+
+def format_lost(raw: dict[str, Any], lost: Sequence[dict[str, Any]]) -> str:
+    """The lost-events table (Markdown), one section per database."""
+    if not lost:
+        return ""
+    out = []
+    for target in raw["targets"]:
+        db_rows = [r for r in lost if r["db"] == target["name"]]
+        if not db_rows:
+            continue
+        first = db_rows[0]
+        out.append(f"### lost events, {target['name']} ({target['version']})\n")
+        out.append(
+            f"{first['producers']} producers of one asset, {first['consumers']} consumer DAGs, a consumer "
+            "applying Airflow 3.3.2's scheduler rule (`_create_dag_runs_asset_triggered`) throughout, then "
+            "a drain, then one sentinel event (committed last) and a drain again. Unconsumed: (event, "
+            "consumer) pairs of committed events that no run consumed, ever (target: ours at most one "
+            "fifth of Airflow's shape). Late: consumed only by the sentinel's runs (their queue row "
+            "already existed with an older created_at, so the run they were queued for stopped short "
+            "of them).\n"
+        )
+        body = [
+            [
+                f"{r['hold_ms']:g}",
+                _LOST_LABEL.get(r["strategy"], r["strategy"]),
+                _fmt(r["events"]),
+                _fmt(r["pairs"]),
+                _fmt(r["lost_pairs"]),
+                _fmt(r["lost_pct"]),
+                _x(r["vs_airflow_shaped"]) if r["strategy"] != "airflow_3_3" else "-",
+                _fmt(r["late_pairs"]),
+                _fmt(r["runs"]),
+                _fmt(r["deadlocks"]),
+                _fmt(r["p50_ms"]),
+            ]
+            for r in db_rows
+        ]
+        header = [
+            "hold ms",
+            "producer",
+            "events",
+            "pairs",
+            "unconsumed",
+            "%",
+            "vs Airflow shape",
+            "late",
+            "runs",
+            "deadlocks",
+            "p50 ms",
+        ]
+        out.append(_markdown(header, body))
+        out.append("")
+    return "\n".join(out)
+
+
+def format_ratio(raw: dict[str, Any]) -> str:
+    """The raw-SQL ratio row: ``register_asset_change`` + COMMIT against hand-written SQL."""
+    out = []
+    for target in raw["targets"]:
+        results = raw.get("raw_sql_ratio", {}).get(target["name"], [])
+        if not results:
+            continue
+        out.append(f"### register_asset_change vs raw SQL, {target['name']} ({target['version']})\n")
+        out.append(
+            f"one event + COMMIT, commit mode, against the same work in hand-written SQL through the same "
+            f"driver (`engine.raw_connection()`), interleaved call by call, {results[0]['calls']} calls each "
+            "on an empty queue (target: ratio at most 1.5)\n"
+        )
+        body = [
+            [
+                f"F={r['fanout']:,}",
+                _fmt(r["ours_p50_ms"], 2),
+                _fmt(r["ours_p95_ms"], 2),
+                _fmt(r["raw_p50_ms"], 2),
+                _fmt(r["raw_p95_ms"], 2),
+                _x(r["ratio_p50"]),
+                _x(r["ratio_p95"]),
+                f"{r['ours_statements']} / {r['raw_statements']}",
+                "yes" if r["rows_exact"] else "NO",
+            ]
+            for r in results
+        ]
+        header = [
+            "fan-out",
+            "ours p50 ms",
+            "ours p95 ms",
+            "raw p50 ms",
+            "raw p95 ms",
+            "ratio p50",
+            "ratio p95",
+            "stmts ours / raw",
+            "rows exact",
+        ]
+        out.append(_markdown(header, body))
         out.append("")
     return "\n".join(out)
 
@@ -196,17 +376,30 @@ def format_sweep(raw: dict[str, Any]) -> str:
                     line.append(f"{r['latency_s'] * 1000:,.1f} ms / {r['statements']:,}{exact}")
             body.append(line)
         out.append(f"### fan-out sweep, {target['name']} ({target['version']})\n")
-        out.append("median latency of one queue call + COMMIT on an empty queue / statements sent\n")
+        out.append(
+            "median latency of one register_asset_change + COMMIT on an empty queue / statements sent\n"
+        )
         out.append(_markdown(["strategy", *(f"F={f:,}" for f in fanouts)], body))
+        for note in _skip_notes(raw, target["name"]):
+            out.append(f"\n> {note}")
         out.append("")
     return "\n".join(out)
 
 
-def write_json(raw: dict[str, Any], rows: Sequence[dict[str, Any]], path: Path) -> None:
-    """Summary rows plus every raw record (cells, transactions, sweep)."""
+def _skip_notes(raw: dict[str, Any], db: str) -> list[str]:
+    return [f"{s['strategy']}: {s['reason']}." for s in raw.get("skipped", []) if s["db"] == db]
+
+
+def write_json(
+    raw: dict[str, Any],
+    rows: Sequence[dict[str, Any]],
+    path: Path,
+    lost: Sequence[dict[str, Any]] = (),
+) -> None:
+    """Summary rows, lost-events rows, plus every raw record (cells, transactions, sweep, raw-SQL ratio)."""
 
     def clean(value: Any) -> Any:
-        if isinstance(value, float) and math.isnan(value):
+        if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
             return None
         if isinstance(value, dict):
             return {k: clean(v) for k, v in value.items()}
@@ -214,7 +407,7 @@ def write_json(raw: dict[str, Any], rows: Sequence[dict[str, Any]], path: Path) 
             return [clean(v) for v in value]
         return value
 
-    path.write_text(json.dumps(clean({"summary": list(rows), **raw}), indent=1))
+    path.write_text(json.dumps(clean({"summary": list(rows), "lost_events": list(lost), **raw}), indent=1))
 
 
 def plot(raw: dict[str, Any], rows: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:

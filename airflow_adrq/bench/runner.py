@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -25,7 +26,8 @@ import sqlalchemy as sa
 import airflow_adrq
 from airflow_adrq import servers
 from airflow_adrq.bench import dataset, engine
-from airflow_adrq.bench.config import SCENARIOS, STRATEGIES, Cell, Plan, Sizes
+from airflow_adrq.bench import strategies as strategy_registry
+from airflow_adrq.bench.config import LOST_EVENT_STRATEGIES, SCENARIOS, STRATEGIES, Cell, Plan, Sizes
 from airflow_adrq.errors import AdrqError
 
 __all__ = ["BenchError", "Target", "run"]
@@ -78,7 +80,8 @@ def run(
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "barriers").mkdir(exist_ok=True)
-    for name in ("cells.jsonl", "current", *(f"tx-{p}.jsonl" for p in range(1, sizes.producers + 1))):
+    parties = max(sizes.producers, sizes.lost_producers)
+    for name in ("cells.jsonl", "current", *(f"tx-{p}.jsonl" for p in range(1, parties + 1))):
         (out_dir / name).unlink(missing_ok=True)
     for marker in (out_dir / "barriers").iterdir():
         marker.unlink()
@@ -94,41 +97,110 @@ def run(
             finally:
                 seed_engine.dispose()
             scratch[target.name] = url
-        cells = tuple(
-            Cell(index=i, db=db, url=url, strategy=strategy, scenario=scenario, round=r)
-            for i, (db, url, scenario, strategy, r) in enumerate(
-                (db, url, scenario, strategy, r)
-                for db, url in scratch.items()
-                for scenario in scenarios
-                for strategy in strategies
-                for r in range(sizes.rounds)
-            )
+        order_seed = int.from_bytes(os.urandom(4), "big")
+        cells, skipped = plan_cells(
+            [(t.name, scratch[t.name]) for t in targets],
+            sizes,
+            strategies,
+            scenarios,
+            random.Random(order_seed),
         )
         plan = Plan(out_dir=str(out_dir), sizes=sizes, cells=cells)
         plan_path = out_dir / "plan.json"
         plan.dump(plan_path)
         _run_suite(plan, plan_path, progress)
         sweeps: dict[str, list[dict[str, Any]]] = {}
+        ratios: dict[str, list[dict[str, Any]]] = {}
         for target in targets:
 
             def sweep_progress(msg: str, name: str = target.name) -> None:
                 progress(f"{name}: {msg}")
 
+            url = scratch[target.name]
+            backend = sa.engine.make_url(url).get_backend_name()
             sweeps[target.name] = engine.run_sweep(
-                scratch[target.name], sizes, strategies, progress=sweep_progress
+                url,
+                sizes,
+                [s for s in strategies if strategy_registry.applies_to(s, backend)],
+                progress=sweep_progress,
             )
+            ratios[target.name] = engine.run_raw_ratio(url, sizes, progress=sweep_progress)
     return {
         "started_at": started,
         "duration_s": time.time() - started,
         "sizes": _asdict(sizes),
         "targets": [{"name": t.name, "version": t.version} for t in targets],
         "cells": _read_jsonl(out_dir / "cells.jsonl"),
-        "transactions": [
-            tx for p in range(1, sizes.producers + 1) for tx in _read_jsonl(out_dir / f"tx-{p}.jsonl")
-        ],
+        "transactions": [tx for p in range(1, parties + 1) for tx in _read_jsonl(out_dir / f"tx-{p}.jsonl")],
         "sweeps": sweeps,
+        "raw_sql_ratio": ratios,
+        "skipped": skipped,
+        "cell_order_seed": order_seed,
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
     }
+
+
+#: Why ``values_batch`` is not run on a backend (see :func:`airflow_adrq.baselines.applies_to`).
+VALUES_BATCH_NOTE = (
+    "values_batch is apache/airflow PR #69977, which changed the MySQL/MariaDB branch only; "
+    "on this backend it is airflow_3_3's code, so it is not run here"
+)
+
+
+def plan_cells(
+    databases: Sequence[tuple[str, str]],
+    sizes: Sizes,
+    strategies: Sequence[str],
+    scenarios: Sequence[str],
+    rng: random.Random,
+) -> tuple[tuple[Cell, ...], list[dict[str, str]]]:
+    """Every round of the run, in random order within each database; and what was left out, why.
+
+    Contention scenarios: every strategy that applies to the backend,
+    ``rounds`` times, with ``sizes.producers`` producers. ``lost_events``: the
+    strategies of :data:`LOST_EVENT_STRATEGIES` that were selected, once per
+    hold in ``sizes.lost_holds_ms``, with ``sizes.lost_producers`` producers.
+    """
+    cells: list[Cell] = []
+    skipped: list[dict[str, str]] = []
+    for db, url in databases:
+        backend = sa.engine.make_url(url).get_backend_name()
+        runnable = []
+        for strategy in strategies:
+            if strategy_registry.applies_to(strategy, backend):
+                runnable.append(strategy)
+            else:
+                skipped.append({"db": db, "strategy": strategy, "reason": VALUES_BATCH_NOTE})
+        todo: list[tuple[str, str, int, float, int]] = []
+        for scenario in scenarios:
+            if scenario == "lost_events":
+                todo += [
+                    (scenario, strategy, 0, hold, sizes.lost_producers)
+                    for strategy in runnable
+                    if strategy in LOST_EVENT_STRATEGIES
+                    for hold in sizes.lost_holds_ms
+                ]
+            else:
+                todo += [
+                    (scenario, strategy, r, sizes.hold_ms, sizes.producers)
+                    for strategy in runnable
+                    for r in range(sizes.rounds)
+                ]
+        rng.shuffle(todo)
+        for scenario, strategy, r, hold, producers in todo:
+            cells.append(
+                Cell(
+                    index=len(cells),
+                    db=db,
+                    url=url,
+                    strategy=strategy,
+                    scenario=scenario,
+                    round=r,
+                    hold_ms=hold,
+                    producers=producers,
+                )
+            )
+    return tuple(cells), skipped
 
 
 def _unique_names(targets: Sequence[Target]) -> list[Target]:
@@ -205,4 +277,6 @@ def _current(out: Path) -> str:
         cell = json.loads((out / "current").read_text())
     except (OSError, ValueError):
         return "starting producer processes"
+    if cell["scenario"] == "lost_events":
+        return f"{cell['db']} lost_events/{cell['strategy']} (hold {cell['hold_ms']:g} ms)"
     return f"{cell['db']} {cell['scenario']}/{cell['strategy']} (round {cell['round'] + 1})"

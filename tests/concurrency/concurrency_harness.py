@@ -16,6 +16,9 @@ scheduler keeps deleting queue rows, so fresh inserts are the normal case.
 Each thread has its own connection (the pool is as large as the thread
 count). Threads are enough: every wait happens in the database, outside the
 GIL. ``airflow-adrq bench`` runs the same transactions in separate processes.
+
+A strategy's transaction is its whole ``register_asset_change`` path per
+emitted asset (see :mod:`airflow_adrq.bench.strategies`).
 """
 
 from __future__ import annotations
@@ -66,21 +69,31 @@ class Outcome:
 def seeded_engine(db_url: str, *, fanout: int, outlets: int, threads: int):
     """A pooled engine with bounded lock waits, on a database seeded like the benchmark's."""
     eng = dataset.bench_engine(db_url, lock_timeout_s=5, pool_size=threads)
-    dataset.seed(eng, Sizes(fanout=fanout, outlets=outlets, paused=1, sweep=(1,)))
+    sizes = Sizes(
+        fanout=fanout,
+        outlets=outlets,
+        paused=1,
+        sweep=(1,),
+        ratio_fanouts=(1,),
+        producers=threads,
+        lost_producers=1,
+        lost_consumers=1,
+    )
+    dataset.seed(eng, sizes)
     return eng
 
 
 class Producer:
     """Per transaction: emit the scenario's assets (fresh random order) with ``strategy``."""
 
-    def __init__(self, strategy: str, scenario: str, asset_ids: list[int]):
-        self.queue_one = strategies.get(strategy)
+    def __init__(self, strategy: str, scenario: str, assets: list[dataset.SeedAsset]):
+        self.emit = strategies.get(strategy)
         self.scenario = scenario
-        self.asset_ids = asset_ids
+        self.assets = assets
 
     def __call__(self, rng) -> tuple[list[int], Work]:
-        assets = engine.emitted_assets(self.scenario, self.asset_ids, rng)
-        return assets, engine.producer_work(self.queue_one, assets, rng)
+        assets = engine.emitted_assets(self.scenario, self.assets, rng)
+        return [a.id for a in assets], engine.producer_work(self.emit, assets, rng)
 
 
 def run_waves(
@@ -183,15 +196,15 @@ def run_producers(
     eng = seeded_engine(db_url, fanout=fanout, outlets=outlets, threads=producers)
     try:
         with eng.connect() as conn:
-            asset_ids = dataset.main_asset_ids(conn)
-            consumers = dataset.consumer_dags(conn, asset_ids)
+            assets = dataset.main_assets(conn)
+            consumers = dataset.consumer_dags(conn, [a.id for a in assets])
 
         def expected(results):
             return {(a, d) for r in results if r.ok for a in r.assets for d in consumers[a]}
 
         return run_waves(
             eng,
-            [Producer(strategy, scenario, asset_ids) for _ in range(producers)],
+            [Producer(strategy, scenario, assets) for _ in range(producers)],
             waves=waves,
             expected=expected,
             hold_ms=hold_ms,
