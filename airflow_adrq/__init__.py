@@ -31,6 +31,7 @@ from airflow_adrq.engine import create_engine
 from airflow_adrq.errors import (
     AdrqError,
     AirflowSchemaError,
+    CommitOutcomeUnknownError,
     DeferredTooLateError,
     IsolationLevelError,
     RetriesExhaustedError,
@@ -55,6 +56,7 @@ __all__ = [
     "AirflowSchemaError",
     "AssetChange",
     "AssetEventInfo",
+    "CommitOutcomeUnknownError",
     "DeferredTooLateError",
     "IsolationLevelError",
     "RetriesExhaustedError",

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "AdrqError",
     "AirflowSchemaError",
+    "CommitOutcomeUnknownError",
     "DeferredTooLateError",
     "IsolationLevelError",
     "RetriesExhaustedError",
@@ -43,3 +44,7 @@ class IsolationLevelError(AdrqError):
 
 class DeferredTooLateError(AdrqError):
     """A queue write was deferred after the transaction's commit-time write had already run."""
+
+
+class CommitOutcomeUnknownError(AdrqError):
+    """The connection was lost while COMMIT was in flight: the transaction may or may not be committed."""

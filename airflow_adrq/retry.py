@@ -10,6 +10,7 @@ callbacks, metrics, messages) runs once, after the COMMIT that succeeded.
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import logging
 import sqlite3
@@ -17,11 +18,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from airflow_adrq.errors import RetriesExhaustedError
+from airflow_adrq.errors import CommitOutcomeUnknownError, RetriesExhaustedError
 
 __all__ = ["Retryable", "RetryableKind", "classify", "is_retryable", "run_callbacks", "run_in_transaction"]
 
@@ -36,6 +39,9 @@ class RetryableKind(enum.Enum):
     SERIALIZATION = "serialization"
     LOCK_TIMEOUT = "lock_timeout"
     BUSY = "busy"
+    #: The connection was lost. Retryable only if COMMIT had not been sent:
+    #: :func:`run_in_transaction` raises CommitOutcomeUnknownError otherwise.
+    CONNECTION_LOST = "connection_lost"
 
 
 @dataclass(frozen=True)
@@ -51,11 +57,20 @@ _PG_SQLSTATES = {
     "40P01": RetryableKind.DEADLOCK,  # deadlock_detected
     "40001": RetryableKind.SERIALIZATION,  # serialization_failure
     "55P03": RetryableKind.LOCK_TIMEOUT,  # lock_not_available (lock_timeout / NOWAIT)
+    "57P01": RetryableKind.CONNECTION_LOST,  # admin_shutdown (pg_terminate_backend, server stop)
+    "57P02": RetryableKind.CONNECTION_LOST,  # crash_shutdown
+    "57P03": RetryableKind.CONNECTION_LOST,  # cannot_connect_now (server starting up)
 }
+# SQLSTATE class 08: connection exceptions (PgBouncer reports lost server connections so).
+_PG_CONNECTION_CLASS = "08"
 # MySQL / MariaDB server error numbers.
 _MYSQL_ERRNOS = {
     1213: RetryableKind.DEADLOCK,  # ER_LOCK_DEADLOCK: InnoDB rolled the transaction back
     1205: RetryableKind.LOCK_TIMEOUT,  # ER_LOCK_WAIT_TIMEOUT: only the statement was rolled back
+    1927: RetryableKind.CONNECTION_LOST,  # ER_CONNECTION_KILLED (MariaDB: KILL CONNECTION)
+    2006: RetryableKind.CONNECTION_LOST,  # CR_SERVER_GONE_ERROR
+    2013: RetryableKind.CONNECTION_LOST,  # CR_SERVER_LOST (during a query)
+    4031: RetryableKind.CONNECTION_LOST,  # ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8)
 }
 # SQLite primary result codes (the low byte of extended codes such as
 # SQLITE_BUSY_SNAPSHOT = 517).
@@ -108,10 +123,16 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 def _classify_one(exc: BaseException) -> Retryable | None:
+    # SQLAlchemy asked the dialect (is_disconnect) and invalidated the
+    # connection: the pool will not hand it out again.
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return Retryable(RetryableKind.CONNECTION_LOST, "invalidated")
     # psycopg2 exposes .pgcode, psycopg 3 .sqlstate.
     sqlstate = getattr(exc, "pgcode", None) or getattr(exc, "sqlstate", None)
     if isinstance(sqlstate, str) and sqlstate in _PG_SQLSTATES:
         return Retryable(_PG_SQLSTATES[sqlstate], sqlstate)
+    if isinstance(sqlstate, str) and sqlstate.startswith(_PG_CONNECTION_CLASS):
+        return Retryable(RetryableKind.CONNECTION_LOST, sqlstate)
     # sqlite3 (Python >= 3.11) exposes the extended result code.
     sqlite_code = getattr(exc, "sqlite_errorcode", None)
     if sqlite_code is None and isinstance(exc, sqlite3.OperationalError) and exc.args:
@@ -146,8 +167,28 @@ def classify(exc: BaseException) -> Retryable | None:
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """Whether ``exc`` (or anything in its chain) allows a whole-transaction retry."""
+    """Whether ``exc`` (or anything in its chain) allows a whole-transaction retry.
+
+    A lost connection counts: :func:`run_in_transaction` raises
+    :class:`~airflow_adrq.errors.CommitOutcomeUnknownError` instead when the
+    connection was lost while COMMIT was in flight.
+    """
     return classify(exc) is not None
+
+
+# Set by run_in_transaction around each attempt; the engine-wide "commit"
+# listener flips it when a COMMIT is about to go to the server (SQLAlchemy
+# emits ConnectionEvents.commit just before calling the DBAPI commit()).
+_COMMIT_SENT: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
+    "airflow_adrq_commit_sent", default=None
+)
+
+
+@event.listens_for(Engine, "commit")
+def _on_commit(_conn: Connection) -> None:
+    sent = _COMMIT_SENT.get()
+    if sent is not None:
+        sent[0] = True
 
 
 def run_in_transaction(
@@ -170,6 +211,15 @@ def run_in_transaction(
     by passing it as ``register_asset_change(callback_sink=...)``) run once,
     in order, after the successful COMMIT; an exception in one is logged and
     does not stop the others.
+
+    A connection lost before COMMIT was sent (during ``work``, or in the
+    commit-time queue write) is retried like a deadlock, on a new connection
+    (SQLAlchemy invalidates the dead one): nothing of that attempt was
+    committed. A connection lost while COMMIT is in flight leaves the outcome
+    unknown (the server may have committed): that is never retried; it
+    raises :class:`~airflow_adrq.errors.CommitOutcomeUnknownError`, chained to
+    the driver error. The caller must then find out (for example by looking
+    for the events it wrote) before doing the work again.
 
     Locks: whatever ``work`` locks, released by the COMMIT or ROLLBACK of each
     attempt. Does not promise: that ``work`` has no side effects outside the
@@ -206,8 +256,9 @@ def run_in_transaction(
         for attempt in retrying:
             with attempt:
                 callbacks = []
-                with session_factory() as session, session.begin():
-                    result = work(session, callbacks)
+                result = _attempt(session_factory, work, callbacks)
+    except CommitOutcomeUnknownError:
+        raise
     except Exception as exc:
         if is_retryable(exc):
             raise RetriesExhaustedError(
@@ -216,6 +267,32 @@ def run_in_transaction(
         raise
     run_callbacks(callbacks)
     return result
+
+
+def _attempt(
+    session_factory: Callable[[], Session],
+    work: Callable[[Session, list[Callback]], T],
+    callbacks: list[Callback],
+) -> T:
+    """One attempt: BEGIN, ``work``, COMMIT, telling a lost COMMIT apart from a lost transaction."""
+    sent = [False]
+    token = _COMMIT_SENT.set(sent)
+    try:
+        with session_factory() as session, session.begin():
+            result = work(session, callbacks)
+            sent[0] = False  # only the COMMIT that follows counts
+        return result
+    except Exception as exc:
+        found = classify(exc)
+        if sent[0] and found is not None and found.kind is RetryableKind.CONNECTION_LOST:
+            raise CommitOutcomeUnknownError(
+                "the database connection was lost while COMMIT was in flight; the transaction may or "
+                f"may not have been committed ({found.code}). Not retried: check what was written "
+                "before running it again."
+            ) from exc
+        raise
+    finally:
+        _COMMIT_SENT.reset(token)
 
 
 def run_callbacks(callbacks: Iterable[Callback]) -> None:
