@@ -372,17 +372,19 @@ def _associate_aliases(session: Session, registered: Sequence[tuple[AssetChange,
     if not wanted:
         return {}
     names = sorted({name for name, _ in wanted})
-    alias_ids: dict[str, int] = dict(session.execute(_ALIASES_BY_NAME, {"names": names}).tuples().all())
+    alias_ids = {name: alias_id for name, alias_id in session.execute(_ALIASES_BY_NAME, {"names": names})}
     missing = [name for name in names if name not in alias_ids]
     if missing:
         support = dialects.get(session)
         session.execute(support.insert_ignore(_ALIAS), [{"name": n, "group": ""} for n in missing])
-        alias_ids.update(session.execute(_ALIASES_BY_NAME, {"names": missing}).tuples().all())
+        alias_ids.update(
+            (name, alias_id) for name, alias_id in session.execute(_ALIASES_BY_NAME, {"names": missing})
+        )
     params = {
         "alias_ids": sorted({alias_ids[name] for name, _ in wanted}),
         "asset_ids": sorted({asset_id for _, asset_id in wanted}),
     }
-    linked = set(session.execute(_LINKS, params).tuples().all())
+    linked = {(alias_id, asset_id) for alias_id, asset_id in session.execute(_LINKS, params)}
     links = sorted({(alias_ids[name], asset_id) for name, asset_id in wanted} - linked)
     if links:
         session.execute(
