@@ -65,6 +65,7 @@ __all__ = [
     "discover",
     "drop_database",
     "env_var",
+    "pgbouncer",
     "server_version",
 ]
 
@@ -479,6 +480,104 @@ def _first_line(exc: BaseException | None) -> str:
 
 def _safe(url: str) -> str:
     return sa.make_url(url).render_as_string(hide_password=True)
+
+
+# --- PgBouncer ---------------------------------------------------------------
+
+#: Names the PgBouncer to use instead of starting one (its pool_mode must be
+#: ``transaction`` for the tests that rely on it).
+ENV_PGBOUNCER = "ADRQ_TEST_PGBOUNCER_URL"
+
+
+@contextlib.contextmanager
+def pgbouncer(server_url: str | URL, *, pool_mode: str = "transaction") -> Iterator[str]:
+    """Yield the URL of a throwaway PgBouncer in front of the PostgreSQL server at ``server_url``.
+
+    ``transaction`` pooling (the official Helm chart's default in front of
+    Airflow's database): a client holds a server connection only for the
+    length of a transaction, so session state (``SET``, prepared statements,
+    advisory locks) does not survive from one transaction to the next. Every
+    database name is forwarded to the same server, as the same user, with
+    trust authentication (a test setup). Runs as the ``postgres`` account when
+    started by root (PgBouncer refuses to run as root). Raises
+    :class:`ServerNotFoundError` naming the Debian package when the
+    ``pgbouncer`` binary is missing. With ``$ADRQ_TEST_PGBOUNCER_URL`` set,
+    yields that PgBouncer's URL (same driver and user as ``server_url``)
+    instead of starting one.
+    """
+    upstream = sa.make_url(server_url)
+    explicit = os.environ.get(ENV_PGBOUNCER, "").strip()
+    if explicit:
+        given = sa.make_url(explicit)
+        yield upstream.set(host=given.host, port=given.port).render_as_string(hide_password=False)
+        return
+    binary = _which("pgbouncer", extra_dirs=("/usr/sbin", "/usr/local/bin"))
+    if binary is None:
+        raise ServerNotFoundError(
+            f"no pgbouncer binary: install the Debian package 'pgbouncer' (it need not be running), "
+            f"or set {ENV_PGBOUNCER}"
+        )
+    try:
+        from mirakuru import TCPExecutor
+        from mirakuru.exceptions import ExecutorError
+    except ImportError as exc:
+        raise ServerNotFoundError(
+            "starting PgBouncer needs mirakuru (pip install 'airflow-adrq[test]')"
+        ) from exc
+    as_user = _unprivileged_account("postgres")
+    tmp = Path(tempfile.mkdtemp(prefix="adrq-pgbouncer-"))
+    try:
+        port = _free_port()
+        user = upstream.username or "postgres"
+        (tmp / "userlist.txt").write_text(f'"{user}" ""\n')
+        (tmp / "pgbouncer.ini").write_text(
+            "\n".join(
+                [
+                    "[databases]",
+                    f"* = host={upstream.host or '127.0.0.1'} port={upstream.port or 5432} user={user}",
+                    "[pgbouncer]",
+                    "listen_addr = 127.0.0.1",
+                    f"listen_port = {port}",
+                    "unix_socket_dir =",
+                    "auth_type = trust",
+                    f"auth_file = {tmp / 'userlist.txt'}",
+                    f"pool_mode = {pool_mode}",
+                    "max_client_conn = 500",
+                    "default_pool_size = 60",
+                    # Drivers send these at connect; PgBouncer must not refuse them.
+                    "ignore_startup_parameters = extra_float_digits,options",
+                    f"pidfile = {tmp / 'pgbouncer.pid'}",
+                    f"logfile = {tmp / 'pgbouncer.log'}",
+                    "",
+                ]
+            )
+        )
+        if as_user is not None:
+            for path in (tmp, *tmp.iterdir()):
+                os.chown(path, as_user.pw_uid, as_user.pw_gid)
+        executor = TCPExecutor(
+            [binary, str(tmp / "pgbouncer.ini")],
+            host="127.0.0.1",
+            port=port,
+            timeout=START_TIMEOUT,
+            stop_signal=signal.SIGINT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            popen_kwargs=_popen_user(as_user),
+        )
+        try:
+            executor.start()
+        except ExecutorError as exc:
+            with contextlib.suppress(ExecutorError, OSError):
+                executor.stop()
+            raise ServerNotFoundError(f"PgBouncer did not start:\n{_tail(tmp / 'pgbouncer.log')}") from exc
+        try:
+            yield upstream.set(host="127.0.0.1", port=port).render_as_string(hide_password=False)
+        finally:
+            executor.stop()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # --- the backend table -------------------------------------------------------

@@ -15,6 +15,8 @@ Fixtures (all function-scoped):
   test: for migration tests.
 * ``server_info`` -- the ``airflow_adrq.servers.ServerInfo`` of the backend's
   server (PostgreSQL and MySQL only: mark the test ``backends("postgresql", "mysql")``).
+* ``pgbouncer_db_url`` -- ``db_url`` through a throwaway PgBouncer in
+  transaction pooling mode (``airflow_adrq.servers.pgbouncer``; PostgreSQL only).
 
 Servers are found once, by the controller process, through
 ``airflow_adrq.servers.discover`` (``$ADRQ_TEST_POSTGRESQL_URL`` /
@@ -243,6 +245,36 @@ def db_url(backend, _worker_databases):
     url = _worker_databases.url(backend)
     yield url
     _worker_databases.empty(backend)
+
+
+@pytest.fixture(scope="session")
+def _pgbouncer(request, _worker_databases):
+    """One throwaway PgBouncer (transaction pooling) per worker, in front of the PostgreSQL server."""
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(servers.pgbouncer(_worker_databases.server_url("postgresql")))
+        except servers.ServerNotFoundError as exc:
+            url = exc
+        yield url
+
+
+@pytest.fixture
+def pgbouncer_db_url(backend, db_url, _pgbouncer):
+    """``db_url`` reached through PgBouncer in transaction pooling mode (PostgreSQL only).
+
+    Missing ``pgbouncer`` binary: a skip naming the package, an error with CI=true.
+    """
+    if backend != "postgresql":
+        raise RuntimeError("pgbouncer_db_url is for PostgreSQL: mark the test backends('postgresql')")
+    if isinstance(_pgbouncer, Exception):
+        if _ci():
+            raise _pgbouncer
+        pytest.skip(f"PgBouncer unavailable (CI=true makes this an error): {_pgbouncer}")
+    return (
+        sa.make_url(_pgbouncer)
+        .set(database=sa.make_url(db_url).database)
+        .render_as_string(hide_password=False)
+    )
 
 
 @pytest.fixture
