@@ -496,6 +496,7 @@ def _lost_events_round(
     consumed: set[tuple[int, str]] = set()
     failures: Counter[str] = Counter()
     runs = passes = 0
+    pass_ms: list[float] = []
 
     def one_pass() -> int:
         nonlocal runs, passes
@@ -516,6 +517,7 @@ def _lost_events_round(
         )
         failures.update(result.failures)
         passes += 1
+        pass_ms.append(result.latency_s * 1000)
         if not result.ok:
             return 0
         consumed.update(attempt)
@@ -562,6 +564,8 @@ def _lost_events_round(
         "late_pairs": len((pairs & consumed) - consumed_in_round),
         "runs": runs,
         "passes": passes,
+        "pass_p50_ms": statistics.median(pass_ms) if pass_ms else math.nan,
+        "pass_max_ms": max(pass_ms, default=math.nan),
         "queue_rows_left": left,
         "consumer_failures": dict(failures),
         # Consumed pairs that are neither this round's events nor the sentinel: must be 0.

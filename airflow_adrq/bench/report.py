@@ -230,6 +230,8 @@ def aggregate_lost(raw: dict[str, Any]) -> list[dict[str, Any]]:
                 "lost_events": c["lost_events"],
                 "late_pairs": c["late_pairs"],
                 "runs": c["runs"],
+                "passes": c["passes"],
+                "pass_p50_ms": c.get("pass_p50_ms", math.nan),
                 "deadlocks": failures[c["index"]].get("deadlock", 0),
                 "p50_ms": _percentile(latencies[c["index"]], 50),
                 "duration_s": c["duration_s"],
@@ -278,7 +280,8 @@ def format_lost(raw: dict[str, Any], lost: Sequence[dict[str, Any]]) -> str:
             "consumer) pairs of committed events that no run consumed, ever (target: ours at most one "
             "fifth of Airflow's shape). Late: consumed only by the sentinel's runs (their queue row "
             "already existed with an older created_at, so the run they were queued for stopped short "
-            "of them).\n"
+            "of them). Runs: runs the consumer created while the producers ran; passes: its scheduler "
+            "loops (fewer when the producers keep the CPUs busy). p50: producer transaction latency.\n"
         )
         body = [
             [
@@ -291,6 +294,7 @@ def format_lost(raw: dict[str, Any], lost: Sequence[dict[str, Any]]) -> str:
                 _x(r["vs_airflow_shaped"]) if r["strategy"] != "airflow_3_3" else "-",
                 _fmt(r["late_pairs"]),
                 _fmt(r["runs"]),
+                _fmt(r["passes"]),
                 _fmt(r["deadlocks"]),
                 _fmt(r["p50_ms"]),
             ]
@@ -306,6 +310,7 @@ def format_lost(raw: dict[str, Any], lost: Sequence[dict[str, Any]]) -> str:
             "vs Airflow shape",
             "late",
             "runs",
+            "passes",
             "deadlocks",
             "p50 ms",
         ]
@@ -423,8 +428,9 @@ def plot(raw: dict[str, Any], rows: Sequence[dict[str, Any]], out_dir: Path) -> 
         db_rows = [r for r in rows if r["db"] == db]
         scenarios = list(dict.fromkeys(r["scenario"] for r in db_rows))
         strategies = [s for s in STRATEGIES if any(r["strategy"] == s for r in db_rows)]
+        lost = [r for r in aggregate_lost(raw) if r["db"] == db]
         fig = plt.figure(figsize=(15, 8), dpi=70)
-        grid = fig.add_gridspec(2, max(3, len(scenarios)))
+        grid = fig.add_gridspec(2, max(4 if lost else 3, len(scenarios)))
         colors = plt.get_cmap("tab10")
         for i, scenario in enumerate(scenarios):
             ax = fig.add_subplot(grid[0, i])
@@ -461,6 +467,22 @@ def plot(raw: dict[str, Any], rows: Sequence[dict[str, Any]], out_dir: Path) -> 
         ax.set_xlabel("fan-out (consumer DAGs)")
         ax.set_title("one call + COMMIT, no concurrency (ms)")
         ax.legend(fontsize=7)
+        if lost:
+            ax = fig.add_subplot(grid[1, 3])
+            holds = sorted({r["hold_ms"] for r in lost})
+            shown = [s for s in STRATEGIES if any(r["strategy"] == s for r in lost)]
+            width = 0.8 / max(1, len(shown))
+            for k, strategy in enumerate(shown):
+                values = [
+                    next((r["lost_pairs"] for r in lost if (r["hold_ms"], r["strategy"]) == (h, strategy)), 0)
+                    for h in holds
+                ]
+                xs = [i + (k - (len(shown) - 1) / 2) * width for i in range(len(holds))]
+                bars = ax.bar(xs, values, width, label=_LOST_LABEL.get(strategy, strategy))
+                ax.bar_label(bars, fontsize=7)
+            ax.set_xticks(range(len(holds)), [f"hold {h:g} ms" for h in holds], fontsize=8)
+            ax.set_title(f"unconsumed (event, DAG) pairs of {lost[0]['pairs']}")
+            ax.legend(fontsize=7)
         fig.suptitle(f"{target['version']}: {_subtitle(raw)}")
         fig.tight_layout()
         path = out_dir / f"bench-{db}.png"
