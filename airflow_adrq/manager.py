@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import json
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -111,6 +112,14 @@ class AssetChange:
             raise TypeError(f"asset must have str 'name' and 'uri' attributes, got {self.asset!r}")
         if self.extra is not None and not isinstance(self.extra, Mapping):
             raise TypeError(f"extra must be a mapping or None, not {type(self.extra).__name__}")
+        if self.extra:
+            # The column is JSON: fail here, before anything is written, rather
+            # than in the driver halfway through the transaction. NaN and
+            # infinities are not JSON (PostgreSQL and MySQL refuse them).
+            try:
+                json.dumps(self.extra, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"extra must be JSON-serialisable: {exc}") from exc
         if isinstance(self.source_alias_names, str | bytes):
             raise TypeError("source_alias_names must be a collection of names, not a single string")
         names = tuple(self.source_alias_names)
