@@ -76,6 +76,23 @@ def af_server(af_backend):
         pytest.skip(message)
 
 
+@pytest.fixture(scope="session")
+def af_pgbouncer(af_backend, af_server):
+    """A throwaway PgBouncer (transaction pooling) in front of the PostgreSQL server."""
+    from airflow_adrq import servers
+
+    if af_backend != "postgresql":
+        raise RuntimeError("af_pgbouncer is for PostgreSQL")
+    try:
+        with servers.pgbouncer(af_server) as url:
+            yield url
+    except servers.ServerNotFoundError as exc:
+        message = f"PgBouncer not available for the Airflow plug-in tests: {exc}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
 class AirflowDatabase:
     """A database migrated by ``airflow db migrate`` (plus an empty sibling for our own DDL)."""
 

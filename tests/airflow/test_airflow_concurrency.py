@@ -24,13 +24,24 @@ HOLD_SECONDS = 0.005
 @pytest.mark.slow
 @pytest.mark.airflow_backends("postgresql", "mysql")
 def test_eight_producers_stock_deadlocks_ours_does_not(af_engine, airflow_db):
+    _eight_producers(af_engine, airflow_db, airflow_db.url.render_as_string(hide_password=False))
+
+
+@pytest.mark.slow
+@pytest.mark.airflow_backends("postgresql")
+def test_eight_producers_through_pgbouncer_transaction_pooling(af_engine, airflow_db, af_pgbouncer):
+    """The same run with every producer connection through PgBouncer in transaction pooling mode."""
+    url = sa.make_url(af_pgbouncer).set(database=airflow_db.url.database, drivername="postgresql+psycopg2")
+    _eight_producers(af_engine, airflow_db, url.render_as_string(hide_password=False))
+
+
+def _eight_producers(af_engine, airflow_db, url):
     with Session(af_engine) as session:
         scenario.seed(session, assets=ASSETS, consumers={a: CONSUMERS for a in ASSETS})
 
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(PRODUCERS)
     results = ctx.Queue()
-    url = airflow_db.url.render_as_string(hide_password=False)
     procs = []
     saved_seed = os.environ.get("PYTHONHASHSEED")
     started = time.monotonic()
