@@ -1,0 +1,31 @@
+# mypy: ignore-errors
+"""Bounded random-kill run (the full one is ``airflow-adrq bench --faults``).
+
+Producers commit through ``run_in_transaction`` while a killer terminates
+their connections at random. Nothing may be duplicated or half-written, and
+the only errors a caller may see are ``CommitOutcomeUnknownError`` (the
+connection died with COMMIT in flight) and ``RetriesExhaustedError``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_adrq.bench.faults import FaultSizes, run_faults
+
+pytestmark = [pytest.mark.backends("postgresql", "mysql"), pytest.mark.slow]
+
+
+def test_random_kills_leave_nothing_duplicated_or_half_written(db_url):
+    sizes = FaultSizes(producers=4, transactions=12, fanout=8, kill_every_s=0.08)
+    run = run_faults(db_url, sizes, seed=7, log=lambda _line: None)
+
+    assert run.transactions == 48
+    assert run.kills > 5, "the killer must actually hit connections for this to test anything"
+    assert sum(run.retries.values()) > 0
+    assert run.acceptable_errors_only, run.raised
+    assert run.duplicate_events == 0
+    assert run.half_written == 0
+    assert run.queue_rows_exact
+    # Every kill costs at most one retry; the budget (8 attempts) is never exhausted here.
+    assert run.completed + run.raised.get("CommitOutcomeUnknownError", 0) == run.transactions, run.as_dict()
