@@ -107,16 +107,16 @@ def _seed(engine: Engine, sizes: FaultSizes) -> list[tuple[str, str]]:
     dags = [f"fault_dag_{n:04d}" for n in range(sizes.fanout)]
     metadata.create_all(engine)
     with engine.begin() as conn:
-        conn.execute(sa.insert(DagBundleModel.__table__), [{"name": "fault"}])
+        conn.execute(sa.insert(DagBundleModel), [{"name": "fault"}])
         conn.execute(
-            sa.insert(DagModel.__table__),
+            sa.insert(DagModel),
             [{"dag_id": d, "is_paused": False, "is_stale": False, "bundle_name": "fault"} for d in dags],
         )
-        conn.execute(sa.insert(AssetModel.__table__), [{"name": n, "uri": u} for n, u in assets])
-        conn.execute(sa.insert(AssetActive.__table__), [{"name": n, "uri": u} for n, u in assets])
+        conn.execute(sa.insert(AssetModel), [{"name": n, "uri": u} for n, u in assets])
+        conn.execute(sa.insert(AssetActive), [{"name": n, "uri": u} for n, u in assets])
         ids = [i for (i,) in conn.execute(sa.select(AssetModel.id).order_by(AssetModel.id))]
         conn.execute(
-            sa.insert(DagScheduleAssetReference.__table__),
+            sa.insert(DagScheduleAssetReference),
             [{"asset_id": a, "dag_id": d, "created_at": now, "updated_at": now} for a in ids for d in dags],
         )
     return assets
