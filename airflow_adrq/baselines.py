@@ -30,8 +30,8 @@ database.
    DAGs only, nothing for an event with a ``partition_key``.
 
 Statements per call without aliases, empty queue: PostgreSQL 5 (lookup,
-alias SELECT, event INSERT, ref SELECT, one queue INSERT); MySQL/MariaDB and
-SQLite 4 + 4 per consumer DAG (SAVEPOINT, SELECT, INSERT, RELEASE).
+alias SELECT, event INSERT, ref SELECT, one queue executemany); MySQL/MariaDB
+and SQLite 4 + 4 per consumer DAG (SAVEPOINT, SELECT, INSERT, RELEASE).
 
 Only step 9's non-partitioned branch differs between the baselines
 (``queueing``):
@@ -39,11 +39,9 @@ Only step 9's non-partitioned branch differs between the baselines
 ``airflow_3_3``
     3.3.2 as released. PostgreSQL: ``insert(AssetDagRunQueue).values(asset_id=...)
     .on_conflict_do_nothing()`` with one parameter set per DAG, in set order
-    (``_queue_dagruns_nonpartitioned_postgres``). It is sent as ONE multi-row
-    ``VALUES`` statement, which is what Airflow's PostgreSQL engine settings
-    (``executemany_mode="values_plus_batch"``, ``insertmanyvalues_page_size``)
-    make SQLAlchemy send for that executemany, whatever the benchmark's
-    engine settings. MySQL/MariaDB and SQLite: per DAG in set order ``with
+    (``_queue_dagruns_nonpartitioned_postgres``), an executemany: psycopg 3
+    pipelines it (one round trip, one INSERT per row, in set order); psycopg2
+    sends one multi-row INSERT. MySQL/MariaDB and SQLite: per DAG in set order ``with
     session.begin_nested(): session.merge(AssetDagRunQueue(...))``, catching
     only ``IntegrityError`` (``_queue_dagruns_nonpartitioned_slow_path``).
 ``sorted_loop``
@@ -389,12 +387,13 @@ def _set_order(dags: set[DagModel], rng: random.Random | None) -> list[DagModel]
 
 
 def _postgres_on_conflict(session: Session, asset_id: int, dags: Iterable[DagModel]) -> None:
-    # _queue_dagruns_nonpartitioned_postgres: insert(...).values(asset_id=...)
-    # .on_conflict_do_nothing() executed with [{"target_dag_id": ...}, ...].
-    # Rendered here as the multi-row VALUES statement Airflow's engine
-    # settings turn that executemany into (created_at: the column default).
-    rows = [{"asset_id": asset_id, "target_dag_id": dag.dag_id} for dag in dags]
-    session.execute(postgresql.insert(AssetDagRunQueue).values(rows).on_conflict_do_nothing())
+    # _queue_dagruns_nonpartitioned_postgres, verbatim: one executemany, one
+    # parameter set per DAG in set order. psycopg 3 pipelines the sets (one
+    # round trip, one INSERT execution per row); psycopg2 sends one multi-row
+    # INSERT (SQLAlchemy's insertmanyvalues).
+    values = [{"target_dag_id": dag.dag_id} for dag in dags]
+    stmt = postgresql.insert(AssetDagRunQueue).values(asset_id=asset_id).on_conflict_do_nothing()
+    session.execute(stmt, values)
 
 
 def _savepoint_merge_loop(session: Session, asset_id: int, dags: Iterable[DagModel]) -> None:
@@ -412,8 +411,8 @@ def _savepoint_merge_loop(session: Session, asset_id: int, dags: Iterable[DagMod
 
 def _mysql_on_duplicate_key(session: Session, asset_id: int, dags: Iterable[DagModel]) -> None:
     # PR #69977's _queue_dagruns_nonpartitioned_mysql: one INSERT ... ON
-    # DUPLICATE KEY UPDATE no-op, rows in set order (mysqlclient sends the
-    # executemany as this one multi-row statement).
-    rows = [{"asset_id": asset_id, "target_dag_id": dag.dag_id} for dag in dags]
-    stmt = mysql.insert(AssetDagRunQueue).values(rows)
-    session.execute(stmt.on_duplicate_key_update(asset_id=_ADRQ.c.asset_id))
+    # DUPLICATE KEY UPDATE no-op executed with one parameter set per DAG in
+    # set order; mysqlclient sends it as one multi-row INSERT.
+    values = [{"target_dag_id": dag.dag_id} for dag in dags]
+    stmt = mysql.insert(AssetDagRunQueue).values(asset_id=asset_id)
+    session.execute(stmt.on_duplicate_key_update(asset_id=_ADRQ.c.asset_id), values)
