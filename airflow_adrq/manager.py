@@ -38,16 +38,14 @@ from typing import Any, Literal, Protocol, cast
 from sqlalchemy import Table, and_, bindparam, insert, select
 from sqlalchemy.orm import Session, make_transient_to_detached
 
-from airflow_adrq import dialects, listeners
+from airflow_adrq import listeners
+from airflow_adrq.aliases import AliasedEvent, write_alias_rows
 from airflow_adrq.dialects import ConflictMode
 from airflow_adrq.listeners import AssetEventInfo
 from airflow_adrq.models import (
     AssetActive,
-    AssetAliasModel,
     AssetEvent,
     AssetModel,
-    alias_association_table,
-    asset_alias_asset_event_association_table,
     utcnow,
 )
 from airflow_adrq.queue import defer_events, queue_events
@@ -161,25 +159,26 @@ def register_asset_change(
 
     Looks the asset up by ``(name, uri)``; an unknown asset logs a warning and
     returns ``None`` (nothing written); an inactive one logs a warning and
-    continues. Links the asset to ``source_alias_names`` (creating missing
-    aliases), inserts the ``asset_event`` (source fields from
+    continues. Inserts the ``asset_event`` (source fields from
     ``task_instance``: any object with ``dag_id``, ``task_id``, ``run_id``,
-    ``map_index``) and its ``asset_alias_asset_event`` rows, and queues the
+    ``map_index``), links the asset to ``source_alias_names`` (creating
+    missing aliases) with the event's ``asset_alias_asset_event`` rows, and queues the
     unpaused DAGs scheduled on the asset directly, by name, by URI or through
     those aliases, unless ``partition_key`` is given (as Airflow does).
     Unknown keyword arguments are ignored, as Airflow does.
 
-    Locks: inserts the event rows and their alias links (new keys, no waits;
-    FK checks share-lock the ``asset_alias`` parents). Aliases and
-    asset-alias links are read first; only missing ones are inserted, in
-    name / key order, so existing ones are never locked exclusively. The
-    queue rows are locked by one statement in ``(asset_id, target_dag_id)``
-    order, at COMMIT (``queue_mode="commit"``, together with every other
-    event of the transaction) or now (``"immediate"``); just before that
-    statement the events' ``timestamp`` and the new rows' ``created_at`` are
-    set to one value (see :func:`airflow_adrq.queue.defer_events`). The
+    Locks: now, only the new ``asset_event`` rows (new keys, no waits). At
+    COMMIT (``queue_mode="commit"``, together with every other event of the
+    transaction) or now (``"immediate"``), in this order: the alias rows
+    (missing aliases in name order, missing asset-alias links in key order,
+    the event's alias rows; existing ones are only read; see
+    :mod:`airflow_adrq.aliases`), the transaction's own event rows (their
+    ``timestamp`` and the new queue rows' ``created_at`` are set to one
+    value), and the queue rows, by one statement in ``(asset_id,
+    target_dag_id)`` order (see :func:`airflow_adrq.queue.defer_events`). The
     returned event's ``timestamp`` is therefore the time of the queue write,
-    not of this call.
+    not of this call, and its alias rows, like its queue rows, appear at
+    COMMIT.
 
     Does not commit, and does not retry: run the whole transaction under
     :func:`airflow_adrq.retry.run_in_transaction` (or your own
@@ -238,21 +237,21 @@ def register_asset_changes(
         if not active:
             log.warning("Emitting event for inactive AssetModel %s", change.asset)
         registered.append((change, asset_id))
-    alias_ids = _associate_aliases(session, registered)
     events = _insert_events(session, registered, task_instance)
 
-    alias_links = [
-        {"alias_id": alias_ids[name], "event_id": event.id}
+    aliased = {
+        event.id: change._alias_names
         for (change, _), event in zip(registered, events, strict=True)
-        for name in change._alias_names
-    ]
-    if alias_links:
-        session.execute(insert(asset_alias_asset_event_association_table), alias_links)
-
+        if change._alias_names
+    }
     if queue_mode == "immediate":
+        write_alias_rows(
+            session.connection(),
+            [AliasedEvent(e.id, e.asset_id, aliased[e.id]) for e in events if e.id in aliased],
+        )
         queue_events(session, events, on_conflict=on_conflict)
     else:
-        defer_events(session, events, on_conflict=on_conflict)
+        defer_events(session, events, on_conflict=on_conflict, alias_names=aliased)
 
     by_change = {id(change): event for (change, _), event in zip(registered, events, strict=True)}
     results: list[AssetEvent | None] = []
@@ -271,39 +270,31 @@ def register_asset_changes(
 
 _ASSET = cast(Table, AssetModel.__table__)
 _ACTIVE = cast(Table, AssetActive.__table__)
-_ALIAS = cast(Table, AssetAliasModel.__table__)
 _EVENT = cast(Table, AssetEvent.__table__)
 
-# Constant shapes (compiled once): the expanding lists change length, not SQL.
-# ``name IN .. AND uri IN ..`` uses the (name, uri) unique index on every
-# backend; the few cross pairs it may return are filtered in Python.
+# A constant shape (compiled once): the expanding list changes length, not SQL.
+# ``name IN (...)`` uses the leading column of the (name, uri) unique index on
+# every backend; the URI is checked in Python. (Adding ``AND uri IN (...)``
+# makes SQLite probe every name x uri pair: quadratic in the number of assets.)
 _LOOKUP = (
     select(_ASSET.c.name, _ASSET.c.uri, _ASSET.c.id, _ACTIVE.c.name.is_not(None))
     .outerjoin(_ACTIVE, and_(_ACTIVE.c.name == _ASSET.c.name, _ACTIVE.c.uri == _ASSET.c.uri))
-    .where(
-        _ASSET.c.name.in_(bindparam("names", expanding=True)),
-        _ASSET.c.uri.in_(bindparam("uris", expanding=True)),
-    )
+    .where(_ASSET.c.name.in_(bindparam("names", expanding=True)))
 )
-_ALIASES_BY_NAME = select(_ALIAS.c.name, _ALIAS.c.id).where(
-    _ALIAS.c.name.in_(bindparam("names", expanding=True))
-)
-_LINKS = select(alias_association_table.c.alias_id, alias_association_table.c.asset_id).where(
-    alias_association_table.c.alias_id.in_(bindparam("alias_ids", expanding=True)),
-    alias_association_table.c.asset_id.in_(bindparam("asset_ids", expanding=True)),
-)
+#: Names per lookup (one expanding list; below every backend's parameter limit).
+_NAMES_PER_LOOKUP = 10_000
 
 
 def _lookup_assets(session: Session, keys: set[tuple[str, str]]) -> dict[tuple[str, str], tuple[int, bool]]:
     """(name, uri) -> (asset id, is active), one plain SELECT, no row locks."""
-    rows = session.execute(
-        _LOOKUP, {"names": sorted({name for name, _ in keys}), "uris": sorted({uri for _, uri in keys})}
-    ).all()
-    return {
-        (name, uri): (asset_id, bool(is_active))
-        for name, uri, asset_id, is_active in rows
-        if (name, uri) in keys
-    }
+    names = sorted({name for name, _ in keys})
+    found: dict[tuple[str, str], tuple[int, bool]] = {}
+    for start in range(0, len(names), _NAMES_PER_LOOKUP):
+        chunk = names[start : start + _NAMES_PER_LOOKUP]
+        for name, uri, asset_id, is_active in session.execute(_LOOKUP, {"names": chunk}):
+            if (name, uri) in keys:
+                found[(name, uri)] = (asset_id, bool(is_active))
+    return found
 
 
 def _insert_events(
@@ -362,45 +353,6 @@ def _insert_returning_ids(session: Session, rows: list[dict[str, Any]]) -> list[
         assert key is not None  # an INSERT of one row always has one
         ids.append(int(key[0]))
     return ids
-
-
-def _associate_aliases(session: Session, registered: Sequence[tuple[AssetChange, int]]) -> dict[str, int]:
-    """Create missing aliases and asset-alias links; return alias name -> id.
-
-    Read first, write only what is missing (as Airflow's
-    ``_add_asset_alias_association`` does), so existing ``asset_alias`` and
-    ``asset_alias_asset`` rows are never locked exclusively: on InnoDB even a
-    no-op ``ON DUPLICATE KEY UPDATE`` takes an exclusive lock on an existing
-    row and holds it to COMMIT, in call order, which deadlocks producers that
-    name the same aliases in different orders. What is missing is inserted
-    in one global order (names, then ``(alias_id, asset_id)``), with the
-    backend's insert-or-ignore, so producers racing to create the same alias
-    neither fail nor lock in opposite orders.
-    """
-    wanted = {(name, asset_id) for change, asset_id in registered for name in change._alias_names}
-    if not wanted:
-        return {}
-    names = sorted({name for name, _ in wanted})
-    alias_ids = {name: alias_id for name, alias_id in session.execute(_ALIASES_BY_NAME, {"names": names})}
-    missing = [name for name in names if name not in alias_ids]
-    if missing:
-        support = dialects.get(session)
-        session.execute(support.insert_ignore(_ALIAS), [{"name": n, "group": ""} for n in missing])
-        alias_ids.update(
-            (name, alias_id) for name, alias_id in session.execute(_ALIASES_BY_NAME, {"names": missing})
-        )
-    params = {
-        "alias_ids": sorted({alias_ids[name] for name, _ in wanted}),
-        "asset_ids": sorted({asset_id for _, asset_id in wanted}),
-    }
-    linked = {(alias_id, asset_id) for alias_id, asset_id in session.execute(_LINKS, params)}
-    links = sorted({(alias_ids[name], asset_id) for name, asset_id in wanted} - linked)
-    if links:
-        session.execute(
-            dialects.get(session).insert_ignore(alias_association_table),
-            [{"alias_id": alias_id, "asset_id": asset_id} for alias_id, asset_id in links],
-        )
-    return alias_ids
 
 
 def _event_info(change: AssetChange, event: AssetEvent) -> AssetEventInfo:

@@ -82,6 +82,7 @@ from sqlalchemy.sql.dml import Insert, Update
 from sqlalchemy.sql.selectable import CTE, Select
 
 from airflow_adrq import dialects
+from airflow_adrq.aliases import AliasedEvent, write_alias_rows
 from airflow_adrq.dialects import ConflictMode
 from airflow_adrq.models import (
     AssetDagRunQueue,
@@ -402,6 +403,8 @@ class _Deferred:
     refresh: bool
     # The DAG ids this event may queue (None: every consumer).
     allowed: frozenset[str] | None
+    # Aliases whose rows (alias, asset link, event link) are written at COMMIT.
+    alias_names: tuple[str, ...]
     # The caller's ORM object, if any: its ``timestamp`` is set to the stamp
     # without a reload (expire_on_commit=False sessions keep it).
     obj: object | None
@@ -410,6 +413,11 @@ class _Deferred:
 def _queue_deferred(session: Session, entries: list[_Deferred]) -> None:
     on_conflict: ConflictMode = "refresh" if any(entry.refresh for entry in entries) else "ignore"
     allowed = {entry.id: entry.allowed for entry in entries if entry.allowed is not None}
+    # The alias rows first: the statement reads asset_alias_asset_event.
+    write_alias_rows(
+        session.connection(),
+        [AliasedEvent(e.id, e.asset_id, e.alias_names) for e in entries if e.alias_names],
+    )
     stamp = queue_events(session, entries, on_conflict=on_conflict, allowed=allowed or None)
     for entry in entries:
         if entry.obj is not None and stamp is not None:
@@ -431,6 +439,7 @@ def defer_events(
     *,
     on_conflict: ConflictMode = "ignore",
     allowed_dags: Mapping[int, Iterable[str]] | None = None,
+    alias_names: Mapping[int, Sequence[str]] | None = None,
 ) -> None:
     """Record ``events`` to be stamped and queued by ONE statement just before COMMIT.
 
@@ -444,6 +453,11 @@ def defer_events(
     are mapped ``asset_event`` objects (flushed, so they have ids) or any
     objects with ``id`` and ``asset_id``. ``allowed_dags`` (event id -> DAG
     ids) restricts those events' consumers, as in :func:`queue_events`.
+    ``alias_names`` (event id -> alias names) are the aliases each event was
+    emitted through: their ``asset_alias`` / ``asset_alias_asset`` /
+    ``asset_alias_asset_event`` rows are written at COMMIT too, just before
+    the statement, by :func:`airflow_adrq.aliases.write_alias_rows` (missing
+    ones only, table by table, in key order).
 
     Visibility: the rows do not exist until the commit (or an explicit
     :func:`flush_queue`). Rollback: nothing is queued. SAVEPOINTs: events
@@ -452,7 +466,8 @@ def defer_events(
     after the commit-time write has run (from a later ``before_commit``
     listener) raises :class:`~airflow_adrq.errors.AdrqError`.
 
-    Locks: none until the commit; then as :func:`queue_events`. A failure of
+    Locks: none until the commit; then the alias rows (see
+    :mod:`airflow_adrq.aliases`) and as :func:`queue_events`. A failure of
     the statement (e.g. a deadlock) makes ``Session.commit()`` raise; the
     transaction is rolled back and nothing is queued: retry the whole
     transaction. Does not promise anything if the transaction is committed
@@ -468,7 +483,8 @@ def defer_events(
         obj = event if _is_mapped(event) else None
         only = allowed_dags.get(event_id) if allowed_dags is not None else None
         allowed = frozenset(only) if only is not None else None
-        _DEFERRED.add(session, _Deferred(event_id, asset_id, refresh, allowed, obj))
+        names = tuple(alias_names.get(event_id, ())) if alias_names is not None else ()
+        _DEFERRED.add(session, _Deferred(event_id, asset_id, refresh, allowed, names, obj))
 
 
 def _is_mapped(obj: object) -> bool:

@@ -1,0 +1,131 @@
+"""The alias rows of a transaction's events, written with the queue statement in one global order.
+
+An event emitted through asset aliases needs up to three kinds of rows:
+``asset_alias`` (the alias, created if missing), ``asset_alias_asset`` (the
+asset-alias link, created if missing) and ``asset_alias_asset_event`` (always
+new). The first two are shared between producers. Written call by call, as
+Airflow 3.3 does, two transactions that create the same aliases or links in
+opposite orders deadlock; and on InnoDB even a no-op ``ON DUPLICATE KEY
+UPDATE`` on an *existing* row locks it exclusively until COMMIT.
+
+So :func:`write_alias_rows` runs once per transaction, just before the queue
+statement, and
+
+* reads first, so existing aliases and links are never written (and never
+  locked beyond the foreign-key checks' shared locks);
+* inserts what is missing table by table (aliases, then links, then the
+  event rows) and, within each table, in key order (alias name,
+  ``(alias_id, asset_id)``), with the backend's insert-or-ignore: concurrent
+  producers meet on these rows in the same order and cannot form a cycle;
+* sends each table's rows as multi-row ``VALUES`` statements of at most
+  :data:`ROWS_PER_STATEMENT` rows (chunks in the same order), not one round
+  trip per row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from sqlalchemy import Table, bindparam, insert, select
+from sqlalchemy.engine import Connection
+
+from airflow_adrq import dialects
+from airflow_adrq.models import (
+    AssetAliasModel,
+    alias_association_table,
+    asset_alias_asset_event_association_table,
+)
+
+__all__ = ["ROWS_PER_STATEMENT", "AliasedEvent", "write_alias_rows"]
+
+#: Rows per multi-row INSERT: 2 parameters each, well below SQLite's 32,766
+#: and psycopg 3's 65,535 bound parameters.
+ROWS_PER_STATEMENT = 5_000
+
+_ALIAS = cast(Table, AssetAliasModel.__table__)
+_ALIASES_BY_NAME = select(_ALIAS.c.name, _ALIAS.c.id).where(
+    _ALIAS.c.name.in_(bindparam("names", expanding=True))
+)
+_LINKS = select(alias_association_table.c.alias_id, alias_association_table.c.asset_id).where(
+    alias_association_table.c.alias_id.in_(bindparam("alias_ids", expanding=True)),
+    alias_association_table.c.asset_id.in_(bindparam("asset_ids", expanding=True)),
+)
+# Lookups bind one expanding list; keep them within the same parameter limits.
+_IDS_PER_LOOKUP = 10_000
+
+
+@dataclass(frozen=True)
+class AliasedEvent:
+    """An event and the aliases it was emitted through."""
+
+    event_id: int
+    asset_id: int
+    alias_names: tuple[str, ...]
+
+
+def write_alias_rows(conn: Connection, events: Iterable[AliasedEvent]) -> None:
+    """Create missing aliases and asset-alias links, then the events' alias rows.
+
+    Locks: inserts the missing ``asset_alias`` rows in name order, then the
+    missing ``asset_alias_asset`` rows in ``(alias_id, asset_id)`` order, then
+    the ``asset_alias_asset_event`` rows (new keys); existing aliases and
+    links are only read (and share-locked by the foreign-key checks of the
+    rows that reference them). Does not promise: freedom from waits on a
+    concurrent transaction that creates the same alias, which the insert
+    waits for (never a cycle among transactions that use this function).
+    """
+    events = [e for e in events if e.alias_names]
+    if not events:
+        return
+    support = dialects.get(conn)
+    names = sorted({name for e in events for name in e.alias_names})
+    alias_ids = _alias_ids(conn, names)
+    missing = [name for name in names if name not in alias_ids]
+    if missing:
+        _insert_sorted(conn, support.insert_ignore(_ALIAS), [{"name": n, "group": ""} for n in missing])
+        alias_ids.update(_alias_ids(conn, missing))
+    wanted = {(alias_ids[name], e.asset_id) for e in events for name in e.alias_names}
+    links = sorted(wanted - _existing_links(conn, wanted))
+    if links:
+        _insert_sorted(
+            conn,
+            support.insert_ignore(alias_association_table),
+            [{"alias_id": alias_id, "asset_id": asset_id} for alias_id, asset_id in links],
+        )
+    event_rows = sorted({(alias_ids[name], e.event_id) for e in events for name in e.alias_names})
+    _insert_sorted(
+        conn,
+        insert(asset_alias_asset_event_association_table),
+        [{"alias_id": alias_id, "event_id": event_id} for alias_id, event_id in event_rows],
+    )
+
+
+def _alias_ids(conn: Connection, names: Sequence[str]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for start in range(0, len(names), _IDS_PER_LOOKUP):
+        chunk = list(names[start : start + _IDS_PER_LOOKUP])
+        found.update((name, alias_id) for name, alias_id in conn.execute(_ALIASES_BY_NAME, {"names": chunk}))
+    return found
+
+
+def _existing_links(conn: Connection, wanted: set[tuple[int, int]]) -> set[tuple[int, int]]:
+    pairs = sorted(wanted)
+    found: set[tuple[int, int]] = set()
+    # Chunks of pairs: each binds at most _IDS_PER_LOOKUP ids per list.
+    for start in range(0, len(pairs), _IDS_PER_LOOKUP):
+        chunk = pairs[start : start + _IDS_PER_LOOKUP]
+        params = {
+            "alias_ids": sorted({alias_id for alias_id, _ in chunk}),
+            "asset_ids": sorted({asset_id for _, asset_id in chunk}),
+        }
+        found.update((alias_id, asset_id) for alias_id, asset_id in conn.execute(_LINKS, params))
+    return found & wanted
+
+
+def _insert_sorted(conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> None:
+    # One multi-row VALUES per chunk: drivers send an executemany of an
+    # INSERT ... ON CONFLICT one row per round trip.
+    for start in range(0, len(rows), ROWS_PER_STATEMENT):
+        conn.execute(stmt.values(rows[start : start + ROWS_PER_STATEMENT]))
