@@ -111,13 +111,7 @@ class TransactionScoped(Generic[T]):
 
 
 def _install(session: Session, scope: TransactionScoped[T]) -> None:
-    scopes: list[TransactionScoped[object]] | None = session.info.get(_SCOPES_KEY)
-    if scopes is None:
-        scopes = session.info[_SCOPES_KEY] = []
-        event.listen(session, "before_commit", _on_before_commit)
-        event.listen(session, "after_commit", _on_after_commit)
-        event.listen(session, "after_soft_rollback", _on_soft_rollback)
-        event.listen(session, "after_transaction_end", _on_transaction_end)
+    scopes: list[TransactionScoped[object]] = session.info.setdefault(_SCOPES_KEY, [])
     if scope not in scopes:
         scopes.append(scope)  # type: ignore[arg-type]
 
@@ -126,29 +120,39 @@ def _scopes(session: Session) -> list[TransactionScoped[object]]:
     return list(session.info.get(_SCOPES_KEY, ()))
 
 
+# The listeners are registered once, on the Session class (and so for every
+# session and subclass), rather than per session: registering four instance
+# listeners cost more than the rest of a one-event transaction's bookkeeping.
+# A session this module never saw has no scopes and returns at once.
+
+
 # before_commit and after_commit also fire when a SAVEPOINT is released; only
 # the outermost COMMIT counts (a released SAVEPOINT's items simply stay until then).
 
 
+@event.listens_for(Session, "before_commit")
 def _on_before_commit(session: Session) -> None:
-    if session.get_nested_transaction() is None:
+    if _SCOPES_KEY in session.info and session.get_nested_transaction() is None:
         for scope in _scopes(session):
             scope._before_commit(session)
 
 
+@event.listens_for(Session, "after_commit")
 def _on_after_commit(session: Session) -> None:
-    if session.get_nested_transaction() is None:
+    if _SCOPES_KEY in session.info and session.get_nested_transaction() is None:
         for scope in _scopes(session):
             scope._after_commit(session)
 
 
+@event.listens_for(Session, "after_soft_rollback")
 def _on_soft_rollback(session: Session, previous_transaction: SessionTransaction) -> None:
     for scope in _scopes(session):
         scope._rolled_back(session, previous_transaction)
 
 
+@event.listens_for(Session, "after_transaction_end")
 def _on_transaction_end(session: Session, transaction: SessionTransaction) -> None:
-    if transaction.parent is None:
+    if transaction.parent is None and _SCOPES_KEY in session.info:
         # Outermost transaction over: committed (handled) or rolled back.
         for scope in _scopes(session):
             scope.clear(session)
