@@ -115,7 +115,7 @@ QUICK: Final = Sizes(
     sweep=(1, 16, 256),
     sweep_repeats=1,
     ratio_calls=15,
-    lost_events=60,
+    lost_events=48,
 )
 
 
