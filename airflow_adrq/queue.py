@@ -75,7 +75,21 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
 
-from sqlalchemy import Table, bindparam, false, or_, select, tuple_, union, update
+from sqlalchemy import (
+    Boolean,
+    Integer,
+    String,
+    Table,
+    bindparam,
+    column,
+    false,
+    or_,
+    select,
+    table,
+    tuple_,
+    union,
+    update,
+)
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.orm import Session, attributes
 from sqlalchemy.sql.dml import Insert, Update
@@ -88,7 +102,6 @@ from airflow_adrq.models import (
     AssetDagRunQueue,
     AssetEvent,
     AssetModel,
-    DagModel,
     DagScheduleAssetAliasReference,
     DagScheduleAssetNameReference,
     DagScheduleAssetReference,
@@ -97,6 +110,7 @@ from airflow_adrq.models import (
     asset_alias_asset_event_association_table,
     utcnow,
 )
+from airflow_adrq.shapes import AIRFLOW_3_3, QueueShape
 from airflow_adrq.txscope import DeferredWrites
 
 __all__ = [
@@ -126,7 +140,6 @@ IDS_PER_STATEMENT = 30_000
 Source = Literal["events", "assets"]
 
 _ADRQ = cast(Table, AssetDagRunQueue.__table__)
-_ADRQ_KEY = ("asset_id", "target_dag_id")
 _EVENT = cast(Table, AssetEvent.__table__)
 
 
@@ -143,12 +156,14 @@ class EventLike(Protocol):
 # --- the statement ----------------------------------------------------------
 
 
-def _events_cte() -> CTE:
-    return (
-        select(_EVENT.c.id.label("event_id"), _EVENT.c.asset_id)
-        .where(_EVENT.c.id.in_(bindparam("ids", expanding=True)), _EVENT.c.partition_key.is_(None))
-        .cte("ev")
+def _events_cte(shape: QueueShape) -> CTE:
+    ev = select(_EVENT.c.id.label("event_id"), _EVENT.c.asset_id).where(
+        _EVENT.c.id.in_(bindparam("ids", expanding=True))
     )
+    if shape.partitions:
+        # Keyed events go to Airflow's partitioned path, never to this queue.
+        ev = ev.where(_EVENT.c.partition_key.is_(None))
+    return ev.cte("ev")
 
 
 def _assets_cte() -> CTE:
@@ -185,19 +200,56 @@ def _consumers(ev: CTE, *, with_aliases: bool, with_event_id: bool = False) -> A
     return union(*parts).subquery("src")
 
 
+# The columns the statement reads of ``dag`` and writes of the queue, per
+# release line (see airflow_adrq.shapes): lightweight table clauses, since the
+# models describe one release's tables.
+_DAG = table(
+    "dag",
+    column("dag_id", String),
+    column("is_paused", Boolean),
+    column("timetable_partitioned", Boolean),
+    column("is_draining", Boolean),
+)
+_ADRQ_BY_EVENT = table(
+    "asset_dag_run_queue",
+    column("target_dag_id", String),
+    column("asset_event_id", Integer),
+    column("asset_id", Integer),
+    column("created_at", UtcDateTime()),
+)
+
+
 @functools.cache
 def _statement(
-    dialect_name: str, source: Source, on_conflict: ConflictMode, restricted: bool = False
+    dialect_name: str,
+    source: Source,
+    on_conflict: ConflictMode,
+    restricted: bool = False,
+    shape: QueueShape = AIRFLOW_3_3,
 ) -> Insert:
-    ev = _events_cte() if source == "events" else _assets_cte()
-    src = _consumers(ev, with_aliases=source == "events", with_event_id=restricted)
-    dag = cast(Table, DagModel.__table__)
-    rows = (
-        select(src.c.asset_id, src.c.dag_id, bindparam("created_at", type_=UtcDateTime()))
-        .join(dag, dag.c.dag_id == src.c.dag_id)
-        .where(dag.c.is_paused == false(), dag.c.timetable_partitioned == false())
-        .order_by(src.c.asset_id, src.c.dag_id)
-    )
+    if shape.event_keyed and source != "events":
+        raise ValueError(f"{shape.name}'s queue is keyed by event: it can only be driven by events")
+    ev = _events_cte(shape) if source == "events" else _assets_cte()
+    src = _consumers(ev, with_aliases=source == "events", with_event_id=restricted or shape.event_keyed)
+    conditions = [_DAG.c.is_paused == false()]
+    if shape.partitions:
+        conditions.append(_DAG.c.timetable_partitioned == false())
+    if shape.draining:
+        conditions.append(_DAG.c.is_draining == false())
+    created_at = bindparam("created_at", type_=UtcDateTime())
+    target: Any
+    if shape.event_keyed:
+        # One row per (consumer, event), in the queue's key order.
+        target = _ADRQ_BY_EVENT
+        columns = [target.c.asset_id, target.c.target_dag_id, target.c.asset_event_id, target.c.created_at]
+        picked = [src.c.asset_id, src.c.dag_id, src.c.event_id, created_at]
+        order = [src.c.dag_id, src.c.event_id]
+    else:
+        target = _ADRQ
+        columns = [target.c.asset_id, target.c.target_dag_id, target.c.created_at]
+        picked = [src.c.asset_id, src.c.dag_id, created_at]
+        order = [src.c.asset_id, src.c.dag_id]
+    rows = select(*picked).join(_DAG, _DAG.c.dag_id == src.c.dag_id).where(*conditions).order_by(*order)
     if restricted:
         # Events listed in :restricted_ids queue only their (event_id, dag_id)
         # pairs in :allowed (Airflow's multi-team filter, computed by the
@@ -205,9 +257,8 @@ def _statement(
         allowed = tuple_(src.c.event_id, src.c.dag_id).in_(bindparam("allowed", expanding=True))
         unrestricted = src.c.event_id.not_in(bindparam("restricted_ids", expanding=True))
         rows = rows.where(or_(unrestricted, allowed)).distinct()
-    columns = [_ADRQ.c.asset_id, _ADRQ.c.target_dag_id, _ADRQ.c.created_at]
     return dialects.get(dialect_name).insert_from_select(
-        _ADRQ, columns, rows, _ADRQ_KEY, on_conflict, "created_at"
+        target, columns, rows, shape.queue_key, on_conflict, "created_at"
     )
 
 
@@ -234,6 +285,7 @@ def build_queue_statement(
     *,
     source: Source = "events",
     on_conflict: ConflictMode = "ignore",
+    shape: QueueShape = AIRFLOW_3_3,
 ) -> Insert:
     """The one ``INSERT ... SELECT ... ORDER BY`` that queues consumers, for ``dialect``.
 
@@ -246,13 +298,14 @@ def build_queue_statement(
     ``on_conflict="ignore"`` leaves an already-queued row as it is (Airflow's
     behaviour); ``"refresh"`` sets its ``created_at`` to the greater of the
     old and new values, so a newer event is never represented by an older
-    timestamp.
+    timestamp. ``shape`` is the Airflow schema to write
+    (:mod:`airflow_adrq.shapes`; default: this library's tables, Airflow 3.3's).
     """
     if source not in ("events", "assets"):
         raise ValueError(f"source must be 'events' or 'assets', not {source!r}")
     if on_conflict not in ("ignore", "refresh"):
         raise ValueError(f"on_conflict must be 'ignore' or 'refresh', not {on_conflict!r}")
-    return _statement(dialects.get(dialect).name, source, on_conflict)
+    return _statement(dialects.get(dialect).name, source, on_conflict, False, shape)
 
 
 _STAMP: Update = (
@@ -301,6 +354,7 @@ def queue_events(
     on_conflict: ConflictMode = "ignore",
     stamp: dt.datetime | None = None,
     allowed: Mapping[int, Iterable[str]] | None = None,
+    shape: QueueShape = AIRFLOW_3_3,
 ) -> dt.datetime | None:
     """Queue the consumers of ``events`` now, and stamp the events; return the stamp.
 
@@ -316,6 +370,7 @@ def queue_events(
     filter the database cannot express, such as Airflow's multi-team
     rules); events not in it queue every consumer. The statement then has
     one more expanding parameter (the allowed pairs) and the same order.
+    ``shape`` is the Airflow schema to write (:mod:`airflow_adrq.shapes`).
 
     Locks: the given ``asset_event`` rows (exclusive; the caller's own new
     rows, which no one else can see), then inserts (with MySQL/MariaDB's no-op
@@ -343,7 +398,7 @@ def queue_events(
     support = dialects.get(conn)
     support.check_connection(conn)
     restricted = allowed is not None and bool(allowed)
-    stmt = _statement(support.name, "events", on_conflict, restricted)
+    stmt = _statement(support.name, "events", on_conflict, restricted, shape)
     for ids in chunks:
         conn.execute(_STAMP, {"ids": ids, "stamp": stamp})
         params: dict[str, Any] = {"ids": ids, "created_at": stamp}
@@ -405,6 +460,7 @@ class _Deferred:
     allowed: frozenset[str] | None
     # Aliases whose rows (alias, asset link, event link) are written at COMMIT.
     alias_names: tuple[str, ...]
+    shape: QueueShape
     # The caller's ORM object, if any: its ``timestamp`` is set to the stamp
     # without a reload (expire_on_commit=False sessions keep it).
     obj: object | None
@@ -413,12 +469,17 @@ class _Deferred:
 def _queue_deferred(session: Session, entries: list[_Deferred]) -> None:
     on_conflict: ConflictMode = "refresh" if any(entry.refresh for entry in entries) else "ignore"
     allowed = {entry.id: entry.allowed for entry in entries if entry.allowed is not None}
+    shapes = {entry.shape for entry in entries}
+    if len(shapes) != 1:
+        raise ValueError(f"one transaction cannot write two queue shapes: {sorted(s.name for s in shapes)}")
     # The alias rows first: the statement reads asset_alias_asset_event.
     write_alias_rows(
         session.connection(),
         [AliasedEvent(e.id, e.asset_id, e.alias_names) for e in entries if e.alias_names],
     )
-    stamp = queue_events(session, entries, on_conflict=on_conflict, allowed=allowed or None)
+    stamp = queue_events(
+        session, entries, on_conflict=on_conflict, allowed=allowed or None, shape=shapes.pop()
+    )
     for entry in entries:
         if entry.obj is not None and stamp is not None:
             _set_loaded_timestamp(entry.obj, stamp)
@@ -440,6 +501,7 @@ def defer_events(
     on_conflict: ConflictMode = "ignore",
     allowed_dags: Mapping[int, Iterable[str]] | None = None,
     alias_names: Mapping[int, Sequence[str]] | None = None,
+    shape: QueueShape = AIRFLOW_3_3,
 ) -> None:
     """Record ``events`` to be stamped and queued by ONE statement just before COMMIT.
 
@@ -457,7 +519,8 @@ def defer_events(
     emitted through: their ``asset_alias`` / ``asset_alias_asset`` /
     ``asset_alias_asset_event`` rows are written at COMMIT too, just before
     the statement, by :func:`airflow_adrq.aliases.write_alias_rows` (missing
-    ones only, table by table, in key order).
+    ones only, table by table, in key order). ``shape`` is the Airflow schema
+    the statement writes (:mod:`airflow_adrq.shapes`).
 
     Visibility: the rows do not exist until the commit (or an explicit
     :func:`flush_queue`). Rollback: nothing is queued. SAVEPOINTs: events
@@ -484,7 +547,7 @@ def defer_events(
         only = allowed_dags.get(event_id) if allowed_dags is not None else None
         allowed = frozenset(only) if only is not None else None
         names = tuple(alias_names.get(event_id, ())) if alias_names is not None else ()
-        _DEFERRED.add(session, _Deferred(event_id, asset_id, refresh, allowed, names, obj))
+        _DEFERRED.add(session, _Deferred(event_id, asset_id, refresh, allowed, names, shape, obj))
 
 
 def _is_mapped(obj: object) -> bool:

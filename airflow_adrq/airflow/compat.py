@@ -17,18 +17,25 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from airflow_adrq import shapes
+from airflow_adrq.errors import UnsupportedSchemaError
+
 __all__ = [
+    "SHAPES",
     "SUPPORTED",
     "check_supported",
     "emit_updates_metric",
     "event_source",
     "multi_team",
     "notify_listeners",
+    "queue_shape",
     "team_filter_arguments",
 ]
 
-#: Release lines the plug-in is written and tested against.
-SUPPORTED = ((3, 3),)
+#: Release lines the plug-in is written and tested against, with the schema
+#: shape (airflow_adrq.shapes) their metadata database has.
+SHAPES = {(3, 3): shapes.AIRFLOW_3_2}
+SUPPORTED = tuple(SHAPES)
 
 #: ``AssetManager`` members the plug-in calls or relies on; a release without
 #: them is refused at import instead of failing (or silently changing) later.
@@ -76,6 +83,28 @@ def check_supported() -> None:
             f"airflow_adrq.airflow: Airflow {version} has no AssetManager.{', '.join(missing)}; "
             f"the plug-in was written against {supported}. {remedy}"
         )
+
+
+def queue_shape(session: Any) -> shapes.QueueShape:
+    """The schema shape of the metadata database, checked against this Airflow's release line.
+
+    Catalog reads only, once per engine (:func:`airflow_adrq.shapes.detect`).
+    Raises :class:`~airflow_adrq.errors.UnsupportedSchemaError` when the
+    database is not the shape this Airflow's migrations make (for example
+    Airflow 3.4's event-keyed queue under a 3.3 installation).
+    """
+    found = shapes.detect(session.connection())
+    line = _release_line(_airflow_version())
+    expected = SHAPES.get(line) if line is not None else None
+    if found != expected:
+        key = ", ".join(found.queue_key)
+        raise UnsupportedSchemaError(
+            f"the metadata database has the {found.name} schema (asset_dag_run_queue keyed by ({key})); "
+            f"Airflow {_airflow_version()} with airflow-adrq expects "
+            f"{expected.name if expected else 'a supported release'}. Run `airflow db migrate`, or remove "
+            "[core] asset_manager_class to use Airflow's own manager."
+        )
+    return found
 
 
 def event_source(task_instance: Any) -> dict[str, Any]:

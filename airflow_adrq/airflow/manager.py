@@ -37,7 +37,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import joinedload
 
 from airflow_adrq import queue
-from airflow_adrq.airflow import compat, schema
+from airflow_adrq.airflow import compat
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -55,7 +55,6 @@ compat.check_supported()
 from airflow.assets.manager import AssetManager  # noqa: E402
 from airflow.models.asset import (  # noqa: E402
     AssetAliasModel,
-    AssetDagRunQueue,
     AssetEvent,
     AssetModel,
     asset_alias_asset_event_association_table,
@@ -112,8 +111,8 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         **kwargs: Any,
     ) -> Any:
         """Airflow 3.3's ``register_asset_change``, queueing at COMMIT with one ordered statement."""
-        # Refuse a queue table of another shape (Airflow 3.4) before writing anything.
-        schema.check_queue_shape(session, AssetDagRunQueue.__tablename__)
+        # The metadata database's schema, checked before anything is written.
+        shape = compat.queue_shape(session)
 
         # Airflow's lookup without ``scheduled_dags -> dag``: no consumer is loaded.
         asset_model = session.scalar(
@@ -204,6 +203,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
                 session,
                 [asset_event],
                 allowed_dags=None if allowed is None else {asset_event.id: allowed},
+                shape=shape,
             )
         return asset_event
 

@@ -22,8 +22,8 @@ from airflow.assets.manager import AssetManager
 from airflow.models.taskinstance import TaskInstance
 from sqlalchemy.orm import Session
 
-from airflow_adrq import queue
-from airflow_adrq.airflow import AdrqAssetManager, flush_queue, schema
+from airflow_adrq import queue, shapes
+from airflow_adrq.airflow import AdrqAssetManager, flush_queue
 from airflow_adrq.errors import UnsupportedSchemaError
 
 # The differential scenario: direct, alias, name and URI references; a paused
@@ -480,7 +480,7 @@ def test_refuses_an_event_keyed_queue(airflow_db):
         sa.Column("created_at", sa.DateTime, nullable=False),
     )
     metadata.create_all(engine)
-    schema.clear_cache()
+    shapes.clear_cache()
     try:
         with Session(engine) as session, pytest.raises(UnsupportedSchemaError) as info:
             AdrqAssetManager.register_asset_change(asset=SimpleNamespace(name="a", uri="a"), session=session)
@@ -489,7 +489,7 @@ def test_refuses_an_event_keyed_queue(airflow_db):
     finally:
         metadata.drop_all(engine)
         engine.dispose()
-        schema.clear_cache()
+        shapes.clear_cache()
 
 
 def test_refuses_to_load_without_the_airflow_33_members(monkeypatch):

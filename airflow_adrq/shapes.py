@@ -1,0 +1,118 @@
+"""Which Airflow schema the queue statement writes: the tables differ between release lines.
+
+The statement (:mod:`airflow_adrq.queue`) reads the same reference tables in
+every Airflow 3 release; what differs is a few columns and the queue's key:
+
+======================  =========================================  ===============================
+release line            differences the statement must follow      :class:`QueueShape`
+======================  =========================================  ===============================
+3.0, 3.1                no ``dag.timetable_partitioned`` nor       :data:`AIRFLOW_3_0`
+                        ``asset_event.partition_key`` (partitioned
+                        assets came in 3.2, migrations 0095/0107)
+3.2, 3.3                partitioned DAGs and keyed events are not  :data:`AIRFLOW_3_2`
+                        put in the queue
+3.4                     ``dag.is_draining`` DAGs are not queued    :data:`AIRFLOW_3_4`
+                        (migration 0134); the queue is keyed by
+                        ``(target_dag_id, asset_event_id)``: one
+                        row per (consumer, event) (PR #70972)
+======================  =========================================  ===============================
+
+:func:`detect` reads the shape off a database's catalog (once per engine), so
+the Airflow plug-in writes whatever schema the metadata database has. The
+library's own tables (:mod:`airflow_adrq.models`, migration 0001) are the
+3.3 shape.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+
+from sqlalchemy import inspect
+from sqlalchemy.engine import Connection, Engine
+
+from airflow_adrq.errors import UnsupportedSchemaError
+
+__all__ = ["AIRFLOW_3_0", "AIRFLOW_3_2", "AIRFLOW_3_3", "AIRFLOW_3_4", "QueueShape", "clear_cache", "detect"]
+
+
+@dataclass(frozen=True)
+class QueueShape:
+    """What the statement may reference, and how the queue is keyed."""
+
+    name: str
+    #: ``dag.timetable_partitioned`` and ``asset_event.partition_key`` exist.
+    partitions: bool
+    #: ``dag.is_draining`` exists (draining DAGs are not queued).
+    draining: bool = False
+    #: The queue is keyed ``(target_dag_id, asset_event_id)``, one row per event.
+    event_keyed: bool = False
+
+    @property
+    def queue_key(self) -> tuple[str, str]:
+        return ("target_dag_id", "asset_event_id") if self.event_keyed else ("asset_id", "target_dag_id")
+
+
+AIRFLOW_3_0 = QueueShape("airflow-3.0", partitions=False)
+AIRFLOW_3_2 = QueueShape("airflow-3.2", partitions=True)
+#: The shape of this library's own tables.
+AIRFLOW_3_3 = AIRFLOW_3_2
+AIRFLOW_3_4 = QueueShape("airflow-3.4", partitions=True, draining=True, event_keyed=True)
+
+_KNOWN = (AIRFLOW_3_0, AIRFLOW_3_2, AIRFLOW_3_4)
+_cache: weakref.WeakKeyDictionary[Engine, QueueShape] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def detect(connection: Connection) -> QueueShape:
+    """The :class:`QueueShape` of the database behind ``connection``; cached per engine.
+
+    Reads the catalog (columns of ``dag`` and ``asset_event``, the primary
+    key of ``asset_dag_run_queue``) through the connection, inside the
+    caller's transaction; takes no row locks. Raises
+    :class:`~airflow_adrq.errors.UnsupportedSchemaError` for a queue keyed in
+    any other way, or a combination no Airflow release has.
+    """
+    engine = connection.engine
+    with _lock:
+        cached = _cache.get(engine)
+    if cached is not None:
+        return cached
+    inspector = inspect(connection)
+
+    def columns(name: str) -> set[str]:
+        return {c["name"] for c in inspector.get_columns(name)} if inspector.has_table(name) else set()
+
+    if not inspector.has_table("asset_dag_run_queue"):
+        raise UnsupportedSchemaError("no asset_dag_run_queue table: not an Airflow 3 metadata database")
+    pk = tuple(inspector.get_pk_constraint("asset_dag_run_queue").get("constrained_columns") or ())
+    dag_columns, event_columns = columns("dag"), columns("asset_event")
+    found = QueueShape(
+        "detected",
+        partitions="timetable_partitioned" in dag_columns and "partition_key" in event_columns,
+        draining="is_draining" in dag_columns,
+        event_keyed=set(pk) == {"target_dag_id", "asset_event_id"} and len(pk) == 2,
+    )
+    matches = [
+        s
+        for s in _KNOWN
+        if (s.partitions, s.draining, s.event_keyed) == (found.partitions, found.draining, found.event_keyed)
+    ]
+    if set(pk) != set(found.queue_key) or "is_paused" not in dag_columns or not matches:
+        key = f"({', '.join(pk)})" if pk else "no primary key"
+        relevant = sorted(dag_columns & {"is_paused", "timetable_partitioned", "is_draining"})
+        raise UnsupportedSchemaError(
+            f"asset_dag_run_queue has primary key {key}; dag has columns {', '.join(relevant) or 'none'} "
+            "of is_paused, timetable_partitioned, is_draining: not an Airflow 3.0-3.4 schema airflow-adrq "
+            "knows how to write."
+        )
+    with _lock:
+        _cache[engine] = matches[0]
+    return matches[0]
+
+
+def clear_cache() -> None:
+    """Forget the detected shapes (tests; after migrating a database in place)."""
+    with _lock:
+        _cache.clear()
