@@ -456,10 +456,19 @@ def _run_target(
     raw: dict[str, Any],
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
-    began = time.monotonic()
+    began = last = time.monotonic()
+    phases: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        nonlocal last
+        now = time.monotonic()
+        phases[name] = round(now - last, 2)
+        last = now
+
     with _scratch_database(target, workdir) as url:
         progress(f"{target.version}: airflow db migrate on a scratch database")
         _migrate(url, workdir)
+        lap("migrate_s")
         all_procs = list(workers.procs.values())
         workers.broadcast(all_procs, "target", url=url, pg_deadlock_timeout_ms=plan.pg_deadlock_timeout_ms)
         engine = _control_engine(url)
@@ -473,15 +482,20 @@ def _run_target(
                 "backend": target.backend,
                 "version": target.version,
                 "settings": _server_settings(engine),
+                "phases": phases,
             }
+            lap("setup_s")
             if plan.sweep:
                 _sweep(target, plan, workers, engine, asset_ids, raw, progress)
+                lap("sweep_s")
             if plan.contention:
                 _contention(target, plan, workers, engine, asset_ids, raw, progress)
+                lap("contention_s")
         finally:
             engine.dispose()
             workers.broadcast(all_procs, "release")
-    info["duration_s"] = time.monotonic() - began
+    lap("teardown_s")
+    info["duration_s"] = last - began
     return info
 
 

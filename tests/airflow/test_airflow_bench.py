@@ -1,0 +1,88 @@
+# mypy: ignore-errors
+"""``airflow-adrq bench --airflow`` end to end, small, on SQLite.
+
+One run of the Airflow mode (``airflow_adrq.bench.airflow_mode.main``) with
+2 producers per manager: it must exit 0, write the JSON, the Markdown and the
+PNG, run each manager through the class its processes resolved from ``[core]
+asset_manager_class``, and leave exactly the expected queue and event rows
+after every plug-in call and round. Timings are printed, never asserted.
+
+SQLite only, to stay under a minute on 2 cores: a server backend adds its own
+``airflow db migrate`` (about 12 s of CPU) and rounds. The plug-in's
+deadlock-freedom on PostgreSQL and MariaDB is test_airflow_concurrency.py's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_adrq.bench.airflow_mode import main
+
+PRODUCERS = 2
+TRANSACTIONS = 2
+CLASSES = {
+    "stock": "airflow.assets.manager.AssetManager",
+    "sorted_loop": "airflow_adrq.bench.airflow_mode.sorted_loop.SortedLoopAssetManager",
+    "plugin": "airflow_adrq.airflow.manager.AdrqAssetManager",
+}
+
+
+@pytest.mark.slow
+def test_quick_run_writes_reports_and_plugin_rows_are_exact(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = [
+        "--backend",
+        "sqlite",
+        "--quick",
+        "--producers",
+        str(PRODUCERS),
+        "--transactions",
+        str(TRANSACTIONS),
+        "--fanouts",
+        "1,64",
+        "--sweep-calls",
+        "3",
+        "--sweep-min-calls",
+        "3",
+        "--out",
+        str(out),
+    ]
+    status = main(argv)
+    captured = capsys.readouterr()
+    print(captured.out)  # shown with -s or on failure
+    assert status == 0, captured.err[-3000:]
+
+    data = json.loads((out / "airflow-bench.json").read_text())
+    names = [t["name"] for t in data["targets"]]
+    assert names == ["sqlite"]
+    assert (out / "airflow-bench.md").read_text() in captured.out
+    assert "Legend" in captured.out
+    for name in names:
+        assert (out / f"airflow-bench-{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # Every manager ran in processes that resolved its class from the config option.
+    classes = {w["manager"]: w["class"] for w in data["workers"]}
+    assert classes == CLASSES
+    assert len(data["workers"]) == 3 * PRODUCERS
+
+    for name in names:
+        sweep = [r for r in data["summary"]["sweep"] if r["db"] == name]
+        assert {(r["fanout"], r["manager"]) for r in sweep} == {(f, m) for f in (1, 64) for m in CLASSES}
+        plugin_calls = [r for r in data["sweep"] if r["db"] == name and r["manager"] == "plugin"]
+        assert plugin_calls and all(r["rows_exact"] for r in plugin_calls)
+
+        rounds = [r for r in data["rounds"] if r["db"] == name and r["manager"] == "plugin"]
+        assert {r["scenario"] for r in rounds} == {"single", "multi_outlet"}
+        for rnd in rounds:
+            assert rnd["rows_exact"], rnd["check"]
+            assert rnd["committed"] == PRODUCERS * TRANSACTIONS
+            assert (
+                rnd["events"]
+                == rnd["expected_events"]
+                == rnd["committed"] * (1 if rnd["scenario"] == "single" else data["sizes"]["outlets"])
+            )
+        plugin = [r for r in data["summary"]["contention"] if r["db"] == name and r["manager"] == "plugin"]
+        assert [r["deadlocks"] for r in plugin] == [0, 0]
+        assert all(r["rows_exact"] for r in plugin)
