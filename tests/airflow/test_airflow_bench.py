@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import sqlalchemy as sa
 
-from airflow_adrq.bench.airflow_mode import main
+from airflow_adrq.bench.airflow_mode import main, run
 
 PRODUCERS = 2
 TRANSACTIONS = 2
@@ -86,3 +87,25 @@ def test_quick_run_writes_reports_and_plugin_rows_are_exact(tmp_path, capsys):
         plugin = [r for r in data["summary"]["contention"] if r["db"] == name and r["manager"] == "plugin"]
         assert [r["deadlocks"] for r in plugin] == [0, 0]
         assert all(r["rows_exact"] for r in plugin)
+
+
+def test_refuses_a_database_with_airflow_tables(tmp_path):
+    metadata = tmp_path / "airflow.db"
+    engine = sa.create_engine(f"sqlite:///{metadata}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE dag (dag_id VARCHAR(250) PRIMARY KEY)")
+    engine.dispose()
+    with pytest.raises(run.BenchError, match=r"has Airflow tables \(dag\)"):
+        run.refuse_airflow_database(f"sqlite:///{metadata}")
+    assert main(["--db", f"sqlite:///{metadata}", "--out", str(tmp_path / "out")]) == 1
+    assert not (tmp_path / "out").exists()
+
+    run.refuse_airflow_database(f"sqlite:///{tmp_path / 'absent.db'}")
+    run.refuse_airflow_database("sqlite://")
+
+
+def test_airflow_drivers():
+    assert run.airflow_url("postgresql://u@h/db") == "postgresql+psycopg2://u@h/db"
+    assert run.airflow_url("mysql://u@h/db") == "mysql+mysqldb://u@h/db"
+    assert run.airflow_url("mariadb://u@h/db") == "mysql+mysqldb://u@h/db"
+    assert run.airflow_url("postgresql+psycopg://u@h/db") == "postgresql+psycopg://u@h/db"

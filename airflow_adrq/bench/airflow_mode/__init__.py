@@ -147,6 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (AdrqError, SQLAlchemyError) as exc:
         _say(f"airflow-adrq bench --airflow: error: {exc}")
         return 1
+    except KeyboardInterrupt:
+        _say("airflow-adrq bench --airflow: interrupted (workers stopped, scratch databases dropped)")
+        return 130
 
 
 def _bench(args: argparse.Namespace) -> int:

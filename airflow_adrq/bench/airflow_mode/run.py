@@ -156,6 +156,7 @@ class _Workers:
         ctx = multiprocessing.get_context("spawn")
         self.procs: dict[tuple[str, int], _Process] = {}
         self.zygotes: list[Any] = []
+        self.closed = False
         # Kept for the processes' lifetime: a barrier collected in this process
         # is gone before a child that has not started yet can attach to it.
         self.barriers = {manager: ctx.Barrier(producers) for manager in managers}
@@ -194,8 +195,12 @@ class _Workers:
                 os.environ.pop("PYTHONHASHSEED", None)
             else:
                 os.environ["PYTHONHASHSEED"] = saved
-        for proc in self.procs.values():
-            proc.info = self._receive(proc, _START_TIMEOUT)
+        try:
+            for proc in self.procs.values():
+                proc.info = self._receive(proc, _START_TIMEOUT)
+        except BaseException:
+            self.close()
+            raise
 
     def group(self, manager: str) -> list[_Process]:
         return [p for (m, _), p in sorted(self.procs.items()) if m == manager]
@@ -228,6 +233,9 @@ class _Workers:
 
     def close(self) -> None:
         """Ask every worker to exit; kill (by pid) the workers that do not answer, then the zygotes."""
+        if self.closed:
+            return
+        self.closed = True
         for proc in self.procs.values():
             with contextlib.suppress(Exception):
                 proc.conn.send(("close", {}))
@@ -470,9 +478,11 @@ def _run_target(
         _migrate(url, workdir)
         lap("migrate_s")
         all_procs = list(workers.procs.values())
-        workers.broadcast(all_procs, "target", url=url, pg_deadlock_timeout_ms=plan.pg_deadlock_timeout_ms)
         engine = _control_engine(url)
         try:
+            workers.broadcast(
+                all_procs, "target", url=url, pg_deadlock_timeout_ms=plan.pg_deadlock_timeout_ms
+            )
             seeder = workers.group(plan.managers[0])[0]
             asset_ids: dict[str, int] = workers.call(
                 seeder, "seed", dag_ids=plan.dag_ids, assets=plan.assets()
@@ -491,9 +501,14 @@ def _run_target(
             if plan.contention:
                 _contention(target, plan, workers, engine, asset_ids, raw, progress)
                 lap("contention_s")
+            workers.broadcast(all_procs, "release")
+        except BaseException:
+            # Stop the workers before the scratch database is dropped: their
+            # open transactions would hold DROP DATABASE up (MySQL metadata locks).
+            workers.close()
+            raise
         finally:
             engine.dispose()
-            workers.broadcast(all_procs, "release")
     lap("teardown_s")
     info["duration_s"] = last - began
     return info

@@ -31,6 +31,7 @@ import logging
 import multiprocessing
 import os
 import random
+import signal
 import time
 import traceback
 from collections import Counter
@@ -303,6 +304,8 @@ def _check_manager(manager: str) -> dict[str, Any]:
 
 def zygote(index: int, env: dict[str, str], seats: list[tuple[str, Any, Any, dict[str, str]]]) -> None:
     """Import Airflow once, then fork one worker per ``(manager, conn, barrier, env)`` seat and wait."""
+    # The controller stops the workers (Ctrl-C reaches the whole process group).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _apply_environment(env)
     try:
         import airflow  # noqa: F401  (settings, logging, ORM set-up; not airflow.assets.manager)
