@@ -7,8 +7,8 @@ also makes the single-caller calls), and for every database:
 1. creates a scratch database (a temporary file for SQLite) and runs
    ``airflow db migrate`` on it in a subprocess with a private
    ``AIRFLOW_HOME``; it is dropped afterwards, whatever happens;
-2. points every worker's Airflow ORM at it and seeds DAGs, assets and
-   schedule references through Airflow's models;
+2. points every worker's Airflow ORM at it, seeds DAGs, assets and
+   schedule references through Airflow's models, and runs ``ANALYZE``;
 3. the sweep: for each fan-out, one warm-up call per manager, then calls
    interleaved between the managers (the order rotates every repetition),
    each from an empty queue, each followed by an exact-rows check;
@@ -342,6 +342,17 @@ def _events(engine: sa.Engine, prefix: str) -> int:
         )
 
 
+def _analyze(engine: sa.Engine) -> None:
+    """Refresh the planner's statistics after seeding, as autovacuum (or an operator) would."""
+    if engine.dialect.name == "mysql":
+        tables = "dag, asset, asset_active, dag_schedule_asset_reference, asset_event, asset_dag_run_queue"
+        with engine.connect() as conn:
+            conn.exec_driver_sql(f"ANALYZE TABLE {tables}").fetchall()
+        return
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("ANALYZE")
+
+
 def _server_settings(engine: sa.Engine) -> dict[str, str]:
     queries = {
         "postgresql": {"deadlock_timeout": "SHOW deadlock_timeout"},
@@ -487,6 +498,7 @@ def _run_target(
             asset_ids: dict[str, int] = workers.call(
                 seeder, "seed", dag_ids=plan.dag_ids, assets=plan.assets()
             )
+            _analyze(engine)
             info: dict[str, Any] = {
                 "name": target.name,
                 "backend": target.backend,
