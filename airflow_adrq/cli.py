@@ -7,6 +7,7 @@
     airflow-adrq db current   [--url URL]
     airflow-adrq db check     [--url URL]                    # exit 1 if not at head or drifted
     airflow-adrq bench ...                                   # see airflow_adrq.bench.cli
+    airflow-adrq doctor [--url URL] [--json]                 # read-only: should Airflow enable the plug-in?
 
 ``--url`` defaults to ``$AIRFLOW_ADRQ_DATABASE_URL`` (keeps passwords out of
 ``ps``). The ``db`` commands manage a database of airflow-adrq's own and
@@ -31,7 +32,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
 
-from airflow_adrq import migrate
+from airflow_adrq import doctor, migrate
 from airflow_adrq.errors import AdrqError
 
 __all__ = ["URL_ENV", "build_parser", "main"]
@@ -46,6 +47,14 @@ _BENCH_MODULES = frozenset({"airflow_adrq.bench", "airflow_adrq.bench.cli"})
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 success, 1 failure, 2 usage)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        # bench --faults / --soak / --airflow have options of their own.
+        from airflow_adrq.bench import modes
+
+        routed = modes.route(argv[1:])
+        if routed is not None:
+            return routed
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
@@ -67,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     add_db_parser(subparsers)
     _add_bench_parser(subparsers)
+    doctor.add_doctor_parser(subparsers)
     return parser
 
 

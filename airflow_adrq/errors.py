@@ -47,4 +47,10 @@ class DeferredTooLateError(AdrqError):
 
 
 class CommitOutcomeUnknownError(AdrqError):
-    """The connection was lost while COMMIT was in flight: the transaction may or may not be committed."""
+    """The connection was lost while COMMIT was in flight: the transaction may or may not be committed.
+
+    ``event_ids``: the ``asset_event`` ids the transaction registered, to look
+    for (:func:`airflow_adrq.retry.commit_outcome`).
+    """
+
+    event_ids: tuple[int, ...] = ()

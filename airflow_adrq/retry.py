@@ -16,17 +16,27 @@ import logging
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
-from sqlalchemy import event
+from sqlalchemy import Table, event, func, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
+from airflow_adrq import queue
 from airflow_adrq.errors import CommitOutcomeUnknownError, RetriesExhaustedError
+from airflow_adrq.models import AssetEvent
 
-__all__ = ["Retryable", "RetryableKind", "classify", "is_retryable", "run_callbacks", "run_in_transaction"]
+__all__ = [
+    "Retryable",
+    "RetryableKind",
+    "classify",
+    "commit_outcome",
+    "is_retryable",
+    "run_callbacks",
+    "run_in_transaction",
+]
 
 log = logging.getLogger(__name__)
 
@@ -218,8 +228,9 @@ def run_in_transaction(
     committed. A connection lost while COMMIT is in flight leaves the outcome
     unknown (the server may have committed): that is never retried; it
     raises :class:`~airflow_adrq.errors.CommitOutcomeUnknownError`, chained to
-    the driver error. The caller must then find out (for example by looking
-    for the events it wrote) before doing the work again.
+    the driver error and carrying the ids of the asset events the transaction
+    registered. The caller must then find out before doing the work again:
+    :func:`commit_outcome` looks for those events.
 
     Locks: whatever ``work`` locks, released by the COMMIT or ROLLBACK of each
     attempt. Does not promise: that ``work`` has no side effects outside the
@@ -277,22 +288,51 @@ def _attempt(
     """One attempt: BEGIN, ``work``, COMMIT, telling a lost COMMIT apart from a lost transaction."""
     sent = [False]
     token = _COMMIT_SENT.set(sent)
+    event_ids: list[int] = []
     try:
         with session_factory() as session, session.begin():
             result = work(session, callbacks)
+            # What to look for if the COMMIT's outcome is lost.
+            event_ids = queue.pending_events(session)
             sent[0] = False  # only the COMMIT that follows counts
         return result
     except Exception as exc:
         found = classify(exc)
         if sent[0] and found is not None and found.kind is RetryableKind.CONNECTION_LOST:
-            raise CommitOutcomeUnknownError(
+            error = CommitOutcomeUnknownError(
                 "the database connection was lost while COMMIT was in flight; the transaction may or "
                 f"may not have been committed ({found.code}). Not retried: check what was written "
-                "before running it again."
-            ) from exc
+                f"(asset_event ids {event_ids}; see airflow_adrq.retry.commit_outcome) before running "
+                "it again."
+            )
+            error.event_ids = tuple(event_ids)
+            raise error from exc
         raise
     finally:
         _COMMIT_SENT.reset(token)
+
+
+def commit_outcome(session_factory: Callable[[], Session], error: CommitOutcomeUnknownError) -> bool | None:
+    """Whether the transaction behind ``error`` was committed: ``True``, ``False``, or ``None`` (can't tell).
+
+    Looks, on a new connection, for the ``asset_event`` rows the transaction
+    had registered (``error.event_ids``): all there, it committed; none, it
+    did not (the server rolls back a transaction whose connection died before
+    its COMMIT completed); no event ids, or only some, ``None``. Call it once
+    the old connection is gone on the server (a killed session can take a
+    moment to finish rolling back). A plain SELECT; locks nothing.
+    """
+    ids = sorted(set(error.event_ids))
+    if not ids:
+        return None
+    table = cast(Table, AssetEvent.__table__)
+    with session_factory() as session:
+        found = session.execute(
+            select(func.count()).select_from(table).where(table.c.id.in_(ids))
+        ).scalar_one()
+    if found == len(ids):
+        return True
+    return False if found == 0 else None
 
 
 def run_callbacks(callbacks: Iterable[Callback]) -> None:

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from airflow_adrq import servers
-from airflow_adrq.bench import report, runner
+from airflow_adrq.bench import modes, report, runner
 from airflow_adrq.bench.config import DEFAULT, QUICK, SCENARIOS, STRATEGIES, Sizes
 
-__all__ = ["add_bench_parser"]
+__all__ = ["add_bench_parser", "main"]
 
 
 def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -60,6 +60,27 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         type=Path,
         default=None,
         help="output directory (default: ./bench-results/<UTC timestamp>)",
+    )
+    modes = parser.add_argument_group(
+        "other modes (each has its own options: airflow-adrq bench --soak --help)",
+    )
+    modes.add_argument(
+        "--faults",
+        action="store_true",
+        help="producers while their connections are killed at random: what callers see, nothing "
+        "duplicated or half-written",
+    )
+    modes.add_argument(
+        "--soak",
+        action="store_true",
+        help="sustained load (default 32 producers x 1,000 transactions) with a consumer: deadlocks, exact "
+        "rows, memory and connection growth",
+    )
+    modes.add_argument(
+        "--airflow",
+        action="store_true",
+        help="Airflow's own AssetManager vs the plug-in, through Airflow's code on a scratch database "
+        "made by airflow db migrate (needs Apache Airflow installed; tox -e airflow-bench)",
     )
     parser.add_argument("--strategy", action="append", choices=STRATEGIES, help="only these (repeatable)")
     parser.add_argument("--scenario", action="append", choices=SCENARIOS, help="only these (repeatable)")
@@ -221,9 +242,13 @@ class _Progress:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m airflow_adrq.bench.cli``: the same as ``airflow-adrq bench``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    routed = modes.route(argv)
+    if routed is not None:
+        return routed
     parser = argparse.ArgumentParser(prog="airflow-adrq")
     add_bench_parser(parser.add_subparsers())
-    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    args = parser.parse_args(["bench", *argv])
     status: int = args.func(args)
     return status
 

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from airflow_adrq import CommitOutcomeUnknownError, create_engine, register_asset_change, run_in_transaction
-from airflow_adrq.retry import RetryableKind
+from airflow_adrq.retry import RetryableKind, commit_outcome
 from tests.factories import add_asset, add_dags, asset_ref, events, queued, schedule_on_asset
 
 pytestmark = pytest.mark.backends("postgresql", "mysql")
@@ -139,8 +139,11 @@ def test_killed_while_commit_is_in_flight_is_not_retried(backend, setup):
     assert isinstance(caught.value.__cause__, sa.exc.DBAPIError)
     assert attempts == [1] and retries == [] and ran == []
     # Here the server died before the COMMIT arrived, so nothing was committed;
-    # the client could not know that, which is why it did not retry.
+    # the client could not know that, which is why it did not retry. The error
+    # names the events to look for, and commit_outcome finds none of them.
     assert events(engine) == [] and queued(engine) == set()
+    assert len(caught.value.event_ids) == 1
+    assert commit_outcome(sessionmaker(engine), caught.value) is False
 
 
 def test_a_pooled_connection_killed_while_idle_is_replaced(backend, db_url, setup):
@@ -157,3 +160,14 @@ def test_a_pooled_connection_killed_while_idle_is_replaced(backend, db_url, setu
     finally:
         eng.dispose()
     _assert_exactly_once(engine)
+
+
+def test_commit_outcome_finds_a_committed_transaction(setup):
+    engine, _killer = setup
+    with Session(engine) as session:
+        event = register_asset_change(asset=asset_ref("a"), session=session)
+        session.commit()
+        error = CommitOutcomeUnknownError("pretend the COMMIT's answer was lost")
+        error.event_ids = (event.id,)
+    assert commit_outcome(sessionmaker(engine), error) is True
+    assert commit_outcome(sessionmaker(engine), CommitOutcomeUnknownError()) is None
