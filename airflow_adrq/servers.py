@@ -490,7 +490,9 @@ ENV_PGBOUNCER = "ADRQ_TEST_PGBOUNCER_URL"
 
 
 @contextlib.contextmanager
-def pgbouncer(server_url: str | URL, *, pool_mode: str = "transaction") -> Iterator[str]:
+def pgbouncer(
+    server_url: str | URL, *, pool_mode: str = "transaction", stats_users: Sequence[str] = ()
+) -> Iterator[str]:
     """Yield the URL of a throwaway PgBouncer in front of the PostgreSQL server at ``server_url``.
 
     ``transaction`` pooling (the official Helm chart's default in front of
@@ -501,9 +503,10 @@ def pgbouncer(server_url: str | URL, *, pool_mode: str = "transaction") -> Itera
     trust authentication (a test setup). Runs as the ``postgres`` account when
     started by root (PgBouncer refuses to run as root). Raises
     :class:`ServerNotFoundError` naming the Debian package when the
-    ``pgbouncer`` binary is missing. With ``$ADRQ_TEST_PGBOUNCER_URL`` set,
-    yields that PgBouncer's URL (same driver and user as ``server_url``)
-    instead of starting one.
+    ``pgbouncer`` binary is missing. ``stats_users`` may run ``SHOW``
+    commands on its admin console (database ``pgbouncer``). With
+    ``$ADRQ_TEST_PGBOUNCER_URL`` set, yields that PgBouncer's URL (same
+    driver and user as ``server_url``) instead of starting one.
     """
     upstream = sa.make_url(server_url)
     explicit = os.environ.get(ENV_PGBOUNCER, "").strip()
@@ -542,6 +545,7 @@ def pgbouncer(server_url: str | URL, *, pool_mode: str = "transaction") -> Itera
                     "auth_type = trust",
                     f"auth_file = {tmp / 'userlist.txt'}",
                     f"pool_mode = {pool_mode}",
+                    f"stats_users = {','.join(stats_users)}",
                     "max_client_conn = 500",
                     "default_pool_size = 60",
                     # Drivers send these at connect; PgBouncer must not refuse them.
