@@ -281,6 +281,9 @@ _LOOKUP = (
     .outerjoin(_ACTIVE, and_(_ACTIVE.c.name == _ASSET.c.name, _ACTIVE.c.uri == _ASSET.c.uri))
     .where(_ASSET.c.name.in_(bindparam("names", expanding=True)))
 )
+_INSERT_EVENT = insert(_EVENT)
+_INSERT_EVENT_RETURNING = insert(_EVENT).returning(_EVENT.c.id)
+_INSERT_EVENTS_RETURNING_IN_ORDER = insert(_EVENT).returning(_EVENT.c.id, sort_by_parameter_order=True)
 #: Names per lookup (one expanding list; below every backend's parameter limit).
 _NAMES_PER_LOOKUP = 10_000
 
@@ -289,9 +292,10 @@ def _lookup_assets(session: Session, keys: set[tuple[str, str]]) -> dict[tuple[s
     """(name, uri) -> (asset id, is active), one plain SELECT, no row locks."""
     names = sorted({name for name, _ in keys})
     found: dict[tuple[str, str], tuple[int, bool]] = {}
+    conn = session.connection()  # Core execution: no ORM statement processing
     for start in range(0, len(names), _NAMES_PER_LOOKUP):
         chunk = names[start : start + _NAMES_PER_LOOKUP]
-        for name, uri, asset_id, is_active in session.execute(_LOOKUP, {"names": chunk}):
+        for name, uri, asset_id, is_active in conn.execute(_LOOKUP, {"names": chunk}):
             if (name, uri) in keys:
                 found[(name, uri)] = (asset_id, bool(is_active))
     return found
@@ -341,15 +345,13 @@ def _insert_returning_ids(session: Session, rows: list[dict[str, Any]]) -> list[
     conn = session.connection()
     dialect = conn.dialect
     if len(rows) > 1 and dialect.insert_executemany_returning_sort_by_parameter_order:
-        stmt = insert(_EVENT).returning(_EVENT.c.id, sort_by_parameter_order=True)
-        return list(conn.execute(stmt, rows).scalars())
+        return list(conn.execute(_INSERT_EVENTS_RETURNING_IN_ORDER, rows).scalars())
     if dialect.insert_returning:
-        stmt = insert(_EVENT).returning(_EVENT.c.id)
-        return [conn.execute(stmt, row).scalar_one() for row in rows]
+        return [conn.execute(_INSERT_EVENT_RETURNING, row).scalar_one() for row in rows]
     # MySQL 8 has no RETURNING: one INSERT per event, id from LAST_INSERT_ID().
     ids = []
     for row in rows:
-        key = conn.execute(insert(_EVENT), row).inserted_primary_key
+        key = conn.execute(_INSERT_EVENT, row).inserted_primary_key
         assert key is not None  # an INSERT of one row always has one
         ids.append(int(key[0]))
     return ids

@@ -173,6 +173,25 @@ def _assets_cte() -> CTE:
     )
 
 
+def _stamping_events_cte(shape: QueueShape) -> CTE:
+    """PostgreSQL: stamp the events and select them in one go (a data-modifying CTE).
+
+    ``UPDATE asset_event SET timestamp = :created_at WHERE id IN (:ids)
+    RETURNING ...``: the same rows and stamp as the separate UPDATE, one round
+    trip fewer. Every event is stamped; keyed ones are filtered downstream.
+    """
+    returned = [_EVENT.c.id.label("event_id"), _EVENT.c.asset_id]
+    if shape.partitions:
+        returned.append(_EVENT.c.partition_key)
+    return (
+        update(_EVENT)
+        .where(_EVENT.c.id.in_(bindparam("ids", expanding=True)))
+        .values(timestamp=bindparam("created_at", type_=UtcDateTime()))
+        .returning(*returned)
+        .cte("ev")
+    )
+
+
 def _consumers(ev: CTE, *, with_aliases: bool, with_event_id: bool = False) -> Any:
     """UNION of (asset_id, dag_id) -- or (event_id, asset_id, dag_id) -- over every kind of reference."""
     asset = cast(Table, AssetModel.__table__)
@@ -197,6 +216,9 @@ def _consumers(ev: CTE, *, with_aliases: bool, with_event_id: bool = False) -> A
             .join(link, link.c.event_id == ev.c.event_id)
             .join(by_alias, by_alias.c.alias_id == link.c.alias_id)
         )
+    if "partition_key" in ev.c:
+        # Only the stamping CTE returns it: keyed events are not queued here.
+        parts = [part.where(ev.c.partition_key.is_(None)) for part in parts]
     return union(*parts).subquery("src")
 
 
@@ -226,10 +248,14 @@ def _statement(
     on_conflict: ConflictMode,
     restricted: bool = False,
     shape: QueueShape = AIRFLOW_3_3,
+    stamping: bool = False,
 ) -> Insert:
     if shape.event_keyed and source != "events":
         raise ValueError(f"{shape.name}'s queue is keyed by event: it can only be driven by events")
-    ev = _events_cte(shape) if source == "events" else _assets_cte()
+    if stamping:
+        ev = _stamping_events_cte(shape)
+    else:
+        ev = _events_cte(shape) if source == "events" else _assets_cte()
     src = _consumers(ev, with_aliases=source == "events", with_event_id=restricted or shape.event_keyed)
     conditions = [_DAG.c.is_paused == false()]
     if shape.partitions:
@@ -360,7 +386,9 @@ def queue_events(
 
     Sets every given event's ``timestamp`` (in the database, and on mapped
     objects without a reload) and the ``created_at`` of the queue rows it
-    inserts to one value (``stamp``, default now), then inserts
+    inserts to one value (``stamp``, default now; on PostgreSQL in the same
+    statement, as a data-modifying CTE, elsewhere by an UPDATE just before),
+    then inserts
     with ONE statement (several, in one global order, past
     :data:`IDS_PER_STATEMENT` events). Pass only the caller's own, uncommitted
     events: their timestamps are rewritten. Runs in the caller's transaction
@@ -398,9 +426,11 @@ def queue_events(
     support = dialects.get(conn)
     support.check_connection(conn)
     restricted = allowed is not None and bool(allowed)
-    stmt = _statement(support.name, "events", on_conflict, restricted, shape)
+    stamping = support.stamp_in_statement
+    stmt = _statement(support.name, "events", on_conflict, restricted, shape, stamping)
     for ids in chunks:
-        conn.execute(_STAMP, {"ids": ids, "stamp": stamp})
+        if not stamping:
+            conn.execute(_STAMP, {"ids": ids, "stamp": stamp})
         params: dict[str, Any] = {"ids": ids, "created_at": stamp}
         if allowed:
             mine = [event_id for event_id in ids if event_id in allowed]

@@ -56,6 +56,9 @@ class DialectSupport:
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
     configure_engine: Callable[[Engine], None] = field(default=lambda engine: None)
     check_connection: Callable[[Connection], None] = field(default=lambda connection: None)
+    #: The backend runs an UPDATE ... RETURNING as a CTE of the INSERT (PostgreSQL),
+    #: so the events are stamped by the queue statement itself.
+    stamp_in_statement: bool = False
 
 
 _REGISTRY: dict[str, DialectSupport] = {}

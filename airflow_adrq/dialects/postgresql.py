@@ -19,6 +19,8 @@ SUPPORT = register("postgresql")(
         name="postgresql",
         insert_from_select=_on_conflict.insert_from_select(postgresql.insert, "greatest"),
         insert_ignore=_on_conflict.insert_ignore(postgresql.insert),
+        # WITH ev AS (UPDATE asset_event ... RETURNING ...) INSERT ...: one round trip.
+        stamp_in_statement=True,
         # PostgreSQL's default READ COMMITTED is what the guarantees assume:
         # no engine settings.
     )
