@@ -1,4 +1,4 @@
-"""The Apache Airflow plug-in (Airflow 3.3).
+"""The Apache Airflow plug-in (Airflow 3.1 to 3.4; see compat.ADAPTERS).
 
 Configure Airflow with::
 

@@ -1,52 +1,452 @@
-"""The Airflow pieces :class:`~airflow_adrq.airflow.AdrqAssetManager` relies on, in one place.
+"""The Airflow pieces :class:`~airflow_adrq.airflow.AdrqAssetManager` relies on, one class per release line.
 
-Everything the plug-in takes from Airflow beyond the models is here: which
-versions it accepts, and the steps of ``AssetManager.register_asset_change``
-it reproduces verbatim (event source fields, listener hooks, the
-``asset.updates`` metric, the multi-team arguments). A release whose
-internals differ gets its difference handled here, under its name, not by
-version checks scattered through the manager.
+``AdrqAssetManager.register_asset_change`` runs the same steps on every
+supported Airflow: look the asset up, add the alias associations, write the
+event and its alias rows, call the listener hooks, count ``asset.updates``,
+apply the multi-team filter, hand partitioned consumers to Airflow, and queue
+the rest with the library's one statement at COMMIT. What a step does differs
+between release lines; each difference is a method of the line's adapter
+below, and each adapter is a subclass of the previous line's that overrides
+only what that line changed (read from ``airflow/assets/manager.py``,
+``airflow/models/asset.py`` and ``airflow/models/taskinstance.py`` of each
+release's ``apache-airflow-core`` wheel):
 
-Source of every step: ``airflow/assets/manager.py`` in apache-airflow-core
-3.3.2 (``register_asset_change``).
+=======  ===========  ==============================================================================
+line     tested       what changed in ``register_asset_change`` (and what the adapter does about it)
+=======  ===========  ==============================================================================
+3.0      refused      apache-airflow-core 3.0 requires SQLAlchemy < 2.0; airflow-adrq is built on
+                      SQLAlchemy 2, so the two cannot be installed together (:data:`REFUSED`).
+3.1      3.1.8        :class:`Airflow31`: no partitions (schema :data:`~airflow_adrq.shapes.AIRFLOW_3_0`),
+                      no multi-team filter; ``extra`` stored as given; one listener hook
+                      (``on_asset_changed`` with ``to_public()``); ``Stats.incr("asset.updates")``
+                      untagged; "not found" also goes to the task's log.
+3.2      3.2.2        :class:`Airflow32`: partitioned assets (``partition_key``, ``_queue_partitioned_dags``
+                      without ``partition_date``); ``extra or {}``; ``on_asset_event_emitted`` too, with
+                      ``to_serialized()``.
+3.3      3.3.2        :class:`Airflow33`: ``partition_date``; ``callback_sink``; multi-team
+                      (``_filter_dags_by_team``, team-tagged ``asset.updates``).
+3.4      3.4.0b2      :class:`Airflow34`: the queue is keyed per event (schema
+                      :data:`~airflow_adrq.shapes.AIRFLOW_3_4`: one row per (event, consumer));
+                      draining DAGs are not queued; the event records ``source_task_instance_id`` and
+                      the public map index (``get_public_map_index``).
+=======  ===========  ==============================================================================
+
+Things every supported line shares, so they are no adapter method: the
+asset lookup, ``_add_asset_alias_association``, the event flushed at once,
+its ``asset_alias_asset_event`` rows (inserted directly, as 3.3 does; 3.1 and
+3.2 append the event to ``AssetAliasModel.asset_events``, which writes the
+same row after lazy-loading every earlier event of the alias, issue #66853),
+and the queue statement itself (:mod:`airflow_adrq.queue`, written for the
+schema shape :func:`queue_shape` finds).
+
+``callback_sink`` (Airflow 3.3+) is honoured on every line: on 3.1 and 3.2
+nothing in Airflow passes it, so the hooks run inline there as in Airflow.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from airflow_adrq import shapes
 from airflow_adrq.errors import UnsupportedSchemaError
 
 __all__ = [
+    "ADAPTERS",
+    "REFUSED",
     "SHAPES",
     "SUPPORTED",
+    "Airflow31",
+    "Airflow32",
+    "Airflow33",
+    "Airflow34",
+    "ReleaseLine",
     "check_supported",
-    "emit_updates_metric",
-    "event_source",
-    "multi_team",
-    "notify_listeners",
+    "current",
     "queue_shape",
-    "team_filter_arguments",
 ]
+
+Callbacks = list[Callable[[], None]]
+
+
+class ReleaseLine:
+    """The steps of one Airflow release line's ``register_asset_change`` that differ between lines.
+
+    Subclasses, one per line, override what their line changed; the manager
+    calls only these methods and attributes, never a version check.
+    """
+
+    #: ``(major, minor)``.
+    line: ClassVar[tuple[int, int]]
+    #: The release the tests pin (tox -e airflowNN).
+    tested: ClassVar[str]
+    #: The schema of this line's metadata database (airflow_adrq.shapes).
+    shape: ClassVar[shapes.QueueShape]
+    #: ``AssetManager`` members the plug-in calls; a release without them is refused at import.
+    required_members: ClassVar[tuple[str, ...]]
+    #: Partitioned consumers exist (``dag.timetable_partitioned``, ``asset_event.partition_key``).
+    partitions: ClassVar[bool]
+    #: ``_filter_dags_by_team`` exists (applied with ``[core] multi_team``).
+    team_filter: ClassVar[bool] = False
+    #: The order the queue statement inserts (and locks) rows in, for the start-up log line.
+    queue_order: ClassVar[str] = "(asset_id, dag_id)"
+
+    @property
+    def name(self) -> str:
+        return f"{self.line[0]}.{self.line[1]}"
+
+    # --- steps, in the order register_asset_change runs them ---------------
+
+    def warn_not_found(self, manager: Any, asset: Any, task_instance: Any) -> None:
+        raise NotImplementedError
+
+    def event_kwargs(
+        self, *, asset_model: Any, extra: Any, partition_key: str | None, task_instance: Any, session: Any
+    ) -> dict[str, Any]:
+        """The ``AssetEvent`` constructor arguments."""
+        raise NotImplementedError
+
+    def notify_listeners(
+        self,
+        manager: Any,
+        *,
+        asset_model: Any,
+        asset_event: Any,
+        asset_alias_models: list[Any],
+        partition_key: str | None,
+        partition_date: Any,
+        callback_sink: Callbacks | None,
+    ) -> None:
+        raise NotImplementedError
+
+    def emit_updates_metric(self, task_instance: Any, *, session: Any) -> str | None:
+        """Count ``asset.updates``; return the producing DAG's team when the line tags it with one."""
+        raise NotImplementedError
+
+    def multi_team(self) -> bool:
+        """Whether ``_filter_dags_by_team`` applies (``[core] multi_team`` on a line that has it)."""
+        if not self.team_filter:
+            return False
+        from airflow.configuration import conf
+
+        return bool(conf.getboolean("core", "multi_team"))
+
+    def team_filter_arguments(
+        self,
+        task_instance: Any,
+        *,
+        asset_model: Any,
+        team_name: str | None,
+        api_user_teams: set[str] | None,
+        api_allow_consumer_teams: list[str] | None,
+        api_allow_global_consumers: bool,
+        session: Any,
+    ) -> dict[str, Any]:
+        raise NotImplementedError(f"Airflow {self.name} has no multi-team filter")
+
+    def consumer_conditions(self, dag_model: Any) -> list[Any]:
+        """``DagModel`` conditions of a consumer Airflow queues (for the consumers loaded in Python)."""
+        return [dag_model.is_paused.is_(False)]
+
+    def queue_partitioned(
+        self,
+        manager: Any,
+        *,
+        asset_id: int,
+        partition_dags: list[Any],
+        event: Any,
+        partition_key: str | None,
+        partition_date: Any,
+        task_instance: Any,
+        session: Any,
+    ) -> None:
+        raise NotImplementedError(f"Airflow {self.name} has no partitioned consumers")
+
+
+def _source_columns(task_instance: Any) -> dict[str, Any]:
+    return {
+        "source_task_id": task_instance.task_id,
+        "source_dag_id": task_instance.dag_id,
+        "source_run_id": task_instance.run_id,
+        "source_map_index": task_instance.map_index,
+    }
+
+
+class Airflow31(ReleaseLine):
+    """Airflow 3.1 (tested: 3.1.8)."""
+
+    line = (3, 1)
+    tested = "3.1.8"
+    shape = shapes.AIRFLOW_3_0
+    required_members: ClassVar[tuple[str, ...]] = (
+        "register_asset_change",
+        "_add_asset_alias_association",
+        "notify_asset_changed",
+    )
+    partitions = False
+
+    def warn_not_found(self, manager: Any, asset: Any, task_instance: Any) -> None:
+        msg = f"AssetModel {asset} not found; cannot create asset event."
+        manager.logger().warning(msg)
+        if task_instance is not None and hasattr(task_instance, "log"):
+            task_instance.log.warning(msg)
+
+    def event_kwargs(
+        self, *, asset_model: Any, extra: Any, partition_key: str | None, task_instance: Any, session: Any
+    ) -> dict[str, Any]:
+        # ``extra`` as given: the column's default ({}) applies to None.
+        kwargs: dict[str, Any] = {"asset_id": asset_model.id, "extra": extra}
+        if task_instance:
+            kwargs.update(_source_columns(task_instance))
+        return kwargs
+
+    def notify_listeners(
+        self,
+        manager: Any,
+        *,
+        asset_model: Any,
+        asset_event: Any,
+        asset_alias_models: list[Any],
+        partition_key: str | None,
+        partition_date: Any,
+        callback_sink: Callbacks | None,
+    ) -> None:
+        asset = asset_model.to_public()
+        if callback_sink is None:
+            manager.notify_asset_changed(asset=asset)
+        else:
+            callback_sink.append(partial(manager.notify_asset_changed, asset=asset))
+
+    def emit_updates_metric(self, task_instance: Any, *, session: Any) -> str | None:
+        # The name Airflow's manager module uses, so that patching it there patches it here.
+        from airflow.assets import manager as airflow_manager
+
+        airflow_manager.Stats.incr("asset.updates")
+        return None
+
+
+class Airflow32(Airflow31):
+    """Airflow 3.2 (tested: 3.2.2): partitioned assets, the ``on_asset_event_emitted`` hook."""
+
+    line = (3, 2)
+    tested = "3.2.2"
+    shape = shapes.AIRFLOW_3_2
+    required_members: ClassVar[tuple[str, ...]] = (
+        *Airflow31.required_members,
+        "_queue_partitioned_dags",
+        "nofity_asset_event_emitted",  # sic
+    )
+    partitions = True
+
+    def warn_not_found(self, manager: Any, asset: Any, task_instance: Any) -> None:
+        manager.logger().warning("AssetModel %s not found; cannot create asset event.", asset)
+
+    def event_kwargs(
+        self, *, asset_model: Any, extra: Any, partition_key: str | None, task_instance: Any, session: Any
+    ) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "asset_id": asset_model.id,
+            "extra": extra or {},
+            "partition_key": partition_key,
+        }
+        if task_instance:
+            kwargs.update(_source_columns(task_instance))
+        return kwargs
+
+    def _listener_event(
+        self, asset: Any, asset_event: Any, asset_alias_models: list[Any], **partition: Any
+    ) -> Any:
+        from airflow.listeners.types import AssetEvent as ListenerAssetEvent
+
+        return ListenerAssetEvent(
+            asset=asset,
+            extra=asset_event.extra,
+            source_dag_id=asset_event.source_dag_id,
+            source_task_id=asset_event.source_task_id,
+            source_run_id=asset_event.source_run_id,
+            source_map_index=asset_event.source_map_index,
+            source_aliases=[aam.to_serialized() for aam in asset_alias_models],
+            **partition,
+        )
+
+    def _partition_fields(self, partition_key: str | None, partition_date: Any) -> dict[str, Any]:
+        return {"partition_key": partition_key}
+
+    def notify_listeners(
+        self,
+        manager: Any,
+        *,
+        asset_model: Any,
+        asset_event: Any,
+        asset_alias_models: list[Any],
+        partition_key: str | None,
+        partition_date: Any,
+        callback_sink: Callbacks | None,
+    ) -> None:
+        asset = asset_model.to_serialized()
+        listener_event = self._listener_event(
+            asset, asset_event, asset_alias_models, **self._partition_fields(partition_key, partition_date)
+        )
+        if callback_sink is None:
+            manager.notify_asset_changed(asset=asset)
+            manager.nofity_asset_event_emitted(asset_event=listener_event)
+        else:
+            callback_sink.append(partial(manager.notify_asset_changed, asset=asset))
+            callback_sink.append(partial(manager.nofity_asset_event_emitted, asset_event=listener_event))
+
+    def queue_partitioned(
+        self,
+        manager: Any,
+        *,
+        asset_id: int,
+        partition_dags: list[Any],
+        event: Any,
+        partition_key: str | None,
+        partition_date: Any,
+        task_instance: Any,
+        session: Any,
+    ) -> None:
+        manager._queue_partitioned_dags(
+            asset_id=asset_id,
+            partition_dags=partition_dags,
+            event=event,
+            partition_key=partition_key,
+            task_instance=task_instance,
+            session=session,
+        )
+
+
+class Airflow33(Airflow32):
+    """Airflow 3.3 (tested: 3.3.2): ``partition_date``, multi-team, the team-tagged metric."""
+
+    line = (3, 3)
+    tested = "3.3.2"
+    required_members: ClassVar[tuple[str, ...]] = (*Airflow32.required_members, "_filter_dags_by_team")
+
+    team_filter = True
+
+    def _partition_fields(self, partition_key: str | None, partition_date: Any) -> dict[str, Any]:
+        return {"partition_key": partition_key, "partition_date": partition_date}
+
+    def emit_updates_metric(self, task_instance: Any, *, session: Any) -> str | None:
+        from airflow.assets import manager as airflow_manager
+
+        team_name = None
+        if task_instance and self.multi_team():
+            from airflow.models.dag import DagModel
+
+            team_name = DagModel.get_team_name(task_instance.dag_id, session=session)
+        airflow_manager.stats.incr("asset.updates", tags=airflow_manager.prune_dict({"team_name": team_name}))
+        return team_name
+
+    def team_filter_arguments(
+        self,
+        task_instance: Any,
+        *,
+        asset_model: Any,
+        team_name: str | None,
+        api_user_teams: set[str] | None,
+        api_allow_consumer_teams: list[str] | None,
+        api_allow_global_consumers: bool,
+        session: Any,
+    ) -> dict[str, Any]:
+        """The source and consumer-team arguments Airflow passes to ``_filter_dags_by_team``."""
+        from sqlalchemy import select
+
+        if task_instance:
+            from airflow.models.asset import TaskOutletAssetReference
+
+            outlet_ref = session.scalar(
+                select(TaskOutletAssetReference).where(
+                    TaskOutletAssetReference.dag_id == task_instance.dag_id,
+                    TaskOutletAssetReference.task_id == task_instance.task_id,
+                    TaskOutletAssetReference.asset_id == asset_model.id,
+                )
+            )
+            return {
+                "source_teams": {team_name} if team_name else set(),
+                "allow_consumer_teams": outlet_ref.allow_consumer_teams if outlet_ref else None,
+                "allow_global_consumers": outlet_ref.allow_global_consumers if outlet_ref else True,
+            }
+        return {
+            "source_teams": api_user_teams or set(),
+            "allow_consumer_teams": api_allow_consumer_teams,
+            "allow_global_consumers": api_allow_global_consumers,
+        }
+
+    def queue_partitioned(
+        self,
+        manager: Any,
+        *,
+        asset_id: int,
+        partition_dags: list[Any],
+        event: Any,
+        partition_key: str | None,
+        partition_date: Any,
+        task_instance: Any,
+        session: Any,
+    ) -> None:
+        manager._queue_partitioned_dags(
+            asset_id=asset_id,
+            partition_dags=partition_dags,
+            event=event,
+            partition_key=partition_key,
+            partition_date=partition_date,
+            task_instance=task_instance,
+            session=session,
+        )
+
+
+class Airflow34(Airflow33):
+    """Airflow 3.4 (tested: 3.4.0b2): the event-keyed queue, draining DAGs, the task instance's id."""
+
+    line = (3, 4)
+    tested = "3.4.0b2"
+    shape = shapes.AIRFLOW_3_4
+    queue_order = "(dag_id, asset_event_id)"
+
+    def event_kwargs(
+        self, *, asset_model: Any, extra: Any, partition_key: str | None, task_instance: Any, session: Any
+    ) -> dict[str, Any]:
+        kwargs = super().event_kwargs(
+            asset_model=asset_model,
+            extra=extra,
+            partition_key=partition_key,
+            task_instance=None,
+            session=session,
+        )
+        if task_instance:
+            # Imported here, as Airflow does (TaskInstance imports the asset manager).
+            from airflow.models.task_coordinates import get_public_map_index
+
+            kwargs.update(_source_columns(task_instance))
+            kwargs["source_map_index"] = get_public_map_index(task_instance, session=session)
+            kwargs["source_task_instance_id"] = task_instance.id
+        return kwargs
+
+    def consumer_conditions(self, dag_model: Any) -> list[Any]:
+        return [*super().consumer_conditions(dag_model), dag_model.is_draining.is_(False)]
+
+
+#: The supported release lines, oldest first.
+ADAPTERS: dict[tuple[int, int], ReleaseLine] = {
+    adapter.line: adapter for adapter in (Airflow31(), Airflow32(), Airflow33(), Airflow34())
+}
+
+#: Release lines the plug-in refuses at import, and why.
+REFUSED: dict[tuple[int, int], str] = {
+    (3, 0): (
+        "apache-airflow-core 3.0 requires SQLAlchemy < 2.0 and airflow-adrq is built on SQLAlchemy 2, "
+        "so they cannot run in one environment; upgrade to Airflow 3.1 or later"
+    ),
+}
 
 #: Release lines the plug-in is written and tested against, with the schema
 #: shape (airflow_adrq.shapes) their metadata database has.
-SHAPES = {(3, 3): shapes.AIRFLOW_3_2}
+SHAPES = {line: adapter.shape for line, adapter in ADAPTERS.items()}
 SUPPORTED = tuple(SHAPES)
-
-#: ``AssetManager`` members the plug-in calls or relies on; a release without
-#: them is refused at import instead of failing (or silently changing) later.
-REQUIRED_MEMBERS = (
-    "register_asset_change",
-    "_add_asset_alias_association",
-    "_filter_dags_by_team",
-    "_queue_partitioned_dags",
-    "notify_asset_changed",
-    "nofity_asset_event_emitted",
-)
 
 
 def _airflow_version() -> str:
@@ -65,24 +465,49 @@ def _release_line(version: str) -> tuple[int, int] | None:
         return None
 
 
-def check_supported() -> None:
-    """Raise ``ImportError`` unless this Airflow is a supported release with the expected members."""
+def _supported_names() -> str:
+    return ", ".join(adapter.name for adapter in ADAPTERS.values())
+
+
+@functools.lru_cache(maxsize=8)
+def _adapter(version: str) -> ReleaseLine:
+    line = _release_line(version)
+    remedy = "Remove [core] asset_manager_class to use Airflow's own AssetManager."
+    if line in REFUSED:
+        raise ImportError(
+            f"airflow_adrq.airflow does not support Airflow {version}: {REFUSED[line]}. {remedy}"
+        )
+    adapter = ADAPTERS.get(line) if line is not None else None
+    if adapter is None:
+        raise ImportError(
+            f"airflow_adrq.airflow supports Airflow {_supported_names()}; this is Airflow {version}. {remedy}"
+        )
+    return adapter
+
+
+def current() -> ReleaseLine:
+    """The adapter of the installed Airflow's release line (``ImportError`` if it is not supported)."""
+    return _adapter(_airflow_version())
+
+
+def check_supported() -> ReleaseLine:
+    """Return the installed Airflow's adapter; ``ImportError`` unless it is supported and complete.
+
+    Refused: a release line not in :data:`ADAPTERS` (with the reason from
+    :data:`REFUSED` when there is one), or a release whose ``AssetManager``
+    lacks a member its line's adapter calls.
+    """
     from airflow.assets.manager import AssetManager
 
-    version = _airflow_version()
-    supported = ", ".join(f"{major}.{minor}" for major, minor in SUPPORTED)
-    remedy = "Remove [core] asset_manager_class to use Airflow's own AssetManager."
-    if _release_line(version) not in SUPPORTED:
-        raise ImportError(
-            f"airflow_adrq.airflow supports Airflow {supported} (asset_dag_run_queue keyed by "
-            f"(asset_id, target_dag_id)); this is Airflow {version}. {remedy}"
-        )
-    missing = [name for name in REQUIRED_MEMBERS if not hasattr(AssetManager, name)]
+    adapter = current()
+    missing = [name for name in adapter.required_members if not hasattr(AssetManager, name)]
     if missing:
         raise ImportError(
-            f"airflow_adrq.airflow: Airflow {version} has no AssetManager.{', '.join(missing)}; "
-            f"the plug-in was written against {supported}. {remedy}"
+            f"airflow_adrq.airflow: Airflow {_airflow_version()} has no AssetManager.{', '.join(missing)}; "
+            f"the plug-in was written against Airflow {adapter.tested} for the {adapter.name} line. "
+            "Remove [core] asset_manager_class to use Airflow's own AssetManager."
         )
+    return adapter
 
 
 def queue_shape(session: Any) -> shapes.QueueShape:
@@ -91,115 +516,16 @@ def queue_shape(session: Any) -> shapes.QueueShape:
     Catalog reads only, once per engine (:func:`airflow_adrq.shapes.detect`).
     Raises :class:`~airflow_adrq.errors.UnsupportedSchemaError` when the
     database is not the shape this Airflow's migrations make (for example
-    Airflow 3.4's event-keyed queue under a 3.3 installation).
+    Airflow 3.4's event-keyed queue under a 3.3 installation: the database
+    was migrated by another Airflow than the one running).
     """
     found = shapes.detect(session.connection())
-    line = _release_line(_airflow_version())
-    expected = SHAPES.get(line) if line is not None else None
+    expected = current().shape
     if found != expected:
         key = ", ".join(found.queue_key)
         raise UnsupportedSchemaError(
             f"the metadata database has the {found.name} schema (asset_dag_run_queue keyed by ({key})); "
-            f"Airflow {_airflow_version()} with airflow-adrq expects "
-            f"{expected.name if expected else 'a supported release'}. Run `airflow db migrate`, or remove "
-            "[core] asset_manager_class to use Airflow's own manager."
+            f"Airflow {_airflow_version()} with airflow-adrq expects {expected.name}. Run `airflow db "
+            "migrate`, or remove [core] asset_manager_class to use Airflow's own manager."
         )
     return found
-
-
-def event_source(task_instance: Any) -> dict[str, Any]:
-    """The ``AssetEvent`` source columns Airflow 3.3 fills from the task instance."""
-    return {
-        "source_task_id": task_instance.task_id,
-        "source_dag_id": task_instance.dag_id,
-        "source_run_id": task_instance.run_id,
-        "source_map_index": task_instance.map_index,
-    }
-
-
-def notify_listeners(
-    manager: Any,
-    *,
-    asset_model: Any,
-    asset_event: Any,
-    asset_alias_models: list[Any],
-    partition_key: str | None,
-    partition_date: Any,
-    callback_sink: list[Callable[[], None]] | None,
-) -> None:
-    """``on_asset_changed`` and ``on_asset_event_emitted``, inline or into ``callback_sink``, as Airflow."""
-    from airflow.listeners.types import AssetEvent as ListenerAssetEvent
-
-    asset = asset_model.to_serialized()
-    listener_asset_event = ListenerAssetEvent(
-        asset=asset,
-        extra=asset_event.extra,
-        source_dag_id=asset_event.source_dag_id,
-        source_task_id=asset_event.source_task_id,
-        source_run_id=asset_event.source_run_id,
-        source_map_index=asset_event.source_map_index,
-        source_aliases=[aam.to_serialized() for aam in asset_alias_models],
-        partition_key=partition_key,
-        partition_date=partition_date,
-    )
-    if callback_sink is None:
-        manager.notify_asset_changed(asset=asset)
-        manager.nofity_asset_event_emitted(asset_event=listener_asset_event)
-    else:
-        callback_sink.append(partial(manager.notify_asset_changed, asset=asset))
-        callback_sink.append(partial(manager.nofity_asset_event_emitted, asset_event=listener_asset_event))
-
-
-def multi_team() -> bool:
-    """``[core] multi_team``."""
-    from airflow.configuration import conf
-
-    return bool(conf.getboolean("core", "multi_team"))
-
-
-def emit_updates_metric(task_instance: Any, *, session: Any) -> str | None:
-    """``asset.updates`` with the producing DAG's team (multi-team only), as Airflow; returns the team."""
-    from airflow.assets import manager as airflow_manager
-
-    team_name = None
-    if task_instance and multi_team():
-        from airflow.models.dag import DagModel
-
-        team_name = DagModel.get_team_name(task_instance.dag_id, session=session)
-    airflow_manager.stats.incr("asset.updates", tags=airflow_manager.prune_dict({"team_name": team_name}))
-    return team_name
-
-
-def team_filter_arguments(
-    task_instance: Any,
-    *,
-    asset_model: Any,
-    team_name: str | None,
-    api_user_teams: set[str] | None,
-    api_allow_consumer_teams: list[str] | None,
-    api_allow_global_consumers: bool,
-    session: Any,
-) -> dict[str, Any]:
-    """The source and consumer-team arguments Airflow passes to ``_filter_dags_by_team``."""
-    from sqlalchemy import select
-
-    if task_instance:
-        from airflow.models.asset import TaskOutletAssetReference
-
-        outlet_ref = session.scalar(
-            select(TaskOutletAssetReference).where(
-                TaskOutletAssetReference.dag_id == task_instance.dag_id,
-                TaskOutletAssetReference.task_id == task_instance.task_id,
-                TaskOutletAssetReference.asset_id == asset_model.id,
-            )
-        )
-        return {
-            "source_teams": {team_name} if team_name else set(),
-            "allow_consumer_teams": outlet_ref.allow_consumer_teams if outlet_ref else None,
-            "allow_global_consumers": outlet_ref.allow_global_consumers if outlet_ref else True,
-        }
-    return {
-        "source_teams": api_user_teams or set(),
-        "allow_consumer_teams": api_allow_consumer_teams,
-        "allow_global_consumers": api_allow_global_consumers,
-    }

@@ -1,16 +1,19 @@
 """``AdrqAssetManager``: Airflow's ``AssetManager`` with the set-based, commit-time queue write.
 
-``register_asset_change`` follows Airflow 3.3.2's, step by step and with the
-same arguments (:mod:`airflow_adrq.airflow.compat` names the Airflow pieces it
-calls), except for how the consumers of the event are found and queued:
+``register_asset_change`` follows the installed Airflow's (3.1 to 3.4), step
+by step and with the same arguments (:mod:`airflow_adrq.airflow.compat` has
+one adapter per release line for the steps that differ between lines), except
+for how the consumers of the event are found and queued:
 
 * Airflow loads every consumer ``DagModel`` through the ORM (direct
   references with the asset lookup, alias references with the aliases, then a
   name/URI query), unions them in a Python ``set`` and inserts one queue row
-  per DAG, in set order, right away. At fan-out 1,024 the loading alone costs
-  more than the whole write here, and the set order deadlocks.
+  per DAG (3.4: per DAG and event), in set order, right away. At fan-out
+  1,024 the loading alone costs more than the whole write here, and up to
+  3.3 the set order deadlocks.
 * Here the event is recorded on the session, and just before COMMIT ONE
-  ``INSERT ... SELECT ... ORDER BY asset_id, dag_id`` over Airflow's own
+  ``INSERT ... SELECT ... ORDER BY`` (the queue's key: ``asset_id, dag_id``;
+  3.4: ``dag_id, asset_event_id``) over Airflow's own
   reference tables queues every event of the transaction
   (:func:`airflow_adrq.queue.defer_events`, the library's statement), with the
   events' ``timestamp`` and their rows' ``created_at`` stamped together. No
@@ -20,8 +23,8 @@ What is kept as Airflow does it, in the same order: the asset lookup and its
 two warnings, ``_add_asset_alias_association``, the ``AssetEvent`` (flushed
 at once) and its ``asset_alias_asset_event`` rows, the listener hooks (inline,
 or into ``callback_sink``), the ``asset.updates`` metric, the multi-team
-filter (``_filter_dags_by_team``) and the partitioned path
-(``_queue_partitioned_dags``). Only the consumers those two need are loaded:
+filter (``_filter_dags_by_team``, 3.3+) and the partitioned path
+(``_queue_partitioned_dags``, 3.2+). Only the consumers those two need are loaded:
 the partitioned ones, or with ``[core] multi_team`` all of them (the filter is
 Python; its result restricts the statement to the allowed pairs, still one
 statement in one order).
@@ -49,7 +52,7 @@ __all__ = ["AdrqAssetManager", "flush_queue"]
 log = logging.getLogger(__name__)
 
 # Refuse to load on an Airflow whose AssetManager this class was not written
-# against (raises ImportError naming the version and what is missing).
+# against (raises ImportError naming the version and why, or what is missing).
 compat.check_supported()
 
 from airflow.assets.manager import AssetManager  # noqa: E402
@@ -71,8 +74,9 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
     alias rows; the partitioned path's ``asset`` row lock). Just before the
     outermost COMMIT of the session: the transaction's ``asset_event`` rows
     (its own), then the ``asset_dag_run_queue`` rows of every event in the
-    transaction, inserted in ``(asset_id, target_dag_id)`` order by one
-    statement, with FK share locks on ``asset`` and ``dag`` (see
+    transaction, inserted in the queue's key order by one statement
+    (``(asset_id, target_dag_id)``; Airflow 3.4: ``(target_dag_id,
+    asset_event_id)``), with FK share locks on ``asset`` and ``dag`` (see
     :func:`airflow_adrq.queue.queue_events`).
 
     Does not promise: that queue rows are visible before COMMIT inside the
@@ -87,9 +91,10 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         # line lets an operator confirm in any component's log that it is used.
         super().__init__(**kwargs)  # type: ignore[no-untyped-call,unused-ignore]
         log.info(
-            "airflow-adrq: %s.%s queues asset-triggered runs at commit, sorted by (asset_id, dag_id)",
+            "airflow-adrq: %s.%s queues asset-triggered runs at commit, sorted by %s",
             type(self).__module__,
             type(self).__qualname__,
+            compat.current().queue_order,
         )
 
     @classmethod
@@ -110,7 +115,8 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         callback_sink: list[Callable[[], None]] | None = None,
         **kwargs: Any,
     ) -> Any:
-        """Airflow 3.3's ``register_asset_change``, queueing at COMMIT with one ordered statement."""
+        """The installed Airflow line's ``register_asset_change``, queueing at COMMIT with one statement."""
+        line = compat.current()
         # The metadata database's schema, checked before anything is written.
         shape = compat.queue_shape(session)
 
@@ -121,7 +127,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
             .options(joinedload(AssetModel.active), joinedload(AssetModel.aliases))
         )
         if not asset_model:
-            cls.logger().warning("AssetModel %s not found; cannot create asset event.", asset)
+            line.warn_not_found(cls, asset, task_instance)
             return None
         if not asset_model.active:
             cls.logger().warning("Emitting event for inactive AssetModel %s", asset)
@@ -130,14 +136,15 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
             alias_names=source_alias_names, asset_model=asset_model, session=session
         )
 
-        event_kwargs: dict[str, Any] = {
-            "asset_id": asset_model.id,
-            "extra": extra or {},
-            "partition_key": partition_key,
-        }
-        if task_instance:
-            event_kwargs.update(compat.event_source(task_instance))
-        asset_event = AssetEvent(**event_kwargs)
+        asset_event = AssetEvent(
+            **line.event_kwargs(
+                asset_model=asset_model,
+                extra=extra,
+                partition_key=partition_key,
+                task_instance=task_instance,
+                session=session,
+            )
+        )
         session.add(asset_event)
         session.flush()  # the event id, for the alias rows and the queue statement
 
@@ -153,7 +160,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
                     )
                 )
 
-        compat.notify_listeners(
+        line.notify_listeners(
             cls,
             asset_model=asset_model,
             asset_event=asset_event,
@@ -162,17 +169,18 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
             partition_date=partition_date,
             callback_sink=callback_sink,
         )
-        team_name = compat.emit_updates_metric(task_instance, session=session)
+        team_name = line.emit_updates_metric(task_instance, session=session)
 
         allowed: set[str] | None = None
-        if compat.multi_team():
+        partition_dags: list[Any] = []
+        if line.multi_team():
             consumers = cls._consumer_dags(asset_event.id, session=session)
             consumers = cls._filter_dags_by_team(
                 dags_to_queue=consumers,
                 asset_model=asset_model,
                 source_is_api=source_is_api,
                 session=session,
-                **compat.team_filter_arguments(
+                **line.team_filter_arguments(
                     task_instance,
                     asset_model=asset_model,
                     team_name=team_name,
@@ -184,11 +192,12 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
             )
             partition_dags = [dag for dag in consumers if dag.timetable_partitioned is True]
             allowed = {dag.dag_id for dag in consumers} - {dag.dag_id for dag in partition_dags}
-        else:
+        elif line.partitions:
             partition_dags = list(cls._consumer_dags(asset_event.id, session=session, partitioned=True))
 
         if partition_dags:
-            cls._queue_partitioned_dags(
+            line.queue_partitioned(
+                cls,
                 asset_id=asset_model.id,
                 partition_dags=partition_dags,
                 event=asset_event,
@@ -197,8 +206,9 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
                 task_instance=task_instance,
                 session=session,
             )
-        # As Airflow: an event with a partition key queues no non-partitioned DAG.
-        if partition_key is None and (allowed is None or allowed):
+        # As Airflow: an event with a partition key queues no non-partitioned
+        # DAG (a line without partitions has no such key: Airflow ignores it).
+        if (partition_key is None or not line.partitions) and (allowed is None or allowed):
             queue.defer_events(
                 session,
                 [asset_event],
@@ -216,7 +226,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
 
         consumers = queue.consumers_of_events([event_id]).subquery()
         stmt = select(DagModel).where(
-            DagModel.dag_id.in_(select(consumers.c.dag_id)), DagModel.is_paused.is_(False)
+            DagModel.dag_id.in_(select(consumers.c.dag_id)), *compat.current().consumer_conditions(DagModel)
         )
         if partitioned:
             stmt = stmt.where(DagModel.timetable_partitioned.is_(True))

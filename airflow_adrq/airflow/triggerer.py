@@ -1,6 +1,6 @@
 """Opt-in: make the triggerer's asset events go through the configured manager too.
 
-Airflow 3.3's ``Trigger.submit_event`` (``airflow/models/trigger.py``) calls
+Airflow 3's ``Trigger.submit_event`` (``airflow/models/trigger.py``) calls
 ``AssetManager.register_asset_change`` on the *base class* it imported, not
 on the ``[core] asset_manager_class`` instance, so events from asset watchers
 and triggers bypass :class:`~airflow_adrq.airflow.AdrqAssetManager` and keep

@@ -1,17 +1,24 @@
 # mypy: ignore-errors
-"""A seeded Airflow 3.3.2 metadata scenario, and snapshots of what asset events leave behind.
+"""A seeded Airflow metadata scenario, and snapshots of what asset events leave behind.
 
-Everything is written with Airflow's own ORM models. Task instances are small
-stand-ins carrying the attributes ``register_asset_change`` and
-``TaskInstance.register_asset_changes_in_db`` read (dag_id, task_id, run_id,
-map_index, try_number, dag_run.partition_key/partition_date, log): creating real DagRuns
-needs serialized DAGs and is beside the point here.
+Everything is written with the installed Airflow's own ORM models. Task
+instances are small stand-ins carrying the attributes ``register_asset_change``
+and ``TaskInstance.register_asset_changes_in_db`` read (dag_id, task_id,
+run_id, map_index, try_number, dag_run.partition_key/partition_date, log; on
+3.4 also id, region_id, region_index): creating real DagRuns needs serialized
+DAGs and is beside the point here.
+
+What the scenario does differently per release line is decided here, from
+the plug-in's adapter for the installed line (``LINE``): partitioned DAGs
+exist from 3.2, the queue is keyed per event from 3.4, triggers watch assets
+through ``asset_watcher`` from 3.2 (``asset_trigger`` before).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import uuid
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -29,7 +36,11 @@ from airflow.models.asset import (
 from airflow.models.dag import DagModel
 from airflow.models.dagbundle import DagBundleModel
 
+from airflow_adrq.airflow import compat
+
 BUNDLE = "adrq-bundle"
+#: The plug-in's adapter for the installed Airflow (its release line's differences).
+LINE = compat.current()
 
 # Tables a test may write; emptied after every test (children first).
 SCENARIO_TABLES = (
@@ -46,6 +57,7 @@ SCENARIO_TABLES = (
     "dag_schedule_asset_uri_reference",
     "task_outlet_asset_reference",
     "asset_watcher",
+    "asset_trigger",
     "trigger",
     "asset_active",
     "asset_alias",
@@ -61,9 +73,11 @@ SCENARIO_TABLES = (
 
 
 def empty(conn) -> None:
-    """Delete the rows of every scenario table (quoted: ``trigger`` is reserved on MySQL)."""
+    """Delete the rows of every scenario table this release has (quoted: ``trigger`` is reserved on MySQL)."""
+    existing = set(sa.inspect(conn).get_table_names())
     for name in SCENARIO_TABLES:
-        conn.execute(sa.table(name).delete())
+        if name in existing:
+            conn.execute(sa.table(name).delete())
 
 
 @dataclass
@@ -108,14 +122,10 @@ def seed(
         | {"producer"}
     )
     for dag_id in dag_ids:
+        # Before 3.2 there are no partitioned DAGs: ``partitioned`` ones are plain consumers.
+        extra = {"timetable_partitioned": dag_id in partitioned} if LINE.partitions else {}
         session.add(
-            DagModel(
-                dag_id=dag_id,
-                bundle_name=BUNDLE,
-                is_paused=dag_id in paused,
-                is_stale=False,
-                timetable_partitioned=dag_id in partitioned,
-            )
+            DagModel(dag_id=dag_id, bundle_name=BUNDLE, is_paused=dag_id in paused, is_stale=False, **extra)
         )
     session.flush()
     out = Seeded()
@@ -144,7 +154,7 @@ def seed(
     for name, dags in uri_ref_consumers.items():
         for dag_id in dags:
             session.add(DagScheduleAssetUriReference(uri=uri(name), dag_id=dag_id))
-    for dag_id in sorted(partitioned):
+    for dag_id in sorted(partitioned) if LINE.partitions else ():
         _serialize_partitioned_dag(
             session, dag_id, [name for name, dags in consumers.items() if dag_id in dags]
         )
@@ -170,7 +180,7 @@ def _serialize_partitioned_dag(session, dag_id: str, asset_names: list[str]) -> 
 
 def task_instance(task_id: str = "t", run_id: str = "run-1", *, partition_key=None, map_index: int = -1):
     """A stand-in for the producing TaskInstance (only the attributes Airflow reads here)."""
-    return SimpleNamespace(
+    ti = SimpleNamespace(
         dag_id="producer",
         task_id=task_id,
         run_id=run_id,
@@ -179,6 +189,32 @@ def task_instance(task_id: str = "t", run_id: str = "run-1", *, partition_key=No
         dag_run=SimpleNamespace(partition_key=partition_key, partition_date=None),
         log=logging.getLogger("adrq.test.ti"),
     )
+    if LINE.line >= (3, 4):
+        # 3.4 records the task instance's id and its public map index (from its region).
+        from airflow.models.dynamic_region import SENTINEL_REGION_ID
+
+        ti.id = uuid.uuid5(uuid.NAMESPACE_URL, f"{task_id}/{run_id}/{map_index}")
+        ti.region_id = SENTINEL_REGION_ID
+        ti.region_index = map_index
+    return ti
+
+
+def watch(session, trigger_id: int, asset_model) -> None:
+    """Make the trigger watch the asset (``asset_watcher`` from 3.2, ``asset_trigger`` before)."""
+    import airflow.models.asset as asset_models
+
+    if hasattr(asset_models, "AssetWatcherModel"):
+        session.add(
+            asset_models.AssetWatcherModel(
+                name=f"w-{asset_model.name}", asset_id=asset_model.id, trigger_id=trigger_id
+            )
+        )
+    else:
+        session.execute(
+            sa.insert(asset_models.asset_trigger_association_table).values(
+                asset_id=asset_model.id, trigger_id=trigger_id
+            )
+        )
 
 
 def outlet(name: str | None = None, *, kind: str = "Asset", ref_uri: str | None = None) -> AssetProfile:
@@ -208,10 +244,11 @@ def snapshot(conn) -> dict[str, list]:
     asset = {r.id: r.name for r in conn.execute(sa.text("SELECT id, name FROM asset"))}
     alias = {r.id: r.name for r in conn.execute(sa.text("SELECT id, name FROM asset_alias"))}
     events = {}
+    partition_key = "partition_key" if LINE.partitions else "NULL AS partition_key"
     for r in conn.execute(
         sa.text(
             "SELECT id, asset_id, extra, source_dag_id, source_task_id, source_run_id, source_map_index, "
-            "partition_key FROM asset_event"
+            f"{partition_key} FROM asset_event"
         )
     ):
         extra = r.extra if isinstance(r.extra, dict) else json.loads(r.extra)
@@ -235,14 +272,29 @@ def snapshot(conn) -> dict[str, list]:
             for r in conn.execute(sa.text("SELECT alias_id, asset_id FROM asset_alias_asset"))
         ),
         "asset_alias": sorted(alias.values()),
+        # One (asset, DAG) per row: on 3.4 one per event, so a pair can repeat.
         "asset_dag_run_queue": sorted(
             (asset[r.asset_id], r.target_dag_id)
             for r in conn.execute(sa.text("SELECT asset_id, target_dag_id FROM asset_dag_run_queue"))
         ),
+        # 3.4: which event each row stands for.
+        "asset_dag_run_queue_events": sorted(
+            (
+                (asset[r.asset_id], r.target_dag_id, events[r.asset_event_id])
+                for r in conn.execute(
+                    sa.text("SELECT asset_id, target_dag_id, asset_event_id FROM asset_dag_run_queue")
+                )
+            ),
+            key=repr,
+        )
+        if LINE.shape.event_keyed
+        else [],
         "asset_partition_dag_run": sorted(
             (r.target_dag_id, r.partition_key)
             for r in conn.execute(sa.text("SELECT target_dag_id, partition_key FROM asset_partition_dag_run"))
-        ),
+        )
+        if LINE.partitions
+        else [],
         "partitioned_asset_key_log": sorted(
             (
                 asset[r.asset_id],
@@ -257,7 +309,9 @@ def snapshot(conn) -> dict[str, list]:
                     "target_partition_key FROM partitioned_asset_key_log"
                 )
             )
-        ),
+        )
+        if LINE.partitions
+        else [],
         # Log.extra names asset ids, which differ between runs: compare the events.
         "log": sorted(r.event for r in conn.execute(sa.text("SELECT event FROM log"))),
     }

@@ -1,9 +1,15 @@
 # mypy: ignore-errors
-"""AdrqAssetManager against real apache-airflow-core 3.3.2 on a database Airflow migrated."""
+"""AdrqAssetManager against real apache-airflow-core (the env's release line) on a database Airflow migrated.
+
+Differences between release lines are taken from the plug-in's adapter for
+the installed line (``scenario.LINE``) and from ``EXPECTED`` below; the tests
+themselves are the same on every line.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import os
 import re
@@ -16,14 +22,14 @@ import adrq_af_scenario as scenario
 import airflow.models.taskinstance as airflow_ti
 import pytest
 import sqlalchemy as sa
-from adrq_af_scenario import alias_event, outlet, task_instance
+from adrq_af_scenario import LINE, alias_event, outlet, task_instance
 from airflow.assets import manager as airflow_manager
 from airflow.assets.manager import AssetManager
 from airflow.models.taskinstance import TaskInstance
 from sqlalchemy.orm import Session
 
 from airflow_adrq import queue, shapes
-from airflow_adrq.airflow import AdrqAssetManager, flush_queue
+from airflow_adrq.airflow import AdrqAssetManager, compat, flush_queue
 from airflow_adrq.errors import UnsupportedSchemaError
 
 # The differential scenario: direct, alias, name and URI references; a paused
@@ -39,7 +45,7 @@ SCENARIO = dict(
     uri_ref_consumers={"a3": ["c7", "paused1"]},
     inactive={"a4"},
 )
-EXPECTED_QUEUE = sorted(
+_QUEUE_3_2 = sorted(
     [
         ("a1", "c1"),
         ("a1", "c2"),
@@ -56,6 +62,29 @@ EXPECTED_QUEUE = sorted(
         ("a3", "c7"),
     ]
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class Expected:
+    """What the differential scenario leaves behind on one release line (stock and plug-in alike)."""
+
+    #: The distinct (asset, DAG) pairs queued.
+    queue: list
+    apdr: list
+    key_log_rows: int
+    logs: int
+
+
+#: Before 3.2 there are no partitioned DAGs (part1 is a plain consumer) and no
+#: partition keys. 3.2 takes the partition key from the DAG run only (3.3 also
+#: from each outlet event), so its a1 event in step 2 has none: one more
+#: "missing partition key" log and no partitioned run.
+EXPECTED = {
+    (3, 1): Expected(sorted([*_QUEUE_3_2, ("a1", "part1")]), [], 0, 0),
+    (3, 2): Expected(_QUEUE_3_2, [], 0, 4),
+    (3, 3): Expected(_QUEUE_3_2, [("part1", "2026-01-01")], 1, 3),
+    (3, 4): Expected(_QUEUE_3_2, [("part1", "2026-01-01")], 1, 3),
+}
 
 
 @contextlib.contextmanager
@@ -143,11 +172,16 @@ def test_same_rows_as_stock_airflow(af_engine):
 
     assert ours == stock
     # ...and the scenario does what it is meant to (so equal cannot mean "both empty").
-    assert ours["asset_dag_run_queue"] == EXPECTED_QUEUE
+    expected = EXPECTED[LINE.line]
+    assert sorted(set(ours["asset_dag_run_queue"])) == expected.queue
     assert len(ours["asset_event"]) == 12
-    assert ours["asset_partition_dag_run"] == [("part1", "2026-01-01")]
-    assert len(ours["partitioned_asset_key_log"]) == 1
-    assert ours["asset_alias_asset_event"] and ours["log"] == ["missing partition key"] * 3
+    assert ours["asset_partition_dag_run"] == expected.apdr
+    assert len(ours["partitioned_asset_key_log"]) == expected.key_log_rows
+    assert ours["asset_alias_asset_event"] and ours["log"] == ["missing partition key"] * expected.logs
+    if LINE.shape.event_keyed:
+        # One row per (event, consumer): a1's direct and alias events both queue c1, c2, c3.
+        assert len(ours["asset_dag_run_queue_events"]) == len(ours["asset_dag_run_queue"])
+        assert ours["asset_dag_run_queue"].count(("a1", "c2")) > 1
 
 
 def run_multi_team_scenario(engine, manager_class) -> dict:
@@ -206,6 +240,7 @@ def run_multi_team_scenario(engine, manager_class) -> dict:
         return scenario.snapshot(conn)
 
 
+@pytest.mark.skipif(not LINE.team_filter, reason=f"Airflow {LINE.name} has no multi-team filter")
 def test_same_rows_as_stock_airflow_with_multi_team(af_engine, monkeypatch):
     monkeypatch.setenv("AIRFLOW__CORE__MULTI_TEAM", "True")
     stock = run_multi_team_scenario(af_engine, AssetManager)
@@ -276,11 +311,12 @@ def test_one_statement_queues_all_outlets(af_engine):
     before, total, rows = _many_outlets(af_engine, AdrqAssetManager)
     assert (before, total, rows) == (0, 1, expected)
 
-    # The same counter sees Airflow's per-asset (PostgreSQL) or per-row writes.
+    # The same counter sees Airflow's per-asset (PostgreSQL; 3.4: every backend) or per-row writes.
     empty_tables(af_engine)
     before, total, rows = _many_outlets(af_engine, AssetManager)
     assert rows == expected
-    assert before == total == (3 if af_engine.dialect.name == "postgresql" else 7)
+    per_asset = LINE.shape.event_keyed or af_engine.dialect.name == "postgresql"
+    assert before == total == (3 if per_asset else 7)
 
 
 def test_events_are_queued_at_commit_by_the_ordered_statement(af_engine):
@@ -306,8 +342,10 @@ def test_events_are_queued_at_commit_by_the_ordered_statement(af_engine):
     finally:
         sa.event.remove(af_engine, "before_cursor_execute", record)
     (insert,) = [s for s in statements if StatementCounter._INSERT.match(s)]
-    # The library's statement, driven by the events: the database orders the rows, not Python.
-    assert "WITH ev AS" in insert and "ORDER BY src.asset_id, src.dag_id" in insert
+    # The library's statement, driven by the events: the database orders the rows, not Python,
+    # in the queue's key order.
+    order = "src.dag_id, src.event_id" if LINE.shape.event_keyed else "src.asset_id, src.dag_id"
+    assert "WITH ev AS" in insert and f"ORDER BY {order}" in insert
     a, b = seeded.asset_ids["a"], seeded.asset_ids["b"]
     with af_engine.connect() as conn:
         rows = conn.execute(sa.text("SELECT asset_id, target_dag_id FROM asset_dag_run_queue")).all()
@@ -377,12 +415,17 @@ def test_existing_queue_row_is_left_alone(af_engine):
         first = session.execute(sa.text("SELECT created_at FROM asset_dag_run_queue")).scalar_one()
         _register(session, "a1")
         session.commit()
-        assert session.execute(sa.text("SELECT created_at FROM asset_dag_run_queue")).all() == [(first,)]
+        rows = session.execute(
+            sa.text("SELECT created_at FROM asset_dag_run_queue ORDER BY created_at")
+        ).all()
+    # 3.4 queues every event: a second row, the first one untouched.
+    assert rows == ([(first,), rows[-1]] if LINE.shape.event_keyed else [(first,)])
+    assert len(rows) == (2 if LINE.shape.event_keyed else 1)
 
 
 @pytest.mark.airflow_backends("sqlite", "postgresql")
 def test_triggerer_patch_routes_submit_event(af_engine):
-    from airflow.models.asset import AssetModel, AssetWatcherModel
+    from airflow.models.asset import AssetModel
     from airflow.models.trigger import Trigger
     from airflow.triggers.base import TriggerEvent
 
@@ -395,7 +438,7 @@ def test_triggerer_patch_routes_submit_event(af_engine):
         session.flush()
         for name in ("a2", "a1"):
             asset = session.scalar(sa.select(AssetModel).where(AssetModel.name == name))
-            session.add(AssetWatcherModel(name=f"w-{name}", asset_id=asset.id, trigger_id=trigger.id))
+            scenario.watch(session, trigger.id, asset)
         session.commit()
         trigger_id = trigger.id
 
@@ -467,16 +510,21 @@ def test_config_line_and_local_settings_in_a_real_airflow_process(airflow_db, tm
     assert "queues asset-triggered runs at commit" in result.stdout + result.stderr
 
 
-def test_refuses_an_event_keyed_queue(airflow_db):
-    """Airflow 3.4's asset_dag_run_queue (PK target_dag_id, asset_event_id) is refused, not written."""
+def test_refuses_a_database_of_another_line(airflow_db):
+    """A queue keyed otherwise than this line's migrations make it is refused, not written.
+
+    On 3.1-3.3 that is Airflow 3.4's ``(target_dag_id, asset_event_id)``; on 3.4 the older
+    ``(asset_id, target_dag_id)``.
+    """
+    other = ("asset_id", "target_dag_id") if LINE.shape.event_keyed else ("target_dag_id", "asset_event_id")
     engine = sa.create_engine(airflow_db.scratch_url)
     metadata = sa.MetaData()
     sa.Table(
         "asset_dag_run_queue",
         metadata,
-        sa.Column("target_dag_id", sa.String(250), primary_key=True),
-        sa.Column("asset_event_id", sa.Integer, primary_key=True),
-        sa.Column("asset_id", sa.Integer, nullable=False),
+        sa.Column("target_dag_id", sa.String(250), primary_key="target_dag_id" in other),
+        sa.Column("asset_event_id", sa.Integer, primary_key="asset_event_id" in other),
+        sa.Column("asset_id", sa.Integer, primary_key="asset_id" in other),
         sa.Column("created_at", sa.DateTime, nullable=False),
     )
     metadata.create_all(engine)
@@ -484,7 +532,7 @@ def test_refuses_an_event_keyed_queue(airflow_db):
     try:
         with Session(engine) as session, pytest.raises(UnsupportedSchemaError) as info:
             AdrqAssetManager.register_asset_change(asset=SimpleNamespace(name="a", uri="a"), session=session)
-        assert "(target_dag_id, asset_event_id)" in str(info.value)
+        assert f"({', '.join(other)})" in str(info.value)
         assert not queue.pending_events(session)
     finally:
         metadata.drop_all(engine)
@@ -492,20 +540,41 @@ def test_refuses_an_event_keyed_queue(airflow_db):
         shapes.clear_cache()
 
 
-def test_refuses_to_load_without_the_airflow_33_members(monkeypatch):
-    monkeypatch.delattr(AssetManager, "_queue_partitioned_dags")
+def test_refuses_to_load_without_the_members_its_line_calls(monkeypatch):
+    member = LINE.required_members[-1]
+    monkeypatch.delattr(AssetManager, member)
     monkeypatch.delitem(sys.modules, "airflow_adrq.airflow.manager")
-    with pytest.raises(ImportError, match="_queue_partitioned_dags"):
+    with pytest.raises(ImportError, match=f"no AssetManager.{member}.*{re.escape(LINE.tested)}"):
         importlib.import_module("airflow_adrq.airflow.manager")
 
 
-def test_refuses_to_load_on_an_untested_release(monkeypatch):
+def test_refuses_to_load_on_an_unknown_release(monkeypatch):
     import airflow
 
-    monkeypatch.setattr(airflow, "__version__", "3.4.0")
+    monkeypatch.setattr(airflow, "__version__", "3.9.0")
     monkeypatch.delitem(sys.modules, "airflow_adrq.airflow.manager")
-    with pytest.raises(ImportError, match=r"supports Airflow 3\.3.*this is Airflow 3\.4\.0"):
+    supported = ", ".join(f"{major}.{minor}" for major, minor in compat.SUPPORTED)
+    with pytest.raises(
+        ImportError, match=rf"supports Airflow {re.escape(supported)}; this is Airflow 3\.9\.0"
+    ):
         importlib.import_module("airflow_adrq.airflow.manager")
+
+
+def test_refuses_to_load_on_airflow_30_and_says_why(monkeypatch):
+    import airflow
+
+    monkeypatch.setattr(airflow, "__version__", "3.0.6")
+    monkeypatch.delitem(sys.modules, "airflow_adrq.airflow.manager")
+    with pytest.raises(ImportError, match=r"does not support Airflow 3\.0\.6: .*SQLAlchemy < 2\.0"):
+        importlib.import_module("airflow_adrq.airflow.manager")
+
+
+def test_the_adapter_is_the_installed_line():
+    import airflow
+
+    assert LINE is compat.ADAPTERS[compat._release_line(airflow.__version__)]
+    assert airflow.__version__ == LINE.tested, "each tox env pins the release its line's adapter names"
+    assert compat.SHAPES[LINE.line] == LINE.shape
 
 
 def test_importing_the_package_needs_no_airflow():

@@ -1,5 +1,18 @@
 # mypy: ignore-errors
-"""Our tables (airflow_adrq.models.metadata) against Airflow 3.3.2's, two ways.
+"""Our tables and our statement against the installed Airflow's schema.
+
+On every release line (scoped to what the plug-in writes there):
+
+3. Statement: every table and column the plug-in's queue statement reads or
+   writes for this line's schema shape (``compat.current().shape``), and the
+   event ``timestamp`` it stamps, exists in Airflow's metadata with the same
+   kind of type, and in the database ``airflow db migrate`` created on each
+   backend; the queue's primary key is the shape's key; and the statement
+   writes every NOT NULL queue column that has no default.
+
+On the line whose schema ``airflow_adrq.models`` reproduces (3.3, the
+library's own tables; 3.1/3.2 lack columns it has, 3.4 keys the queue
+differently), the whole tables as well:
 
 1. Metadata: every table, column (type as compiled for PostgreSQL and SQLite,
    nullability, primary key), primary key, foreign key (columns, target,
@@ -13,17 +26,28 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import sqlalchemy as sa
+from adrq_af_scenario import LINE
 from airflow.models import import_all_models
 from airflow.models.base import metadata as airflow_metadata
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql import visitors
 
+from airflow_adrq import queue, shapes
 from airflow_adrq.models import metadata as our_metadata
 
 import_all_models()
 
 SUBSET_TABLES = {"dag", "dag_bundle"}
+
+#: Whole-table parity only where our models are this line's schema.
+whole_tables = pytest.mark.skipif(
+    LINE.line != (3, 3),
+    reason=f"airflow_adrq.models is Airflow 3.3's schema; on {LINE.name} only what the statement uses",
+)
 
 
 def _compare(ours, theirs, what):
@@ -69,11 +93,13 @@ def _uniques(table):
     }
 
 
+@whole_tables
 def test_every_table_exists_in_airflow():
     assert TABLES
     assert set(TABLES) <= set(airflow_metadata.tables)
 
 
+@whole_tables
 @pytest.mark.parametrize("name", TABLES)
 def test_table_matches_airflow_metadata(name):
     ours, theirs = our_metadata.tables[name], airflow_metadata.tables[name]
@@ -119,6 +145,7 @@ def _reflect(engine, names):
     return out
 
 
+@whole_tables
 def test_created_schema_matches_the_migrated_database(airflow_db):
     migrated = airflow_db.engine()
     scratch = sa.create_engine(airflow_db.scratch_url)
@@ -139,4 +166,77 @@ def test_created_schema_matches_the_migrated_database(airflow_db):
     finally:
         our_metadata.drop_all(scratch)
         scratch.dispose()
+        migrated.dispose()
+
+
+# --- 3. what the statement uses, on every line --------------------------------
+
+
+def _statement_columns(shape) -> tuple[dict[str, set[str]], set[str]]:
+    """(table -> columns the plug-in's statements read or write, the queue columns the INSERT writes)."""
+    insert = queue.build_queue_statement("postgresql", shape=shape)
+    used: dict[str, set[str]] = {}
+    for stmt in (insert, queue.consumers_of_events([1])):
+        for element in visitors.iterate(stmt, {"column_collections": True}):
+            table = getattr(element, "table", None)
+            if isinstance(element, sa.sql.expression.ColumnClause) and type(table) in (
+                sa.Table,
+                sa.sql.expression.TableClause,
+            ):
+                used.setdefault(table.name, set()).add(element.name)
+    sql = str(insert.compile(dialect=postgresql.dialect()))
+    target = re.search(r"INSERT INTO asset_dag_run_queue \(([^)]*)\)", sql)
+    written = {name.strip() for name in target.group(1).split(",")}
+    used.setdefault(insert.table.name, set()).update(written)
+    # The commit-time stamp: UPDATE asset_event SET timestamp = :stamp WHERE id IN (...).
+    used.setdefault("asset_event", set()).add("timestamp")
+    return used, written
+
+
+def _kind(column_type) -> type:
+    """What a column holds, across dialect spellings (UtcDateTime -> datetime, StringID -> str...)."""
+    column_type = getattr(column_type, "impl_instance", column_type)
+    try:
+        return column_type.python_type
+    except NotImplementedError:  # pragma: no cover - every type used here has one
+        return object
+
+
+USED, WRITTEN = _statement_columns(LINE.shape)
+
+
+def test_statement_columns_exist_in_this_lines_metadata():
+    assert {"asset_dag_run_queue", "asset_event", "dag", "dag_schedule_asset_reference"} <= set(USED)
+    for table_name, columns in sorted(USED.items()):
+        theirs = airflow_metadata.tables[table_name]
+        ours = our_metadata.tables.get(table_name)
+        for name in sorted(columns):
+            assert name in theirs.c, f"Airflow {LINE.tested} has no {table_name}.{name}"
+            if ours is not None and name in ours.c:
+                assert _kind(ours.c[name].type) == _kind(theirs.c[name].type), f"{table_name}.{name}"
+
+
+def test_queue_key_and_required_columns_match_this_lines_metadata():
+    adrq = airflow_metadata.tables["asset_dag_run_queue"]
+    assert {c.name for c in adrq.primary_key.columns} == set(LINE.shape.queue_key)
+    required = {
+        c.name for c in adrq.columns if not c.nullable and c.default is None and c.server_default is None
+    }
+    assert required <= WRITTEN, f"the statement must write {sorted(required - WRITTEN)}"
+
+
+def test_statement_columns_exist_in_the_migrated_database(airflow_db):
+    migrated = airflow_db.engine()
+    try:
+        inspector = sa.inspect(migrated)
+        for table_name, columns in sorted(USED.items()):
+            reflected = {c["name"] for c in inspector.get_columns(table_name)}
+            assert columns <= reflected, f"{table_name}: missing {sorted(columns - reflected)}"
+        pk = inspector.get_pk_constraint("asset_dag_run_queue")["constrained_columns"]
+        assert set(pk) == set(LINE.shape.queue_key)
+        shapes.clear_cache()
+        with migrated.connect() as conn:
+            assert shapes.detect(conn) == LINE.shape
+    finally:
+        shapes.clear_cache()
         migrated.dispose()
