@@ -51,6 +51,7 @@ __all__ = [
     "downgrade",
     "heads",
     "refuse_airflow_schema",
+    "refuse_existing_tables",
     "schema_diff",
     "script_location",
     "upgrade",
@@ -180,6 +181,41 @@ def refuse_airflow_schema(connection: Connection) -> None:
     )
 
 
+def refuse_existing_tables(connection: Connection, existing: set[str] | None = None) -> None:
+    """Raise :class:`~airflow_adrq.errors.AdrqError` if a table the first upgrade creates exists already.
+
+    Runs before any DDL, on a database without ``airflow_adrq_version``: the
+    upgrade would otherwise fail part-way on ``CREATE TABLE`` (and on MySQL,
+    whose DDL commits as it goes, leave the tables before it behind). Reads
+    the catalog only.
+    """
+    existing = set(sa.inspect(connection).get_table_names()) if existing is None else existing
+    clash = sorted(existing & set(metadata.tables))
+    if clash:
+        url = connection.engine.url.render_as_string(hide_password=True)
+        raise AdrqError(
+            f"refusing to upgrade {url}: it has no {VERSION_TABLE} but already has the table(s) "
+            f"{', '.join(clash)} that airflow-adrq would create. Use an empty database, or drop those "
+            "tables first. Nothing was changed."
+        )
+
+
+def _undo_partial_upgrade(connection: Connection, tables_before: set[str]) -> None:
+    """After a failed upgrade, drop what it created (MySQL/MariaDB DDL is not transactional).
+
+    On PostgreSQL and SQLite the transaction's rollback already undoes the DDL
+    and there is nothing to drop. Dropped in reverse dependency order.
+    """
+    if connection.dialect.name not in ("mysql", "mariadb"):
+        return
+    created = set(sa.inspect(connection).get_table_names()) - tables_before
+    ours = [t for t in reversed(metadata.sorted_tables) if t.name in created]
+    for table in ours:
+        table.drop(connection, checkfirst=True)
+    if VERSION_TABLE in created:
+        sa.Table(VERSION_TABLE, sa.MetaData()).drop(connection, checkfirst=True)
+
+
 def upgrade(bind: Bind, revision: str = "head") -> MigrationResult:
     """Upgrade the database to ``revision`` (default: head), in one transaction.
 
@@ -188,11 +224,16 @@ def upgrade(bind: Bind, revision: str = "head") -> MigrationResult:
     failure leaves nothing behind; DDL takes ``ACCESS EXCLUSIVE`` locks on
     PostgreSQL and the database write lock on SQLite until commit.
 
-    Not promised: on MySQL/MariaDB every DDL statement commits implicitly, so
-    a failure part-way leaves the tables created before it, unrecorded in
-    ``airflow_adrq_version`` (drop them by hand before retrying). Two
-    concurrent upgrades of the same database are not serialised: one fails
-    on tables the other created.
+    Before any DDL, a database without ``airflow_adrq_version`` that already
+    has one of the tables to create is refused, naming them
+    (:func:`refuse_existing_tables`). On MySQL/MariaDB every DDL statement
+    commits implicitly, so after a failure part-way the tables this run
+    created are dropped again: the database is left as it was found, and the
+    same command can simply be run again. Any failure raises
+    :class:`~airflow_adrq.errors.AdrqError` with the database's one-line reason.
+
+    Not promised: two concurrent upgrades of the same database are not
+    serialised (one fails on tables the other created).
     """
     return _migrate(bind, "upgrade", revision)
 
@@ -304,12 +345,23 @@ def _migrate(bind: Bind, direction: Literal["upgrade", "downgrade"], revision: s
         refuse_airflow_schema(connection)
         before = _current(connection)
         tables_before = set(sa.inspect(connection).get_table_names())
+        if direction == "upgrade" and before is None:
+            refuse_existing_tables(connection, tables_before)
         config = alembic_config(connection)
         config.attributes[ON_VERSION_APPLY] = record
-        if direction == "upgrade":
-            command.upgrade(config, revision)
-        else:
-            command.downgrade(config, revision)
+        try:
+            if direction == "upgrade":
+                command.upgrade(config, revision)
+            else:
+                command.downgrade(config, revision)
+        except Exception as exc:
+            if direction == "upgrade":
+                _undo_partial_upgrade(connection, tables_before)
+            first = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+            raise AdrqError(
+                f"{direction} to {revision} failed: {first[0] if first else type(exc).__name__}. "
+                "The database was left as it was found; fix the cause and run the command again."
+            ) from exc
         after = _current(connection)
         # A fresh inspector: the first one cached the table names.
         tables_after = set(sa.inspect(connection).get_table_names())
