@@ -2,8 +2,8 @@
 
 ::
 
-    airflow-adrq db upgrade   [--url URL] [--revision REV]   # default: head
-    airflow-adrq db downgrade [--url URL] --revision REV     # "base" drops every table
+    airflow-adrq db upgrade   [--url URL] [REVISION]         # default: head
+    airflow-adrq db downgrade [--url URL] REVISION           # "base" drops every table
     airflow-adrq db current   [--url URL]
     airflow-adrq db check     [--url URL]                    # exit 1 if not at head or drifted
     airflow-adrq bench ...                                   # see airflow_adrq.bench.cli
@@ -32,17 +32,13 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
 
-from airflow_adrq import doctor, migrate
+from airflow_adrq import __version__, doctor, migrate
 from airflow_adrq.errors import AdrqError
 
-__all__ = ["URL_ENV", "build_parser", "main"]
+__all__ = ["URL_ENV", "build_parser", "main", "one_line"]
 
 #: Environment variable that ``--url`` defaults to.
 URL_ENV = "AIRFLOW_ADRQ_DATABASE_URL"
-
-# The modules that, when missing, mean "bench is not there yet" rather than
-# "bench is broken" (an ImportError inside bench must not be hidden).
-_BENCH_MODULES = frozenset({"airflow_adrq.bench", "airflow_adrq.bench.cli"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -62,10 +58,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         status: int = args.func(args)
-    except (AdrqError, SQLAlchemyError) as exc:
-        print(f"airflow-adrq: error: {exc}", file=sys.stderr)
+    except (AdrqError, SQLAlchemyError, ValueError) as exc:
+        print(f"airflow-adrq: error: {one_line(exc)}", file=sys.stderr)
         return 1
     return status
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one line: the driver's own message for database errors, no SQL, no traceback."""
+    if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None:
+        text = str(exc.orig)
+    elif isinstance(exc, sa.exc.ArgumentError | sa.exc.NoSuchModuleError):
+        text = f"not a usable database URL: {exc}"
+    else:
+        text = str(exc)
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="airflow-adrq", description="Deadlock-free asset_dag_run_queue writes for Apache Airflow."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     add_db_parser(subparsers)
     _add_bench_parser(subparsers)
@@ -92,12 +101,12 @@ def add_db_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
 
     upgrade = commands.add_parser("upgrade", help="upgrade to a revision (default: head)")
     _add_url(upgrade)
-    upgrade.add_argument("--revision", default="head", help="target revision (default: %(default)s)")
+    _add_revision(upgrade, default="head", what="target revision (default: %(default)s)")
     upgrade.set_defaults(func=_db_upgrade)
 
     downgrade = commands.add_parser("downgrade", help="downgrade to a revision ('base' drops all tables)")
     _add_url(downgrade)
-    downgrade.add_argument("--revision", required=True, help="target revision, or 'base'")
+    _add_revision(downgrade, default=None, what="target revision, or 'base' (required)")
     downgrade.set_defaults(func=_db_downgrade)
 
     current = commands.add_parser("current", help="print the database's revision")
@@ -112,22 +121,26 @@ def add_db_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
 
 
 def _add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    # Imported here, not at the top: building `db` must not import the
-    # benchmark suite, and the suite may not be installed in every checkout.
-    try:
-        bench_cli = importlib.import_module("airflow_adrq.bench.cli")
-    except ModuleNotFoundError as exc:
-        if exc.name not in _BENCH_MODULES:
-            raise
-        bench = subparsers.add_parser("bench", help="benchmarks (not implemented yet)")
-        bench.set_defaults(func=_bench_missing)
-        return
+    # Imported here, not at the top: building `db` need not import the benchmark.
+    bench_cli = importlib.import_module("airflow_adrq.bench.cli")
     bench_cli.add_bench_parser(subparsers)
 
 
-def _bench_missing(args: argparse.Namespace) -> int:
-    print("airflow-adrq: bench is not implemented yet (airflow_adrq.bench.cli is missing)", file=sys.stderr)
-    return 1
+def _add_revision(parser: argparse.ArgumentParser, *, default: str | None, what: str) -> None:
+    # Positional, as Alembic users type it (`db downgrade base`); --revision kept.
+    parser.add_argument("revision", nargs="?", default=None, metavar="REVISION", help=what)
+    parser.add_argument("--revision", dest="revision_option", default=None, help=argparse.SUPPRESS)
+    parser.set_defaults(revision_default=default)
+
+
+def _revision(args: argparse.Namespace) -> str:
+    given = [r for r in (args.revision, args.revision_option) if r is not None]
+    if len(given) == 2 and given[0] != given[1]:
+        raise AdrqError(f"two different revisions given: {given[0]!r} and --revision {given[1]!r}")
+    revision = given[0] if given else args.revision_default
+    if revision is None:
+        raise AdrqError("a revision is required, e.g. `airflow-adrq db downgrade base`")
+    return str(revision)
 
 
 def _add_url(parser: argparse.ArgumentParser) -> None:
@@ -165,12 +178,12 @@ def _report(url: str, result: migrate.MigrationResult) -> None:
 
 
 def _db_upgrade(args: argparse.Namespace) -> int:
-    _report(args.url, migrate.upgrade(args.url, args.revision))
+    _report(args.url, migrate.upgrade(args.url, _revision(args)))
     return 0
 
 
 def _db_downgrade(args: argparse.Namespace) -> int:
-    _report(args.url, migrate.downgrade(args.url, args.revision))
+    _report(args.url, migrate.downgrade(args.url, _revision(args)))
     return 0
 
 

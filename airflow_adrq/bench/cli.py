@@ -140,6 +140,8 @@ def _bench(args: argparse.Namespace) -> int:
     sizes = _sizes(args)
     out = args.out or Path("bench-results") / f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
     say = _Progress()
+    for url in args.db or ():
+        _check_url(url)
     with contextlib.ExitStack() as stack:
         if args.db:
             targets = [runner.describe(url) for url in args.db]
@@ -212,6 +214,27 @@ def _bench(args: argparse.Namespace) -> int:
     for error in errors:
         print(f"ERROR: {error}", file=sys.stderr)
     return 1 if errors else 0
+
+
+#: Backends the benchmark runs on (SQLite needs no server).
+BENCH_BACKENDS = ("sqlite", "postgresql", "mysql", "mariadb")
+
+
+def _check_url(url: str) -> None:
+    """Refuse a --db URL the benchmark cannot use, in one line, before connecting anywhere."""
+    import sqlalchemy as sa
+
+    try:
+        backend = sa.make_url(url).get_backend_name()
+    except sa.exc.ArgumentError:
+        raise runner.BenchError(
+            f"--db {url!r} is not a database URL (e.g. postgresql://user@host/db)"
+        ) from None
+    if backend not in BENCH_BACKENDS:
+        raise runner.BenchError(
+            f"--db {sa.make_url(url).render_as_string(hide_password=True)}: the benchmark runs on SQLite, "
+            f"PostgreSQL and MySQL/MariaDB, not {backend!r}"
+        )
 
 
 class _Progress:

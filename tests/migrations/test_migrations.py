@@ -470,10 +470,25 @@ def test_cli_db_commands(fresh_db_url, fresh_engine, capsys):
 
 
 def test_cli_downgrade_needs_an_explicit_revision(capsys):
+    assert cli.main(["db", "downgrade", "--url", "sqlite://"]) == 1
+    assert capsys.readouterr().err == (
+        "airflow-adrq: error: a revision is required, e.g. `airflow-adrq db downgrade base`\n"
+    )
+
+
+def test_cli_revision_is_positional_as_in_alembic(fresh_db_url, fresh_engine, capsys):
+    assert cli.main(["db", "upgrade", "--url", fresh_db_url, "head"]) == 0
+    assert cli.main(["db", "downgrade", "--url", fresh_db_url, "base"]) == 0
+    assert f"revision: {HEAD} -> <base>" in capsys.readouterr().out
+    assert cli.main(["db", "upgrade", "--url", fresh_db_url, "head", "--revision", "base"]) == 1
+    assert "two different revisions" in capsys.readouterr().err
+
+
+def test_cli_version(capsys):
     with pytest.raises(SystemExit) as excinfo:
-        cli.main(["db", "downgrade", "--url", "sqlite://"])
-    assert excinfo.value.code == 2
-    assert "--revision" in capsys.readouterr().err
+        cli.main(["--version"])
+    assert excinfo.value.code == 0
+    assert capsys.readouterr().out == f"airflow-adrq {airflow_adrq.__version__}\n"
 
 
 def test_cli_url_from_environment(monkeypatch, tmp_path, capsys):
@@ -534,23 +549,6 @@ def test_cli_bench_plugs_in_from_bench_cli(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "airflow_adrq.bench.cli", fake)
     assert cli.main(["bench", "--size", "3"]) == 0
     assert capsys.readouterr().out == "bench size=3\n"
-
-
-def test_cli_bench_missing_says_so(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "airflow_adrq.bench.cli", None)  # import raises ModuleNotFoundError
-    assert cli.main(["bench"]) == 1
-    assert "bench is not implemented yet" in capsys.readouterr().err
-
-
-def test_cli_bench_import_errors_are_not_hidden(monkeypatch):
-    """A dependency missing *inside* the bench module is a real error, not 'not implemented'."""
-
-    def import_module(name):
-        raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
-
-    monkeypatch.setattr(cli.importlib, "import_module", import_module)
-    with pytest.raises(ModuleNotFoundError, match="matplotlib"):
-        cli.main(["db", "current", "--url", "sqlite://"])
 
 
 def test_cli_names_a_missing_database_driver(monkeypatch, capsys):

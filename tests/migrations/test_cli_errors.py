@@ -1,0 +1,81 @@
+# mypy: ignore-errors
+"""Every command-line error is one clear line on stderr and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from airflow_adrq import cli
+
+
+def _one_line_error(capsys, argv, *, status=1):
+    assert cli.main(argv) == status
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("airflow-adrq: error: "), captured.err
+    assert "Traceback" not in captured.err and "[SQL:" not in captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["db", "check"], ["bench", "--quick"]])
+def test_unsupported_dialect(capsys, command):
+    line = _one_line_error(
+        capsys, [*command, *(["--db"] if command[0] == "bench" else ["--url"]), "oracle://a@b/c"]
+    )
+    assert "oracle" in line and ("sqlite" in line.lower())
+
+
+def test_not_a_url(capsys):
+    assert "not a usable database URL" in _one_line_error(capsys, ["db", "upgrade", "--url", "not a url"])
+
+
+@pytest.mark.backends("postgresql", "mysql")
+def test_unreachable_host(capsys, backend):
+    url = {
+        "postgresql": "postgresql+psycopg2://nobody@127.0.0.1:1/x",
+        "mysql": "mysql+mysqldb://nobody@127.0.0.1:1/x",
+    }
+    line = _one_line_error(capsys, ["db", "upgrade", "--url", url[backend]])
+    assert "127.0.0.1" in line or "connect" in line.lower()
+
+
+@pytest.mark.backends("postgresql", "mysql")
+def test_missing_database(capsys, backend, server_info):
+    url = (
+        sa.make_url(server_info.url)
+        .set(database="adrq_no_such_database")
+        .render_as_string(hide_password=False)
+    )
+    line = _one_line_error(capsys, ["db", "upgrade", "--url", url])
+    assert "adrq_no_such_database" in line
+
+
+def test_airflow_database(capsys, fresh_db_url):
+    engine = sa.create_engine(fresh_db_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE dag_run (id INTEGER PRIMARY KEY)")
+    engine.dispose()
+    assert "Apache Airflow's own schema" in _one_line_error(capsys, ["db", "upgrade", "--url", fresh_db_url])
+
+
+def test_half_built_database(capsys, fresh_db_url):
+    engine = sa.create_engine(fresh_db_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE dag (dag_id VARCHAR(250) PRIMARY KEY)")
+    engine.dispose()
+    line = _one_line_error(capsys, ["db", "upgrade", "--url", fresh_db_url])
+    assert "already has the table(s) dag" in line
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["db", "upgrade", "--url", "sqlite://", "--bogus"], ["bench", "--fanout", "many"], ["nonsense"]],
+)
+def test_garbage_options_are_usage_errors(capsys, argv):
+    with pytest.raises(SystemExit) as excinfo:
+        cli.main(argv)
+    assert excinfo.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "Traceback" not in err
