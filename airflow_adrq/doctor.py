@@ -46,6 +46,7 @@ import os
 import re
 import socket
 import sys
+import textwrap
 import urllib.parse
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -461,7 +462,7 @@ def _mysql_isolation(conn: Connection, url: URL) -> tuple[str, list[str]]:
     level = str(rows.get("transaction_isolation") or rows.get("tx_isolation") or "unknown")
     warnings = []
     if url.drivername.startswith("mysql"):
-        text = f"server default {level}; Airflow sets READ COMMITTED on its mysql connections"
+        text = f"server default {level}; Airflow's mysql connections use READ COMMITTED"
     else:
         text = f"server default {level}"
         if level.replace("-", " ").upper() not in ("READ COMMITTED", "READ UNCOMMITTED"):
@@ -923,6 +924,9 @@ def _first_line(exc: BaseException) -> str:
 # --- rendering ----------------------------------------------------------------------
 
 
+_WIDTH = 100
+
+
 def _n(value: int) -> str:
     return f"{value:,}"
 
@@ -933,7 +937,9 @@ def render_text(report: Report) -> str:
     lines = [f"airflow-adrq doctor: {report.url} (read-only)", "", "Compatibility"]
 
     def row(label: str, value: str) -> None:
-        lines.append(f"  {label:<19} {value}")
+        lines.extend(
+            textwrap.wrap(value, _WIDTH, initial_indent=f"  {label:<19} ", subsequent_indent=" " * 22)
+        )
 
     s = c.schema
     if s.airflow_version:
@@ -996,18 +1002,18 @@ def render_text(report: Report) -> str:
             row("Deadlocks", f"{_n(e.deadlocks)} ({e.deadlocks_scope})")
         if c.backend == "postgresql":
             if e.queue_inserts:
-                row(
-                    "Queue inserts",
-                    "; ".join(
-                        f"{q.kind}: {_n(q.calls)} calls, mean {q.mean_ms:.2f} ms" for q in e.queue_inserts
-                    ),
-                )
+                for i, q in enumerate(sorted(e.queue_inserts, key=lambda q: q.kind)):
+                    row(
+                        "" if i else "Queue inserts",
+                        f"{q.kind}: {_n(q.calls)} calls, mean {q.mean_ms:.2f} ms",
+                    )
             else:
                 row("Queue inserts", f"n/a: {e.queue_inserts_note}")
     for warning in report.warnings:
-        lines.append(f"  ! {warning}")
+        lines.extend(textwrap.wrap(warning, _WIDTH, initial_indent="  ! ", subsequent_indent="    "))
     lines.append(f"Verdict: {report.verdict.upper()} (exit {report.exit_code})")
-    lines.extend(f"  {reason}" for reason in report.reasons)
+    for reason in report.reasons:
+        lines.extend(textwrap.wrap(reason, _WIDTH, initial_indent="  - ", subsequent_indent="    "))
     advice = {
         ENABLE: "Enable it, in airflow.cfg on every component that writes asset events:",
         NOT_NEEDED: "Nothing to do; it is safe to enable anyway with:",
