@@ -761,7 +761,7 @@ def _mysql_stats(conn: Connection, exposure: Exposure) -> None:
     row = conn.execute(sa.text("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")).first()
     if row is not None:
         exposure.deadlocks = int(row[1])
-        exposure.deadlocks_scope = "whole server, any table, since it started (Innodb_deadlocks)"
+        exposure.deadlocks_scope = "Innodb_deadlocks: the whole server, any table, since it started"
 
 
 # --- the verdict ------------------------------------------------------------------
@@ -790,26 +790,27 @@ def _verdict(compat_: Compatibility, exposure: Exposure | None) -> tuple[str, li
     reasons = []
     if exposure.racing:
         reasons.append(
-            f"{exposure.racing:,} asset(s) with 2+ consumer DAGs are produced by several tasks: "
-            "two producers lock the same queue rows in Python set order, which differs between processes"
+            f"{_count(exposure.racing, 'asset')} with 2+ consumer DAGs produced by several tasks: two "
+            "producers lock the same queue rows in Python set order, which differs between processes"
         )
     if exposure.multi_outlet_shared:
         reasons.append(
-            f"{exposure.multi_outlet_shared:,} task(s) have several outlets sharing a consumer DAG: two runs "
-            "lock (A, dag) and (B, dag) in opposite orders"
+            f"{_count(exposure.multi_outlet_shared, 'task')} with several outlets sharing a consumer DAG: "
+            "two runs lock (A, dag) and (B, dag) in opposite orders"
         )
     if exposure.multi_consumer_assets and not exposure.racing:
         reasons.append(
-            f"{exposure.multi_consumer_assets:,} asset(s) have 2+ consumer DAGs (max {exposure.fanout_max}): "
-            "events for one of them racing each other (several runs, mapped tasks, the REST API) lock its "
-            "queue rows in different orders"
+            f"{_count(exposure.multi_consumer_assets, 'asset')} with 2+ consumer DAGs (max "
+            f"{exposure.fanout_max:,}): events for one of them racing each other (several runs, mapped "
+            "tasks, the REST API) lock its queue rows in different orders"
         )
-    elif exposure.multi_outlet_multirow and not exposure.multi_outlet_shared:
+    if exposure.multi_outlet_multirow and not reasons:
         reasons.append(
-            f"{exposure.multi_outlet_multirow:,} task(s) with several outlets queue 2+ rows per success"
+            f"{_count(exposure.multi_outlet_multirow, 'task')} with several outlets queueing 2+ rows per "
+            "success: two runs lock them in different orders"
         )
     if exposure.alias_multirow:
-        reasons.append(f"{exposure.alias_multirow:,} alias(es) queue 2+ rows per event")
+        reasons.append(f"{_count(exposure.alias_multirow, 'alias', 'aliases')} queueing 2+ rows per event")
     if not reasons:
         if not exposure.assets_with_consumers and not exposure.alias_references:
             return NOT_NEEDED, ["no unpaused DAG is scheduled on an asset: nothing is queued"]
@@ -817,9 +818,9 @@ def _verdict(compat_: Compatibility, exposure: Exposure | None) -> tuple[str, li
             "no transaction can write two queue rows: every asset has at most one consumer DAG, no task's "
             "outlets reach two, and no alias event queues two"
         ]
-    if exposure.deadlocks:
+    if exposure.deadlocks and compat_.backend == "postgresql":
         reasons.append(
-            f"the server has recorded {exposure.deadlocks:,} deadlock(s) ({exposure.deadlocks_scope})"
+            f"PostgreSQL has counted {_count(exposure.deadlocks, 'deadlock')} ({exposure.deadlocks_scope})"
         )
     return ENABLE, reasons
 
@@ -931,6 +932,10 @@ def _n(value: int) -> str:
     return f"{value:,}"
 
 
+def _count(value: int, singular: str, plural: str | None = None) -> str:
+    return f"{value:,} {singular if value == 1 else plural or singular + 's'}"
+
+
 def render_text(report: Report) -> str:
     """The report as text, about 25 lines."""
     c, e = report.compatibility, report.exposure
@@ -985,8 +990,8 @@ def render_text(report: Report) -> str:
         )
         row(
             "Several producers",
-            f"{_n(e.several_producers)} assets ({_n(e.several_producer_dags)} by several "
-            f"DAGs); {_n(e.racing)} of them with 2+ consumers: these race",
+            f"{_count(e.several_producers, 'asset')} ({_n(e.several_producer_dags)} by several DAGs), "
+            f"{_n(e.racing)} of them with 2+ consumer DAGs: these race",
         )
         row(
             "Multi-outlet tasks",
