@@ -6,8 +6,10 @@
     airflow-adrq bench --quick         # the same, small: about 1-2 minutes for all three
     airflow-adrq bench --db postgresql://user@host/db --db mysql://user@host/db
 
-Each database URL only names a server: the benchmark creates a scratch
-database there and drops it afterwards (for SQLite, a temporary file).
+The benchmark connects to the database a URL names (it must exist) only to
+create a scratch database ``adrq_bench_<random>`` next to it on the same
+server, and drops that afterwards; nothing is written to the named database.
+For SQLite the scratch database is a temporary file, whatever the URL names.
 """
 
 from __future__ import annotations
@@ -25,41 +27,81 @@ from typing import Any
 
 from airflow_adrq import servers
 from airflow_adrq.bench import modes, report, runner
-from airflow_adrq.bench.config import DEFAULT, QUICK, SCENARIOS, STRATEGIES, Sizes
+from airflow_adrq.bench.config import (
+    DEFAULT,
+    DEFAULT_STRATEGY,
+    QUICK,
+    SCENARIOS,
+    SIZE_HELP,
+    STRATEGIES,
+    Sizes,
+    clear_of_deadlock_timeout,
+)
 
 __all__ = ["add_bench_parser", "main"]
+
+
+DB_HELP = (
+    "benchmark this server (repeatable). The database the URL names must exist and is never written "
+    "to: the benchmark connects to it to create a scratch database adrq_bench_<random> on the same "
+    "server and drops it at the end, so the user needs the right to create and drop databases "
+    "(PostgreSQL CREATEDB, MySQL/MariaDB CREATE and DROP). Leave the database out to connect to the "
+    "server's default (PostgreSQL: the database named like the user; MySQL/MariaDB: none). SQLite: "
+    "the file is ignored, a temporary file is used. Default: SQLite plus every PostgreSQL and "
+    "MySQL/MariaDB server found or started (see airflow_adrq.servers)"
+)
+
+STRATEGY_HELP = (
+    f"only these (repeatable; default: all). {DEFAULT_STRATEGY} is the default strategy, what "
+    "airflow_adrq.register_asset_change and the Airflow plug-in do: one ordered INSERT ... SELECT for "
+    "all the transaction's events just before COMMIT. per_call is its queue_mode='immediate': one "
+    "ordered statement per emitted asset, so in multi-outlet transactions it locks asset A's queue "
+    "rows and waits for B's while another transaction holds B's and waits for A's: it can deadlock "
+    "there, commit_time cannot (one statement takes all locks in one global order). airflow_3_3, "
+    "sorted_loop, values_batch: copies of Airflow 3.3.2's loop and two later variants (the baselines)"
+)
+
+SCENARIO_HELP = (
+    "only these (repeatable; default: all). single: every transaction emits the same asset; "
+    "multi_outlet: each emits --outlets assets in random order; with_consumer: multi_outlet while a "
+    "scheduler-like process claims queue rows; lost_events: events no run consumes under Airflow "
+    "3.3.2's scheduler rule (airflow_3_3 and commit_time only)"
+)
 
 
 def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``bench``."""
     parser = subparsers.add_parser(
         "bench",
-        help="show the loop versions deadlocking and the set-based ones not, on your database",
+        help="show Airflow's loops and per-call queueing deadlocking and commit-time queueing not, on your "
+        "database",
         description=(
             "Concurrent producer processes (pytest-xdist workers) register asset events through Airflow "
             "3.3.2's whole register_asset_change (and two later loop variants) and through airflow-adrq's "
-            "register_asset_change; a scheduler applying Airflow 3.3.2's rule counts events no run "
-            "consumed; a single caller compares fan-outs and raw SQL. Prints the tables and writes JSON "
-            "and PNG plots. Without --db: SQLite plus every PostgreSQL and MySQL/MariaDB server found "
-            "(see airflow_adrq.servers)."
+            f"register_asset_change, per call (per_call) and at commit ({DEFAULT_STRATEGY}, the default); "
+            "a scheduler applying Airflow 3.3.2's rule counts events no run consumed; a single caller "
+            "compares fan-outs and raw SQL. Prints the tables, each with a legend, and writes bench.json, "
+            "bench.md and PNG plots to --out (the processes' scratch files there are removed at the end "
+            "unless --keep-scratch). Every planned transaction is reported as committed (ok), gave up "
+            "(started, not committed: why is printed) or not started (the round timeout had passed)."
         ),
     )
-    parser.add_argument(
-        "--db",
-        action="append",
-        metavar="URL",
-        help="benchmark this server (repeatable); a scratch database is created on it and dropped",
-    )
+    parser.add_argument("--db", action="append", metavar="URL", help=DB_HELP)
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="small sizes: about a minute or two for SQLite, PostgreSQL and MariaDB",
+        help="small sizes (the --quick values below): a minute or two for SQLite, PostgreSQL and MariaDB",
     )
     parser.add_argument(
         "--out",
         type=Path,
         default=None,
         help="output directory (default: ./bench-results/<UTC timestamp>)",
+    )
+    parser.add_argument(
+        "--keep-scratch",
+        action="store_true",
+        help="keep the scratch files in --out (barrier files, plan, per-process records, pytest.log)",
     )
     modes = parser.add_argument_group(
         "other modes (each has its own options: airflow-adrq bench --soak --help)",
@@ -82,14 +124,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         help="Airflow's own AssetManager vs the plug-in, through Airflow's code on a scratch database "
         "made by airflow db migrate (needs Apache Airflow installed; tox -e airflow-bench)",
     )
-    parser.add_argument("--strategy", action="append", choices=STRATEGIES, help="only these (repeatable)")
-    parser.add_argument("--scenario", action="append", choices=SCENARIOS, help="only these (repeatable)")
-    sizes = parser.add_argument_group("sizes (defaults: a few minutes on 2 cores; --quick lowers them)")
-    helps = {
-        "sweep": "fan-outs of the single-call sweep, e.g. 1,16,256",
-        "ratio_fanouts": "fan-outs of the raw-SQL ratio row, e.g. 1,1024",
-        "lost_holds_ms": "holds before COMMIT compared by lost_events, e.g. 5,30",
-    }
+    parser.add_argument("--strategy", action="append", choices=STRATEGIES, help=STRATEGY_HELP)
+    parser.add_argument("--scenario", action="append", choices=SCENARIOS, help=SCENARIO_HELP)
+    sizes = parser.add_argument_group("sizes (defaults: a few minutes per database on 2 cores)")
     kinds: dict[str, Callable[[str], Any]] = {
         "int": int,
         "float": float,
@@ -97,14 +134,28 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "tuple[float, ...]": _float_list,
     }
     for field in dataclasses.fields(Sizes):
+        default, quick = getattr(DEFAULT, field.name), getattr(QUICK, field.name)
         sizes.add_argument(
             f"--{field.name.replace('_', '-')}",
             type=kinds[str(field.type)],
             default=None,
             dest=field.name,
-            help=helps.get(field.name),
+            metavar=_metavar(field.name, str(field.type)),
+            help=f"{SIZE_HELP[field.name]} (default {_show(default)}; --quick {_show(quick)})",
         )
     parser.set_defaults(func=_bench)
+
+
+def _metavar(name: str, kind: str) -> str:
+    if kind.startswith("tuple"):
+        return "N,N,..."
+    return "S" if name.endswith("_s") else "MS" if name.endswith("_ms") else "N"
+
+
+def _show(value: object) -> str:
+    if isinstance(value, tuple):
+        return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -121,14 +172,17 @@ def _float_list(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, not {text!r}") from None
 
 
-def _sizes(args: argparse.Namespace) -> Sizes:
-    base = QUICK if args.quick else DEFAULT
-    overrides: dict[str, Any] = {
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {
         f.name: getattr(args, f.name)
         for f in dataclasses.fields(Sizes)
         if getattr(args, f.name, None) is not None
     }
-    return dataclasses.replace(base, **overrides)
+
+
+def _sizes(args: argparse.Namespace) -> Sizes:
+    base = QUICK if args.quick else DEFAULT
+    return dataclasses.replace(base, **_overrides(args))
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -155,13 +209,18 @@ def _bench(args: argparse.Namespace) -> int:
                     continue
                 say.line(f"{info.version}: {info.how_found}")
                 targets.append(runner.describe(info.url))
+        deadlock_s = max(runner.deadlock_timeout_s(t.url) for t in targets)
+        sizes, notes = clear_of_deadlock_timeout(sizes, deadlock_s, keep=frozenset(_overrides(args)))
         say.line(
             f"benchmarking {', '.join(t.version for t in targets)} on {os.cpu_count()} CPUs; "
             f"{sizes.producers} producers x {sizes.transactions} transactions per round, "
-            f"fan-out {sizes.fanout}, {sizes.outlets} outlets, hold {sizes.hold_ms:g} ms; lost events: "
+            f"fan-out {sizes.fanout}, {sizes.outlets} outlets, hold {sizes.hold_ms:g} ms, round timeout "
+            f"{sizes.round_timeout_s:g} s, lock timeout {sizes.lock_timeout_s:g} s; lost events: "
             f"{sizes.lost_producers} producers, {sizes.lost_events} events, holds "
             f"{', '.join(f'{h:g}' for h in sizes.lost_holds_ms)} ms; output in {out}"
         )
+        for note in notes:
+            say.line(note)
         if any(t.name == "sqlite" for t in targets):
             say.line(f"note: {report.SQLITE_NOTE}")
         raw = runner.run(
@@ -171,6 +230,7 @@ def _bench(args: argparse.Namespace) -> int:
             strategies=args.strategy or STRATEGIES,
             scenarios=args.scenario or SCENARIOS,
             progress=say,
+            keep_scratch=args.keep_scratch,
         )
     say.done()
     rows = report.aggregate(raw)
@@ -205,6 +265,7 @@ def _bench(args: argparse.Namespace) -> int:
         for r in lost
         if r["queue_rows_left"] or r["consumed_unknown"]
     ]
+    errors += report.count_errors(rows, lost)
     errors += [
         f"{db} raw-SQL ratio F={r['fanout']}: queue rows not exact"
         for db, results in raw.get("raw_sql_ratio", {}).items()

@@ -6,19 +6,25 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 __all__ = [
     "BASELINE_STRATEGIES",
+    "COMMITTED",
     "CONTENTION_SCENARIOS",
     "DEFAULT",
+    "DEFAULT_STRATEGY",
+    "GAVE_UP",
     "LOST_EVENT_STRATEGIES",
+    "NOT_STARTED",
     "QUICK",
     "SCENARIOS",
+    "SIZE_HELP",
     "STRATEGIES",
     "Cell",
     "Plan",
     "Sizes",
+    "clear_of_deadlock_timeout",
 ]
 
 #: Strategies in report order: the three loop versions (Airflow 3.3.2's whole
@@ -26,6 +32,14 @@ __all__ = [
 #: (:func:`airflow_adrq.register_asset_change`, immediate and commit mode).
 BASELINE_STRATEGIES: Final = ("airflow_3_3", "sorted_loop", "values_batch")
 STRATEGIES: Final = (*BASELINE_STRATEGIES, "per_call", "commit_time")
+#: ``outcome`` of a producer transaction record: every planned transaction gets exactly one.
+COMMITTED: Final = "committed"
+GAVE_UP: Final = "gave up"
+NOT_STARTED: Final = "not started"
+
+#: What :func:`airflow_adrq.register_asset_change` does when not told otherwise
+#: (``queue_mode="commit"``), and the plug-in always.
+DEFAULT_STRATEGY: Final = "commit_time"
 
 #: ``single``: every producer emits the same asset; ``multi_outlet``: every
 #: transaction emits ``outlets`` assets in random order; ``with_consumer``:
@@ -103,6 +117,36 @@ class Sizes:
         return max(self.fanout, *self.sweep, *self.ratio_fanouts)
 
 
+#: ``--help`` text of every size option (its default and ``--quick`` value are added).
+SIZE_HELP: Final[dict[str, str]] = {
+    "producers": "producer processes in the single, multi_outlet and with_consumer rounds",
+    "fanout": "unpaused consumer DAGs of every asset the rounds emit",
+    "outlets": "assets each multi_outlet / with_consumer transaction emits, in random order",
+    "paused": "paused consumer DAGs of every asset, never to be queued (the rows check says so)",
+    "transactions": "transactions each producer runs per round",
+    "hold_ms": "milliseconds a producer transaction stays open after queueing, before COMMIT",
+    "rounds": "rounds of every (scenario, strategy), each from an empty queue",
+    "round_timeout_s": (
+        "seconds after a round's start when producers stop starting transactions (and retries); "
+        "raised to 5 x PostgreSQL's deadlock_timeout when that is more, unless given"
+    ),
+    "max_attempts": "attempts per transaction (the first and its retries) before it gives up",
+    "lock_timeout_s": (
+        "seconds a statement waits for a lock before failing (PostgreSQL lock_timeout, InnoDB "
+        "innodb_lock_wait_timeout); raised to 3 x PostgreSQL's deadlock_timeout when that is more, "
+        "unless given"
+    ),
+    "sweep": "fan-outs of the single-call sweep, comma-separated",
+    "sweep_repeats": "timed calls per strategy and fan-out in the sweep; the median is shown",
+    "ratio_fanouts": "fan-outs of the raw-SQL ratio rows, comma-separated",
+    "ratio_calls": "timed calls per side and fan-out in the raw-SQL ratio",
+    "lost_producers": "producer processes in the lost_events rounds",
+    "lost_consumers": "consumer DAGs of the lost_events asset",
+    "lost_events": "events (one per transaction) per lost_events round, split over its producers",
+    "lost_holds_ms": "holds before COMMIT compared by lost_events, comma-separated milliseconds",
+    "lost_timeout_s": "seconds after a lost_events round's start when producers stop starting transactions",
+}
+
 DEFAULT: Final = Sizes()
 QUICK: Final = Sizes(
     rounds=1,
@@ -110,13 +154,60 @@ QUICK: Final = Sizes(
     fanout=8,
     outlets=2,
     transactions=3,
-    round_timeout_s=1.0,
+    # Well above PostgreSQL's usual deadlock_timeout (1 s): one deadlock wait
+    # must not end the round (see clear_of_deadlock_timeout).
+    round_timeout_s=5.0,
     lock_timeout_s=3.0,
     sweep=(1, 16, 256),
     sweep_repeats=1,
     ratio_calls=15,
     lost_events=48,
 )
+
+
+#: Multiples of the server's ``deadlock_timeout`` the timeouts are kept at or above.
+LOCK_TIMEOUT_FACTOR: Final = 3.0
+ROUND_TIMEOUT_FACTOR: Final = 5.0
+
+
+def clear_of_deadlock_timeout(
+    sizes: Sizes, deadlock_timeout_s: float, *, keep: frozenset[str] = frozenset()
+) -> tuple[Sizes, list[str]]:
+    """``sizes`` with its lock and round timeouts safely above ``deadlock_timeout_s``; and what changed.
+
+    PostgreSQL waits ``deadlock_timeout`` (1 s by default) in a lock wait
+    before it looks for a deadlock. A lock timeout at or below that turns
+    deadlocks into lock timeouts, and a round timeout at or below it ends
+    the round during the first deadlock wait, so most of the round's
+    transactions would never start. ``lock_timeout_s`` is raised to
+    :data:`LOCK_TIMEOUT_FACTOR` x and ``round_timeout_s`` to
+    :data:`ROUND_TIMEOUT_FACTOR` x ``deadlock_timeout_s``, except the fields
+    named in ``keep`` (given on the command line), which only get a warning.
+    MySQL/MariaDB (InnoDB detects deadlocks at once) and SQLite pass 0.
+    """
+    wanted = {
+        "lock_timeout_s": LOCK_TIMEOUT_FACTOR * deadlock_timeout_s,
+        "round_timeout_s": ROUND_TIMEOUT_FACTOR * deadlock_timeout_s,
+    }
+    changes: dict[str, Any] = {}
+    notes: list[str] = []
+    for name, floor in wanted.items():
+        value = float(getattr(sizes, name))
+        if value >= floor:
+            continue
+        option = "--" + name.replace("_", "-")
+        if name in keep:
+            notes.append(
+                f"warning: {option} {value:g} is below {floor:g} s ({floor / deadlock_timeout_s:g} x the "
+                f"server's deadlock_timeout of {deadlock_timeout_s:g} s): expect deadlock waits to end rounds"
+            )
+        else:
+            changes[name] = floor
+            notes.append(
+                f"{option} raised from {value:g} to {floor:g} s ({floor / deadlock_timeout_s:g} x the "
+                f"server's deadlock_timeout of {deadlock_timeout_s:g} s)"
+            )
+    return dataclasses.replace(sizes, **changes), notes
 
 
 @dataclass(frozen=True)
@@ -136,6 +227,12 @@ class Cell:
     round: int
     hold_ms: float
     producers: int
+
+    def planned(self, sizes: Sizes) -> int:
+        """The producer transactions this round plans (each is committed, gave up, or not started)."""
+        if self.scenario == "lost_events":
+            return sizes.lost_events
+        return self.producers * sizes.transactions
 
     @property
     def label(self) -> str:

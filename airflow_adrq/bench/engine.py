@@ -26,6 +26,7 @@ transaction), then COMMIT.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import math
 import os
@@ -33,7 +34,7 @@ import random
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -44,15 +45,23 @@ from sqlalchemy.orm import Session
 
 import airflow_adrq
 from airflow_adrq.bench import barrier, counting, dataset, rawsql, strategies
-from airflow_adrq.bench.config import Cell, Plan, Sizes
+from airflow_adrq.bench.config import COMMITTED, GAVE_UP, NOT_STARTED, Cell, Plan, Sizes
 from airflow_adrq.models import AssetDagRunQueue, AssetEvent, DagScheduleAssetReference, UtcDateTime, utcnow
 
 __all__ = [
+    "COMMITTED",
+    "GAVE_UP",
+    "GAVE_UP_ATTEMPTS",
+    "GAVE_UP_STOPPED",
+    "GAVE_UP_TIMEOUT",
+    "NOT_STARTED",
     "TxResult",
+    "cell_started",
     "emitted_assets",
     "percentile",
     "process_rng",
     "producer_work",
+    "round_records",
     "run_coordinator",
     "run_producer",
     "run_raw_ratio",
@@ -89,6 +98,12 @@ def percentile(values: Sequence[float], q: float) -> float:
 # --- one producer transaction ---------------------------------------------------
 
 
+#: Why :func:`run_transaction` gave up (``TxResult.gave_up``).
+GAVE_UP_ATTEMPTS = "max attempts"
+GAVE_UP_TIMEOUT = "round timeout"
+GAVE_UP_STOPPED = "stopped"
+
+
 @dataclass
 class TxResult:
     """One producer transaction, over all its attempts."""
@@ -100,6 +115,15 @@ class TxResult:
     statements: int
     assets: list[int]
     failures: dict[str, int] = field(default_factory=dict)
+    #: Not committed: why it stopped retrying (:data:`GAVE_UP_ATTEMPTS`,
+    #: :data:`GAVE_UP_TIMEOUT` or :data:`GAVE_UP_STOPPED`); ``None`` if it committed.
+    gave_up: str | None = None
+    #: The failure kind of the last failed attempt (``None`` if none failed).
+    last_failure: str | None = None
+
+    @property
+    def outcome(self) -> str:
+        return COMMITTED if self.ok else GAVE_UP
 
 
 def run_transaction(
@@ -115,10 +139,13 @@ def run_transaction(
 ) -> TxResult:
     """Run ``work`` + hold + COMMIT, retrying the whole transaction on retryable failures.
 
-    Gives up after ``max_attempts`` attempts, once ``time.monotonic()``
-    passes ``deadline``, or when ``give_up()`` says so. Other errors propagate.
+    After a failed attempt it gives up once ``max_attempts`` attempts were
+    made, once ``time.monotonic()`` has passed ``deadline``, or when
+    ``give_up()`` says so (in that order; ``TxResult.gave_up`` says which).
+    Other errors propagate.
     """
     failures: Counter[str] = Counter()
+    last: str | None = None
     start = time.perf_counter()
     attempt = 0
     while True:
@@ -134,14 +161,25 @@ def run_transaction(
             retryable = airflow_adrq.classify(exc)
             if retryable is None:
                 raise
-            failures[retryable.kind.value] += 1
-            if attempt >= max_attempts or time.monotonic() > deadline or give_up():
-                return TxResult(False, attempt, time.perf_counter() - start, 0, list(assets), dict(failures))
+            kind = last = retryable.kind.value
+            failures[kind] += 1
+            reason = (
+                GAVE_UP_ATTEMPTS
+                if attempt >= max_attempts
+                else GAVE_UP_TIMEOUT
+                if time.monotonic() > deadline
+                else GAVE_UP_STOPPED
+                if give_up()
+                else None
+            )
+            if reason is not None:
+                elapsed = time.perf_counter() - start
+                return TxResult(False, attempt, elapsed, 0, list(assets), dict(failures), reason, kind)
             # Jittered backoff, so two victims do not restart in lockstep.
             time.sleep(rng.uniform(0, min(0.05, 0.005 * attempt)))
             continue
         elapsed = time.perf_counter() - start
-        return TxResult(True, attempt, elapsed, counting.value(), list(assets), dict(failures))
+        return TxResult(True, attempt, elapsed, counting.value(), list(assets), dict(failures), None, last)
 
 
 def producer_work(
@@ -236,25 +274,60 @@ def run_producer(plan: Plan, party: int) -> None:
                     else:
                         count = sizes.transactions
                         deadline = time.monotonic() + sizes.round_timeout_s
-                    for _ in range(count):
-                        if time.monotonic() > deadline:
-                            break
-                        emitted = emitted_assets(cell.scenario, assets, rng)
-                        result = run_transaction(
-                            engine,
-                            producer_work(emit, emitted, rng),
-                            max_attempts=sizes.max_attempts,
-                            deadline=deadline,
-                            hold_s=cell.hold_ms / 1000,
-                            rng=rng,
-                            assets=[a.id for a in emitted],
-                        )
-                        sink.write(json.dumps({"cell": cell.index, "party": party, **asdict(result)}) + "\n")
+                    one = functools.partial(
+                        _producer_transaction, engine, emit, cell, assets, sizes, deadline, rng
+                    )
+                    for record in round_records(count, deadline, one):
+                        sink.write(json.dumps({"cell": cell.index, "party": party, **record}) + "\n")
                         sink.flush()
                 barrier.arrive(sync, f"done-{cell.index}", party)
                 barrier.wait(sync, f"end-{cell.index}", party, parties, timeout_s=timeout)
     finally:
         engines.close()
+
+
+def _producer_transaction(
+    engine: Engine,
+    emit: strategies.Emit,
+    cell: Cell,
+    assets: Sequence[dataset.SeedAsset],
+    sizes: Sizes,
+    deadline: float,
+    rng: random.Random,
+) -> TxResult:
+    emitted = emitted_assets(cell.scenario, assets, rng)
+    return run_transaction(
+        engine,
+        producer_work(emit, emitted, rng),
+        max_attempts=sizes.max_attempts,
+        deadline=deadline,
+        hold_s=cell.hold_ms / 1000,
+        rng=rng,
+        assets=[a.id for a in emitted],
+    )
+
+
+def round_records(
+    count: int,
+    deadline: float,
+    run_one: Callable[[], TxResult],
+    *,
+    clock: Callable[[], float] = time.monotonic,
+) -> Iterator[dict[str, Any]]:
+    """One record per planned transaction of a producer's round, in order: exactly ``count``.
+
+    Runs ``run_one()`` for each transaction started before ``deadline``
+    (``outcome`` committed or gave up); once the deadline has passed, the
+    rest are recorded as ``not started``. So committed + gave up + not
+    started always adds up to the plan.
+    """
+    for done in range(count):
+        if clock() > deadline:
+            for _ in range(count - done):
+                yield {**asdict(TxResult(False, 0, 0.0, 0, [])), "outcome": NOT_STARTED}
+            return
+        result = run_one()
+        yield {**asdict(result), "outcome": result.outcome}
 
 
 def _share(total: int, producers: int, party: int) -> int:
@@ -277,7 +350,6 @@ def run_coordinator(plan: Plan) -> None:
                 engine = engines.get(cell.url)
                 barrier.wait(sync, f"warm-{cell.index}", 0, parties, timeout_s=timeout)
                 dataset.reset(engine)
-                (out / "current").write_text(json.dumps(asdict(cell)))
                 barrier.wait(sync, f"start-{cell.index}", 0, parties, timeout_s=timeout)
                 started = time.perf_counter()
                 if cell.scenario == "lost_events":
@@ -285,10 +357,16 @@ def run_coordinator(plan: Plan) -> None:
                 else:
                     record = _contention_round(engine, sync, out, cell, sizes, parties, rng, started, timeout)
                 barrier.wait(sync, f"end-{cell.index}", 0, parties, timeout_s=timeout)
+                record["planned"] = cell.planned(sizes)
                 sink.write(json.dumps(record) + "\n")
                 sink.flush()
     finally:
         engines.close()
+
+
+def cell_started(sync: Path, index: int) -> bool:
+    """Whether the coordinator has begun round ``index`` (it arrives at its ``warm`` barrier first)."""
+    return barrier.arrived(sync, f"warm-{index}", 1) == 1
 
 
 def _wait_done(sync: Path, cell: Cell, parties: int, started: float, timeout: float) -> float:

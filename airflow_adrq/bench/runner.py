@@ -3,7 +3,13 @@
 The concurrent part runs as ``python -m pytest --pyargs
 airflow_adrq.bench.suite -n <producers + 1>`` in a subprocess (so it works
 from an installed wheel), with its output in ``<out>/pytest.log``; this
-process shows progress from the coordinator's ``cells.jsonl`` meanwhile.
+process shows one progress line per round as the coordinator starts it.
+
+The processes meet and report through scratch files in the output
+directory (:data:`SCRATCH`: the barriers, the plan, the records); :func:`run`
+reads the records into its result and removes the scratch files at the end,
+on failure too, unless ``keep_scratch``. On failure ``pytest.log`` stays
+(the error names it).
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ import dataclasses
 import json
 import os
 import random
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -30,10 +38,14 @@ from airflow_adrq.bench import strategies as strategy_registry
 from airflow_adrq.bench.config import LOST_EVENT_STRATEGIES, SCENARIOS, STRATEGIES, Cell, Plan, Sizes
 from airflow_adrq.errors import AdrqError
 
-__all__ = ["BenchError", "Target", "run"]
+__all__ = ["SCRATCH", "BenchError", "Target", "deadlock_timeout_s", "progress_lines", "run", "scratch_paths"]
 
 SUITE = "airflow_adrq.bench.suite"
 PLAN_ENV = "ADRQ_BENCH_PLAN"
+
+#: Scratch in the output directory (``tx-<party>.jsonl`` too); what stays is
+#: ``bench.json``, ``bench.md`` and the PNGs (and ``pytest.log`` after a failure).
+SCRATCH = ("barriers", "cells.jsonl", "current", "plan.json", "pytest.ini", "pytest.log")
 
 
 class BenchError(AdrqError):
@@ -66,6 +78,46 @@ def describe(url: str) -> Target:
     return Target(name, url, version)
 
 
+def deadlock_timeout_s(url: str) -> float:
+    """Seconds the server at ``url`` waits in a lock before it looks for a deadlock.
+
+    PostgreSQL: ``deadlock_timeout`` (1 s assumed if it cannot be read).
+    MySQL/MariaDB: 0 when InnoDB detects deadlocks at once
+    (``innodb_deadlock_detect``, the default); with detection off a deadlock
+    ends only at the lock wait timeout, which the benchmark sets itself, so
+    0 as well. SQLite: 0 (writers are serialised).
+    """
+    backend = sa.engine.make_url(url).get_backend_name()
+    if backend != "postgresql":
+        return 0.0
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            ms = conn.scalar(sa.text("SELECT setting FROM pg_settings WHERE name = 'deadlock_timeout'"))
+        return float(ms) / 1000
+    except (sa.exc.SQLAlchemyError, TypeError, ValueError):
+        return 1.0
+    finally:
+        engine.dispose()
+
+
+def scratch_paths(out_dir: Path) -> list[Path]:
+    """The scratch files and directories of a run present in ``out_dir``."""
+    paths = [out_dir / name for name in SCRATCH]
+    paths += sorted(out_dir.glob("tx-*.jsonl"))
+    return [p for p in paths if p.exists()]
+
+
+def _remove_scratch(out_dir: Path, *, failed: bool) -> None:
+    for path in scratch_paths(out_dir):
+        if failed and path.name == "pytest.log":
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def run(
     targets: Sequence[Target],
     sizes: Sizes,
@@ -74,17 +126,37 @@ def run(
     strategies: Sequence[str] = STRATEGIES,
     scenarios: Sequence[str] = SCENARIOS,
     progress: Callable[[str], None] = lambda _msg: None,
+    keep_scratch: bool = False,
 ) -> dict[str, Any]:
-    """Benchmark every target; returns the raw results (see :mod:`.report`)."""
-    targets = _unique_names(targets)
+    """Benchmark every target; returns the raw results (see :mod:`.report`).
+
+    The scratch files (:func:`scratch_paths`) are removed before returning
+    or raising, unless ``keep_scratch``.
+    """
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "barriers").mkdir(exist_ok=True)
+    _remove_scratch(out_dir, failed=False)
+    failed = True
+    try:
+        raw = _run(targets, sizes, out_dir, strategies, scenarios, progress)
+        failed = False
+        return raw
+    finally:
+        if not keep_scratch:
+            _remove_scratch(out_dir, failed=failed)
+
+
+def _run(
+    targets: Sequence[Target],
+    sizes: Sizes,
+    out_dir: Path,
+    strategies: Sequence[str],
+    scenarios: Sequence[str],
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    targets = _unique_names(targets)
+    (out_dir / "barriers").mkdir()
     parties = max(sizes.producers, sizes.lost_producers)
-    for name in ("cells.jsonl", "current", *(f"tx-{p}.jsonl" for p in range(1, parties + 1))):
-        (out_dir / name).unlink(missing_ok=True)
-    for marker in (out_dir / "barriers").iterdir():
-        marker.unlink()
     started = time.time()
     with contextlib.ExitStack() as stack:
         scratch: dict[str, str] = {}
@@ -255,28 +327,56 @@ def _run_suite(plan: Plan, plan_path: Path, progress: Callable[[str], None]) -> 
     # fixtures, benchmark timers) cost start-up time or get in the way.
     env = {**os.environ, PLAN_ENV: str(plan_path), "PYTHONPATH": path, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     log_path = out / "pytest.log"
-    total = len(plan.cells)
+    sync = out / "barriers"
+    shown = 0
+    progress(f"starting {plan.parties} processes ({plan.parties - 1} producers and a coordinator)")
     with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out)
-        shown = -1
-        while proc.poll() is None:
-            done = len(_read_jsonl(out / "cells.jsonl"))
-            if done != shown:
-                current = _current(out)
-                progress(f"[{done:>3}/{total}] {current}")
-                shown = done
-            time.sleep(0.25)
+        # A session of its own, so that on any failure (Ctrl-C included) the
+        # suite and its workers are stopped before the scratch databases go.
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out, start_new_session=True
+        )
+        try:
+            while proc.poll() is None:
+                started = shown
+                while started < len(plan.cells) and engine.cell_started(sync, started):
+                    started += 1
+                for line in progress_lines(plan.cells, shown, started):
+                    progress(line)
+                shown = started
+                time.sleep(0.25)
+        finally:
+            _stop(proc)
     if proc.returncode != 0:
         tail = "\n".join(log_path.read_text().splitlines()[-30:])
         raise BenchError(f"the benchmark suite failed (exit {proc.returncode}); see {log_path}:\n{tail}")
-    progress(f"[{total:>3}/{total}] concurrent rounds done")
+    # Rounds that started and ended between two polls.
+    for line in progress_lines(plan.cells, shown, len(plan.cells)):
+        progress(line)
+    progress(f"{len(plan.cells)} concurrent rounds done")
 
 
-def _current(out: Path) -> str:
-    try:
-        cell = json.loads((out / "current").read_text())
-    except (OSError, ValueError):
-        return "starting producer processes"
-    if cell["scenario"] == "lost_events":
-        return f"{cell['db']} lost_events/{cell['strategy']} (hold {cell['hold_ms']:g} ms)"
-    return f"{cell['db']} {cell['scenario']}/{cell['strategy']} (round {cell['round'] + 1})"
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the suite's process group if it is still running (SIGTERM, then SIGKILL)."""
+    if proc.poll() is not None:
+        return
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def progress_lines(cells: Sequence[Cell], shown: int, started: int) -> list[str]:
+    """``[k/N] <round>`` for rounds ``shown+1 .. started`` (1-based): each round once, in order."""
+    total = len(cells)
+    return [f"[{k + 1:>{len(str(total))}}/{total}] {_round_label(cells[k])}" for k in range(shown, started)]
+
+
+def _round_label(cell: Cell) -> str:
+    if cell.scenario == "lost_events":
+        return f"{cell.db} lost_events/{cell.strategy} (hold {cell.hold_ms:g} ms)"
+    return f"{cell.db} {cell.scenario}/{cell.strategy} (round {cell.round + 1})"
