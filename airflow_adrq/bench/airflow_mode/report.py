@@ -234,9 +234,11 @@ def _markdown(header: Sequence[str], body: Sequence[Sequence[str]], left: int = 
 def format_tables(raw: dict[str, Any], summary: dict[str, list[dict[str, Any]]]) -> str:
     """Markdown: per database the one-caller table, the contention table, the targets; then the legend."""
     s = raw["sizes"]
+    load = raw.get("load_average", {})
+    loads = ", ".join(f"{k} {v[0]:.1f}" for k, v in load.items() if v)
     out = [
         f"## airflow-adrq bench --airflow: Apache Airflow {raw.get('airflow_version', '?')}, "
-        f"{raw.get('cpus', '?')} CPUs\n"
+        f"{raw.get('cpus', '?')} CPUs" + (f" (1-minute load average: {loads})" if loads else "") + "\n"
     ]
     for target in raw["targets"]:
         db = target["name"]

@@ -437,6 +437,8 @@ def run(
         "tool": "airflow-adrq bench --airflow",
         "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "cpus": os.cpu_count(),
+        # Other work on the machine skews every number: the 1/5/15-minute load at start and end.
+        "load_average": {"start": list(os.getloadavg())},
         "sizes": dataclasses.asdict(sizes),
         "managers": list(managers),
         "manager_classes": {m: MANAGER_CLASSES[m] or "airflow.assets.manager.AssetManager" for m in managers},
@@ -464,6 +466,7 @@ def run(
             workers.close()
         shutil.rmtree(workdir, ignore_errors=True)
     raw["duration_s"] = time.monotonic() - started
+    raw["load_average"]["end"] = list(os.getloadavg())
     return raw
 
 
