@@ -288,18 +288,20 @@ def _statement(
     )
 
 
-def consumers_of_events(event_ids: Sequence[int]) -> Select[Any]:
-    """``SELECT asset_id, dag_id`` of every DAG that references these events' assets.
+@functools.cache
+def consumers_of_events() -> Select[Any]:
+    """``SELECT asset_id, dag_id`` of every DAG referencing some events' assets; bind ``event_ids``.
 
     The same four kinds of reference as the queue statement (direct, name,
     URI, and the aliases each event was emitted through), before the
-    ``dag`` filters, so that a caller can load the consumers it must treat
+    ``dag`` filters, so that a caller can find the consumers it must treat
     in Python (Airflow's partitioned DAGs, its multi-team filter) with one
-    plain SELECT that locks nothing. The caller's own filters go on top.
+    plain SELECT that locks nothing; the caller's own filters go on top.
+    Built once (one expanding parameter, ``event_ids``), like the statement.
     """
     ev = (
         select(_EVENT.c.id.label("event_id"), _EVENT.c.asset_id)
-        .where(_EVENT.c.id.in_(list(event_ids)))
+        .where(_EVENT.c.id.in_(bindparam("event_ids", expanding=True)))
         .cte("ev")
     )
     src = _consumers(ev, with_aliases=True)

@@ -32,6 +32,7 @@ statement in one order).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
@@ -219,18 +220,35 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
 
     @classmethod
     def _consumer_dags(cls, event_id: int, *, session: Session, partitioned: bool = False) -> set[Any]:
-        """Unpaused consumer ``DagModel``s of one event (only the partitioned ones if asked): one SELECT."""
+        """Unpaused consumer ``DagModel``s of one event (only the partitioned ones if asked).
+
+        One cached Core SELECT of their ids (usually none are partitioned),
+        then the ORM objects Airflow's helpers need, only if there are any.
+        """
         # Imported here, as Airflow does: airflow.models.dag imports the module
         # that is loading this class (airflow.assets.manager).
         from airflow.models.dag import DagModel
 
-        consumers = queue.consumers_of_events([event_id]).subquery()
-        stmt = select(DagModel).where(
-            DagModel.dag_id.in_(select(consumers.c.dag_id)), *compat.current().consumer_conditions(DagModel)
-        )
-        if partitioned:
-            stmt = stmt.where(DagModel.timetable_partitioned.is_(True))
-        return set(session.scalars(stmt))
+        ids = [
+            row[0]
+            for row in session.connection().execute(_consumer_ids(partitioned), {"event_ids": [event_id]})
+        ]
+        if not ids:
+            return set()
+        return set(session.scalars(select(DagModel).where(DagModel.dag_id.in_(ids))))
+
+
+@functools.cache
+def _consumer_ids(partitioned: bool) -> Any:
+    """``SELECT dag.dag_id`` of an event's unpaused consumers (partitioned ones only if asked); built once."""
+    from airflow.models.dag import DagModel
+
+    dag = DagModel.__table__
+    consumers = queue.consumers_of_events().subquery()
+    conditions = [dag.c.dag_id.in_(select(consumers.c.dag_id)), *compat.current().consumer_conditions(dag.c)]
+    if partitioned:
+        conditions.append(dag.c.timetable_partitioned.is_(True))
+    return select(dag.c.dag_id).where(*conditions)
 
 
 def flush_queue(session: Session) -> int:

@@ -176,7 +176,7 @@ def _statement_columns(shape) -> tuple[dict[str, set[str]], set[str]]:
     """(table -> columns the plug-in's statements read or write, the queue columns the INSERT writes)."""
     insert = queue.build_queue_statement("postgresql", shape=shape)
     used: dict[str, set[str]] = {}
-    for stmt in (insert, queue.consumers_of_events([1])):
+    for stmt in (insert, queue.consumers_of_events()):
         for element in visitors.iterate(stmt, {"column_collections": True}):
             table = getattr(element, "table", None)
             if isinstance(element, sa.sql.expression.ColumnClause) and type(table) in (
