@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import re
 
 import pytest
+import sqlalchemy as sa
 
-from airflow_adrq.bench import report
+from airflow_adrq.bench import report, runner
+from airflow_adrq.bench.config import QUICK
 from airflow_adrq.cli import main
 
 
@@ -55,6 +59,19 @@ def test_bench_command_runs_end_to_end(tmp_path, capsys):
     assert status == 0
     printed = capsys.readouterr()
     assert "SQLite serialises writers" in printed.err
+    # Progress: every round once, in order, [1/N] .. [N/N].
+    counters = re.findall(r"^\[\s*(\d+)/(\d+)\] ", printed.err, re.MULTILINE)
+    total = int(counters[0][1])
+    assert [int(k) for k, _ in counters] == list(range(1, total + 1))
+    assert {int(n) for _, n in counters} == {total}
+    # Only the results stay: the barrier files, plan and per-process records are gone.
+    assert sorted(p.name for p in out.iterdir()) == ["bench-sqlite.png", "bench.json", "bench.md"]
+    # Every table is followed by its legend; the default strategy is marked.
+    for legend in ("contention tables", "lost events", "fan-out sweep", "raw SQL"):
+        assert f"Legend ({legend})" in printed.out
+    assert "| commit_time (default) |" in printed.out
+    bench_md = (out / "bench.md").read_text()
+    assert bench_md in printed.out and "Legend (contention tables)" in bench_md
     assert "| multi_outlet  | commit_time" in printed.out
     # PR #69977 changed MySQL only: not run, and said so, on SQLite.
     assert "values_batch is apache/airflow PR #69977" in printed.out
@@ -66,7 +83,10 @@ def test_bench_command_runs_end_to_end(tmp_path, capsys):
     for row in rows.values():
         assert row["rows_exact"] is True
         assert row["committed"] == 2 * 3  # producers x transactions, nothing given up on SQLite
+        assert row["planned"] == 2 * 3 and row["abandoned"] == row["not_started"] == 0
         assert row["deadlocks"] == 0
+    assert total == len(result["cells"])
+    assert len(result["transactions"]) == sum(c["planned"] for c in result["cells"])
     # Airflow 3.3.2's whole path per outlet on SQLite: lookup, alias SELECT, event
     # INSERT, ref SELECT, then per unpaused consumer (8 of them) SAVEPOINT, SELECT
     # (merge), RELEASE, plus an INSERT where the row is new: only in the round's first
@@ -94,6 +114,94 @@ def test_bench_command_runs_end_to_end(tmp_path, capsys):
         assert r["lost_pairs"] == 0 and r["queue_rows_left"] == 0 and r["consumed_unknown"] == 0
     assert "lost events, sqlite" in printed.out
     assert (out / "bench-sqlite.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_scratch_files_are_removed_on_failure_unless_kept(tmp_path, monkeypatch, keep):
+    """The suite fails to start (no such module): the scratch goes, pytest.log (named in the error) stays."""
+    monkeypatch.setattr(runner, "SUITE", "airflow_adrq.bench.no_such_suite")
+    sizes = dataclasses.replace(QUICK, producers=1, sweep=(1,), ratio_fanouts=(1,))
+    out = tmp_path / "out"
+    (out / "barriers").mkdir(parents=True)
+    (out / "barriers" / "warm-0.0").touch()  # left over from an earlier run in the same directory
+    (out / "tx-9.jsonl").write_text("{}\n")
+
+    with pytest.raises(runner.BenchError, match="the benchmark suite failed") as excinfo:
+        runner.run([runner.describe("sqlite://")], sizes, out, scenarios=("single",), keep_scratch=keep)
+
+    assert str(out / "pytest.log") in str(excinfo.value)
+    left = sorted(p.name for p in out.iterdir())
+    if keep:
+        assert {"barriers", "plan.json", "pytest.ini", "pytest.log"} <= set(left)
+        assert "tx-9.jsonl" not in left and list((out / "barriers").iterdir()) == []  # old run's scratch
+    else:
+        assert left == ["pytest.log"]
+
+
+@pytest.mark.slow
+@pytest.mark.backends("postgresql", "mysql")
+def test_counts_add_up_when_the_round_timeout_cuts_rounds_short(tmp_path, capsys, backend, server_info):
+    """A round timeout far too short (given, so kept, with a warning): every planned transaction
+    is still committed, gave up or not started, and the deadlock timeout is read from the server."""
+    expected = 0.0
+    if backend == "postgresql":
+        engine = sa.create_engine(server_info.url)
+        with engine.connect() as conn:
+            expected = float(
+                conn.scalar(sa.text("SELECT setting FROM pg_settings WHERE name = 'deadlock_timeout'"))
+            )
+        engine.dispose()
+        expected /= 1000
+    assert runner.deadlock_timeout_s(server_info.url) == expected
+
+    out = tmp_path / "out"
+    status = main(
+        [
+            "bench",
+            "--db",
+            server_info.url,
+            "--quick",
+            "--scenario",
+            "multi_outlet",
+            "--strategy",
+            "airflow_3_3",
+            "--strategy",
+            "commit_time",
+            "--transactions",
+            "6",
+            "--round-timeout-s",
+            "0.2",
+            # Each transaction stays open 100 ms: at most 3 of a producer's 6 start in 0.2 s.
+            "--hold-ms",
+            "100",
+            "--sweep",
+            "1",
+            "--ratio-fanouts",
+            "1",
+            "--ratio-calls",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
+
+    assert status == 0
+    printed = capsys.readouterr()
+    if expected >= 0.2 / 5:
+        assert "warning: --round-timeout-s 0.2 is below" in printed.err
+    result = json.loads((out / "bench.json").read_text())
+    assert result["sizes"]["round_timeout_s"] == 0.2
+    for row in result["summary"]:
+        assert row["planned"] == QUICK.producers * 6
+        assert row["committed"] + row["abandoned"] + row["not_started"] == row["planned"], row
+        assert row["accounted"] is True
+        assert row["not_started"] >= QUICK.producers * 3, row
+    outcomes = [tx["outcome"] for tx in result["transactions"]]
+    assert len(outcomes) == 2 * QUICK.producers * 6
+    assert set(outcomes) <= {"committed", "gave up", "not started"}
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["bench.json", "bench.md", f"bench-{result['targets'][0]['name']}.png"]
+    )
 
 
 def _tx(cell, ok, latency_ms, statements=2, **failures):
