@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow_adrq.bench.config import DEFAULT_STRATEGY, NOT_STARTED, STRATEGIES
+from airflow_adrq.bench.config import DEFAULT_STRATEGY, NOT_STARTED, SCENARIOS, STRATEGIES
 
 __all__ = [
     "LOST_LEGEND",
@@ -116,7 +116,9 @@ def aggregate(raw: dict[str, Any]) -> list[dict[str, Any]]:
         row["p99_vs_airflow_3_3"] = _ratio(row["p99_ms"], base["p99_ms"]) if base else math.nan
     order = {s: i for i, s in enumerate(STRATEGIES)}
     dbs = [t["name"] for t in raw["targets"]]
-    scenarios = list(dict.fromkeys(c["scenario"] for c in contention))
+    # Scenarios in their documented order, whatever order the rounds ran in.
+    known = {s: i for i, s in enumerate(SCENARIOS)}
+    scenarios = sorted({c["scenario"] for c in contention}, key=lambda s: (known.get(s, len(known)), s))
     rows.sort(
         key=lambda r: (dbs.index(r["db"]), scenarios.index(r["scenario"]), order.get(r["strategy"], 99))
     )
