@@ -45,7 +45,7 @@ PLAN_ENV = "ADRQ_BENCH_PLAN"
 
 #: Scratch in the output directory (``tx-<party>.jsonl`` too); what stays is
 #: ``bench.json``, ``bench.md`` and the PNGs (and ``pytest.log`` after a failure).
-SCRATCH = ("barriers", "cells.jsonl", "current", "plan.json", "pytest.ini", "pytest.log")
+SCRATCH = ("barriers", "cells.jsonl", "plan.json", "pytest.ini", "pytest.log")
 
 
 class BenchError(AdrqError):
