@@ -61,6 +61,12 @@ def build_parser(prog: str = "airflow-adrq bench --airflow") -> argparse.Argumen
     )
     parser.add_argument("--airflow", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
+        "--accounting",
+        action="store_true",
+        help="instead: asset events no run consumes, stock vs plug-in, with Airflow's own scheduler method "
+        "as the consumer (its own options: --accounting --help; see .accounting)",
+    )
+    parser.add_argument(
         "--db",
         action="append",
         metavar="URL",
@@ -131,8 +137,13 @@ def _missing_requirements() -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the Airflow mode; returns the exit status (1: a failure, rows not exact, or a plug-in deadlock)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--accounting" in argv:
+        from airflow_adrq.bench.airflow_mode import accounting
+
+        return accounting.main(argv)
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    args = parser.parse_args(argv)
     if args.db and args.backend:
         parser.error("--backend selects among the servers found without --db; give one or the other")
     missing = _missing_requirements()
