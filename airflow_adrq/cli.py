@@ -42,7 +42,15 @@ URL_ENV = "AIRFLOW_ADRQ_DATABASE_URL"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 success, 1 failure, 2 usage)."""
+    """Run the command line; returns the exit status (0 success, 1 failure, 2 usage, 130 interrupted)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("airflow-adrq: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
         # bench --faults / --soak / --airflow have options of their own.
