@@ -189,7 +189,7 @@ def _bench(args: argparse.Namespace) -> int:
     missing = [name for name in ("pytest", "xdist", "matplotlib") if importlib.util.find_spec(name) is None]
     if missing:
         raise runner.BenchError(
-            f"airflow-adrq bench needs {', '.join(missing)}: pip install 'airflow-adrq[bench]'"
+            f"airflow-adrq bench needs {', '.join(missing)}: from the checkout, pip install '.[bench]'"
         )
     sizes = _sizes(args)
     out = args.out or Path("bench-results") / f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
