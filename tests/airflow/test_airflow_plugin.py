@@ -522,10 +522,11 @@ def test_refuses_a_database_of_another_line(airflow_db):
     sa.Table(
         "asset_dag_run_queue",
         metadata,
-        sa.Column("target_dag_id", sa.String(250), primary_key="target_dag_id" in other),
-        sa.Column("asset_event_id", sa.Integer, primary_key="asset_event_id" in other),
-        sa.Column("asset_id", sa.Integer, primary_key="asset_id" in other),
+        sa.Column("target_dag_id", sa.String(250), nullable=False),
+        sa.Column("asset_event_id", sa.Integer, nullable=False),
+        sa.Column("asset_id", sa.Integer, nullable=False),
         sa.Column("created_at", sa.DateTime, nullable=False),
+        sa.PrimaryKeyConstraint(*other),
     )
     metadata.create_all(engine)
     shapes.clear_cache()
