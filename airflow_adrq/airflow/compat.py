@@ -16,7 +16,10 @@ line     tested       what changed in ``register_asset_change`` (and what the ad
 =======  ===========  ==============================================================================
 3.0      refused      apache-airflow-core 3.0 requires SQLAlchemy < 2.0; airflow-adrq is built on
                       SQLAlchemy 2, so the two cannot be installed together (:data:`REFUSED`).
-3.1      3.1.8        :class:`Airflow31`: no partitions (schema :data:`~airflow_adrq.shapes.AIRFLOW_3_0`),
+3.1      3.1.8        :class:`Airflow31` (3.1.7 and later: 3.1.0-3.1.6 skip stale DAGs on direct and
+                      alias references and queue paused ones on ``Asset.ref`` references; 3.1.7
+                      changed both, apache/airflow PR #60022, and the statement follows 3.1.7+):
+                      no partitions (schema :data:`~airflow_adrq.shapes.AIRFLOW_3_0`),
                       no multi-team filter; ``extra`` stored as given; one listener hook
                       (``on_asset_changed`` with ``to_public()``); ``Stats.incr("asset.updates")``
                       untagged; "not found" also goes to the task's log.
@@ -82,6 +85,9 @@ class ReleaseLine:
     line: ClassVar[tuple[int, int]]
     #: The release the tests pin (tox -e airflowNN).
     tested: ClassVar[str]
+    #: The first release of the line whose rows the plug-in reproduces, and why earlier ones differ.
+    minimum: ClassVar[tuple[int, int, int]]
+    below_minimum: ClassVar[str] = ""
     #: The schema of this line's metadata database (airflow_adrq.shapes).
     shape: ClassVar[shapes.QueueShape]
     #: ``AssetManager`` members the plug-in calls; a release without them is refused at import.
@@ -179,6 +185,12 @@ class Airflow31(ReleaseLine):
 
     line = (3, 1)
     tested = "3.1.8"
+    minimum = (3, 1, 7)
+    below_minimum = (
+        "before 3.1.7, Airflow skips stale DAGs scheduled directly or through an alias and queues paused "
+        "DAGs scheduled through Asset.ref(name=...) / Asset.ref(uri=...) (changed in 3.1.7, apache/airflow "
+        "PR #60022); the plug-in queues by 3.1.7's rules"
+    )
     shape = shapes.AIRFLOW_3_0
     required_members: ClassVar[tuple[str, ...]] = (
         "register_asset_change",
@@ -232,6 +244,7 @@ class Airflow32(Airflow31):
 
     line = (3, 2)
     tested = "3.2.2"
+    minimum = (3, 2, 0)
     shape = shapes.AIRFLOW_3_2
     required_members: ClassVar[tuple[str, ...]] = (
         *Airflow31.required_members,
@@ -323,6 +336,7 @@ class Airflow33(Airflow32):
 
     line = (3, 3)
     tested = "3.3.2"
+    minimum = (3, 3, 0)
     required_members: ClassVar[tuple[str, ...]] = (*Airflow32.required_members, "_filter_dags_by_team")
 
     team_filter = True
@@ -404,6 +418,7 @@ class Airflow34(Airflow33):
 
     line = (3, 4)
     tested = "3.4.0b2"
+    minimum = (3, 4, 0)
     shape = shapes.AIRFLOW_3_4
     queue_order = "(dag_id, asset_event_id)"
 
@@ -465,6 +480,17 @@ def _release_line(version: str) -> tuple[int, int] | None:
         return None
 
 
+def _patch(version: str) -> int:
+    """The patch number of ``3.1.8`` or ``3.4.0b2`` (its leading digits; 0 if none)."""
+    parts = version.split(".")
+    digits = ""
+    for char in parts[2] if len(parts) > 2 else "":
+        if not char.isdigit():
+            break
+        digits += char
+    return int(digits or 0)
+
+
 def _supported_names() -> str:
     return ", ".join(adapter.name for adapter in ADAPTERS.values())
 
@@ -481,6 +507,12 @@ def _adapter(version: str) -> ReleaseLine:
     if adapter is None:
         raise ImportError(
             f"airflow_adrq.airflow supports Airflow {_supported_names()}; this is Airflow {version}. {remedy}"
+        )
+    if (*adapter.line, _patch(version)) < adapter.minimum:
+        first = ".".join(map(str, adapter.minimum))
+        raise ImportError(
+            f"airflow_adrq.airflow supports Airflow {adapter.name} from {first}; this is Airflow {version}: "
+            f"{adapter.below_minimum}. Upgrade to {adapter.tested}, or: {remedy}"
         )
     return adapter
 

@@ -101,6 +101,7 @@ def seed(
     name_ref_consumers: dict[str, list[str]] | None = None,
     uri_ref_consumers: dict[str, list[str]] | None = None,
     inactive: set[str] = frozenset(),
+    stale: set[str] = frozenset(),
 ) -> Seeded:
     """Insert a bundle, DAGs, assets and schedule references; commit.
 
@@ -125,7 +126,13 @@ def seed(
         # Before 3.2 there are no partitioned DAGs: ``partitioned`` ones are plain consumers.
         extra = {"timetable_partitioned": dag_id in partitioned} if LINE.partitions else {}
         session.add(
-            DagModel(dag_id=dag_id, bundle_name=BUNDLE, is_paused=dag_id in paused, is_stale=False, **extra)
+            DagModel(
+                dag_id=dag_id,
+                bundle_name=BUNDLE,
+                is_paused=dag_id in paused,
+                is_stale=dag_id in stale,
+                **extra,
+            )
         )
     session.flush()
     out = Seeded()

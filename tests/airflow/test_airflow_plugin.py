@@ -32,8 +32,8 @@ from airflow_adrq import queue, shapes
 from airflow_adrq.airflow import AdrqAssetManager, compat, flush_queue
 from airflow_adrq.errors import UnsupportedSchemaError
 
-# The differential scenario: direct, alias, name and URI references; a paused
-# and a partitioned consumer; an inactive asset; an asset created on the fly
+# The differential scenario: direct, alias, name and URI references; a paused,
+# a partitioned and stale consumers; an inactive asset; an asset created on the fly
 # through an alias; several outlets per task; a partition key; an API event.
 SCENARIO = dict(
     assets=["a1", "a2", "a3", "a4"],
@@ -44,6 +44,8 @@ SCENARIO = dict(
     name_ref_consumers={"a2": ["c6"]},
     uri_ref_consumers={"a3": ["c7", "paused1"]},
     inactive={"a4"},
+    # Queued like the others (Airflow 3.1.7+; the scheduler skips stale DAGs).
+    stale={"c3", "c5"},
 )
 _QUEUE_3_2 = sorted(
     [
@@ -558,6 +560,15 @@ def test_refuses_to_load_on_an_unknown_release(monkeypatch):
     with pytest.raises(
         ImportError, match=rf"supports Airflow {re.escape(supported)}; this is Airflow 3\.9\.0"
     ):
+        importlib.import_module("airflow_adrq.airflow.manager")
+
+
+def test_refuses_31_releases_before_317_and_says_why(monkeypatch):
+    import airflow
+
+    monkeypatch.setattr(airflow, "__version__", "3.1.6")
+    monkeypatch.delitem(sys.modules, "airflow_adrq.airflow.manager")
+    with pytest.raises(ImportError, match=r"from 3\.1\.7; this is Airflow 3\.1\.6: .*stale DAGs"):
         importlib.import_module("airflow_adrq.airflow.manager")
 
 
