@@ -133,7 +133,10 @@ def test_doctor_only_reads_an_airflow_database(af_engine, airflow_db):
 
 
 def _cli(env, *args):
-    command = [str(Path(sys.executable).with_name("airflow-adrq")), "doctor", *args]
+    script = Path(sys.executable).with_name("airflow-adrq")
+    # The installed command (tox); from a checkout's venv without it, the same module.
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "airflow_adrq.cli"]
+    command += ["doctor", *args]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
