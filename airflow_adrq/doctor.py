@@ -146,6 +146,8 @@ class Compatibility:
     supported: bool
     #: Why (not) supported, one sentence.
     support: str
+    #: The supported release lines whose migrations make this shape, e.g. ``["3.2", "3.3"]``.
+    shape_lines: list[str] = field(default_factory=list)
     #: The release of the line the plug-in is tested with.
     tested: str | None = None
     #: MySQL/MariaDB: the server's default isolation level, and what Airflow's connections use.
@@ -420,7 +422,7 @@ def _support(
             "(migrated by another Airflow?)",
             tested,
         )
-    return True, f"Airflow {name} is supported" + (f" (tested with {tested})" if tested else ""), tested
+    return True, f"Airflow {name}" + (f", tested with {tested}" if tested else ""), tested
 
 
 _DAG_ID_COLUMNS = (
@@ -865,6 +867,7 @@ def check(url: str | URL) -> Report:
                 schema=schema,
                 queue_key=queue_key,
                 shape=found.name if found else None,
+                shape_lines=[f"{a}.{b}" for (a, b), made in compat.SHAPES.items() if made == found],
                 supported=supported,
                 support=why,
                 tested=tested,
@@ -952,7 +955,11 @@ def render_text(report: Report) -> str:
     else:
         row("Airflow schema", f"unknown (alembic_version {s.revision})")
     key = f"({', '.join(c.queue_key)})" if c.queue_key else "none"
-    row("Queue key", f"asset_dag_run_queue {key}" + (f": the {c.shape} shape" if c.shape else ""))
+    if c.shape_lines:
+        key += f": as in Airflow {', '.join(c.shape_lines)}"
+    elif c.shape:
+        key += f": {c.shape}"
+    row("Queue key", key)
     row("Plug-in", ("supported: " if c.supported else "NOT supported: ") + c.support)
     row("Server", c.server + (f", asset_dag_run_queue on {c.storage_engine}" if c.storage_engine else ""))
     if c.isolation:
