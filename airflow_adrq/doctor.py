@@ -507,7 +507,7 @@ def _admin_console(engine: Engine) -> tuple[bool | None, str, str | None]:
     except Exception as exc:
         message = _first_line(exc)
         if "not allowed" in message:
-            return True, "its admin console refused this user ('not allowed')", None
+            return True, "its admin console says 'not allowed' to this user", None
         if 'database "pgbouncer" does not exist' in message:
             return False, "a PostgreSQL server answers for database pgbouncer: not PgBouncer", None
         return None, f"its admin console did not answer: {message}", None
@@ -528,7 +528,7 @@ def _admin_console(engine: Engine) -> tuple[bool | None, str, str | None]:
             for row in cursor.fetchall():
                 if row[0] == "pool_mode":
                     mode = str(row[1])
-        return True, f"its admin console answered SHOW VERSION: {version}", mode
+        return True, f"its admin console answers SHOW VERSION: {version}", mode
     except Exception as exc:
         return None, f"database pgbouncer answered, but not as PgBouncer's console: {_first_line(exc)}", None
     finally:
@@ -546,13 +546,8 @@ def _pool_mode_by_behaviour(engine: Engine) -> tuple[str, str]:
             second_pid = second.exec_driver_sql(pid).scalar()
             second.rollback()
     if first_pid == second_pid:
-        return "transaction", (
-            "a second connection, opened while the first was still connected, got the first one's "
-            "server process"
-        )
-    return "session (probably)", (
-        "a second connection, opened while the first was still connected, got another server process"
-    )
+        return "transaction", "a 2nd connection got the 1st one's server process while it was connected"
+    return "session (probably)", "a 2nd connection got another server process while the 1st was connected"
 
 
 def _pgbouncer(conn: Connection) -> PgBouncer:
@@ -568,14 +563,12 @@ def _pgbouncer(conn: Connection) -> PgBouncer:
     elif ours is None or theirs is None:
         between = "this end is a Unix socket and the server's is TCP, or the reverse"
     else:
-        between = (
-            f"this connection is port {ours[0]} -> {ours[1]}, the server sees {theirs[0]} -> {theirs[1]}"
-        )
+        between = f"ports {ours[0]} -> {ours[1]} here, {theirs[0]} -> {theirs[1]} at the server"
     detected, how, mode = _admin_console(conn.engine)
     how = f"{between}; {how}"
     if detected is False:
         return PgBouncer(False, how)
-    mode_how = "the admin console's SHOW DATABASES / SHOW CONFIG" if mode else None
+    mode_how = "SHOW DATABASES / SHOW CONFIG" if mode else None
     if detected and mode is None:
         mode, mode_how = _pool_mode_by_behaviour(conn.engine)
     return PgBouncer(detected, how, mode, mode_how)
@@ -975,8 +968,8 @@ def render_text(report: Report) -> str:
     if c.pgbouncer is not None:
         p = c.pgbouncer
         if p.detected:
-            mode = f", {p.pool_mode} pooling ({p.pool_mode_how})" if p.pool_mode else ", pool mode unknown"
-            row("PgBouncer", f"yes{mode}: {p.how}")
+            mode = f"{p.pool_mode} pooling ({p.pool_mode_how})" if p.pool_mode else "pool mode unknown"
+            row("PgBouncer", f"yes, {mode}; {p.how}")
         elif p.detected is None:
             row("PgBouncer", f"cannot tell: {p.how}")
         else:

@@ -435,7 +435,7 @@ def test_pgbouncer_pool_mode_from_its_admin_console(fresh_db_url, backend, serve
     p = report.compatibility.pgbouncer
     assert p.detected is True and "PgBouncer" in p.how
     assert p.pool_mode == "session"
-    assert "admin console" in p.pool_mode_how
+    assert "SHOW DATABASES" in p.pool_mode_how
 
 
 @pytest.mark.backends("postgresql")
