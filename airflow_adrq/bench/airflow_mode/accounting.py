@@ -269,6 +269,9 @@ class _Consumer:
         self.session_factory: Any = None
         self.runner: Any = None
         self.engine: Any = None
+        #: Database errors the consumer's connections raised, including those
+        #: ``@retry_db_transaction`` retried inside a pass (never seen otherwise).
+        self.db_errors: Counter[str] = Counter()
 
     def target(self, url: str) -> dict[str, Any]:
         """Point Airflow's ORM at ``url`` (as :mod:`.worker` does); a new ``Job`` and runner there."""
@@ -282,6 +285,7 @@ class _Consumer:
         settings.reconfigure_orm()
         self.engine = settings.engine
         self.session_factory = settings.NonScopedSession
+        sa.event.listen(self.engine, "handle_error", self._count_error)
         job = Job()
         self.runner = SchedulerJobRunner(job=job)
         with self.session_factory() as session:
@@ -289,6 +293,12 @@ class _Consumer:
             session.commit()
             job_id = job.id
         return {"dialect": self.engine.dialect.name, "job_id": job_id}
+
+    def _count_error(self, context: Any) -> None:
+        from airflow_adrq.retry import classify as classify_error
+
+        found = classify_error(context.sqlalchemy_exception or context.original_exception)
+        self.db_errors[found.kind.value if found else type(context.original_exception).__name__] += 1
 
     def release(self) -> None:
         if self.engine is not None:
@@ -403,6 +413,7 @@ class _Consumer:
         producers start with the consumer already running.
         """
         failures: Counter[str] = Counter()
+        self.db_errors.clear()
         pass_s: list[float] = []
         pass_s.append(self.scheduler_pass(failures))
         self.conn.send(("ok", "started"))
@@ -422,6 +433,7 @@ class _Consumer:
             "pass_p50_ms": statistics.median(ms),
             "pass_max_ms": ms[-1],
             "failures": dict(failures),
+            "db_errors": dict(self.db_errors),
             "drain": drained,
         }
 
@@ -585,6 +597,22 @@ def _runs(engine: sa.Engine, dags: Sequence[str]) -> list[tuple[int, str]]:
 def _max_run_id(engine: sa.Engine) -> int:
     with engine.connect() as conn:
         return int(conn.execute(sa.text("SELECT coalesce(max(id), 0) FROM dag_run")).scalar_one())
+
+
+def _latest_deadlock(engine: sa.Engine) -> str | None:
+    """MySQL/MariaDB: InnoDB's LATEST DETECTED DEADLOCK section (who waited for what), if any."""
+    if engine.dialect.name != "mysql":
+        return None
+    try:
+        with engine.connect() as conn:
+            status = str(conn.exec_driver_sql("SHOW ENGINE INNODB STATUS").fetchone()[2])  # type: ignore[index]
+    except sa.exc.DBAPIError:
+        return None  # needs the PROCESS privilege
+    start = status.find("LATEST DETECTED DEADLOCK")
+    if start < 0:
+        return None
+    end = status.find("\nTRANSACTIONS\n", start)
+    return status[start : end if end > 0 else start + 6000][:6000]
 
 
 def _asset_events(engine: sa.Engine, asset_id: int) -> list[tuple[int, str]]:
@@ -829,7 +857,9 @@ def _cell(
             + Counter(consumed_run["drain"]["failures"])
             + Counter(drained["failures"])
         ),
+        "consumer_db_errors": consumed_run["db_errors"],
         "drain_passes": consumed_run["drain"]["passes"] + drained["passes"],
+        "latest_deadlock": _latest_deadlock(engine),
         "queue_rows_left": left,
         "problems": problems,
     }
@@ -875,7 +905,8 @@ in the run a sentinel event triggered afterwards (its queue row already existed,
 next run); unconsumed: some consumer DAG's runs never consumed it (in no row of dagrun_asset_event
 for that DAG); in no run: consumed by no DAG at all. pairs c/l/u: the same per (event, consumer DAG).
 dup: pairs consumed by two runs of the same DAG. runs: asset-triggered runs created (QUEUED), of which
-the sentinel's. retries: producer transactions replayed (deadlocks etc.)."""
+the sentinel's. errors p/c: retryable database errors (deadlocks ...) of the producers (each replays
+its transaction) / of the consumer (Airflow's @retry_db_transaction retries its pass)."""
 
 
 def format_tables(raw: dict[str, Any]) -> str:
@@ -890,16 +921,16 @@ def format_tables(raw: dict[str, Any]) -> str:
         f"{raw.get('cpus')} CPUs, load average {_load(raw)}.",
         "",
         "| database | hold | manager | events | consumed | late | unconsumed | in no run "
-        "| pairs c/l/u | dup | runs (sentinel) | retries | round s |",
-        "|---|---|---|---:|---:|---:|---:|---:|---|---:|---|---:|---:|",
+        "| pairs c/l/u | dup | runs (sentinel) | errors p/c | round s |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|---:|---|---|---:|",
     ]
     for c in raw["cells"]:
-        retries = sum(c["producer_failures"].values())
+        errors = f"{sum(c['producer_failures'].values())}/{sum(c['consumer_db_errors'].values())}"
         lines.append(
             f"| {c['db']} | {c['hold_ms']:g} ms | {c['manager']} | {c['events']} | {c['consumed']} | "
             f"{c['late']} | **{c['unconsumed']}** | {c['in_no_run']} | "
             f"{c['consumed_pairs']}/{c['late_pairs']}/{c['unconsumed_pairs']} | {c['duplicate_pairs']} | "
-            f"{c['runs']} ({c['runs'] - c['runs_before_sentinel']}) | {retries} | {c['duration_s']:.1f} |"
+            f"{c['runs']} ({c['runs'] - c['runs_before_sentinel']}) | {errors} | {c['duration_s']:.1f} |"
         )
     lines += ["", _LEGEND, ""]
     for row in raw.get("comparison", []):

@@ -1,0 +1,142 @@
+# mypy: ignore-errors
+"""``airflow-adrq bench --airflow --accounting``: events no run consumes, stock vs plug-in, through Airflow.
+
+One bounded run of :func:`airflow_adrq.bench.airflow_mode.accounting.run` on
+SQLite and PostgreSQL (one set of processes for both: 3 producers per manager
+x 12 transactions, 3 consumer DAGs, a 30 ms hold), with Airflow 3.3.2's own
+``SchedulerJobRunner._create_dagruns_for_dags`` as the consumer. Asserted:
+
+* the harness accounts for every committed event: the events in the database
+  are the committed transactions, and each event (and each (event, consumer
+  DAG) pair) is in exactly one of consumed / late / unconsumed; every consumer
+  DAG consumed the sentinel; no queue row is left; no run consumed an event
+  it should not know;
+* the plug-in leaves no more events unconsumed than stock, per database;
+* on SQLite, stock leaves some events unconsumed (an event's timestamp is
+  taken before its INSERT waits for SQLite's write lock; another writer's
+  queue rows, stamped later, commit first). Seen in every run so far (4 to 10
+  of 36 at this size, 31 to 39 of 240 at the default size).
+
+Not asserted: that stock loses events on PostgreSQL. At this size it lost 0,
+0 and 1 of 36 in three runs (3 of 240 at the default size), so the count is
+printed, not asserted. Plus unit tests of the classification.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import pytest
+
+from airflow_adrq import servers
+from airflow_adrq.bench.airflow_mode import accounting
+from airflow_adrq.bench.airflow_mode import main as airflow_mode_main
+from airflow_adrq.bench.airflow_mode import run as run_module
+
+SIZES = accounting.AccountingSizes(producers=3, transactions=12, consumers=3, holds_ms=(30.0,), budget_s=30.0)
+DAGS = ["d0", "d1", "d2"]
+
+
+# --- classification (no database) -----------------------------------------------------
+
+
+def test_classify_each_pair_and_event_in_exactly_one_class():
+    # Runs 1-6 before the sentinel (cutoff 6), runs 7-9 the sentinel's.
+    consumed = [
+        # event 10: every DAG before the sentinel -> consumed
+        (1, "d0", 10),
+        (2, "d1", 10),
+        (3, "d2", 10),
+        # event 11: d0 before, d1 only in the sentinel's run, d2 never -> unconsumed
+        (1, "d0", 11),
+        (8, "d1", 11),
+        # event 12: d0 twice (a duplicate), d1 and d2 by the sentinel's runs -> late
+        (4, "d0", 12),
+        (5, "d0", 12),
+        (8, "d1", 12),
+        (9, "d2", 12),
+        # event 13: nowhere -> unconsumed, in no run
+        # the sentinel, by all three
+        (7, "d0", 99),
+        (8, "d1", 99),
+        (9, "d2", 99),
+        # another DAG's run (ignored) and an unknown event in a consumer DAG's run
+        (6, "other", 10),
+        (6, "d2", 55),
+    ]
+    c = accounting.classify([10, 11, 12, 13], DAGS, consumed, cutoff=6, sentinel=99)
+    assert (c.events, c.consumed, c.late, c.unconsumed, c.in_no_run) == (4, 1, 1, 2, 1)
+    assert (c.pairs, c.consumed_pairs, c.late_pairs, c.unconsumed_pairs) == (12, 5, 3, 4)
+    assert c.duplicate_pairs == 1
+    assert c.unknown == 1
+    assert c.sentinel_consumers == 3
+    assert c.classes_add_up
+
+
+def test_classify_pair_consumed_before_and_after_the_sentinel_counts_as_consumed():
+    c = accounting.classify([1], ["d0"], [(2, "d0", 1), (9, "d0", 1)], cutoff=5, sentinel=None)
+    assert (c.consumed, c.late, c.unconsumed, c.duplicate_pairs, c.sentinel_consumers) == (1, 0, 0, 1, 0)
+
+
+def test_compare_flags_the_plugin_losing_more_than_stock():
+    cells = [
+        {"db": "x", "hold_ms": 30.0, "manager": "stock", "unconsumed": 2, "unconsumed_pairs": 3},
+        {"db": "x", "hold_ms": 30.0, "manager": "plugin", "unconsumed": 3, "unconsumed_pairs": 3},
+        {"db": "y", "hold_ms": 30.0, "manager": "stock", "unconsumed": 0, "unconsumed_pairs": 0},
+        {"db": "y", "hold_ms": 30.0, "manager": "plugin", "unconsumed": 0, "unconsumed_pairs": 0},
+    ]
+    rows = {r["db"]: r for r in accounting.compare(cells)}
+    assert "problem" in rows["x"]
+    assert "problem" not in rows["y"]
+
+
+def test_the_airflow_mode_routes_accounting(capsys):
+    with pytest.raises(SystemExit) as exc:
+        airflow_mode_main(["--accounting", "--help"])
+    assert exc.value.code == 0
+    assert "--holds-ms" in capsys.readouterr().out
+
+
+# --- through Airflow -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_stock_vs_plugin_through_airflows_scheduler():
+    targets = [run_module.describe("sqlite://")]
+    with contextlib.ExitStack() as stack:
+        try:
+            info = stack.enter_context(servers.discover("postgresql"))
+        except servers.ServerNotFoundError as exc:
+            if os.environ.get("CI", "").lower() == "true":
+                pytest.fail(f"postgresql server not available: {exc}")
+            print(f"PostgreSQL not measured: {exc}")
+        else:
+            targets.append(run_module.describe(info.url))
+        raw = accounting.run(targets, SIZES)
+    print(accounting.format_tables(raw))  # shown with -s or on failure
+
+    assert raw["problems"] == []
+    names = [t.name for t in targets]
+    cells = {(c["db"], c["manager"]): c for c in raw["cells"]}
+    assert set(cells) == {(db, m) for db in names for m in accounting.MANAGERS}
+    planned = SIZES.producers * SIZES.transactions
+    for cell in cells.values():
+        assert cell["planned"] == planned
+        assert cell["committed"] == cell["events"] == planned  # deadlocks are replayed
+        assert cell["consumed"] + cell["late"] + cell["unconsumed"] == cell["events"]
+        assert (
+            cell["consumed_pairs"] + cell["late_pairs"] + cell["unconsumed_pairs"]
+            == cell["events"] * SIZES.consumers
+        )
+        assert cell["in_no_run"] <= cell["unconsumed"]
+        assert cell["unknown"] == 0
+        assert cell["sentinel_consumers"] == SIZES.consumers
+        assert cell["queue_rows_left"] == 0
+        # The sentinel triggered one more run of every consumer DAG.
+        assert cell["runs"] - cell["runs_before_sentinel"] == SIZES.consumers
+        assert cell["runs_before_sentinel"] >= SIZES.consumers
+
+    for db in names:
+        assert cells[(db, "plugin")]["unconsumed"] <= cells[(db, "stock")]["unconsumed"], db
+    assert cells[("sqlite", "stock")]["unconsumed"] > 0
