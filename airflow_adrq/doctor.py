@@ -425,6 +425,32 @@ def _support(
     return True, f"Airflow {name}" + (f", tested with {tested}" if tested else ""), tested
 
 
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+def _below_minimum(schema: SchemaVersion) -> list[str]:
+    """A warning when releases of this schema predate the first one of its line the plug-in supports.
+
+    The schema is the same from its release up to the next release that adds a
+    migration, so it cannot tell which of those runs.
+    """
+    adapter = getattr(compat, "ADAPTERS", {}).get(schema.line)
+    minimum: tuple[int, ...] | None = getattr(adapter, "minimum", None)
+    if schema.airflow_version is None or schema.line is None or minimum is None:
+        return []
+    if _version_tuple(schema.airflow_version) >= minimum:
+        return []
+    later = [v for _, v in REVISIONS if _version_tuple(v) > _version_tuple(schema.airflow_version)]
+    until = f" up to (not including) {later[0]}" if later else " and later"
+    first = ".".join(map(str, minimum))
+    return [
+        f"this is the schema of Airflow {schema.airflow_version}{until}; the plug-in supports "
+        f"{schema.line[0]}.{schema.line[1]} from {first} on (see compat.py): check `airflow version`, "
+        "older releases refuse to start with the option set"
+    ]
+
+
 _DAG_ID_COLUMNS = (
     ("dag", "dag_id"),
     ("asset_dag_run_queue", "target_dag_id"),
@@ -854,6 +880,7 @@ def check(url: str | URL) -> Report:
             except UnsupportedSchemaError as exc:
                 shape_error = str(exc)
             supported, why, tested = _support(schema, found, shape_error)
+            warnings.extend(_below_minimum(schema))
             compatibility = Compatibility(
                 backend=backend,
                 server=_server(conn, backend),

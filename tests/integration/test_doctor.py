@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from airflow_adrq import cli, create_engine, doctor, migrate, register_asset_change, servers
 from airflow_adrq._airflow_revisions import REVISIONS
+from airflow_adrq.airflow import compat
 from airflow_adrq.models import metadata
 from tests.factories import (
     add_alias,
@@ -385,6 +386,16 @@ def test_a_migration_stopped_half_way_is_warned_about(fresh_db_url, backend):
     report = doctor.check(fresh_db_url)
     assert not report.compatibility.schema.complete
     assert any("interrupted" in w for w in report.warnings)
+
+
+def test_a_schema_older_than_the_lines_first_supported_release_is_warned_about(fresh_db_url, backend):
+    # 3.1.0's last migration: 3.1.0 to 3.1.7 share it; the plug-in supports 3.1 from 3.1.7.
+    airflow_like(fresh_db_url, "cc92b33c6709").dispose()
+    report = doctor.check(fresh_db_url)
+    minimum = getattr(compat.ADAPTERS[(3, 1)], "minimum", (3, 1, 0))
+    if minimum <= (3, 1, 0):
+        pytest.skip("the plug-in supports every 3.1 release")
+    assert any("up to (not including) 3.1.8" in w and "3.1.7" in w for w in report.warnings), report.warnings
 
 
 def test_schema_versions_from_revisions():
