@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Column, Select, Table, func
+from sqlalchemy import Column, Select, Table, exists, func
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.dml import Insert
@@ -52,10 +52,26 @@ def _insert_from_select(
     on_conflict: ConflictMode,
     refresh: str,
 ) -> Insert:
-    stmt = mysql.insert(table).from_select(list(columns), select)
     if on_conflict == "ignore":
+        # Skip the rows that already exist instead of "updating" them: on
+        # InnoDB even a no-op ON DUPLICATE KEY UPDATE locks an existing row
+        # exclusively, and Airflow's scheduler deletes queue rows DAG by DAG
+        # in Python-set order, so the two would lock the same rows in opposite
+        # orders (measured: the producer was the victim, 23-42 deadlocks per 240
+        # transactions). At READ COMMITTED the NOT EXISTS probe is a consistent
+        # read and locks nothing; the no-op clause stays for two producers
+        # inserting the same new row at once (the second waits, then skips).
+        names = [column.name for column in columns]
+        picked = list(select.selected_columns)
+        same_key = [table.c[k] == picked[names.index(k)] for k in key]
+        select = select.where(~exists().where(*same_key))
         first = key[0]
-        return stmt.on_duplicate_key_update({first: table.c[first]})
+        return (
+            mysql.insert(table)
+            .from_select(list(columns), select)
+            .on_duplicate_key_update({first: table.c[first]})
+        )
+    stmt = mysql.insert(table).from_select(list(columns), select)
     return stmt.on_duplicate_key_update({refresh: func.greatest(table.c[refresh], stmt.inserted[refresh])})
 
 
