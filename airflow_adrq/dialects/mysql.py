@@ -3,7 +3,10 @@
 Never ``INSERT IGNORE``: it takes a *shared* lock on a duplicate row, which
 deadlocks against a consumer deleting that row (shared-to-exclusive upgrade),
 and it downgrades FK / NOT NULL errors to warnings. The no-op ODKU takes an
-exclusive record lock on the duplicate instead, held until commit.
+exclusive record lock on the duplicate instead, held until commit; so the
+statement first skips rows that already exist (``AND NOT EXISTS (SELECT ...
+FROM asset_dag_run_queue ...)``, a consistent read at READ COMMITTED: no
+lock), and ODKU only settles two producers inserting the same new row.
 
 READ COMMITTED (as Airflow configures MySQL) makes the SELECT half a
 consistent read: no shared next-key locks on ``dag_schedule_asset_reference``
