@@ -27,6 +27,16 @@ Public API (every name in ``__all__``; anything else is internal):
 
 from __future__ import annotations
 
+import sqlalchemy as _sqlalchemy
+
+# Before anything else imports SQLAlchemy 2 names: a clear reason instead of
+# "cannot import name 'Select'" (Airflow 3.0 pins SQLAlchemy < 2.0).
+if int(_sqlalchemy.__version__.split(".")[0]) < 2:
+    raise ImportError(
+        f"airflow-adrq needs SQLAlchemy 2.0 or later, found {_sqlalchemy.__version__} (Airflow 3.0 pins "
+        "SQLAlchemy < 2.0: the Airflow plug-in supports Airflow 3.1 and later)"
+    )
+
 from airflow_adrq.engine import create_engine
 from airflow_adrq.errors import (
     AdrqError,
