@@ -69,6 +69,7 @@ __all__ = [
     "reset",
     "scratch_database",
     "seed",
+    "seed_fan",
     "sweep_asset",
     "sweep_asset_id",
     "warm_assets",
@@ -357,3 +358,29 @@ def check_rows(queued: set[Pair], emitted: set[Pair], consumed: set[Pair]) -> di
         "missing": len(emitted - queued - consumed),
         "consumed_unemitted": len(consumed - emitted),
     }
+
+
+def seed_fan(engine: Engine, prefix: str, *, outlets: int, fanout: int) -> list[tuple[str, str]]:
+    """Tables plus ``outlets`` active assets each scheduled on by the same ``fanout`` DAGs; (name, uri)s.
+
+    The small data set of ``bench --faults`` and ``bench --soak``: DAGs
+    ``<prefix>_dag_<n>`` in bundle ``<prefix>``, assets ``<prefix>_asset_<i>``.
+    """
+    now = utcnow()
+    assets = [(f"{prefix}_asset_{i}", f"s3://{prefix}/{i}") for i in range(outlets)]
+    dags = [f"{prefix}_dag_{n:04d}" for n in range(fanout)]
+    metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.insert(DagBundleModel), [{"name": prefix}])
+        conn.execute(
+            sa.insert(DagModel),
+            [{"dag_id": d, "is_paused": False, "is_stale": False, "bundle_name": prefix} for d in dags],
+        )
+        conn.execute(sa.insert(AssetModel), [{"name": n, "uri": u} for n, u in assets])
+        conn.execute(sa.insert(AssetActive), [{"name": n, "uri": u} for n, u in assets])
+        ids = [i for (i,) in conn.execute(sa.select(AssetModel.id).order_by(AssetModel.id))]
+        conn.execute(
+            sa.insert(DagScheduleAssetReference),
+            [{"asset_id": a, "dag_id": d, "created_at": now, "updated_at": now} for a in ids for d in dags],
+        )
+    return assets

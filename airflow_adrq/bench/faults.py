@@ -37,18 +37,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from airflow_adrq import manager, retry
+from airflow_adrq.bench import dataset
 from airflow_adrq.engine import create_engine
 from airflow_adrq.errors import CommitOutcomeUnknownError, RetriesExhaustedError
 from airflow_adrq.models import (
-    AssetActive,
     AssetDagRunQueue,
     AssetEvent,
-    AssetModel,
-    DagBundleModel,
-    DagModel,
     DagScheduleAssetReference,
-    metadata,
-    utcnow,
 )
 
 __all__ = ["FaultRun", "FaultSizes", "run_faults"]
@@ -99,27 +94,6 @@ class FaultRun:
             "completed_share": self.completed_share,
             "acceptable_errors_only": self.acceptable_errors_only,
         }
-
-
-def _seed(engine: Engine, sizes: FaultSizes) -> list[tuple[str, str]]:
-    now = utcnow()
-    assets = [(f"fault_asset_{i}", f"s3://fault/{i}") for i in range(sizes.outlets)]
-    dags = [f"fault_dag_{n:04d}" for n in range(sizes.fanout)]
-    metadata.create_all(engine)
-    with engine.begin() as conn:
-        conn.execute(sa.insert(DagBundleModel), [{"name": "fault"}])
-        conn.execute(
-            sa.insert(DagModel),
-            [{"dag_id": d, "is_paused": False, "is_stale": False, "bundle_name": "fault"} for d in dags],
-        )
-        conn.execute(sa.insert(AssetModel), [{"name": n, "uri": u} for n, u in assets])
-        conn.execute(sa.insert(AssetActive), [{"name": n, "uri": u} for n, u in assets])
-        ids = [i for (i,) in conn.execute(sa.select(AssetModel.id).order_by(AssetModel.id))]
-        conn.execute(
-            sa.insert(DagScheduleAssetReference),
-            [{"asset_id": a, "dag_id": d, "created_at": now, "updated_at": now} for a in ids for d in dags],
-        )
-    return assets
 
 
 class _Killer(threading.Thread):
@@ -202,7 +176,7 @@ def run_faults(
         raise ValueError(f"the fault run needs PostgreSQL or MySQL/MariaDB, not {backend}")
     rng = random.Random(seed)
     seed_engine = create_engine(url)
-    assets = _seed(seed_engine, sizes)
+    assets = dataset.seed_fan(seed_engine, "fault", outlets=sizes.outlets, fanout=sizes.fanout)
     # Nothing of ours but the producers stays connected during the run.
     seed_engine.dispose()
     result = FaultRun(backend=backend, sizes=asdict(sizes))

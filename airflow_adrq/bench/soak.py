@@ -27,21 +27,15 @@ from pathlib import Path
 from typing import Any, cast
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import QueuePool
 
 from airflow_adrq import manager, retry
+from airflow_adrq.bench import dataset
 from airflow_adrq.engine import create_engine
 from airflow_adrq.models import (
-    AssetActive,
     AssetDagRunQueue,
-    AssetModel,
-    DagBundleModel,
-    DagModel,
     DagScheduleAssetReference,
-    metadata,
-    utcnow,
 )
 
 __all__ = ["SoakRun", "SoakSizes", "run_soak"]
@@ -107,27 +101,6 @@ _SERVER_CONNECTIONS = {
 }
 
 
-def _seed(engine: Engine, sizes: SoakSizes) -> tuple[list[tuple[str, str]], dict[int, frozenset[str]]]:
-    now = utcnow()
-    assets = [(f"soak_asset_{i}", f"s3://soak/{i}") for i in range(sizes.outlets)]
-    dags = [f"soak_dag_{n:04d}" for n in range(sizes.fanout)]
-    metadata.create_all(engine)
-    with engine.begin() as conn:
-        conn.execute(sa.insert(DagBundleModel), [{"name": "soak"}])
-        conn.execute(
-            sa.insert(DagModel),
-            [{"dag_id": d, "is_paused": False, "is_stale": False, "bundle_name": "soak"} for d in dags],
-        )
-        conn.execute(sa.insert(AssetModel), [{"name": n, "uri": u} for n, u in assets])
-        conn.execute(sa.insert(AssetActive), [{"name": n, "uri": u} for n, u in assets])
-        ids = [i for (i,) in conn.execute(sa.select(AssetModel.id).order_by(AssetModel.id))]
-        conn.execute(
-            sa.insert(DagScheduleAssetReference),
-            [{"asset_id": a, "dag_id": d, "created_at": now, "updated_at": now} for a in ids for d in dags],
-        )
-    return assets, {a: frozenset(dags) for a in ids}
-
-
 def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Callable[[str], None] = print) -> SoakRun:
     """Run the soak on the (scratch) database at ``url``; PostgreSQL or MySQL/MariaDB."""
     backend = sa.make_url(url).get_backend_name()
@@ -135,7 +108,14 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Callable[[str], N
     if backend not in _SERVER_CONNECTIONS:
         raise ValueError(f"the soak needs PostgreSQL or MySQL/MariaDB, not {backend}")
     engine = create_engine(url, pool_size=sizes.producers + 2, max_overflow=0)
-    assets, consumers = _seed(engine, sizes)
+    assets = dataset.seed_fan(engine, "soak", outlets=sizes.outlets, fanout=sizes.fanout)
+    with engine.connect() as conn:
+        refs = conn.execute(
+            sa.select(DagScheduleAssetReference.asset_id, DagScheduleAssetReference.dag_id)
+        ).all()
+    consumers: dict[int, frozenset[str]] = {}
+    for asset_id, dag_id in refs:
+        consumers[asset_id] = consumers.get(asset_id, frozenset()) | {dag_id}
     result = SoakRun(backend=backend, sizes=asdict(sizes))
     factory = sessionmaker(engine)
     lock = threading.Lock()
