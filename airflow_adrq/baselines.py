@@ -81,7 +81,7 @@ import logging
 import random
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol, cast
+from typing import Any, Final, Literal, cast
 
 from sqlalchemy import Table, and_, exc, insert, or_, select
 from sqlalchemy.dialects import mysql, postgresql
@@ -89,6 +89,7 @@ from sqlalchemy.orm import Session
 
 from airflow_adrq import listeners
 from airflow_adrq.listeners import AssetEventInfo
+from airflow_adrq.manager import AssetLike, TaskInstanceLike
 from airflow_adrq.models import (
     AssetActive,
     AssetAliasModel,
@@ -133,28 +134,6 @@ def applies_to(queueing: str, dialect_name: str) -> bool:
     measure ``airflow_3_3`` under another name.
     """
     return queueing != "values_batch" or dialect_name in VALUES_BATCH_DIALECTS
-
-
-class _AssetLike(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def uri(self) -> str: ...
-
-
-class _TaskInstanceLike(Protocol):
-    @property
-    def dag_id(self) -> str: ...
-
-    @property
-    def task_id(self) -> str: ...
-
-    @property
-    def run_id(self) -> str: ...
-
-    @property
-    def map_index(self) -> int: ...
 
 
 @dataclass
@@ -241,8 +220,8 @@ def _alias_consumers(
 
 def register_asset_change(
     *,
-    task_instance: _TaskInstanceLike | None = None,
-    asset: _AssetLike,
+    task_instance: TaskInstanceLike | None = None,
+    asset: AssetLike,
     extra: Mapping[str, Any] | None = None,
     source_alias_names: Collection[str] = (),
     session: Session,
