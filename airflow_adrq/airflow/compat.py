@@ -25,7 +25,8 @@ line     tested       what changed in ``register_asset_change`` (and what the ad
                       untagged; "not found" also goes to the task's log.
 3.2      3.2.2        :class:`Airflow32`: partitioned assets (``partition_key``, ``_queue_partitioned_dags``
                       without ``partition_date``); ``extra or {}``; ``on_asset_event_emitted`` too, with
-                      ``to_serialized()``.
+                      ``to_serialized()`` (3.2 passes it ``source_aliases=[]``: it iterates its alias
+                      query result twice, fixed in 3.3.2; the plug-in passes the aliases).
 3.3      3.3.2        :class:`Airflow33`: ``partition_date``; ``callback_sink``; multi-team
                       (``_filter_dags_by_team``, team-tagged ``asset.updates``).
 3.4      3.4.0b2      :class:`Airflow34`: the queue is keyed per event (schema
