@@ -5,7 +5,8 @@ airflow-adrq is built on SQLAlchemy 2 (``SQLAlchemy>=2.0.36``), so the two
 cannot share an environment: pip refuses to resolve them together, with or
 without the ``airflow`` extra (whose range starts at 3.1). Forced in anyway
 (``pip install --no-deps``, as this env does), ``pip check`` reports the
-conflict and the plug-in does not import.
+conflict and the plug-in does not import (``import airflow_adrq`` names
+SQLAlchemy 2 and Airflow 3.1 as what it needs).
 
 Runs with ``--noconftest`` and without importing airflow_adrq in this process:
 the suite's conftest files and the package need SQLAlchemy 2.
@@ -63,7 +64,10 @@ def test_pip_refuses_to_install_them_together(target):
     assert refused, result.stderr[-3000:]
 
 
-def test_the_plugin_does_not_import():
+def test_the_plugin_does_not_import_and_says_why():
     result = _run(sys.executable, "-c", "import airflow_adrq.airflow.manager")
     assert result.returncode != 0
-    assert "ImportError" in result.stderr, result.stderr[-2000:]
+    assert "ImportError: airflow-adrq needs SQLAlchemy 2.0 or later, found 1.4." in result.stderr, (
+        result.stderr[-2000:]
+    )
+    assert "the Airflow plug-in supports Airflow 3.1 and later" in result.stderr
