@@ -152,7 +152,7 @@ def register_asset_change(
     api_allow_global_consumers: bool = True,
     callback_sink: list[Callback] | None = None,
     queue_mode: QueueMode = "commit",
-    on_conflict: ConflictMode = "ignore",
+    on_conflict: ConflictMode = "refresh",
     **kwargs: Any,
 ) -> AssetEvent | None:
     """Record an asset event and queue the DAGs scheduled on the asset.
@@ -210,7 +210,7 @@ def register_asset_changes(
     task_instance: TaskInstanceLike | None = None,
     callback_sink: list[Callback] | None = None,
     queue_mode: QueueMode = "commit",
-    on_conflict: ConflictMode = "ignore",
+    on_conflict: ConflictMode = "refresh",
 ) -> list[AssetEvent | None]:
     """Register several asset events at once (a task's outlets); one result per change.
 

@@ -214,6 +214,9 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
                 session,
                 [asset_event],
                 allowed_dags=None if allowed is None else {asset_event.id: allowed},
+                # The row keeps the newest stamp of the events it stands for,
+                # so a burst's later producers are consumed by its run.
+                on_conflict="refresh",
                 shape=shape,
             )
         return asset_event

@@ -55,26 +55,26 @@ def _insert_from_select(
     on_conflict: ConflictMode,
     refresh: str,
 ) -> Insert:
-    if on_conflict == "ignore":
-        # Skip the rows that already exist instead of "updating" them: on
-        # InnoDB even a no-op ON DUPLICATE KEY UPDATE locks an existing row
-        # exclusively, and Airflow's scheduler deletes queue rows DAG by DAG
-        # in Python-set order, so the two would lock the same rows in opposite
-        # orders (measured: the producer was the victim, 23-42 deadlocks per 240
-        # transactions). At READ COMMITTED the NOT EXISTS probe is a consistent
-        # read and locks nothing; the no-op clause stays for two producers
-        # inserting the same new row at once (the second waits, then skips).
-        names = [column.name for column in columns]
-        picked = list(select.selected_columns)
-        same_key = [table.c[k] == picked[names.index(k)] for k in key]
-        select = select.where(~exists().where(*same_key))
-        first = key[0]
-        return (
-            mysql.insert(table)
-            .from_select(list(columns), select)
-            .on_duplicate_key_update({first: table.c[first]})
-        )
+    # Skip the rows that need no write instead of "updating" them: on InnoDB
+    # even a no-op ON DUPLICATE KEY UPDATE locks an existing row exclusively,
+    # and Airflow's scheduler deletes queue rows DAG by DAG in Python-set
+    # order, so the two would lock the same rows in opposite orders (measured:
+    # the producer was the victim, 23-42 deadlocks per 240 transactions). At
+    # READ COMMITTED the NOT EXISTS probe is a consistent read and locks
+    # nothing. "ignore" skips every existing row; "refresh" only those already
+    # at least as new, and locks the older ones it must move forwards. The ODKU
+    # clause also settles two producers inserting the same new row at once
+    # (the second waits, then skips or refreshes).
+    names = [column.name for column in columns]
+    picked = list(select.selected_columns)
+    same_key = [table.c[k] == picked[names.index(k)] for k in key]
+    if on_conflict == "refresh":
+        same_key.append(table.c[refresh] >= picked[names.index(refresh)])
+    select = select.where(~exists().where(*same_key))
     stmt = mysql.insert(table).from_select(list(columns), select)
+    if on_conflict == "ignore":
+        first = key[0]
+        return stmt.on_duplicate_key_update({first: table.c[first]})
     return stmt.on_duplicate_key_update({refresh: func.greatest(table.c[refresh], stmt.inserted[refresh])})
 
 

@@ -18,12 +18,14 @@ rules (``AssetManager.register_asset_change``) to the graph:
   DAG that is unpaused and not partitioned and is scheduled on the asset
   directly, by its name, by its URI, or on an alias the event went through;
   an event with a ``partition_key`` queues nothing in ``asset_dag_run_queue``;
-* a row already queued stays as it is (its ``created_at`` too); a
-  rolled-back transaction leaves nothing.
+* a row already queued stays, and its ``created_at`` becomes the newest
+  timestamp of the events that stand for it (``on_conflict="refresh"``, the
+  default; Airflow keeps the old one); a row no event of the transaction
+  stands for is left as it is; a rolled-back transaction leaves nothing.
 
 After every transaction the whole queue is compared with the oracle, on
 every backend and in both queue modes; at the end the event, alias, alias
-link and alias-event rows too. The commit-time stamp of issue 8 (the events'
+link and alias-event rows too. The commit-time stamp (the events'
 ``timestamp`` and their new queue rows' ``created_at`` set to one value just
 before COMMIT) is checked by its own test, on the same scenarios.
 """
@@ -325,13 +327,20 @@ def run_scenario(engine, seed: int, queue_mode: str, caplog) -> Run:
         assert not missing and not unexpected, (
             f"{context}: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
         )
-        changed = {row: (before[row], after[row]) for row in before if before[row] != after[row]}
-        assert not changed, f"{context}: an existing queue row's created_at changed: {changed}"
+        timestamps = {} if tx.rollback else _event_timestamps(engine, event_ids)
+        # Each row the transaction stands for ends at the newest of its old
+        # created_at and its events' timestamps; every other row is unchanged.
+        wanted = dict(before)
+        if not tx.rollback:
+            for event_id, change in zip(event_ids, tx.changes, strict=True):
+                for row in _rows_of(graph, ids, change):
+                    stamp = timestamps[event_id]
+                    wanted[row] = max(wanted[row], stamp) if row in wanted else stamp
+        wrong = {row: (before.get(row), after[row], wanted[row]) for row in after if after[row] != wanted[row]}
+        assert not wrong, f"{context}: created_at (before, after, expected) differs: {wrong}"
         if not tx.rollback:
             new_rows = {row: after[row] for row in set(after) - set(before)}
-            run.committed.append(
-                Committed(event_ids, tx.changes, tx.ti, new_rows, _event_timestamps(engine, event_ids))
-            )
+            run.committed.append(Committed(event_ids, tx.changes, tx.ti, new_rows, timestamps))
         before = after
     return run
 
@@ -417,10 +426,9 @@ def test_rows_match_the_oracle(engine, seed, queue_mode, caplog):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_commit_mode_stamps_events_and_new_rows_with_one_value(engine, seed, caplog):
-    """ISSUE 8, COMMIT-TIME STAMP: in commit mode, just before COMMIT, the
-    transaction's events get their ``timestamp`` and its new queue rows their
-    ``created_at``, all ONE value (so the scheduler's race window is the
-    commit, not the transaction). Fails until the core rewrite lands."""
+    """In commit mode, just before COMMIT, the transaction's events get their
+    ``timestamp`` and its new queue rows their ``created_at``, all ONE value
+    (so the scheduler's race window is the commit, not the transaction)."""
     run = run_scenario(engine, seed, "commit", caplog)
     for number, tx in enumerate(run.committed):
         if not tx.new_rows:

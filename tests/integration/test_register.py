@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections import Counter
 
@@ -26,7 +27,7 @@ from airflow_adrq.models import (
     alias_association_table,
     asset_alias_asset_event_association_table,
 )
-from airflow_adrq.queue import pending_events
+from airflow_adrq.queue import pending_events, queue_events
 from tests.factories import (
     add_alias,
     add_asset,
@@ -165,16 +166,22 @@ def test_refresh_moves_created_at_forward_only(engine):
         session.commit()
     first = created_at()
     with Session(engine) as session:
-        register_asset_change(asset=asset_ref("a"), session=session)
+        register_asset_change(asset=asset_ref("a"), session=session, on_conflict="ignore")
         session.commit()
     assert created_at() == first  # "ignore" keeps the older timestamp (Airflow 3.3 behaviour)
     with Session(engine) as session:
-        register_asset_change(asset=asset_ref("a"), session=session, on_conflict="refresh")
+        register_asset_change(asset=asset_ref("a"), session=session)  # the default: refresh
         session.commit()
     refreshed = created_at()
     assert refreshed > first
     newest_event = max(e.timestamp for e in events(engine))
-    assert refreshed >= newest_event
+    assert refreshed == newest_event
+    # Never backwards: an older stamp leaves the newer created_at.
+    some_event = events(engine)[0]
+    with Session(engine) as session:
+        queue_events(session, [some_event], stamp=refreshed - dt.timedelta(hours=1))
+        session.commit()
+    assert created_at() == refreshed
 
 
 def test_unknown_asset_warns_and_writes_nothing(engine, caplog, listener_calls):

@@ -15,12 +15,29 @@ DIALECTS = {
     "mariadb": mysql.dialect(is_mariadb=True),
     "sqlite": sqlite.dialect(),
 }
+_OLD, _NEW = "asset_dag_run_queue.created_at", "excluded.created_at"
+_ODKU_REFRESH = f"ON DUPLICATE KEY UPDATE created_at = greatest({_OLD}, VALUES(created_at))"
+#: The default: an existing row's created_at moves forwards to the newest stamp.
 CONFLICT = {
+    "postgresql": f"ON CONFLICT (asset_id, target_dag_id) DO UPDATE SET created_at = greatest({_OLD}, {_NEW}) "
+    f"WHERE {_OLD} < {_NEW}",
+    "mysql": _ODKU_REFRESH,
+    "mariadb": _ODKU_REFRESH,
+    "sqlite": f"ON CONFLICT (asset_id, target_dag_id) DO UPDATE SET created_at = max({_OLD}, {_NEW}) "
+    f"WHERE {_OLD} < {_NEW}",
+}
+#: on_conflict="ignore": Airflow's DO NOTHING.
+IGNORE = {
     "postgresql": "ON CONFLICT (asset_id, target_dag_id) DO NOTHING",
     "mysql": "ON DUPLICATE KEY UPDATE asset_id = asset_dag_run_queue.asset_id",
     "mariadb": "ON DUPLICATE KEY UPDATE asset_id = asset_dag_run_queue.asset_id",
     "sqlite": "ON CONFLICT (asset_id, target_dag_id) DO NOTHING",
 }
+#: MySQL/MariaDB: the lock-free probe that skips the rows needing no write.
+_PROBE = (
+    "AND NOT (EXISTS (SELECT * FROM asset_dag_run_queue WHERE asset_dag_run_queue.asset_id = src.asset_id "
+    "AND asset_dag_run_queue.target_dag_id = src.dag_id"
+)
 REFERENCES = (
     "dag_schedule_asset_reference",
     "dag_schedule_asset_name_reference",
@@ -77,17 +94,30 @@ def test_asset_id_form_has_no_alias_branch(name):
 
 
 @pytest.mark.parametrize("name", sorted(DIALECTS))
-def test_refresh_keeps_the_greatest_created_at(name):
-    sql, _ = _sql(name, on_conflict="refresh")
-    old, new = "asset_dag_run_queue.created_at", "excluded.created_at"
-    odku = f"ON DUPLICATE KEY UPDATE created_at = greatest({old}, VALUES(created_at))"
-    expected = {
-        "postgresql": f"DO UPDATE SET created_at = greatest({old}, {new}) WHERE {old} < {new}",
-        "mysql": odku,
-        "mariadb": odku,
-        "sqlite": f"DO UPDATE SET created_at = max({old}, {new}) WHERE {old} < {new}",
-    }[name]
-    assert sql.endswith(expected)
+def test_ignore_is_airflows_do_nothing(name):
+    sql, _ = _sql(name, on_conflict="ignore")
+    assert sql.endswith(IGNORE[name])
+    assert build_queue_statement(DIALECTS[name]) is build_queue_statement(DIALECTS[name], on_conflict="refresh")
+
+
+@pytest.mark.parametrize("name", ["mysql", "mariadb"])
+def test_mysql_skips_rows_needing_no_write_with_a_lock_free_probe(name):
+    # InnoDB locks even a no-op ODKU's duplicate: the probe keeps existing rows
+    # that need no write out of the INSERT (every one for "ignore", those at
+    # least as new as the stamp for "refresh").
+    ignore, _ = _sql(name, on_conflict="ignore")
+    assert _PROBE + "))" in ignore
+    refresh, _ = _sql(name, on_conflict="refresh")
+    assert _PROBE + " AND asset_dag_run_queue.created_at >= %s))" in refresh
+    # The probe is part of the top-level SELECT, before its ORDER BY.
+    assert refresh.index(_PROBE) < refresh.rindex("ORDER BY src.asset_id, src.dag_id")
+
+
+@pytest.mark.parametrize("name", ["postgresql", "sqlite"])
+def test_on_conflict_dialects_have_no_probe(name):
+    for mode in ("ignore", "refresh"):
+        sql, _ = _sql(name, on_conflict=mode)
+        assert "EXISTS" not in sql
 
 
 def test_bad_arguments():
