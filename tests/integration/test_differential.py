@@ -336,7 +336,9 @@ def run_scenario(engine, seed: int, queue_mode: str, caplog) -> Run:
                 for row in _rows_of(graph, ids, change):
                     stamp = timestamps[event_id]
                     wanted[row] = max(wanted[row], stamp) if row in wanted else stamp
-        wrong = {row: (before.get(row), after[row], wanted[row]) for row in after if after[row] != wanted[row]}
+        wrong = {
+            row: (before.get(row), after[row], wanted[row]) for row in after if after[row] != wanted[row]
+        }
         assert not wrong, f"{context}: created_at (before, after, expected) differs: {wrong}"
         if not tx.rollback:
             new_rows = {row: after[row] for row in set(after) - set(before)}

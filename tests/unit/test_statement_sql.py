@@ -19,8 +19,8 @@ _OLD, _NEW = "asset_dag_run_queue.created_at", "excluded.created_at"
 _ODKU_REFRESH = f"ON DUPLICATE KEY UPDATE created_at = greatest({_OLD}, VALUES(created_at))"
 #: The default: an existing row's created_at moves forwards to the newest stamp.
 CONFLICT = {
-    "postgresql": f"ON CONFLICT (asset_id, target_dag_id) DO UPDATE SET created_at = greatest({_OLD}, {_NEW}) "
-    f"WHERE {_OLD} < {_NEW}",
+    "postgresql": "ON CONFLICT (asset_id, target_dag_id) DO UPDATE SET "
+    f"created_at = greatest({_OLD}, {_NEW}) WHERE {_OLD} < {_NEW}",
     "mysql": _ODKU_REFRESH,
     "mariadb": _ODKU_REFRESH,
     "sqlite": f"ON CONFLICT (asset_id, target_dag_id) DO UPDATE SET created_at = max({_OLD}, {_NEW}) "
@@ -97,7 +97,8 @@ def test_asset_id_form_has_no_alias_branch(name):
 def test_ignore_is_airflows_do_nothing(name):
     sql, _ = _sql(name, on_conflict="ignore")
     assert sql.endswith(IGNORE[name])
-    assert build_queue_statement(DIALECTS[name]) is build_queue_statement(DIALECTS[name], on_conflict="refresh")
+    default = build_queue_statement(DIALECTS[name])
+    assert default is build_queue_statement(DIALECTS[name], on_conflict="refresh")
 
 
 @pytest.mark.parametrize("name", ["mysql", "mariadb"])
