@@ -142,6 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from airflow_adrq.bench.airflow_mode import accounting
 
         return accounting.main(argv)
+    if "--live" in argv:
+        from airflow_adrq.bench.airflow_mode import live
+
+        return live.main(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.db and args.backend:

@@ -1,0 +1,407 @@
+"""What the live run counts: SQL on the scratch database, the server's deadlock counters, the logs.
+
+Plain SQL through SQLAlchemy Core (every value a bound parameter, lists as
+expanding ``IN``), never Airflow's models: the controller does not import
+Airflow. The definitions (see also the report's legend):
+
+* an *(event, consumer) pair* is an ``asset_event`` row written by a producer
+  DAG's burst run times a consumer DAG scheduled on its asset
+  (``dag_schedule_asset_reference``);
+* a pair is *consumed* when ``dagrun_asset_event`` links the event to a run of
+  that consumer DAG; consumed by two or more runs of that DAG, it is *consumed
+  twice*; consumed by none, *stranded*;
+* *deadlocks*: PostgreSQL's ``pg_stat_database.deadlocks`` of the scratch
+  database (only the deployment connects to it); MariaDB/MySQL's
+  ``Innodb_deadlocks`` (the whole server: other clients' deadlocks count too,
+  so :func:`deadlock_counter` also reports whether InnoDB's latest detected
+  deadlock names the scratch database) -- plus the deadlock lines in the
+  components' and tasks' logs;
+* the *task-success latency*: the api-server's own access log
+  (``HttpAccessLogMiddleware``, Airflow 3.3: one ``request finished`` line per
+  request with ``duration_us``, measured from the request's arrival to the
+  end of its response) for ``PATCH /execution/task-instances/{id}/state``,
+  limited to the producer task instances of the bursts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
+
+__all__ = [
+    "DEADLOCK_LINE",
+    "TERMINAL_RUN_STATES",
+    "AccessRecord",
+    "Pairs",
+    "ProducerTask",
+    "asset_ids",
+    "consumer_run_states",
+    "control_engine",
+    "count_pairs",
+    "deadlock_counter",
+    "deadlock_lines",
+    "event_counts",
+    "latency_summary",
+    "parse_access_log",
+    "percentile",
+    "producer_runs",
+    "producer_tasks",
+    "queue_rows",
+    "run_count",
+    "task_states",
+    "task_summary",
+    "uuid_hex",
+]
+
+#: A line that reports a deadlock: PostgreSQL's message and SQLSTATE, MySQL/MariaDB's message and errno.
+DEADLOCK_LINE: Final = re.compile(r"deadlock detected|Deadlock found|40P01|\(1213,", re.IGNORECASE)
+TERMINAL_RUN_STATES: Final = ("success", "failed")
+
+_IN_DAGS: sa.BindParameter[Any] = sa.bindparam("dag_ids", expanding=True)
+_IN_RUNS: sa.BindParameter[Any] = sa.bindparam("run_ids", expanding=True)
+
+
+def control_engine(url: str) -> sa.Engine:
+    """An engine for the controller's reads: no pool, READ COMMITTED on MySQL (each read sees the latest)."""
+    kwargs: dict[str, Any] = {"poolclass": NullPool}
+    if sa.make_url(url).get_backend_name() in ("mysql", "mariadb"):
+        kwargs["isolation_level"] = "READ COMMITTED"
+    return sa.create_engine(url, **kwargs)
+
+
+# --- progress probes ---------------------------------------------------------------
+
+
+def queue_rows(conn: sa.Connection) -> int:
+    """Rows in ``asset_dag_run_queue`` (the scheduler deletes them as it creates runs)."""
+    return int(conn.execute(sa.text("SELECT count(*) FROM asset_dag_run_queue")).scalar_one())
+
+
+def run_count(conn: sa.Connection, dag_ids: Sequence[str]) -> int:
+    """Runs of these DAGs."""
+    stmt = sa.text("SELECT count(*) FROM dag_run WHERE dag_id IN :dag_ids").bindparams(_IN_DAGS)
+    return int(conn.execute(stmt, {"dag_ids": list(dag_ids)}).scalar_one())
+
+
+def producer_runs(conn: sa.Connection, dag_ids: Sequence[str], run_ids: Sequence[str]) -> dict[str, int]:
+    """States of these producer runs: ``{state: count}``."""
+    stmt = sa.text(
+        "SELECT state, count(*) FROM dag_run WHERE dag_id IN :dag_ids AND run_id IN :run_ids GROUP BY state"
+    ).bindparams(_IN_DAGS, _IN_RUNS)
+    rows = conn.execute(stmt, {"dag_ids": list(dag_ids), "run_ids": list(run_ids)})
+    return {str(state): int(n) for state, n in rows}
+
+
+def task_states(conn: sa.Connection, dag_ids: Sequence[str], run_ids: Sequence[str]) -> dict[str, int]:
+    """States of these runs' task instances: ``{state or "none": count}``."""
+    stmt = sa.text(
+        "SELECT state, count(*) FROM task_instance WHERE dag_id IN :dag_ids AND run_id IN :run_ids "
+        "GROUP BY state"
+    ).bindparams(_IN_DAGS, _IN_RUNS)
+    rows = conn.execute(stmt, {"dag_ids": list(dag_ids), "run_ids": list(run_ids)})
+    return {str(state or "none"): int(n) for state, n in rows}
+
+
+# --- the counts after a drain ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProducerTask:
+    """One producer task instance as the database has it after the bursts."""
+
+    id: str
+    dag_id: str
+    run_id: str
+    map_index: int
+    state: str
+    try_number: int
+    end_date: dt.datetime | None
+
+
+def producer_tasks(conn: sa.Connection, dag_ids: Sequence[str], run_ids: Sequence[str]) -> list[ProducerTask]:
+    """Every task instance of the producer DAGs' burst runs."""
+    stmt = sa.text(
+        "SELECT id, dag_id, run_id, map_index, state, try_number, end_date FROM task_instance "
+        "WHERE dag_id IN :dag_ids AND run_id IN :run_ids"
+    ).bindparams(_IN_DAGS, _IN_RUNS)
+    rows = conn.execute(stmt, {"dag_ids": list(dag_ids), "run_ids": list(run_ids)})
+    return [
+        ProducerTask(
+            id=uuid_hex(r[0]),
+            dag_id=str(r[1]),
+            run_id=str(r[2]),
+            map_index=int(r[3]),
+            state=str(r[4] or "none"),
+            try_number=int(r[5] or 0),
+            end_date=_utc(r[6]),
+        )
+        for r in rows
+    ]
+
+
+def task_summary(tasks: Sequence[ProducerTask], run_ids: Sequence[str]) -> dict[str, Any]:
+    """Failed / retried / succeeded producer tasks, overall and per burst, and each burst's finish."""
+    per_burst = []
+    for run_id in run_ids:
+        mine = [t for t in tasks if t.run_id == run_id]
+        ends = [t.end_date for t in mine if t.end_date is not None]
+        per_burst.append(
+            {
+                "run_id": run_id,
+                "tasks": len(mine),
+                "failed": sum(1 for t in mine if t.state == "failed"),
+                "retried": sum(1 for t in mine if t.try_number > 1),
+                "last_end": max(ends).isoformat() if ends else None,
+                # How close together the success calls finished (end_date is set by them).
+                "end_spread_s": (max(ends) - min(ends)).total_seconds() if ends else None,
+            }
+        )
+    return {
+        "tasks": len(tasks),
+        "succeeded": sum(1 for t in tasks if t.state == "success"),
+        "failed": sum(1 for t in tasks if t.state == "failed"),
+        "retried": sum(1 for t in tasks if t.try_number > 1),
+        "other": dict(Counter(t.state for t in tasks if t.state not in ("success", "failed"))),
+        "bursts": per_burst,
+    }
+
+
+def event_counts(conn: sa.Connection, dag_ids: Sequence[str], run_ids: Sequence[str]) -> dict[str, int]:
+    """Asset events the producers' burst runs wrote, per run id."""
+    stmt = sa.text(
+        "SELECT source_run_id, count(*) FROM asset_event "
+        "WHERE source_dag_id IN :dag_ids AND source_run_id IN :run_ids GROUP BY source_run_id"
+    ).bindparams(_IN_DAGS, _IN_RUNS)
+    rows = conn.execute(stmt, {"dag_ids": list(dag_ids), "run_ids": list(run_ids)})
+    found = {str(run_id): int(n) for run_id, n in rows}
+    return {run_id: found.get(run_id, 0) for run_id in run_ids}
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """The (event, consumer) pairs of the producers' events and how many runs consumed each."""
+
+    pairs: int
+    stranded: int
+    consumed_twice: int
+    last_burst_pairs: int
+    last_burst_stranded: int
+
+    def as_dict(self) -> dict[str, int]:
+        """The JSON form."""
+        return {
+            "pairs": self.pairs,
+            "stranded": self.stranded,
+            "consumed_twice": self.consumed_twice,
+            "last_burst_pairs": self.last_burst_pairs,
+            "last_burst_stranded": self.last_burst_stranded,
+        }
+
+
+def count_pairs(
+    conn: sa.Connection,
+    producers: Sequence[str],
+    consumers: Sequence[str],
+    run_ids: Sequence[str],
+) -> Pairs:
+    """Count the pairs of the burst runs' events (see the module docstring).
+
+    Two reads joined here rather than in SQL: a join of every event with every
+    consumer and every consuming run would be events x consumers x runs rows.
+    """
+    events = conn.execute(
+        sa.text(
+            "SELECT id, asset_id, source_run_id FROM asset_event "
+            "WHERE source_dag_id IN :dag_ids AND source_run_id IN :run_ids"
+        ).bindparams(_IN_DAGS, _IN_RUNS),
+        {"dag_ids": list(producers), "run_ids": list(run_ids)},
+    ).all()
+    references = conn.execute(
+        sa.text(
+            "SELECT asset_id, dag_id FROM dag_schedule_asset_reference WHERE dag_id IN :dag_ids"
+        ).bindparams(_IN_DAGS),
+        {"dag_ids": list(consumers)},
+    ).all()
+    consumed = conn.execute(
+        sa.text(
+            "SELECT x.event_id, d.dag_id FROM dagrun_asset_event x JOIN dag_run d ON d.id = x.dag_run_id "
+            "WHERE d.dag_id IN :dag_ids"
+        ).bindparams(_IN_DAGS),
+        {"dag_ids": list(consumers)},
+    ).all()
+    runs_of: Counter[tuple[int, str]] = Counter((int(e), str(d)) for e, d in consumed)
+    consumers_of: dict[int, list[str]] = {}
+    for asset_id, dag_id in references:
+        consumers_of.setdefault(int(asset_id), []).append(str(dag_id))
+    last = run_ids[-1] if run_ids else None
+    pairs = stranded = twice = last_pairs = last_stranded = 0
+    for event_id, asset_id, run_id in events:
+        for dag_id in consumers_of.get(int(asset_id), ()):
+            n = runs_of[(int(event_id), dag_id)]
+            pairs += 1
+            stranded += n == 0
+            twice += n > 1
+            if run_id == last:
+                last_pairs += 1
+                last_stranded += n == 0
+    return Pairs(pairs, stranded, twice, last_pairs, last_stranded)
+
+
+def consumer_run_states(conn: sa.Connection, consumers: Sequence[str]) -> dict[str, int]:
+    """States of the consumer DAGs' runs: ``{state: count}``."""
+    stmt = sa.text("SELECT state, count(*) FROM dag_run WHERE dag_id IN :dag_ids GROUP BY state").bindparams(
+        _IN_DAGS
+    )
+    return {str(s): int(n) for s, n in conn.execute(stmt, {"dag_ids": list(consumers)})}
+
+
+def asset_ids(conn: sa.Connection, names: Sequence[str]) -> dict[str, int]:
+    """``{asset name: id}`` of these assets."""
+    stmt = sa.text("SELECT name, id FROM asset WHERE name IN :names").bindparams(
+        sa.bindparam("names", expanding=True)
+    )
+    return {str(name): int(i) for name, i in conn.execute(stmt, {"names": list(names)})}
+
+
+# --- deadlocks ---------------------------------------------------------------------
+
+
+def deadlock_counter(conn: sa.Connection, database: str) -> dict[str, Any]:
+    """The server's deadlock counter now: ``{"value", "scope", "latest_names_database"}``.
+
+    PostgreSQL: ``pg_stat_database.deadlocks`` of ``database`` (exact: only the
+    deployment uses the scratch database). MySQL/MariaDB: ``Innodb_deadlocks``
+    of the whole server, and whether InnoDB's latest detected deadlock
+    (``SHOW ENGINE INNODB STATUS``) names ``database`` (None when that cannot
+    be read).
+    """
+    if conn.dialect.name == "postgresql":
+        # A fresh snapshot: the statistics are cached per transaction by default.
+        conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
+        value = conn.execute(
+            sa.text("SELECT deadlocks FROM pg_stat_database WHERE datname = :name"), {"name": database}
+        ).scalar()
+        return {"value": int(value or 0), "scope": "database", "latest_names_database": None}
+    row = conn.execute(sa.text("SHOW GLOBAL STATUS LIKE :name"), {"name": "Innodb_deadlocks"}).first()
+    latest: bool | None
+    try:
+        status = conn.execute(sa.text("SHOW ENGINE INNODB STATUS")).first()
+        text = str(status[2]) if status is not None else ""
+        section = (
+            text.split("LATEST DETECTED DEADLOCK", 1)[1].split("TRANSACTIONS\n", 1)[0]
+            if ("LATEST DETECTED DEADLOCK" in text)
+            else ""
+        )
+        latest = f"`{database}`" in section or f" {database}." in section or f"`{database}/" in section
+    except sa.exc.DBAPIError:
+        latest = None
+    return {"value": int(row[1]) if row else 0, "scope": "server", "latest_names_database": latest}
+
+
+def deadlock_lines(paths: Iterable[Path]) -> dict[str, int]:
+    """Lines matching :data:`DEADLOCK_LINE` per file (files without any left out)."""
+    found: dict[str, int] = {}
+    for path in paths:
+        try:
+            with path.open(errors="replace") as handle:
+                n = sum(1 for line in handle if DEADLOCK_LINE.search(line))
+        except OSError:
+            continue
+        if n:
+            found[str(path)] = n
+    return found
+
+
+# --- the api-server's access log ----------------------------------------------------
+
+_FIELD = re.compile(r"(\w+)=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\S+)")
+_STATE_PATH = re.compile(r"/execution/task-instances/([0-9a-fA-F-]{32,36})/state")
+
+
+@dataclass(frozen=True)
+class AccessRecord:
+    """One ``PATCH /execution/task-instances/{id}/state`` line of the access log."""
+
+    ti_id: str
+    status: int
+    duration_ms: float
+
+
+def parse_access_log(path: Path) -> list[AccessRecord]:
+    """The task-state calls in the api-server's log (its ``request finished`` lines)."""
+    records = []
+    try:
+        handle = path.open(errors="replace")
+    except OSError:
+        return []
+    with handle:
+        for line in handle:
+            if "request finished" not in line or "PATCH" not in line:
+                continue
+            fields = {k: v.strip("'\"") for k, v in _FIELD.findall(line)}
+            match = _STATE_PATH.fullmatch(fields.get("path", ""))
+            if fields.get("method") != "PATCH" or not match or "duration_us" not in fields:
+                continue
+            try:
+                records.append(
+                    AccessRecord(
+                        uuid_hex(match.group(1)),
+                        int(fields.get("status_code", 0)),
+                        int(fields["duration_us"]) / 1000,
+                    )
+                )
+            except ValueError:
+                continue
+    return records
+
+
+def latency_summary(records: Sequence[AccessRecord], ti_ids: Iterable[str]) -> dict[str, Any]:
+    """p50 / p99 / max (ms, nearest rank) and status codes of the calls of these task instances."""
+    wanted = set(ti_ids)
+    mine = [r for r in records if r.ti_id in wanted]
+    durations = sorted(r.duration_ms for r in mine)
+    return {
+        "calls": len(mine),
+        "p50_ms": percentile(durations, 50),
+        "p99_ms": percentile(durations, 99),
+        "max_ms": durations[-1] if durations else math.nan,
+        "status": dict(sorted(Counter(str(r.status) for r in mine).items())),
+    }
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of sorted-or-not ``values`` (NaN for none)."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return float(ordered[rank - 1])
+
+
+# --- helpers -----------------------------------------------------------------------
+
+
+def uuid_hex(value: object) -> str:
+    """A UUID in one spelling (32 hex digits): PostgreSQL returns it dashed, MySQL as CHAR(32)."""
+    return uuid.UUID(str(value)).hex
+
+
+def _utc(value: object) -> dt.datetime | None:
+    """A timestamp as an aware UTC datetime (MySQL's come back naive, in UTC)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    if not isinstance(value, dt.datetime):
+        raise TypeError(f"not a timestamp: {value!r}")
+    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
