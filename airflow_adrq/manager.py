@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session, make_transient_to_detached
 
 from airflow_adrq import listeners
 from airflow_adrq.aliases import AliasedEvent, write_alias_rows
-from airflow_adrq.dialects import ConflictMode
+from airflow_adrq.dialects import CONFLICT_POLICIES, ConflictPolicy
 from airflow_adrq.listeners import AssetEventInfo
 from airflow_adrq.models import (
     AssetActive,
@@ -152,7 +152,7 @@ def register_asset_change(
     api_allow_global_consumers: bool = True,
     callback_sink: list[Callback] | None = None,
     queue_mode: QueueMode = "commit",
-    on_conflict: ConflictMode = "refresh",
+    on_conflict: ConflictPolicy = "auto",
     **kwargs: Any,
 ) -> AssetEvent | None:
     """Record an asset event and queue the DAGs scheduled on the asset.
@@ -179,6 +179,12 @@ def register_asset_change(
     returned event's ``timestamp`` is therefore the time of the queue write,
     not of this call, and its alias rows, like its queue rows, appear at
     COMMIT.
+
+    An already-queued row's ``created_at`` moves forwards to the stamp
+    (``on_conflict="refresh"``), so the scheduler's run consumes this event
+    too, or stays (``"ignore"``, Airflow's behaviour: the event waits for a
+    later one); the default ``"auto"`` refreshes except on MariaDB (see
+    :func:`airflow_adrq.queue.queue_events`).
 
     Does not commit, and does not retry: run the whole transaction under
     :func:`airflow_adrq.retry.run_in_transaction` (or your own
@@ -210,7 +216,7 @@ def register_asset_changes(
     task_instance: TaskInstanceLike | None = None,
     callback_sink: list[Callback] | None = None,
     queue_mode: QueueMode = "commit",
-    on_conflict: ConflictMode = "refresh",
+    on_conflict: ConflictPolicy = "auto",
 ) -> list[AssetEvent | None]:
     """Register several asset events at once (a task's outlets); one result per change.
 
@@ -222,8 +228,8 @@ def register_asset_changes(
     changes = list(changes)
     if queue_mode not in ("commit", "immediate"):
         raise ValueError(f"queue_mode must be 'commit' or 'immediate', not {queue_mode!r}")
-    if on_conflict not in ("ignore", "refresh"):
-        raise ValueError(f"on_conflict must be 'ignore' or 'refresh', not {on_conflict!r}")
+    if on_conflict not in CONFLICT_POLICIES:
+        raise ValueError(f"on_conflict must be 'auto', 'ignore' or 'refresh', not {on_conflict!r}")
     if not changes:
         return []
     found = _lookup_assets(session, {(c.asset.name, c.asset.uri) for c in changes})

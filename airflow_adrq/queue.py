@@ -67,12 +67,16 @@ Why this shape:
   Airflow's ``DO NOTHING`` keeps the first committer's ``created_at``, so
   the events of every later producer of the burst are consumed by no run
   until some later event arrives (measured in a live Airflow 3.3.2: 40-95%
-  of the pairs). By default (``on_conflict="refresh"``) an existing row's
-  ``created_at`` moves forward to the newest stamp, never backward. A row
+  of the pairs). With ``on_conflict="refresh"`` an existing row's
+  ``created_at`` moves forward to the newest stamp, never backward; a row
   the scheduler has locked (``FOR UPDATE SKIP LOCKED``) makes the producer
-  wait for the scheduler's COMMIT; the row is gone then, and the producer
-  inserts a fresh one. See README, "Timing", for what each backend
-  guarantees.
+  wait for the scheduler's COMMIT, and the row being gone then, the
+  producer inserts a fresh one. The default, ``"auto"``, refreshes where
+  Airflow's scheduler locks the rows it consumes (PostgreSQL, MySQL 8,
+  SQLite's single writer) and keeps Airflow's ``DO NOTHING`` on MariaDB,
+  whose scheduler deletes unlocked rows DAG by DAG, in an order a refresh
+  would deadlock with (:class:`~airflow_adrq.dialects.DialectSupport`).
+  See README, "Timing".
 * **Same rows as Airflow 3.3.** Direct, alias, name and URI references;
   unpaused DAGs only; each (asset, DAG) once; DAGs with a partitioned
   timetable and events with a ``partition_key`` are never put in this queue
@@ -111,7 +115,7 @@ from sqlalchemy.sql.selectable import CTE, Select
 
 from airflow_adrq import dialects
 from airflow_adrq.aliases import AliasedEvent, write_alias_rows
-from airflow_adrq.dialects import ConflictMode
+from airflow_adrq.dialects import ConflictMode, ConflictPolicy
 from airflow_adrq.models import (
     AssetDagRunQueue,
     AssetEvent,
@@ -343,7 +347,8 @@ def build_queue_statement(
     ``on_conflict="refresh"`` (the default) sets an already-queued row's
     ``created_at`` to the greater of the old and new values, so a newer event
     is never represented by an older timestamp; ``"ignore"`` leaves the row
-    as it is (Airflow's ``DO NOTHING``). ``shape`` is the Airflow schema to write
+    as it is (Airflow's ``DO NOTHING``). (The writers below also take
+    ``"auto"``, which needs a connection to resolve.) ``shape`` is the Airflow schema to write
     (:mod:`airflow_adrq.shapes`; default: this library's tables, Airflow 3.3's).
     """
     if source not in ("events", "assets"):
@@ -396,7 +401,7 @@ def queue_events(
     bind: Session | Connection,
     events: Iterable[EventLike],
     *,
-    on_conflict: ConflictMode = "refresh",
+    on_conflict: ConflictPolicy = "auto",
     stamp: dt.datetime | None = None,
     allowed: Mapping[int, Iterable[str]] | None = None,
     shape: QueueShape = AIRFLOW_3_3,
@@ -412,6 +417,11 @@ def queue_events(
     :data:`IDS_PER_STATEMENT` events). Pass only the caller's own, uncommitted
     events: their timestamps are rewritten. Runs in the caller's transaction
     and does not commit. Returns ``None`` (and does nothing) for no events.
+
+    ``on_conflict``: ``"refresh"`` moves an existing row's ``created_at``
+    forwards to the stamp, ``"ignore"`` leaves it; ``"auto"`` (the default)
+    is ``"refresh"`` where Airflow's scheduler locks the rows it consumes and
+    ``"ignore"`` where it does not (MariaDB; :func:`airflow_adrq.dialects.resolve`).
 
     ``allowed`` maps an event id to the only DAG ids it may queue (for a
     filter the database cannot express, such as Airflow's multi-team
@@ -446,9 +456,10 @@ def queue_events(
     conn = _connection(bind)
     support = dialects.get(conn)
     support.check_connection(conn)
+    mode = dialects.resolve(on_conflict, conn)
     restricted = allowed is not None and bool(allowed)
     stamping = support.stamp_in_statement
-    stmt = _statement(support.name, "events", on_conflict, restricted, shape, stamping)
+    stmt = _statement(support.name, "events", mode, restricted, shape, stamping)
     for ids in chunks:
         if not stamping:
             conn.execute(_STAMP, {"ids": ids, "stamp": stamp})
@@ -469,7 +480,7 @@ def queue_dagruns(
     asset_ids: Iterable[int],
     *,
     created_at: dt.datetime | None = None,
-    on_conflict: ConflictMode = "refresh",
+    on_conflict: ConflictPolicy = "auto",
 ) -> None:
     """Queue the consumers of assets (without events) now, with one statement.
 
@@ -490,7 +501,9 @@ def queue_dagruns(
     conn = _connection(bind)
     support = dialects.get(conn)
     support.check_connection(conn)
-    stmt = build_queue_statement(conn.dialect, source="assets", on_conflict=on_conflict)
+    stmt = build_queue_statement(
+        conn.dialect, source="assets", on_conflict=dialects.resolve(on_conflict, conn)
+    )
     for start in range(0, len(ids), IDS_PER_STATEMENT):
         conn.execute(
             stmt, {"ids": ids[start : start + IDS_PER_STATEMENT], "created_at": created_at or utcnow()}
@@ -506,7 +519,7 @@ class _Deferred:
 
     id: int
     asset_id: int
-    refresh: bool
+    on_conflict: ConflictPolicy
     # The DAG ids this event may queue (None: every consumer).
     allowed: frozenset[str] | None
     # Aliases whose rows (alias, asset link, event link) are written at COMMIT.
@@ -518,7 +531,9 @@ class _Deferred:
 
 
 def _queue_deferred(session: Session, entries: list[_Deferred]) -> None:
-    on_conflict: ConflictMode = "refresh" if any(entry.refresh for entry in entries) else "ignore"
+    # One statement for all: the strongest policy asked for wins.
+    policies = {entry.on_conflict for entry in entries}
+    on_conflict: ConflictPolicy = next(p for p in ("refresh", "auto", "ignore") if p in policies)
     allowed = {entry.id: entry.allowed for entry in entries if entry.allowed is not None}
     shapes = {entry.shape for entry in entries}
     if len(shapes) != 1:
@@ -549,7 +564,7 @@ def defer_events(
     session: Session,
     events: Iterable[EventLike],
     *,
-    on_conflict: ConflictMode = "refresh",
+    on_conflict: ConflictPolicy = "auto",
     allowed_dags: Mapping[int, Iterable[str]] | None = None,
     alias_names: Mapping[int, Sequence[str]] | None = None,
     shape: QueueShape = AIRFLOW_3_3,
@@ -561,9 +576,10 @@ def defer_events(
     a final ``Session.flush()``), so all of a transaction's queue rows are
     locked in one global ``(asset_id, target_dag_id)`` order and only for the
     duration of the commit, and the events' ``timestamp`` and their rows'
-    ``created_at`` are one value taken just before COMMIT. ``on_conflict=
-    "refresh"`` (the default) for any event makes the whole statement
-    refresh. ``events``
+    ``created_at`` are one value taken just before COMMIT. One statement
+    serves every event, with the strongest ``on_conflict`` deferred
+    (``"refresh"`` over the default ``"auto"`` over ``"ignore"``; see
+    :func:`queue_events`). ``events``
     are mapped ``asset_event`` objects (flushed, so they have ids) or any
     objects with ``id`` and ``asset_id``. ``allowed_dags`` (event id -> DAG
     ids) restricts those events' consumers, as in :func:`queue_events`.
@@ -588,9 +604,8 @@ def defer_events(
     transaction. Does not promise anything if the transaction is committed
     some other way than ``Session.commit()`` (e.g. on the raw connection).
     """
-    refresh = on_conflict == "refresh"
-    if on_conflict not in ("ignore", "refresh"):
-        raise ValueError(f"on_conflict must be 'ignore' or 'refresh', not {on_conflict!r}")
+    if on_conflict not in dialects.CONFLICT_POLICIES:
+        raise ValueError(f"on_conflict must be 'auto', 'ignore' or 'refresh', not {on_conflict!r}")
     for event in events:
         event_id, asset_id = event.id, event.asset_id
         if not isinstance(event_id, int) or not isinstance(asset_id, int):
@@ -599,7 +614,7 @@ def defer_events(
         only = allowed_dags.get(event_id) if allowed_dags is not None else None
         allowed = frozenset(only) if only is not None else None
         names = tuple(alias_names.get(event_id, ())) if alias_names is not None else ()
-        _DEFERRED.add(session, _Deferred(event_id, asset_id, refresh, allowed, names, shape, obj))
+        _DEFERRED.add(session, _Deferred(event_id, asset_id, on_conflict, allowed, names, shape, obj))
 
 
 def _is_mapped(obj: object) -> bool:

@@ -55,6 +55,7 @@ from functools import partial
 from typing import Any, ClassVar
 
 from airflow_adrq import shapes
+from airflow_adrq.dialects import ConflictPolicy
 from airflow_adrq.errors import UnsupportedSchemaError
 
 __all__ = [
@@ -152,6 +153,18 @@ class ReleaseLine:
         session: Any,
     ) -> dict[str, Any]:
         raise NotImplementedError(f"Airflow {self.name} has no multi-team filter")
+
+    def conflict_policy(self) -> ConflictPolicy:
+        """The ``on_conflict`` the plug-in passes: ``"ignore"`` if the scheduler locks no rows, or ``"auto"``.
+
+        ``"auto"`` refreshes an existing row where the scheduler locks the
+        rows it consumes (:func:`airflow_adrq.dialects.resolve`); with
+        ``[scheduler] use_row_level_locking = False`` it locks none on any
+        backend, and refreshing would deadlock with its deletes.
+        """
+        from airflow.configuration import conf
+
+        return "auto" if conf.getboolean("scheduler", "use_row_level_locking", fallback=True) else "ignore"
 
     def consumer_conditions(self, dag_model: Any) -> list[Any]:
         """``DagModel`` conditions of a consumer Airflow queues (for the consumers loaded in Python)."""

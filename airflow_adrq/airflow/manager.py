@@ -215,10 +215,19 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
                 [asset_event],
                 allowed_dags=None if allowed is None else {asset_event.id: allowed},
                 # The row keeps the newest stamp of the events it stands for,
-                # so a burst's later producers are consumed by its run.
-                on_conflict="refresh",
+                # so a burst's later producers are consumed by its run, where
+                # the scheduler locks the rows it consumes (not MariaDB).
+                on_conflict=line.conflict_policy(),
                 shape=shape,
             )
+            if source_is_api or "timestamp" in kwargs:
+                # Airflow's REST route (POST /api/v2/assets/events) serializes
+                # the returned event before its COMMIT: stamp and queue it now,
+                # so the response carries the timestamp it is stored with. It
+                # registers one event per transaction: no other queue write to
+                # order against. 3.3+ flags it with source_is_api; 3.1 and 3.2
+                # only by the timestamp= it passes (which Airflow ignores).
+                queue.flush_queue(session)
         return asset_event
 
     @classmethod

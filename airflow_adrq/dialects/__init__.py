@@ -18,9 +18,21 @@ from sqlalchemy.sql.dml import Insert
 
 from airflow_adrq.errors import UnsupportedDialectError
 
-__all__ = ["ConflictMode", "DialectSupport", "get", "register", "registered"]
+__all__ = [
+    "CONFLICT_POLICIES",
+    "ConflictMode",
+    "ConflictPolicy",
+    "DialectSupport",
+    "get",
+    "register",
+    "resolve",
+]
 
+#: What the statement does with an existing queue row (see DialectSupport).
 ConflictMode = Literal["ignore", "refresh"]
+#: What a caller asks for: a mode, or ``"auto"``, the backend's safe default (:func:`resolve`).
+ConflictPolicy = Literal["auto", "ignore", "refresh"]
+CONFLICT_POLICIES: tuple[ConflictPolicy, ...] = ("auto", "ignore", "refresh")
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,14 @@ class DialectSupport:
     :class:`~airflow_adrq.errors.AdrqError` for a connection whose settings
     break those guarantees (MySQL/MariaDB above READ COMMITTED). It must be
     cheap: cache per DBAPI connection.
+
+    ``refresh_by_default(connection)`` says whether ``on_conflict="auto"`` is
+    ``"refresh"`` on this connection: whether Airflow's scheduler locks the
+    queue rows it consumes (``FOR UPDATE SKIP LOCKED``) before deleting them,
+    so that a producer refreshing a row only ever waits for the scheduler,
+    never the other way round. Where it takes no row locks (MariaDB), it
+    deletes the rows DAG by DAG in Python-set order while a refresh locks them
+    in key order: the two deadlock, so ``"auto"`` is ``"ignore"`` there.
     """
 
     name: str
@@ -59,6 +79,7 @@ class DialectSupport:
     #: The backend runs an UPDATE ... RETURNING as a CTE of the INSERT (PostgreSQL),
     #: so the events are stamped by the queue statement itself.
     stamp_in_statement: bool = False
+    refresh_by_default: Callable[[Connection], bool] = field(default=lambda connection: True)
 
 
 _REGISTRY: dict[str, DialectSupport] = {}
@@ -73,12 +94,6 @@ def register(*names: str) -> Callable[[DialectSupport], DialectSupport]:
         return support
 
     return decorate
-
-
-def registered() -> tuple[str, ...]:
-    """Dialect names with support, sorted."""
-    _load_builtin()
-    return tuple(sorted(_REGISTRY))
 
 
 def get(bind: Session | Connection | Engine | Dialect | str) -> DialectSupport:
@@ -102,6 +117,17 @@ def get(bind: Session | Connection | Engine | Dialect | str) -> DialectSupport:
         raise UnsupportedDialectError(
             f"no airflow-adrq support for dialect {name!r} (supported: {', '.join(sorted(_REGISTRY))})"
         ) from None
+
+
+def resolve(policy: ConflictPolicy, connection: Connection) -> ConflictMode:
+    """The conflict mode ``policy`` means on ``connection`` (``"auto"``: the backend's safe default)."""
+    if policy not in CONFLICT_POLICIES:
+        raise ValueError(
+            f"on_conflict must be one of {', '.join(map(repr, CONFLICT_POLICIES))}, not {policy!r}"
+        )
+    if policy != "auto":
+        return policy
+    return "refresh" if get(connection).refresh_by_default(connection) else "ignore"
 
 
 def _load_builtin() -> None:

@@ -104,6 +104,12 @@ def _insert_ignore(table: Table) -> Insert:
     return mysql.insert(table).on_duplicate_key_update({first.name: first})
 
 
+def _scheduler_locks_queue_rows(connection: Connection) -> bool:
+    # Airflow's with_row_locks adds FOR UPDATE ... SKIP LOCKED only where the
+    # dialect supports FOR UPDATE OF (MySQL 8; not MariaDB, MDEV-13115).
+    return bool(getattr(connection.dialect, "supports_for_update_of", False))
+
+
 SUPPORT = register("mysql", "mariadb")(
     DialectSupport(
         name="mysql",
@@ -113,5 +119,8 @@ SUPPORT = register("mysql", "mariadb")(
         # under REPEATABLE READ the SELECT would take shared next-key locks.
         engine_kwargs={"isolation_level": "READ COMMITTED"},
         check_connection=_check_connection,
+        # MySQL 8's scheduler locks the rows it consumes: refresh waits for it.
+        # MariaDB's does not, and deletes DAG by DAG: refresh would deadlock.
+        refresh_by_default=_scheduler_locks_queue_rows,
     )
 )
