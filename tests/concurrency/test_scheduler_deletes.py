@@ -1,19 +1,29 @@
 # mypy: ignore-errors
-"""Producers against a scheduler that deletes queue rows DAG by DAG (MariaDB/MySQL).
+"""Producers against Airflow 3.3's scheduler deleting the queue rows it consumed.
 
-Airflow 3.3's scheduler deletes a DAG's consumed queue rows DAG by DAG, in
-Python-set order, all in one transaction (and on MariaDB its ``FOR UPDATE
-SKIP LOCKED`` is dropped: ``with_row_locks`` takes no locks there). A
-producer whose statement *locks* existing queue rows in ``(asset_id,
-dag_id)`` order -- a no-op ``ON DUPLICATE KEY UPDATE`` does, on InnoDB --
-deadlocks with it all the time. Ours skips existing rows with a lock-free
-``NOT EXISTS`` probe. What remains is the race on rows being deleted and
-re-inserted at the same moment (an insert's duplicate check waits on a row
-the scheduler deleted but has not committed, while the scheduler's DELETE,
-a current read, waits on a row the producer just inserted): the scheduler's
-order is Airflow's and random, so this cannot be ordered away. Measured in
-one run of this harness: the old shape 474 deadlocks in 6 s (382 commits),
-ours 8 (737 commits). The test keeps ours under a tenth of the old shape's.
+The scheduler (``_create_dag_runs_asset_triggered``) goes through the DAGs
+that have queue rows in Python-set order, all in one transaction: per DAG it
+selects the DAG's rows -- ``FOR UPDATE SKIP LOCKED`` where Airflow uses row
+locks (PostgreSQL, MySQL 8), plainly where it does not (MariaDB,
+``with_row_locks`` is a no-op there) -- creates the run, and deletes exactly
+those rows. This harness does the same with 16 consumer DAGs, pass after
+pass, while 4 producers commit events of their asset.
+
+* A scheduler that locks first never waits for a producer (SKIP LOCKED, then
+  deletes only rows it holds); a producer refreshing a locked row waits for
+  the scheduler's COMMIT and inserts a fresh row. So ``"refresh"`` cannot
+  deadlock with it: 0 deadlocks, on PostgreSQL and on InnoDB (MariaDB's
+  SKIP LOCKED stands in for MySQL 8's).
+* A scheduler that does not lock deletes DAG by DAG in random order while a
+  refresh locks existing rows in key order: they deadlock, in this harness
+  hundreds of times in a few seconds, which is why ``"auto"`` is ``"ignore"``
+  on MariaDB. ``"ignore"`` there skips existing rows with a lock-free
+  ``NOT EXISTS``; what remains is the race on a row deleted and re-inserted
+  at the same moment (an insert's duplicate check waits on the row the
+  scheduler deleted but has not committed, while the scheduler's DELETE
+  waits on a row the producer just inserted), a small fraction of the no-op
+  ``ON DUPLICATE KEY UPDATE`` shape's. The counts are one harness run; the
+  tests compare shapes side by side, not against a fixed rate.
 """
 
 from __future__ import annotations
@@ -31,14 +41,14 @@ from airflow_adrq.models import AssetDagRunQueue, utcnow
 from airflow_adrq.retry import RetryableKind, classify
 from tests.factories import add_asset, add_dags, asset_ref, schedule_on_asset
 
-pytestmark = [pytest.mark.backends("mysql"), pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 DAGS = [f"dag_{i:02d}" for i in range(16)]
-SECONDS = 6.0
+SECONDS = 5.0
 
 
 def _old_shape(session, asset_id):
-    # The shape before this fix: no-op ODKU on existing rows (locks them).
+    # The MySQL shape before the NOT EXISTS probe: no-op ODKU on existing rows (locks them).
     session.execute(
         sa.text(
             "INSERT INTO asset_dag_run_queue (asset_id, target_dag_id, created_at) "
@@ -50,8 +60,31 @@ def _old_shape(session, asset_id):
     )
 
 
-def _run(db_url, shape):
+def _reset(engine):
+    with engine.begin() as conn:
+        for table in (
+            "asset_dag_run_queue",
+            "asset_event",
+            "dag_schedule_asset_reference",
+            "asset_active",
+            "asset",
+            "dag",
+            "dag_bundle",
+        ):
+            conn.exec_driver_sql(f"DELETE FROM {table}")
+
+
+def _run(db_url, producer, *, scheduler_locks):
+    """Deadlocks per side and producer commits in SECONDS; ``producer``: an on_conflict mode or "old"."""
     engine = create_engine(db_url, pool_size=6)
+    if engine.dialect.name == "postgresql":
+        # Detect deadlocks after 50 ms instead of 1 s, so that a few seconds
+        # show them (the test servers' user is a superuser).
+        @sa.event.listens_for(engine, "connect")
+        def _fast_detection(dbapi_connection, _record):
+            with dbapi_connection.cursor() as cursor:
+                cursor.execute("SET deadlock_timeout = '50ms'")
+
     with Session(engine) as s:
         add_dags(s, DAGS)
         asset_id = add_asset(s, "a")
@@ -70,14 +103,14 @@ def _run(db_url, shape):
         with lock:
             deadlocks[who] += 1
 
-    def producer():
+    def produce():
         while time.monotonic() < stop:
             try:
                 with Session(engine) as session:
-                    if shape == "ours":
-                        register_asset_change(asset=asset_ref("a"), session=session)
-                    else:
+                    if producer == "old":
                         _old_shape(session, asset_id)
+                    else:
+                        register_asset_change(asset=asset_ref("a"), session=session, on_conflict=producer)
                     time.sleep(0.005)
                     session.commit()
                 with lock:
@@ -85,7 +118,7 @@ def _run(db_url, shape):
             except sa.exc.DBAPIError as exc:
                 count("producer", exc)
 
-    def scheduler():
+    def schedule():
         rng = random.Random(1)
         while time.monotonic() < stop:
             order = list(DAGS)
@@ -93,9 +126,10 @@ def _run(db_url, shape):
             try:
                 with engine.begin() as conn:
                     for dag in order:
-                        rows = conn.execute(
-                            sa.select(adrq.c.asset_id).where(adrq.c.target_dag_id == dag)
-                        ).all()
+                        query = sa.select(adrq.c.asset_id).where(adrq.c.target_dag_id == dag)
+                        if scheduler_locks:
+                            query = query.with_for_update(skip_locked=True)
+                        rows = conn.execute(query).all()
                         if rows:
                             conn.execute(
                                 sa.delete(adrq).where(
@@ -105,25 +139,41 @@ def _run(db_url, shape):
             except sa.exc.DBAPIError as exc:
                 count("scheduler", exc)
 
-    threads = [threading.Thread(target=producer) for _ in range(4)] + [threading.Thread(target=scheduler)]
+    threads = [threading.Thread(target=produce) for _ in range(4)] + [threading.Thread(target=schedule)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     engine.dispose()
+    _reset(create_engine(db_url))
     return deadlocks, committed[0]
 
 
-def test_ours_deadlocks_an_order_of_magnitude_less_with_the_scheduler(db_url, engine):
-    old, old_committed = _run(db_url, "old")
-    with engine.begin() as conn:
-        conn.exec_driver_sql("DELETE FROM asset_dag_run_queue")
-        conn.exec_driver_sql("DELETE FROM asset_event")
-        for table in ("dag_schedule_asset_reference", "asset_active", "asset", "dag", "dag_bundle"):
-            conn.exec_driver_sql(f"DELETE FROM {table}")
-    ours, ours_committed = _run(db_url, "ours")
-    # The harness catches the old shape's deadlocks...
+@pytest.mark.backends("mysql")
+def test_unlocking_scheduler_ignore_deadlocks_an_order_of_magnitude_less(db_url):
+    """MariaDB's scheduler: "auto" is "ignore" there; the no-op ODKU shape and refresh deadlock with it."""
+    old, old_committed = _run(db_url, "old", scheduler_locks=False)
+    refresh, _ = _run(db_url, "refresh", scheduler_locks=False)
+    ours, ours_committed = _run(db_url, "auto", scheduler_locks=False)
+    print(f"unlocked scheduler: old {old}, refresh {refresh}, auto {ours} ({ours_committed} commits)")
+    # The harness catches the locking shapes' deadlocks...
     assert sum(old.values()) > 20, old
-    # ...and ours has a small fraction of them, committing more.
-    assert sum(ours.values()) * 10 < sum(old.values()), (ours, old)
+    assert sum(refresh.values()) > 20, refresh
+    # ...and "auto" (= "ignore" here) has a small fraction of them, committing more.
+    assert sum(ours.values()) * 10 < min(sum(old.values()), sum(refresh.values())), (ours, old, refresh)
     assert ours_committed > old_committed
+
+
+@pytest.mark.backends("postgresql", "mysql")
+def test_refresh_never_deadlocks_with_a_scheduler_that_locks_first(db_url):
+    """PostgreSQL and InnoDB with FOR UPDATE SKIP LOCKED (MySQL 8's scheduler): refresh waits, never cycles.
+
+    The same harness with the scheduler's locks left out shows it catching
+    refresh's deadlocks, so the 0 is not the harness missing them.
+    """
+    control, _ = _run(db_url, "refresh", scheduler_locks=False)
+    ours, committed = _run(db_url, "refresh", scheduler_locks=True)
+    print(f"refresh: unlocked scheduler {control}, SKIP LOCKED scheduler {ours} ({committed} commits)")
+    assert sum(control.values()) > 5, control
+    assert ours == {"producer": 0, "scheduler": 0}, ours
+    assert committed > 20
