@@ -335,6 +335,8 @@ class AccessRecord:
     ti_id: str
     status: int
     duration_ms: float
+    #: When the line was logged (the response was sent), from the line's leading timestamp.
+    at: dt.datetime | None = None
 
 
 def parse_access_log(path: Path) -> list[AccessRecord]:
@@ -358,6 +360,7 @@ def parse_access_log(path: Path) -> list[AccessRecord]:
                         uuid_hex(match.group(1)),
                         int(fields.get("status_code", 0)),
                         int(fields["duration_us"]) / 1000,
+                        _line_time(line),
                     )
                 )
             except ValueError:
@@ -394,6 +397,15 @@ def percentile(values: Sequence[float], q: float) -> float:
 def uuid_hex(value: object) -> str:
     """A UUID in one spelling (32 hex digits): PostgreSQL returns it dashed, MySQL as CHAR(32)."""
     return uuid.UUID(str(value)).hex
+
+
+def _line_time(line: str) -> dt.datetime | None:
+    """The ISO timestamp a structlog console line starts with (``2026-01-01T00:00:00.123456Z``)."""
+    stamp = line.split(" ", 1)[0]
+    try:
+        return _utc(dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")))
+    except ValueError:
+        return None
 
 
 def _utc(value: object) -> dt.datetime | None:

@@ -45,8 +45,9 @@ Legend (per deployment: one manager on its own scratch database; see `--help` fo
   stranded pair that the next event picks up was late; one still unconsumed was lost to its consumer.
 * pairs consumed twice: (event, DAG) consumed by more than one run of that DAG, at the end.
 * queue rows left: `asset_dag_run_queue` rows after the bursts' drain / at the end.
-* trigger to done: seconds from the burst's first `POST /api/v2/dags/{id}/dagRuns` to the last
-  producer task's `end_date`, per burst.
+* trigger to done: seconds from the burst's first `POST /api/v2/dags/{id}/dagRuns` to the answer of
+  its last producer task's success call (the access log's line; a task's `end_date` is stamped by the
+  task SDK before that call), per burst.
 * PATCH .../state: server-side duration of the task-success call `PATCH
   /execution/task-instances/{id}/state` of the bursts' producer tasks, from the api-server's own
   access log (Airflow 3.3's `HttpAccessLogMiddleware` logs `duration_us` per request): nearest-rank
@@ -250,7 +251,8 @@ def plot(raw: dict[str, Any], path: Path) -> Path | None:
     xs = range(len(groups))
     for k, (label, metric) in enumerate(metrics):
         values = [mean([metric(c) for c in cells if (c["db"], c["manager"]) == g]) for g in groups]
-        left.bar([x + (k - (len(metrics) - 1) / 2) * width for x in xs], values, width, label=label)
+        bars = left.bar([x + (k - (len(metrics) - 1) / 2) * width for x in xs], values, width, label=label)
+        left.bar_label(bars, fmt="%.0f", fontsize=7)
     left.set_xticks(list(xs), [f"{db}\n{m}" for db, m in groups])
     left.set_ylabel("% of producer tasks / of (event, consumer) pairs")
     left.set_title("Failures and stranded events")
@@ -266,7 +268,8 @@ def plot(raw: dict[str, Any], path: Path) -> Path | None:
             )
             for g in groups
         ]
-        right.bar([x + (k - 0.5) * 0.4 for x in xs], values, 0.4, label=label)
+        bars = right.bar([x + (k - 0.5) * 0.4 for x in xs], values, 0.4, label=label)
+        right.bar_label(bars, fmt="%.0f", fontsize=7)
     right.set_xticks(list(xs), [f"{db}\n{m}" for db, m in groups])
     right.set_ylabel("ms")
     right.set_title("PATCH /execution/task-instances/{id}/state (api-server access log)")

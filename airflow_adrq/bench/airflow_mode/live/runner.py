@@ -153,20 +153,11 @@ def _measure(driver: Driver, result: dict[str, Any]) -> None:
         }
     for burst, info in zip(summary["bursts"], bursts, strict=True):
         info.update(burst)
-        last = burst["last_end"]
-        info["trigger_to_done_s"] = (
-            round(
-                (
-                    dt.datetime.fromisoformat(last) - dt.datetime.fromisoformat(info["triggered_at"])
-                ).total_seconds(),
-                2,
-            )
-            if last
-            else None
-        )
+        info["trigger_to_end_date_s"] = _seconds(info["triggered_at"], burst["last_end"])
     result["tasks"] = {k: v for k, v in summary.items() if k != "bursts"}
     result["bursts"] = bursts
     result["producer_ti_ids"] = [t.id for t in tasks]
+    result["producer_ti_runs"] = [t.run_id for t in tasks]
     time.sleep(0.1)
     result["extra_event_ids"] = driver.extra_events()
     result["drain_after_extra"] = driver.drain("draining after one more event")
@@ -197,8 +188,21 @@ def _deadlocks(
     }
 
 
+def _seconds(start: str, end: str | None) -> float | None:
+    if end is None:
+        return None
+    return round((dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(start)).total_seconds(), 2)
+
+
 def _latency(result: dict[str, Any], deployment: Deployment) -> None:
+    """The task-success calls from the access log; each burst's done = its last such call answered."""
     records = measure.parse_access_log(deployment.log_of("api-server"))
+    run_of = dict(zip(result.get("producer_ti_ids", []), result.get("producer_ti_runs", []), strict=True))
+    for info in result.get("bursts", []):
+        ends = [r.at for r in records if r.at is not None and run_of.get(r.ti_id) == info["run_id"]]
+        info["last_state_call_at"] = max(ends).isoformat() if ends else None
+        # Done: the last success call answered (a task's end_date is the SDK's, before that call).
+        info["trigger_to_done_s"] = _seconds(info["triggered_at"], info["last_state_call_at"])
     result["patch_state"] = {
         "source": "api-server access log (HttpAccessLogMiddleware: request finished ... duration_us)",
         **measure.latency_summary(records, result.get("producer_ti_ids", [])),
