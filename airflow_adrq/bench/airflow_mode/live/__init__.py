@@ -243,6 +243,7 @@ def run(
         "time_limit_s": limit,
         "targets": [dataclasses.asdict(t) | {"server_url": None} for t in targets],
         "extra_events": "one per outlet asset, through POST /api/v2/assets/events",
+        "plugin_source": _plugin_source(),
         "cells": [],
     }
     for run_index in range(runs):
@@ -274,6 +275,33 @@ def _airflow_version() -> str:
         with contextlib.suppress(metadata.PackageNotFoundError):
             return metadata.version(name)
     return "?"
+
+
+def _plugin_source() -> dict[str, Any]:
+    """Which airflow_adrq the plug-in deployments ran: the package's path, and in a git checkout
+    its commit and uncommitted changes (an editable install runs the working tree as it is)."""
+    import subprocess
+
+    import airflow_adrq
+
+    package = Path(airflow_adrq.__file__).resolve().parent
+    info: dict[str, Any] = {"path": str(package)}
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(package), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(package), "status", "--porcelain", "--", "."],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return info
+    if head.returncode == 0:
+        info["commit"] = head.stdout.strip()
+        info["uncommitted"] = [line[3:] for line in dirty.stdout.splitlines() if line.strip()]
+    return info
 
 
 def _terminate(signum: int, _frame: FrameType | None) -> None:

@@ -143,6 +143,15 @@ def format_tables(raw: dict[str, Any]) -> str:
         f"{sizes['bursts']} bursts, {raw.get('runs', 1)} run(s); LocalExecutor; "
         f"{raw.get('cpus')} CPUs.",
     ]
+    source = raw.get("plugin_source") or {}
+    if source.get("commit"):
+        changed = source.get("uncommitted") or []
+        lines += [
+            "",
+            f"Plug-in: airflow_adrq at {source['commit'][:10]}"
+            + (f" plus uncommitted changes to {', '.join(changed)}" if changed else "")
+            + f" ({source.get('path')}).",
+        ]
     cells: list[Cell] = raw["cells"]
     for db in dict.fromkeys(c["db"] for c in cells):
         mine = [c for c in cells if c["db"] == db]
