@@ -1,0 +1,241 @@
+# mypy: ignore-errors
+"""``airflow-adrq bench --airflow --live``: a real Airflow 3.3.2 deployment per manager, small.
+
+The live run needs the full ``apache-airflow`` 3.3.2 distribution (the
+``airflow`` command with its api-server, the task SDK and the standard
+provider's ``EmptyOperator``), not only ``apache-airflow-core``: the tox
+environments of tests/airflow install the core alone, so there the live tests
+skip themselves with the reason shown. Run them from an environment with the
+full distribution::
+
+    pip install "apache-airflow==3.3.2" asyncpg aiomysql matplotlib psycopg2-binary mysqlclient
+    pip install -e . --no-deps
+    pytest -p no:cacheprovider tests/airflow/test_live.py -s
+
+Per backend (PostgreSQL, MariaDB/MySQL): one run at the CI size (``--small``:
+2 producer DAGs x 4 mapped instances x 2 outlets, 8 consumer DAGs, 2 bursts),
+stock then plug-in, each on its own scratch database; about 3 minutes per
+backend on 2 cores. Asserted for the plug-in: no failed producer task, no
+deadlock (server counter of the scratch database on PostgreSQL; log lines on
+both), no stranded and no double-consumed (event, consumer) pair, exactly the
+expected asset events, an empty queue; for both managers: the deployment
+completed, and the report and JSON carry every row. Stock's numbers are
+printed, never asserted (at this size it strands events in most runs, and
+fails tasks in some). Plus checks of the pieces that need no deployment:
+the access-log parser, the pair counting rules, the exit-status rules, the
+DAG files (compiled).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from airflow_adrq.bench.airflow_mode import main as airflow_mode_main
+from airflow_adrq.bench.airflow_mode.live import config, dags, measure, report
+
+LIVE_LINE = "3.3.2"
+
+
+def _live_unavailable() -> str | None:
+    """Why the live run cannot run in this environment (None: it can)."""
+    try:
+        core = importlib.metadata.version("apache-airflow-core")
+    except importlib.metadata.PackageNotFoundError:
+        return "apache-airflow-core is not installed"
+    if core != LIVE_LINE:
+        return f"the live run is written for Airflow {LIVE_LINE}; this is {core}"
+    needed = {
+        "apache-airflow": "the full apache-airflow distribution",
+        "apache-airflow-task-sdk": "the task SDK (airflow.sdk)",
+        "apache-airflow-providers-standard": "the standard provider (EmptyOperator)",
+    }
+    for dist, what in needed.items():
+        try:
+            importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return f"needs {what} ({dist}); tox's airflow envs install apache-airflow-core only"
+    if not (Path(sys.executable).parent / "airflow").exists():
+        return "no airflow command next to this interpreter"
+    if importlib.util.find_spec("matplotlib") is None:
+        return "needs matplotlib"
+    return None
+
+
+_UNAVAILABLE = _live_unavailable()
+live_only = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"live Airflow run: {_UNAVAILABLE}")
+
+
+# --- the live run -------------------------------------------------------------------
+
+
+@live_only
+@pytest.mark.slow
+@pytest.mark.airflow_backends("postgresql", "mysql")
+def test_small_live_run_plugin_is_clean(af_backend, af_server, tmp_path, capsys):
+    out = tmp_path / "live"
+    status = airflow_mode_main(
+        [
+            "--airflow",
+            "--live",
+            "--small",
+            "--db",
+            af_server.render_as_string(hide_password=False),
+            "--out",
+            str(out),
+            "--time-limit",
+            "600",
+        ]
+    )
+    captured = capsys.readouterr()
+    print(captured.out)  # the table, shown with -s or on failure
+    raw = json.loads((out / "live.json").read_text())
+    cells = {c["manager"]: c for c in raw["cells"]}
+    assert set(cells) == {"stock", "plugin"}
+    for manager, cell in cells.items():
+        assert cell["error"] is None, f"{manager}: {cell['error']} (api-server log: {cell['api_server_log']})"
+
+    sizes = config.SMALL
+    plugin = cells["plugin"]
+    assert plugin["tasks"]["tasks"] == sizes.tasks_per_burst * sizes.bursts
+    assert plugin["tasks"]["failed"] == 0
+    deadlocks = plugin["deadlocks"]
+    assert deadlocks["log_lines_components"] == 0 and deadlocks["log_lines_tasks"] == 0, deadlocks
+    if deadlocks["server_scope"] == "database":
+        assert deadlocks["server"] == 0
+    assert sum(plugin["events"]["written"].values()) == sizes.expected_events
+    pairs = sizes.expected_events * sizes.consumers
+    assert plugin["after_bursts"]["pairs"] == pairs
+    assert plugin["after_bursts"]["stranded"] == 0, plugin["after_bursts"]
+    assert plugin["after_extra"]["stranded"] == 0
+    assert plugin["after_extra"]["consumed_twice"] == 0
+    assert plugin["after_bursts"]["queue_rows"] == 0 and plugin["after_extra"]["queue_rows"] == 0
+    assert plugin["patch_state"]["calls"] >= sizes.tasks_per_burst * sizes.bursts
+
+    text = (out / "live.md").read_text()
+    for label, _ in report.ROWS:
+        assert f"| {label} |" in text
+    assert "Legend" in text
+    assert (out / "live.png").stat().st_size > 0
+    for key in ("tasks", "deadlocks", "events", "after_bursts", "after_extra", "bursts", "patch_state"):
+        assert key in cells["stock"] and key in plugin
+    assert raw["problems"] == []
+    assert status == 0, captured.err[-3000:]
+
+
+# --- the pieces (no deployment) -----------------------------------------------------------
+
+_ACCESS = (
+    "2026-12-01T07:55:34.464448Z [info     ] request finished               [http.access] "
+    "client_addr=127.0.0.1:36226 duration_us=1228245 loc=http_access_log.py:130 method=PATCH "
+    "path=/execution/task-instances/01a23099-dfb2-7477-a471-3b04240cd413/state query= status_code=204\n"
+    "2026-12-01T07:55:30.764984Z [info     ] request finished               [http.access] "
+    "client_addr=127.0.0.1:36216 duration_us=9652333 loc=http_access_log.py:130 method=PATCH "
+    "path=/execution/task-instances/01a23099-dfb1-792b-88a6-ff8f05633131/run query= status_code=200\n"
+    "2026-12-01T07:55:35.000000Z [info     ] request finished               [http.access] "
+    "client_addr=127.0.0.1:36227 duration_us=2000 loc=http_access_log.py:130 method=PATCH "
+    "path=/execution/task-instances/01a23099dfb37006bbdc96d8d8765c29/state query= status_code=409\n"
+)
+
+
+def test_access_log_gives_the_state_calls_with_their_durations(tmp_path):
+    log = tmp_path / "api-server.log"
+    log.write_text(_ACCESS)
+    records = measure.parse_access_log(log)
+    assert [(r.ti_id, r.status, r.duration_ms) for r in records] == [
+        ("01a23099dfb27477a4713b04240cd413", 204, 1228.245),
+        ("01a23099dfb37006bbdc96d8d8765c29", 409, 2.0),
+    ]
+    assert records[0].at.isoformat() == "2026-12-01T07:55:34.464448+00:00"
+    summary = measure.latency_summary(records, ["01a23099dfb27477a4713b04240cd413"])
+    assert (summary["calls"], summary["p50_ms"], summary["status"]) == (1, 1228.245, {"204": 1})
+
+
+def test_deadlock_lines_match_both_servers_messages(tmp_path):
+    log = tmp_path / "x.log"
+    log.write_text(
+        "psycopg2.errors.DeadlockDetected: deadlock detected\n"
+        "MySQLdb.OperationalError: (1213, 'Deadlock found when trying to get lock')\n"
+        "duration_us=1213 status_code=204\n"
+        "all fine\n"
+    )
+    assert measure.deadlock_lines([log]) == {str(log): 2}
+
+
+def _cell(manager, **changes):
+    cell = {
+        "db": "postgresql",
+        "manager": manager,
+        "run": 1,
+        "error": None,
+        "tasks": {"tasks": 8, "failed": 0, "retried": 0},
+        "deadlocks": {
+            "server": 0,
+            "server_scope": "database",
+            "latest_names_database": None,
+            "log_lines_components": 0,
+            "log_lines_tasks": 0,
+        },
+        "events": {"written": {"burst00": 16, "burst01": 16}, "expected": 32},
+        "after_bursts": {"pairs": 256, "stranded": 0, "last_burst_stranded": 0, "queue_rows": 0},
+        "after_extra": {"pairs": 256, "stranded": 0, "consumed_twice": 0, "queue_rows": 0},
+    }
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        if field:
+            cell[section] = {**cell[section], field: value}
+        else:
+            cell[section] = value
+    return cell
+
+
+def test_exit_status_rules():
+    clean = [_cell("stock"), _cell("plugin")]
+    assert report.problems(clean) == []
+    assert report.problems(clean, expect_stock_worse=True)  # stock was not worse: fails
+    stock_worse = [_cell("stock", tasks__failed=3), _cell("plugin")]
+    assert report.problems(stock_worse, expect_stock_worse=True) == []
+    # Stock's own failures never fail the run; the plug-in's always do.
+    assert report.problems([_cell("stock", after_bursts__stranded=9), _cell("plugin")]) == []
+    for change in (
+        {"tasks__failed": 1},
+        {"deadlocks__server": 1},
+        {"deadlocks__log_lines_tasks": 2},
+        {"after_bursts__stranded": 1},
+        {"after_extra__consumed_twice": 1},
+        {"after_extra__queue_rows": 1},
+        {"events__written": {"burst00": 16, "burst01": 15}},
+        {"error": "time limit"},
+    ):
+        assert report.problems([_cell("stock"), _cell("plugin", **change)]), change
+    # MariaDB's counter is server-wide: it fails the plug-in only when the latest deadlock is ours.
+    mariadb = {"server": 2, "server_scope": "server", "latest_names_database": False}
+    other = _cell("plugin", deadlocks={**_cell("plugin")["deadlocks"], **mariadb})
+    assert report.problems([other]) == []
+    ours = _cell("plugin", deadlocks={**other["deadlocks"], "latest_names_database": True})
+    assert report.problems([ours])
+
+
+def test_dag_files_compile_and_name_the_configured_dags(tmp_path):
+    sizes = config.LiveSizes(instances=3, outlets=2, consumers=5, producer_dags=2)
+    paths = dags.write_dag_files(tmp_path / "dags", tmp_path / "barrier", sizes)
+    assert [p.name for p in paths] == [dags.PRODUCERS_FILE, dags.CONSUMERS_FILE, dags.WARMUP_FILE]
+    for path in paths:
+        compile(path.read_text(), str(path), "exec")
+    producers = paths[0].read_text()
+    for dag_id in config.producer_dag_ids(sizes):
+        assert dag_id in producers
+    assert '"expected": 6' in producers  # every instance of every producer DAG meets at the barrier
+    consumers = paths[1].read_text()
+    assert config.consumer_dag_ids(sizes)[-1] in consumers and '"a1"' in consumers
+
+
+def test_default_time_limit_grows_with_the_burst():
+    small, big = config.default_time_limit(config.SMALL), config.default_time_limit(config.DEFAULT)
+    assert 300 < small < big
+    assert config.default_time_limit(config.LiveSizes(producer_dags=4)) > big
