@@ -276,9 +276,25 @@ def _begin_read_only(conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN")
 
 
+def _use_schema(conn: Connection, schema: str | None) -> None:
+    """Resolve unqualified names in ``schema`` first, for this transaction only (PostgreSQL)."""
+    if not schema:
+        return
+    if _backend(conn.engine.url) != "postgresql":
+        raise DoctorError(
+            f"[database] sql_alchemy_schema ({schema!r}) is only checked on PostgreSQL; on "
+            "MySQL/MariaDB name Airflow's database in the URL instead"
+        )
+    # set_config(..., true) is SET LOCAL: nothing stays on a pooled connection.
+    conn.execute(sa.text("SELECT set_config('search_path', :path, true)"), {"path": schema})
+
+
 @contextlib.contextmanager
-def read_only_connection(url: str | URL) -> Iterator[Connection]:
+def read_only_connection(url: str | URL, schema: str | None = None) -> Iterator[Connection]:
     """A connection to ``url`` inside one read-only transaction, rolled back at the end.
+
+    ``schema``: the PostgreSQL schema Airflow's tables are in (``[database]
+    sql_alchemy_schema``); unqualified names resolve there first.
 
     A write attempted on it is refused by the server (PostgreSQL SQLSTATE
     25006, MySQL/MariaDB 1792, SQLite "attempt to write a readonly
@@ -293,6 +309,7 @@ def read_only_connection(url: str | URL) -> Iterator[Connection]:
             conn.rollback()
             _begin_read_only(conn)
             try:
+                _use_schema(conn, schema)
                 yield conn
             finally:
                 conn.rollback()
@@ -849,8 +866,11 @@ def _verdict(compat_: Compatibility, exposure: Exposure | None) -> tuple[str, li
 # --- check ------------------------------------------------------------------------
 
 
-def check(url: str | URL) -> Report:
+def check(url: str | URL, schema: str | None = None) -> Report:
     """Read the Airflow metadata database at ``url`` (read-only) and return the report.
+
+    ``schema``: where Airflow's tables are, if not in the default schema
+    (``[database] sql_alchemy_schema``; PostgreSQL).
 
     Raises :class:`DoctorError` when it is no Airflow metadata database or
     cannot be read.
@@ -859,32 +879,37 @@ def check(url: str | URL) -> Report:
     backend = _backend(url)
     warnings: list[str] = []
     try:
-        with read_only_connection(url) as conn:
+        with read_only_connection(url, schema) as conn:
             inspector = sa.inspect(conn)
-            tables = set(inspector.get_table_names())
+            tables = set(inspector.get_table_names(schema=schema))
             revision = _alembic_revision(conn, tables)
-            schema = schema_version(revision)
-            if schema.airflow_version is not None and not schema.complete:
+            version = schema_version(revision)
+            if version.airflow_version is not None and not version.complete:
                 warnings.append(
                     f"alembic_version {revision} is not the last migration of Airflow "
-                    f"{schema.airflow_version}: was `airflow db migrate` interrupted?"
+                    f"{version.airflow_version}: was `airflow db migrate` interrupted?"
                 )
             found: shapes.QueueShape | None = None
             shape_error = None
             queue_key = None
             if "asset_dag_run_queue" in tables:
-                pk = inspector.get_pk_constraint("asset_dag_run_queue").get("constrained_columns") or []
+                pk = (
+                    inspector.get_pk_constraint("asset_dag_run_queue", schema=schema).get(
+                        "constrained_columns"
+                    )
+                    or []
+                )
                 queue_key = tuple(pk)
             try:
-                found = shapes.detect(conn)
+                found = shapes.detect(conn, schema=schema)
             except UnsupportedSchemaError as exc:
                 shape_error = str(exc)
-            supported, why, tested = _support(schema, found, shape_error)
-            warnings.extend(_below_minimum(schema))
+            supported, why, tested = _support(version, found, shape_error)
+            warnings.extend(_below_minimum(version))
             compatibility = Compatibility(
                 backend=backend,
                 server=_server(conn, backend),
-                schema=schema,
+                schema=version,
                 queue_key=queue_key,
                 shape=found.name if found else None,
                 shape_lines=[f"{a}.{b}" for (a, b), made in compat.SHAPES.items() if made == found],
@@ -919,7 +944,7 @@ def check(url: str | URL) -> Report:
                 "asset_alias_asset",
             }
             if needed <= tables:
-                dag_columns = {c["name"] for c in inspector.get_columns("dag")}
+                dag_columns = {c["name"] for c in inspector.get_columns("dag", schema=schema)}
                 exposure = _exposure(conn, tables, dag_columns)
                 if backend == "postgresql":
                     _postgresql_stats(conn, exposure, warnings)
@@ -1088,6 +1113,17 @@ def airflow_url() -> str:
     return str(conf.get("database", "sql_alchemy_conn"))
 
 
+def airflow_schema() -> str | None:
+    """Airflow's ``[database] sql_alchemy_schema``: from the environment, else Airflow's configuration."""
+    if "AIRFLOW__DATABASE__SQL_ALCHEMY_SCHEMA" in os.environ:
+        return os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_SCHEMA"].strip() or None
+    if importlib.util.find_spec("airflow.configuration") is None:
+        return None
+    from airflow.configuration import conf
+
+    return str(conf.get("database", "sql_alchemy_schema", fallback="")).strip() or None
+
+
 def add_doctor_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``doctor``."""
     parser = subparsers.add_parser(
@@ -1102,6 +1138,11 @@ def add_doctor_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         help="SQLAlchemy URL of Airflow's metadata database (default: Airflow's [database] "
         "sql_alchemy_conn, when Airflow is importable here)",
     )
+    parser.add_argument(
+        "--schema",
+        help="PostgreSQL schema of Airflow's tables (default: Airflow's [database] sql_alchemy_schema, "
+        "from AIRFLOW__DATABASE__SQL_ALCHEMY_SCHEMA or Airflow's configuration when importable)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=_run)
 
@@ -1109,7 +1150,7 @@ def add_doctor_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 def _run(args: argparse.Namespace, *, out: Callable[[str], None] = print) -> int:
     try:
         url = args.url or airflow_url()
-        report = check(url)
+        report = check(url, args.schema if args.schema is not None else airflow_schema())
     except DoctorError as exc:
         print(f"airflow-adrq doctor: {exc}", file=sys.stderr)
         return EXIT_NO_REPORT

@@ -95,15 +95,15 @@ from typing import Any, Literal, Protocol, cast
 
 from sqlalchemy import (
     Boolean,
+    Column,
     Integer,
+    MetaData,
     String,
     Table,
     bindparam,
-    column,
     false,
     or_,
     select,
-    table,
     tuple_,
     union,
     update,
@@ -241,21 +241,27 @@ def _consumers(ev: CTE, *, with_aliases: bool, with_event_id: bool = False) -> A
 
 
 # The columns the statement reads of ``dag`` and writes of the queue, per
-# release line (see airflow_adrq.shapes): lightweight table clauses, since the
-# models describe one release's tables.
-_DAG = table(
+# release line (see airflow_adrq.shapes), since the models describe one
+# release's tables.
+# Tables in a metadata of their own (not the models'): schema_translate_map
+# applies to Table objects only, and Airflow may keep its tables in a schema
+# (``[database] sql_alchemy_schema``).
+_COLUMN_VIEWS = MetaData()
+_DAG = Table(
     "dag",
-    column("dag_id", String),
-    column("is_paused", Boolean),
-    column("timetable_partitioned", Boolean),
-    column("is_draining", Boolean),
+    _COLUMN_VIEWS,
+    Column("dag_id", String, primary_key=True),
+    Column("is_paused", Boolean),
+    Column("timetable_partitioned", Boolean),
+    Column("is_draining", Boolean),
 )
-_ADRQ_BY_EVENT = table(
+_ADRQ_BY_EVENT = Table(
     "asset_dag_run_queue",
-    column("target_dag_id", String),
-    column("asset_event_id", Integer),
-    column("asset_id", Integer),
-    column("created_at", UtcDateTime()),
+    _COLUMN_VIEWS,
+    Column("target_dag_id", String, primary_key=True),
+    Column("asset_event_id", Integer, primary_key=True),
+    Column("asset_id", Integer),
+    Column("created_at", UtcDateTime()),
 )
 
 
@@ -405,6 +411,7 @@ def queue_events(
     stamp: dt.datetime | None = None,
     allowed: Mapping[int, Iterable[str]] | None = None,
     shape: QueueShape = AIRFLOW_3_3,
+    schema: str | None = None,
 ) -> dt.datetime | None:
     """Queue the consumers of ``events`` now, and stamp the events; return the stamp.
 
@@ -427,7 +434,10 @@ def queue_events(
     filter the database cannot express, such as Airflow's multi-team
     rules); events not in it queue every consumer. The statement then has
     one more expanding parameter (the allowed pairs) and the same order.
-    ``shape`` is the Airflow schema to write (:mod:`airflow_adrq.shapes`).
+    ``shape`` is the Airflow schema to write (:mod:`airflow_adrq.shapes`);
+    ``schema`` the database schema its tables are in, when not the
+    connection's default (Airflow's ``[database] sql_alchemy_schema``; the
+    statement runs with ``schema_translate_map``).
 
     Locks: the given ``asset_event`` rows (exclusive; the caller's own new
     rows, which no one else can see), then the ``asset_dag_run_queue`` rows
@@ -460,19 +470,25 @@ def queue_events(
     restricted = allowed is not None and bool(allowed)
     stamping = support.stamp_in_statement
     stmt = _statement(support.name, "events", mode, restricted, shape, stamping)
+    options = _in_schema(schema)
     for ids in chunks:
         if not stamping:
-            conn.execute(_STAMP, {"ids": ids, "stamp": stamp})
+            conn.execute(_STAMP, {"ids": ids, "stamp": stamp}, execution_options=options)
         params: dict[str, Any] = {"ids": ids, "created_at": stamp}
         if allowed:
             mine = [event_id for event_id in ids if event_id in allowed]
             params["restricted_ids"] = mine
             params["allowed"] = [(event_id, dag_id) for event_id in mine for dag_id in allowed[event_id]]
-        conn.execute(stmt, params)
+        conn.execute(stmt, params, execution_options=options)
     for event in events:
         if _is_mapped(event):
             _set_loaded_timestamp(event, stamp)
     return stamp
+
+
+def _in_schema(schema: str | None) -> dict[str, Any]:
+    """Execution options that put the statement's unqualified tables in ``schema``."""
+    return {"schema_translate_map": {None: schema}} if schema else {}
 
 
 def queue_dagruns(
@@ -525,6 +541,7 @@ class _Deferred:
     # Aliases whose rows (alias, asset link, event link) are written at COMMIT.
     alias_names: tuple[str, ...]
     shape: QueueShape
+    schema: str | None
     # The caller's ORM object, if any: its ``timestamp`` is set to the stamp
     # without a reload (expire_on_commit=False sessions keep it).
     obj: object | None
@@ -538,13 +555,23 @@ def _queue_deferred(session: Session, entries: list[_Deferred]) -> None:
     shapes = {entry.shape for entry in entries}
     if len(shapes) != 1:
         raise ValueError(f"one transaction cannot write two queue shapes: {sorted(s.name for s in shapes)}")
+    schemas = {entry.schema for entry in entries}
+    if len(schemas) != 1:
+        raise ValueError(
+            f"one transaction cannot write the queues of two schemas: {sorted(map(str, schemas))}"
+        )
     # The alias rows first: the statement reads asset_alias_asset_event.
     write_alias_rows(
         session.connection(),
         [AliasedEvent(e.id, e.asset_id, e.alias_names) for e in entries if e.alias_names],
     )
     stamp = queue_events(
-        session, entries, on_conflict=on_conflict, allowed=allowed or None, shape=shapes.pop()
+        session,
+        entries,
+        on_conflict=on_conflict,
+        allowed=allowed or None,
+        shape=shapes.pop(),
+        schema=schemas.pop(),
     )
     for entry in entries:
         if entry.obj is not None and stamp is not None:
@@ -568,6 +595,7 @@ def defer_events(
     allowed_dags: Mapping[int, Iterable[str]] | None = None,
     alias_names: Mapping[int, Sequence[str]] | None = None,
     shape: QueueShape = AIRFLOW_3_3,
+    schema: str | None = None,
 ) -> None:
     """Record ``events`` to be stamped and queued by ONE statement just before COMMIT.
 
@@ -588,7 +616,8 @@ def defer_events(
     ``asset_alias_asset_event`` rows are written at COMMIT too, just before
     the statement, by :func:`airflow_adrq.aliases.write_alias_rows` (missing
     ones only, table by table, in key order). ``shape`` is the Airflow schema
-    the statement writes (:mod:`airflow_adrq.shapes`).
+    the statement writes (:mod:`airflow_adrq.shapes`), ``schema`` where its
+    tables are (as :func:`queue_events`).
 
     Visibility: the rows do not exist until the commit (or an explicit
     :func:`flush_queue`). Rollback: nothing is queued. SAVEPOINTs: events
@@ -614,7 +643,7 @@ def defer_events(
         only = allowed_dags.get(event_id) if allowed_dags is not None else None
         allowed = frozenset(only) if only is not None else None
         names = tuple(alias_names.get(event_id, ())) if alias_names is not None else ()
-        _DEFERRED.add(session, _Deferred(event_id, asset_id, on_conflict, allowed, names, shape, obj))
+        _DEFERRED.add(session, _Deferred(event_id, asset_id, on_conflict, allowed, names, shape, schema, obj))
 
 
 def _is_mapped(obj: object) -> bool:

@@ -61,32 +61,36 @@ AIRFLOW_3_3 = AIRFLOW_3_2
 AIRFLOW_3_4 = QueueShape("airflow-3.4", partitions=True, draining=True, event_keyed=True)
 
 _KNOWN = (AIRFLOW_3_0, AIRFLOW_3_2, AIRFLOW_3_4)
-_cache: weakref.WeakKeyDictionary[Engine, QueueShape] = weakref.WeakKeyDictionary()
+_cache: weakref.WeakKeyDictionary[Engine, dict[str | None, QueueShape]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
-def detect(connection: Connection) -> QueueShape:
-    """The :class:`QueueShape` of the database behind ``connection``; cached per engine.
+def detect(connection: Connection, schema: str | None = None) -> QueueShape:
+    """The :class:`QueueShape` of the database behind ``connection``; cached per engine and schema.
 
     Reads the catalog (columns of ``dag`` and ``asset_event``, the primary
-    key of ``asset_dag_run_queue``) through the connection, inside the
-    caller's transaction; takes no row locks. Raises
+    key of ``asset_dag_run_queue``, in ``schema`` if given) through the
+    connection, inside the caller's transaction; takes no row locks. Raises
     :class:`~airflow_adrq.errors.UnsupportedSchemaError` for a queue keyed in
     any other way, or a combination no Airflow release has.
     """
     engine = connection.engine
     with _lock:
-        cached = _cache.get(engine)
+        cached = _cache.get(engine, {}).get(schema)
     if cached is not None:
         return cached
     inspector = inspect(connection)
 
     def columns(name: str) -> set[str]:
-        return {c["name"] for c in inspector.get_columns(name)} if inspector.has_table(name) else set()
+        if not inspector.has_table(name, schema=schema):
+            return set()
+        return {c["name"] for c in inspector.get_columns(name, schema=schema)}
 
-    if not inspector.has_table("asset_dag_run_queue"):
+    if not inspector.has_table("asset_dag_run_queue", schema=schema):
         raise UnsupportedSchemaError("no asset_dag_run_queue table: not an Airflow 3 metadata database")
-    pk = tuple(inspector.get_pk_constraint("asset_dag_run_queue").get("constrained_columns") or ())
+    pk = tuple(
+        inspector.get_pk_constraint("asset_dag_run_queue", schema=schema).get("constrained_columns") or ()
+    )
     dag_columns, event_columns = columns("dag"), columns("asset_event")
     found = QueueShape(
         "detected",
@@ -108,7 +112,7 @@ def detect(connection: Connection) -> QueueShape:
             "knows how to write."
         )
     with _lock:
-        _cache[engine] = matches[0]
+        _cache.setdefault(engine, {})[schema] = matches[0]
     return matches[0]
 
 

@@ -166,6 +166,15 @@ class ReleaseLine:
 
         return "auto" if conf.getboolean("scheduler", "use_row_level_locking", fallback=True) else "ignore"
 
+    def metadata_schema(self) -> str | None:
+        """The database schema of Airflow's tables (``[database] sql_alchemy_schema``), or ``None``.
+
+        Read off Airflow's own model, which is where Airflow itself writes.
+        """
+        from airflow.models.asset import AssetDagRunQueue
+
+        return AssetDagRunQueue.__table__.schema or None
+
     def consumer_conditions(self, dag_model: Any) -> list[Any]:
         """``DagModel`` conditions of a consumer Airflow queues (for the consumers loaded in Python)."""
         return [dag_model.is_paused.is_(False)]
@@ -565,7 +574,7 @@ def queue_shape(session: Any) -> shapes.QueueShape:
     Airflow 3.4's event-keyed queue under a 3.3 installation: the database
     was migrated by another Airflow than the one running).
     """
-    found = shapes.detect(session.connection())
+    found = shapes.detect(session.connection(), schema=current().metadata_schema())
     expected = current().shape
     if found != expected:
         key = ", ".join(found.queue_key)

@@ -219,6 +219,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
                 # the scheduler locks the rows it consumes (not MariaDB).
                 on_conflict=line.conflict_policy(),
                 shape=shape,
+                schema=line.metadata_schema(),
             )
             if source_is_api or "timestamp" in kwargs:
                 # Airflow's REST route (POST /api/v2/assets/events) serializes
@@ -241,10 +242,12 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         # that is loading this class (airflow.assets.manager).
         from airflow.models.dag import DagModel
 
-        ids = [
-            row[0]
-            for row in session.connection().execute(_consumer_ids(partitioned), {"event_ids": [event_id]})
-        ]
+        schema = compat.current().metadata_schema()
+        options = {"schema_translate_map": {None: schema}} if schema else {}
+        rows = session.connection().execute(
+            _consumer_ids(partitioned), {"event_ids": [event_id]}, execution_options=options
+        )
+        ids = [row[0] for row in rows]
         if not ids:
             return set()
         return set(session.scalars(select(DagModel).where(DagModel.dag_id.in_(ids))))
