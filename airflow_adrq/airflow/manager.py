@@ -35,13 +35,14 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import insert, select
 from sqlalchemy.orm import joinedload
 
 from airflow_adrq import queue
 from airflow_adrq.airflow import compat
+from airflow_adrq.dialects import CONFLICT_POLICIES, ConflictPolicy
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -87,15 +88,32 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
     instead of the registration call.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
-        # Airflow builds one instance per process (resolve_asset_manager); the
-        # line lets an operator confirm in any component's log that it is used.
+    #: ``[core] asset_manager_kwargs = {"on_conflict": ...}``: what to do with an
+    #: existing queue row; ``None`` is the line's default (``"auto"``, or
+    #: ``"ignore"`` with ``[scheduler] use_row_level_locking`` off).
+    on_conflict: ClassVar[ConflictPolicy | None] = None
+
+    def __init__(self, *, on_conflict: ConflictPolicy | None = None, **kwargs: Any) -> None:
+        """``on_conflict`` comes from ``[core] asset_manager_kwargs``; see :attr:`on_conflict`.
+
+        Airflow builds one instance per process (``resolve_asset_manager``) and
+        calls the class methods through it, so the choice is kept on the class.
+        """
+        if on_conflict is not None and on_conflict not in CONFLICT_POLICIES:
+            raise ValueError(
+                f"[core] asset_manager_kwargs: on_conflict must be one of {', '.join(CONFLICT_POLICIES)}, "
+                f"not {on_conflict!r}"
+            )
         super().__init__(**kwargs)  # type: ignore[no-untyped-call,unused-ignore]
+        if on_conflict is not None:
+            type(self).on_conflict = on_conflict
+        # The line lets an operator confirm in any component's log that it is used.
         log.info(
-            "airflow-adrq: %s.%s queues asset-triggered runs at commit, sorted by %s",
+            "airflow-adrq: %s.%s queues asset-triggered runs at commit, sorted by %s, on_conflict=%s",
             type(self).__module__,
             type(self).__qualname__,
             compat.current().queue_order,
+            type(self).on_conflict or compat.current().conflict_policy(),
         )
 
     @classmethod
@@ -217,7 +235,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
                 # The row keeps the newest stamp of the events it stands for,
                 # so a burst's later producers are consumed by its run, where
                 # the scheduler locks the rows it consumes (not MariaDB).
-                on_conflict=line.conflict_policy(),
+                on_conflict=cls.on_conflict or line.conflict_policy(),
                 shape=shape,
                 schema=line.metadata_schema(),
             )
