@@ -120,8 +120,9 @@ def run_cell(
         if not keep_scratch:
             with contextlib.suppress(SQLAlchemyError):
                 servers.drop_database(target.server_url, database)
-        if keep_scratch or failed:
-            result["kept"] = {"home": str(home), "database": None if not keep_scratch else database}
+        # A failed deployment keeps its AIRFLOW_HOME (task logs) for a look; an interrupted one does not.
+        if keep_scratch or result["error"] is not None:
+            result["kept"] = {"home": str(home), "database": database if keep_scratch else None}
         else:
             shutil.rmtree(home, ignore_errors=True)
     return result
