@@ -13,8 +13,9 @@ Each backend's database (migrated by ``airflow db migrate``, conftest.py) gets
 one subprocess, because Airflow configures its engine and its asset manager at
 import: there Airflow's FastAPI app is built by ``airflow.api_fastapi.app.create_app``
 with ``[core] asset_manager_class`` set to the plug-in and the simple auth
-manager letting everyone in as admin (``[core] simple_auth_manager_all_admins``),
-and Starlette's ``TestClient`` sends the requests in-process. One asset per
+manager letting everyone in as admin (``[core] simple_auth_manager_all_admins``;
+the client takes its token from ``GET /auth/token``), and Starlette's
+``TestClient`` sends the requests in-process. One asset per
 manager, so the requests do not share queue rows:
 
 * ``adrq``: the manager Airflow built from ``[core] asset_manager_class`` (the plug-in);
@@ -99,10 +100,18 @@ CLIENT = textwrap.dedent(
 
     out = {"configured": type(configured).__module__ + "." + type(configured).__qualname__, "posts": {}}
     with TestClient(app) as client:
+        # The all-admins token, as a client of such a deployment gets it (3.3+ also adds one
+        # to every request itself; 3.1 and 3.2 do not).
+        token = client.get("/auth/token")
+        if token.status_code not in (200, 201):
+            raise SystemExit(f"GET /auth/token: {token.status_code} {token.text}")
+        headers = {"Authorization": "Bearer " + token.json()["access_token"]}
         for label, asset_id in json.loads(sys.argv[1]).items():
             route.asset_manager = managers[label]
             response = client.post(
-                "/api/v2/assets/events", json={"asset_id": asset_id, "extra": {"via": label}}
+                "/api/v2/assets/events",
+                json={"asset_id": asset_id, "extra": {"via": label}},
+                headers=headers,
             )
             out["posts"][label] = {"status": response.status_code, "body": response.json()}
     route.asset_manager = configured
