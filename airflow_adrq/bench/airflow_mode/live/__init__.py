@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import importlib.util
+import json
 import os
 import signal
 import sys
@@ -142,6 +143,13 @@ def build_parser(prog: str = _PROG) -> argparse.ArgumentParser:
         help="keep the scratch databases and AIRFLOW_HOMEs (the paths are in live.json)",
     )
     parser.add_argument(
+        "--plugin-kwargs",
+        metavar="JSON",
+        default=None,
+        help='[core] asset_manager_kwargs of the plug-in\'s deployments, e.g. \'{"on_conflict": "refresh"}\' '
+        "(default: none, the plug-in's own default)",
+    )
+    parser.add_argument(
         "--expect-stock-worse",
         action="store_true",
         help="also fail unless stock had failed producer tasks or stranded pairs somewhere (for CI)",
@@ -227,6 +235,7 @@ def run(
     out: Path,
     time_limit_s: float | None = None,
     keep_scratch: bool = False,
+    plugin_kwargs: str | None = None,
 ) -> dict[str, Any]:
     """Every (run, target, manager) deployment, one after the other; returns the raw results."""
     limit = time_limit_s or default_time_limit(sizes)
@@ -244,6 +253,7 @@ def run(
         "targets": [dataclasses.asdict(t) | {"server_url": None} for t in targets],
         "extra_events": "one per outlet asset, through POST /api/v2/assets/events",
         "plugin_source": _plugin_source(),
+        "plugin_kwargs": plugin_kwargs,
         "cells": [],
     }
     for run_index in range(runs):
@@ -259,6 +269,7 @@ def run(
                         out=out,
                         time_limit_s=limit,
                         keep_scratch=keep_scratch,
+                        manager_kwargs=plugin_kwargs if manager == "plugin" else None,
                         say=_say,
                     )
                 )
@@ -321,6 +332,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sizes = _sizes(args)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.plugin_kwargs is not None:
+        try:
+            kwargs = json.loads(args.plugin_kwargs)
+        except ValueError as exc:
+            parser.error(f"--plugin-kwargs is not JSON: {exc}")
+        if not isinstance(kwargs, dict):
+            parser.error("--plugin-kwargs must be a JSON object")
     missing = _missing_requirements()
     if missing:
         _say(f"{_PROG}: error: needs {', '.join(missing)} in this environment")
@@ -340,6 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 out=out,
                 time_limit_s=args.time_limit,
                 keep_scratch=args.keep_scratch,
+                plugin_kwargs=args.plugin_kwargs,
             )
     except (AdrqError, SQLAlchemyError) as exc:
         _say(f"{_PROG}: error: {exc}")

@@ -94,6 +94,7 @@ class Deployment:
         sizes: LiveSizes,
         home: Path,
         log_dir: Path,
+        manager_kwargs: str | None = None,
     ) -> None:
         self.name = name
         self.backend = backend
@@ -107,12 +108,12 @@ class Deployment:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.id = uuid.uuid4().hex
         self.components: list[Component] = []
-        self.env = self._environment(manager_class)
+        self.env = self._environment(manager_class, manager_kwargs)
         self.stopped = False
 
     # --- settings ---------------------------------------------------------------------
 
-    def _environment(self, manager_class: str) -> dict[str, str]:
+    def _environment(self, manager_class: str, manager_kwargs: str | None) -> dict[str, str]:
         """The variables every component gets: the caller's, minus any Airflow setting, plus ours."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
         sizes = self.sizes
@@ -145,6 +146,8 @@ class Deployment:
             "PYTHONUNBUFFERED": "1",
             MARKER: self.id,
         }
+        if manager_kwargs is not None:
+            settings["AIRFLOW__CORE__ASSET_MANAGER_KWARGS"] = manager_kwargs
         if self.backend == "mysql":
             # 3.3.2's scheduler exits on MariaDB at its first orphan clean-up (60 s):
             # _update_asset_orphanage sends WITH ... DELETE ... RETURNING (error 1064).

@@ -155,6 +155,13 @@ def format_tables(raw: dict[str, Any]) -> str:
             + (f" plus uncommitted changes to {', '.join(changed)}" if changed else "")
             + f" ({source.get('path')}).",
         ]
+    starts = sorted({str(c["plugin_start_up"]) for c in raw["cells"] if c.get("plugin_start_up")})
+    if raw.get("plugin_kwargs") or starts:
+        lines += [
+            "",
+            f"Plug-in settings: asset_manager_kwargs {raw.get('plugin_kwargs') or '(none)'}; its start-up "
+            f"line: {'; '.join(starts) or '?'}.",
+        ]
     cells: list[Cell] = raw["cells"]
     for db in dict.fromkeys(c["db"] for c in cells):
         mine = [c for c in cells if c["db"] == db]

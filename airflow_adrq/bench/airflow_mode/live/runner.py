@@ -51,6 +51,7 @@ def run_cell(
     out: Path,
     time_limit_s: float,
     keep_scratch: bool = False,
+    manager_kwargs: str | None = None,
     say: Callable[[str], None] = lambda _m: None,
 ) -> dict[str, Any]:
     """Run and measure one deployment; returns its raw results (``error`` set when it failed)."""
@@ -64,6 +65,7 @@ def run_cell(
         "version": target.version,
         "manager": manager,
         "manager_class": MANAGER_CLASSES[manager],
+        "manager_kwargs": manager_kwargs,
         "run": run_index + 1,
         "database": database,
         "home": str(home),
@@ -88,6 +90,7 @@ def run_cell(
         sizes=sizes,
         home=home,
         log_dir=log_dir,
+        manager_kwargs=manager_kwargs,
     )
     result["schedulers"] = deployment.schedulers
     result["api_server_log"] = str(deployment.log_of("api-server"))
@@ -107,6 +110,7 @@ def run_cell(
             after = measure.deadlock_counter(conn, database)
         result["deadlocks"] = _deadlocks(before, after, deployment, home)
         _latency(result, deployment)
+        result["plugin_start_up"] = _plugin_line(deployment)
         result["timeline"] = {k: round(v, 1) for k, v in driver.timeline.items()}
         failed = False
     except (LiveError, SQLAlchemyError, OSError) as exc:
@@ -187,6 +191,18 @@ def _deadlocks(
         "log_lines_tasks": sum(in_tasks.values()),
         "log_files": {**in_components, **in_tasks},
     }
+
+
+def _plugin_line(deployment: Deployment) -> str | None:
+    """The plug-in's start-up line in the api-server's log (names its on_conflict policy), if any."""
+    try:
+        with deployment.log_of("api-server").open(errors="replace") as handle:
+            for line in handle:
+                if "airflow-adrq: " in line and "on_conflict=" in line:
+                    return line.split("airflow-adrq: ", 1)[1].split(" [", 1)[0].strip()
+    except OSError:
+        return None
+    return None
 
 
 def _seconds(start: str, end: str | None) -> float | None:
