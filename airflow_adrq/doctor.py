@@ -286,7 +286,15 @@ def _use_schema(conn: Connection, schema: str | None) -> None:
             "MySQL/MariaDB name Airflow's database in the URL instead"
         )
     # set_config(..., true) is SET LOCAL: nothing stays on a pooled connection.
-    conn.execute(sa.text("SELECT set_config('search_path', :path, true)"), {"path": schema})
+    # The old path stays after it: `airflow db migrate` leaves alembic_version
+    # in the connection's default schema.
+    conn.execute(
+        sa.text(
+            "SELECT set_config('search_path', "
+            "quote_ident(:schema) || ', ' || current_setting('search_path'), true)"
+        ),
+        {"schema": schema},
+    )
 
 
 @contextlib.contextmanager
@@ -882,6 +890,9 @@ def check(url: str | URL, schema: str | None = None) -> Report:
         with read_only_connection(url, schema) as conn:
             inspector = sa.inspect(conn)
             tables = set(inspector.get_table_names(schema=schema))
+            if schema and "alembic_version" not in tables:
+                # Airflow's migrations keep their version table in the default schema.
+                tables |= {"alembic_version"} & set(inspector.get_table_names())
             revision = _alembic_revision(conn, tables)
             version = schema_version(revision)
             if version.airflow_version is not None and not version.complete:
