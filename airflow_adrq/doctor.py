@@ -59,7 +59,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
-from airflow_adrq import shapes
+from airflow_adrq import queue, shapes
 from airflow_adrq._airflow_revisions import KNOWN_UP_TO, REVISIONS
 from airflow_adrq.airflow import compat
 from airflow_adrq.errors import AdrqError, UnsupportedSchemaError
@@ -638,36 +638,10 @@ def _rows(conn: Connection, sql: str) -> list[tuple[Any, ...]]:
     return [tuple(r) for r in conn.execute(sa.text(sql))]
 
 
-def _consumer_filter(dag_columns: set[str]) -> str:
-    """The ``dag`` conditions of a DAG the queue statement writes a row for."""
-    conditions = ["d.is_paused = :false"]
-    if "timetable_partitioned" in dag_columns:
-        conditions.append("d.timetable_partitioned = :false")
-    if "is_draining" in dag_columns:
-        conditions.append("d.is_draining = :false")
-    return " AND ".join(conditions)
-
-
-def _exposure(conn: Connection, tables: set[str], dag_columns: set[str]) -> Exposure:
-    where = _consumer_filter(dag_columns)
-    params = {"false": False}
+def _exposure(conn: Connection, tables: set[str], shape: shapes.QueueShape) -> Exposure:
     active = "asset a JOIN asset_active aa ON aa.name = a.name AND aa.uri = a.uri"
     assets = [r[0] for r in conn.execute(sa.text(f"SELECT a.id FROM {active}"))]
-    pairs = {
-        (int(r[0]), str(r[1]))
-        for r in conn.execute(
-            sa.text(
-                "SELECT src.asset_id, src.dag_id FROM ("
-                "SELECT r.asset_id, r.dag_id FROM dag_schedule_asset_reference r "
-                "UNION SELECT a.id, n.dag_id FROM asset a "
-                "JOIN dag_schedule_asset_name_reference n ON n.name = a.name "
-                "UNION SELECT a.id, u.dag_id FROM asset a "
-                "JOIN dag_schedule_asset_uri_reference u ON u.uri = a.uri"
-                f") src JOIN dag d ON d.dag_id = src.dag_id WHERE {where}"
-            ),
-            params,
-        )
-    }
+    pairs = {(int(a), str(d)) for a, d in conn.execute(queue.queued_pairs(shape))}
     active_ids = set(assets)
     consumers: dict[int, set[str]] = defaultdict(set)
     for asset_id, dag_id in pairs:
@@ -696,13 +670,7 @@ def _exposure(conn: Connection, tables: set[str], dag_columns: set[str]) -> Expo
 
     alias_count = int(_scalar(conn, "SELECT COUNT(*) FROM asset_alias") or 0)
     alias_consumers: dict[int, set[str]] = defaultdict(set)
-    for alias_id, dag_id in conn.execute(
-        sa.text(
-            "SELECT r.alias_id, r.dag_id FROM dag_schedule_asset_alias_reference r "
-            f"JOIN dag d ON d.dag_id = r.dag_id WHERE {where}"
-        ),
-        params,
-    ):
+    for alias_id, dag_id in conn.execute(queue.alias_consumers(shape)):
         alias_consumers[int(alias_id)].add(str(dag_id))
     links = _rows(conn, "SELECT alias_id, asset_id FROM asset_alias_asset")
     alias_assets: dict[int, set[int]] = defaultdict(set)
@@ -955,8 +923,16 @@ def check(url: str | URL, schema: str | None = None) -> Report:
                 "asset_alias_asset",
             }
             if needed <= tables:
-                dag_columns = {c["name"] for c in inspector.get_columns("dag", schema=schema)}
-                exposure = _exposure(conn, tables, dag_columns)
+                if found is None:
+                    # A schema the plug-in cannot write still has an exposure:
+                    # filter consumers by the columns it has.
+                    dag_columns = {c["name"] for c in inspector.get_columns("dag", schema=schema)}
+                    found = shapes.QueueShape(
+                        "unsupported",
+                        partitions="timetable_partitioned" in dag_columns,
+                        draining="is_draining" in dag_columns,
+                    )
+                exposure = _exposure(conn, tables, found)
                 if backend == "postgresql":
                     _postgresql_stats(conn, exposure, warnings)
                 elif backend == "mysql":

@@ -101,7 +101,6 @@ from sqlalchemy import (
     String,
     Table,
     bindparam,
-    false,
     or_,
     select,
     tuple_,
@@ -135,6 +134,7 @@ __all__ = [
     "IDS_PER_STATEMENT",
     "EventLike",
     "Source",
+    "alias_consumers",
     "build_queue_statement",
     "consumers_of_events",
     "defer_events",
@@ -143,6 +143,7 @@ __all__ = [
     "pending_events",
     "queue_dagruns",
     "queue_events",
+    "queued_pairs",
 ]
 
 log = logging.getLogger(__name__)
@@ -281,11 +282,7 @@ def _statement(
     else:
         ev = _events_cte(shape) if source == "events" else _assets_cte()
     src = _consumers(ev, with_aliases=source == "events", with_event_id=restricted or shape.event_keyed)
-    conditions = [_DAG.c.is_paused == false()]
-    if shape.partitions:
-        conditions.append(_DAG.c.timetable_partitioned == false())
-    if shape.draining:
-        conditions.append(_DAG.c.is_draining == false())
+    conditions = shape.consumer_filter(_DAG.c)
     created_at = bindparam("created_at", type_=UtcDateTime())
     target: Any
     if shape.event_keyed:
@@ -333,6 +330,36 @@ def consumers_of_events() -> Select[Any]:
     )
     src = _consumers(ev, with_aliases=True)
     return select(src.c.asset_id, src.c.dag_id)
+
+
+@functools.cache
+def queued_pairs(shape: QueueShape = AIRFLOW_3_3) -> Select[Any]:
+    """``SELECT asset_id, dag_id``: every (asset, consumer) pair an event of the asset would queue.
+
+    The statement's own UNION of direct, name and URI references and its
+    ``dag`` filter (:meth:`~airflow_adrq.shapes.QueueShape.consumer_filter`),
+    over every asset; alias references count only for the events emitted
+    through an alias (:func:`alias_consumers`). Locks nothing; for reports
+    (``doctor``) and tests.
+    """
+    asset = cast(Table, AssetModel.__table__)
+    src = _consumers(select(asset.c.id.label("asset_id")).cte("ev"), with_aliases=False)
+    return (
+        select(src.c.asset_id, src.c.dag_id)
+        .join(_DAG, _DAG.c.dag_id == src.c.dag_id)
+        .where(*shape.consumer_filter(_DAG.c))
+    )
+
+
+@functools.cache
+def alias_consumers(shape: QueueShape = AIRFLOW_3_3) -> Select[Any]:
+    """``SELECT alias_id, dag_id``: the consumers an event emitted through an alias queues, per alias."""
+    by_alias = cast(Table, DagScheduleAssetAliasReference.__table__)
+    return (
+        select(by_alias.c.alias_id, by_alias.c.dag_id)
+        .join(_DAG, _DAG.c.dag_id == by_alias.c.dag_id)
+        .where(*shape.consumer_filter(_DAG.c))
+    )
 
 
 def build_queue_statement(

@@ -28,8 +28,9 @@ from __future__ import annotations
 import threading
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import inspect
+from sqlalchemy import ColumnElement, false, inspect
 from sqlalchemy.engine import Connection, Engine
 
 from airflow_adrq.errors import UnsupportedSchemaError
@@ -52,6 +53,24 @@ class QueueShape:
     @property
     def queue_key(self) -> tuple[str, str]:
         return ("target_dag_id", "asset_event_id") if self.event_keyed else ("asset_id", "target_dag_id")
+
+    def consumer_filter(self, dag: Any, *, partitioned: bool = False) -> list[ColumnElement[bool]]:
+        """The conditions on ``dag``'s columns (``table.c``) of a consumer Airflow queues.
+
+        Unpaused (and, where the column exists, not draining), as Airflow's
+        ``register_asset_change`` filters them; of those, only the
+        non-partitioned ones get an ``asset_dag_run_queue`` row (the
+        partitioned ones go to Airflow's ``asset_partition_dag_run``), so
+        ``partitioned=True`` keeps them in, for callers that route them
+        themselves. The one definition the statement, the Airflow plug-in
+        and ``doctor`` use.
+        """
+        conditions = [dag.is_paused == false()]
+        if self.draining:
+            conditions.append(dag.is_draining == false())
+        if self.partitions and not partitioned:
+            conditions.append(dag.timetable_partitioned == false())
+        return conditions
 
 
 AIRFLOW_3_0 = QueueShape("airflow-3.0", partitions=False)

@@ -175,10 +175,6 @@ class ReleaseLine:
 
         return AssetDagRunQueue.__table__.schema or None
 
-    def consumer_conditions(self, dag_model: Any) -> list[Any]:
-        """``DagModel`` conditions of a consumer Airflow queues (for the consumers loaded in Python)."""
-        return [dag_model.is_paused.is_(False)]
-
     def queue_partitioned(
         self,
         manager: Any,
@@ -463,9 +459,6 @@ class Airflow34(Airflow33):
             kwargs["source_map_index"] = get_public_map_index(task_instance, session=session)
             kwargs["source_task_instance_id"] = task_instance.id
         return kwargs
-
-    def consumer_conditions(self, dag_model: Any) -> list[Any]:
-        return [*super().consumer_conditions(dag_model), dag_model.is_draining.is_(False)]
 
 
 #: The supported release lines, oldest first.

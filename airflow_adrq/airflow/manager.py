@@ -278,7 +278,10 @@ def _consumer_ids(partitioned: bool) -> Any:
 
     dag = DagModel.__table__
     consumers = queue.consumers_of_events().subquery()
-    conditions = [dag.c.dag_id.in_(select(consumers.c.dag_id)), *compat.current().consumer_conditions(dag.c)]
+    conditions = [
+        dag.c.dag_id.in_(select(consumers.c.dag_id)),
+        *compat.current().shape.consumer_filter(dag.c, partitioned=True),
+    ]
     if partitioned:
         conditions.append(dag.c.timetable_partitioned.is_(True))
     return select(dag.c.dag_id).where(*conditions)
