@@ -18,7 +18,10 @@ stock then plug-in, each on its own scratch database; about 3 minutes per
 backend on 2 cores. Asserted for the plug-in: no failed producer task, no
 deadlock (server counter of the scratch database on PostgreSQL; log lines on
 both), no stranded and no double-consumed (event, consumer) pair, exactly the
-expected asset events, an empty queue; for both managers: the deployment
+expected asset events, an empty queue (on MariaDB, where the plug-in's default
+``on_conflict=auto`` keeps an existing queue row as Airflow does, stranded
+pairs after the bursts make the test xfail with the numbers; none may be left
+after one more event); for both managers: the deployment
 completed, and the report and JSON carry every row. Stock's numbers are
 printed, never asserted (at this size it strands events in most runs, and
 fails tasks in some). Plus checks of the pieces that need no deployment:

@@ -105,7 +105,9 @@ def run_cell(
             deployment.start()
             driver = Driver(deployment, engine, deadline, progress)
             _measure(driver, result)
+            stopping = time.monotonic()
             result["killed"] = deployment.stop()
+            driver.timeline["stop_s"] = time.monotonic() - stopping
         with engine.connect() as conn:
             after = measure.deadlock_counter(conn, database)
         result["deadlocks"] = _deadlocks(before, after, deployment, home)
@@ -115,7 +117,10 @@ def run_cell(
         failed = False
     except (LiveError, SQLAlchemyError, OSError) as exc:
         result["error"] = str(exc)
-        say(f"{label}: FAILED: {exc}\n  api-server log: {deployment.log_of('api-server')}")
+        say(
+            f"{label}: FAILED: {exc}\n  api-server log: {deployment.log_of('api-server')}\n"
+            f"  AIRFLOW_HOME kept (DAG files, task logs): {home}"
+        )
     finally:
         result["killed"] = result.get("killed") or deployment.stop()
         result["duration_s"] = round(deadline.elapsed(), 1)
