@@ -78,6 +78,7 @@ _SIZE_HELP = {
     "drain_timeout_s": "longest wait for a drain (the queue left is then reported)",
     "barrier_timeout_s": "seconds a producer instance waits for the rest of its burst (0: sized to it)",
     "lead_s": "seconds from the last instance's arrival to the common finish",
+    "spread_s": "each instance finishes a random 0 to this many seconds after the common finish",
 }
 
 

@@ -117,14 +117,17 @@ class LiveSizes:
     barrier_timeout_s: float = 0.0
     #: Seconds between the last instance's arrival and the common finish.
     lead_s: float = 0.5
+    #: Each instance finishes a random 0..spread_s seconds after the common deadline
+    #: (0: all at once; process scheduling alone then spreads them by ~30 ms).
+    spread_s: float = 0.3
 
     def __post_init__(self) -> None:
         if min(self.instances, self.outlets, self.consumers, self.bursts, self.producer_dags) < 1:
             raise ValueError("instances, outlets, consumers, bursts and producer dags must be at least 1")
         if self.schedulers not in (1, 2):
             raise ValueError("schedulers must be 1 or 2")
-        if self.retries < 0 or self.settle_s <= 0 or self.drain_timeout_s <= 0 or self.lead_s < 0:
-            raise ValueError("retries, lead must be >= 0; settle and drain timeout > 0")
+        if min(self.retries, self.lead_s, self.spread_s) < 0 or min(self.settle_s, self.drain_timeout_s) <= 0:
+            raise ValueError("retries, lead and spread must be >= 0; settle and drain timeout > 0")
         if self.barrier_timeout_s < 0:
             raise ValueError("barrier timeout must be >= 0 (0: sized to the burst)")
 

@@ -7,10 +7,11 @@ when it starts) does not also parse the 64 consumer DAGs:
   over ``instances`` instances, every instance with the same ``outlets``
   assets (``a0``, ``a1`` ...). An instance waits at a file-system barrier for
   every instance of its burst (all producer DAGs), then sleeps until a common
-  wall-clock deadline that the last one to arrive writes, and returns: the
-  whole burst's task-success calls (``PATCH /execution/task-instances/{id}/state``,
-  which writes the asset events and queue rows) reach the api-server together,
-  whatever the order the executor started the processes in. An instance that
+  wall-clock deadline that the last one to arrive writes, plus a random 0 to
+  ``spread_s`` (0.3 s) seconds, and returns: the whole burst's task-success
+  calls (``PATCH /execution/task-instances/{id}/state``, which writes the asset
+  events and queue rows) reach the api-server within ``spread_s`` of each
+  other, whatever the order the executor started the processes in. An instance that
   waited longer than the barrier's timeout goes on alone (a retry finds the
   deadline written and goes at once);
 * ``adrq_live_consumers.py``: ``consumers`` DAGs scheduled on ``a0 | a1 | ...``,
@@ -57,6 +58,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import random
 import time
 from pathlib import Path
 
@@ -66,13 +68,16 @@ START = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
 
 _BARRIER = '''
 
-def wait_for_the_burst(folder: Path, name: str, expected: int, timeout: float, lead: float) -> None:
+def wait_for_the_burst(
+    folder: Path, name: str, expected: int, timeout: float, lead: float, spread: float
+) -> None:
     """Arrive at the burst's barrier, wait for the others, sleep until the common deadline.
 
     Each instance leaves a file named after itself in ``folder/arrived``; the
     first one to see ``expected`` of them links ``folder/go`` (atomically:
     ``os.link`` fails if it exists) holding ``now + lead``, and every instance
-    sleeps until that time. After ``timeout`` seconds an instance goes alone.
+    sleeps until that time plus a random 0..``spread`` seconds. After
+    ``timeout`` seconds an instance goes alone.
     """
     arrived = folder / "arrived"
     arrived.mkdir(parents=True, exist_ok=True)
@@ -93,7 +98,7 @@ def wait_for_the_burst(folder: Path, name: str, expected: int, timeout: float, l
         if time.monotonic() > waited_until:
             return
         time.sleep(0.02)
-    deadline = float(go.read_text())
+    deadline = float(go.read_text()) + random.uniform(0.0, spread)
     time.sleep(max(0.0, deadline - time.time()))
 '''
 
@@ -128,6 +133,7 @@ for dag_id in SETTINGS["dag_ids"]:
                 SETTINGS["expected"],
                 SETTINGS["barrier_timeout_s"],
                 SETTINGS["lead_s"],
+                SETTINGS["spread_s"],
             )
 
         produce.expand(i=list(range(SETTINGS["instances"])))
@@ -184,6 +190,7 @@ def write_dag_files(dags_folder: Path, barrier_dir: Path, sizes: LiveSizes) -> l
         "barrier_dir": str(barrier_dir),
         "barrier_timeout_s": sizes.barrier_s,
         "lead_s": sizes.lead_s,
+        "spread_s": sizes.spread_s,
     }
     consumers = {"dag_ids": consumer_dag_ids(sizes), "assets": asset_names(sizes)}
     warmup = {"dag_id": WARM_DAG, "asset": WARM_ASSET, "instances": sizes.tasks_per_burst}
