@@ -144,8 +144,8 @@ def format_tables(raw: dict[str, Any]) -> str:
         f"{sizes['producer_dags']} producer DAG(s) x {sizes['instances']} mapped instances x "
         f"{sizes['outlets']} outlets, {sizes['consumers']} consumer DAGs on the OR of the outlets, "
         f"{sizes['bursts']} bursts (a burst's instances finish together, each a random 0 to "
-        f"{sizes.get('spread_s', 0):g} s after a common deadline), {raw.get('runs', 1)} run(s); LocalExecutor; "
-        f"{raw.get('cpus')} CPUs.",
+        f"{sizes.get('spread_s', 0):g} s after a common deadline), {raw.get('runs', 1)} run(s); "
+        f"LocalExecutor; {raw.get('cpus')} CPUs.",
     ]
     source = raw.get("plugin_source") or {}
     if source.get("commit"):
