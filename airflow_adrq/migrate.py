@@ -107,22 +107,12 @@ class CheckResult:
 
 
 def script_location() -> Path:
-    """The Alembic script directory (``env.py``, ``versions/``).
-
-    An installed wheel carries it as ``airflow_adrq/migrations`` (pyproject
-    force-includes the top-level ``migrations/`` there); a source checkout has
-    it at the top of the tree, next to the package.
-    """
+    """The Alembic script directory (``env.py``, ``versions/``), inside the package."""
     installed = importlib.resources.files("airflow_adrq").joinpath("migrations")
-    if installed.is_dir():
-        if not isinstance(installed, Path):
-            # Alembic imports env.py and the revisions from real files.
-            raise AdrqError(f"airflow-adrq migrations must be on the file system, not in {installed!r}")
-        return installed
-    checkout = Path(__file__).resolve().parent.parent / "migrations"
-    if (checkout / "env.py").is_file():
-        return checkout
-    raise AdrqError(f"airflow-adrq migrations not found (looked in {installed} and {checkout})")
+    if not isinstance(installed, Path) or not (installed / "env.py").is_file():
+        # Alembic imports env.py and the revisions from real files.
+        raise AdrqError(f"airflow-adrq migrations must be on the file system, not in {installed!r}")
+    return installed
 
 
 def alembic_config(connection: Connection | None = None) -> Config:

@@ -88,7 +88,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
@@ -138,15 +137,12 @@ __all__ = [
     "build_queue_statement",
     "consumers_of_events",
     "defer_events",
-    "discard_pending",
     "flush_queue",
     "pending_events",
     "queue_dagruns",
     "queue_events",
     "queued_pairs",
 ]
-
-log = logging.getLogger(__name__)
 
 #: Ids bound to one statement. The ids are rendered once (in the CTE), so this
 #: stays below SQLite's 32,766 and psycopg 3's 65,535 bound-parameter limits.
@@ -696,8 +692,3 @@ def flush_queue(session: Session) -> int:
     as :func:`queue_events`, from now until the transaction ends.
     """
     return len({entry.id for entry in _DEFERRED.flush(session)})
-
-
-def discard_pending(session: Session) -> None:
-    """Forget everything deferred in this session without queueing it."""
-    _DEFERRED.clear(session)

@@ -466,7 +466,7 @@ ADAPTERS: dict[tuple[int, int], ReleaseLine] = {
     adapter.line: adapter for adapter in (Airflow31(), Airflow32(), Airflow33(), Airflow34())
 }
 
-#: Release lines the plug-in refuses at import, and why.
+#: Release lines the plug-in cannot run on, and why (doctor explains their schemas with it).
 REFUSED: dict[tuple[int, int], str] = {
     (3, 0): (
         "apache-airflow-core 3.0 requires SQLAlchemy < 2.0 and airflow-adrq is built on SQLAlchemy 2, "
@@ -515,10 +515,8 @@ def _supported_names() -> str:
 def _adapter(version: str) -> ReleaseLine:
     line = _release_line(version)
     remedy = "Remove [core] asset_manager_class to use Airflow's own AssetManager."
-    if line in REFUSED:
-        raise ImportError(
-            f"airflow_adrq.airflow does not support Airflow {version}: {REFUSED[line]}. {remedy}"
-        )
+    # (REFUSED's lines never get here: `import airflow_adrq` already refused
+    # their SQLAlchemy; doctor reads REFUSED to explain their schemas.)
     adapter = ADAPTERS.get(line) if line is not None else None
     if adapter is None:
         raise ImportError(

@@ -81,13 +81,10 @@ def test_single_head_and_linear_numbered_history():
         assert re.fullmatch(rf"{number:04d}_\d+_\d+_\d+_[a-z0-9_]+\.py", filename), filename
 
 
-def test_migrations_ship_inside_the_wheel():
-    """pyproject puts ``migrations/`` into the wheel where script_location() looks first."""
-    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
-    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
-    force_include = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
-    assert force_include["migrations"] == "airflow_adrq/migrations"
+def test_migrations_are_inside_the_package():
+    """The migrations live in the package, so the wheel ships them as any module."""
     location = migrate.script_location()
+    assert location == Path(airflow_adrq.__file__).resolve().parent / "migrations"
     assert (location / "env.py").is_file()
     assert (location / "versions").is_dir()
 
