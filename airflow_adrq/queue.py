@@ -126,7 +126,7 @@ from airflow_adrq.models import (
     asset_alias_asset_event_association_table,
     utcnow,
 )
-from airflow_adrq.shapes import AIRFLOW_3_3, QueueShape
+from airflow_adrq.shapes import PARTITIONED, QueueShape
 from airflow_adrq.txscope import DeferredWrites
 
 __all__ = [
@@ -262,15 +262,23 @@ _ADRQ_BY_EVENT = Table(
 )
 
 
+@dataclass(frozen=True)
+class _Form:
+    """Which variant of the statement to build: everything but the dialect."""
+
+    source: Source
+    on_conflict: ConflictMode
+    shape: QueueShape = PARTITIONED
+    #: Multi-team: events in ``:restricted_ids`` queue only their ``:allowed`` pairs.
+    restricted: bool = False
+    #: PostgreSQL: the events' UPDATE ... RETURNING is the statement's CTE.
+    stamping: bool = False
+
+
 @functools.cache
-def _statement(
-    dialect_name: str,
-    source: Source,
-    on_conflict: ConflictMode,
-    restricted: bool = False,
-    shape: QueueShape = AIRFLOW_3_3,
-    stamping: bool = False,
-) -> Insert:
+def _statement(dialect_name: str, form: _Form) -> Insert:
+    source, on_conflict, shape = form.source, form.on_conflict, form.shape
+    restricted, stamping = form.restricted, form.stamping
     if shape.event_keyed and source != "events":
         raise ValueError(f"{shape.name}'s queue is keyed by event: it can only be driven by events")
     if stamping:
@@ -329,7 +337,7 @@ def consumers_of_events() -> Select[Any]:
 
 
 @functools.cache
-def queued_pairs(shape: QueueShape = AIRFLOW_3_3) -> Select[Any]:
+def queued_pairs(shape: QueueShape = PARTITIONED) -> Select[Any]:
     """``SELECT asset_id, dag_id``: every (asset, consumer) pair an event of the asset would queue.
 
     The statement's own UNION of direct, name and URI references and its
@@ -348,7 +356,7 @@ def queued_pairs(shape: QueueShape = AIRFLOW_3_3) -> Select[Any]:
 
 
 @functools.cache
-def alias_consumers(shape: QueueShape = AIRFLOW_3_3) -> Select[Any]:
+def alias_consumers(shape: QueueShape = PARTITIONED) -> Select[Any]:
     """``SELECT alias_id, dag_id``: the consumers an event emitted through an alias queues, per alias."""
     by_alias = cast(Table, DagScheduleAssetAliasReference.__table__)
     return (
@@ -363,7 +371,7 @@ def build_queue_statement(
     *,
     source: Source = "events",
     on_conflict: ConflictMode = "refresh",
-    shape: QueueShape = AIRFLOW_3_3,
+    shape: QueueShape = PARTITIONED,
 ) -> Insert:
     """The one ``INSERT ... SELECT ... ORDER BY`` that queues consumers, for ``dialect``.
 
@@ -384,7 +392,7 @@ def build_queue_statement(
         raise ValueError(f"source must be 'events' or 'assets', not {source!r}")
     if on_conflict not in ("ignore", "refresh"):
         raise ValueError(f"on_conflict must be 'ignore' or 'refresh', not {on_conflict!r}")
-    return _statement(dialects.get(dialect).name, source, on_conflict, False, shape)
+    return _statement(dialects.get(dialect).name, _Form(source, on_conflict, shape))
 
 
 _STAMP: Update = (
@@ -433,7 +441,7 @@ def queue_events(
     on_conflict: ConflictPolicy = "auto",
     stamp: dt.datetime | None = None,
     allowed: Mapping[int, Iterable[str]] | None = None,
-    shape: QueueShape = AIRFLOW_3_3,
+    shape: QueueShape = PARTITIONED,
     schema: str | None = None,
 ) -> dt.datetime | None:
     """Queue the consumers of ``events`` now, and stamp the events; return the stamp.
@@ -492,7 +500,7 @@ def queue_events(
     mode = dialects.resolve(on_conflict, conn)
     restricted = allowed is not None and bool(allowed)
     stamping = support.stamp_in_statement
-    stmt = _statement(support.name, "events", mode, restricted, shape, stamping)
+    stmt = _statement(support.name, _Form("events", mode, shape, restricted, stamping))
     options = _in_schema(schema)
     for ids in chunks:
         if not stamping:
@@ -617,7 +625,7 @@ def defer_events(
     on_conflict: ConflictPolicy = "auto",
     allowed_dags: Mapping[int, Iterable[str]] | None = None,
     alias_names: Mapping[int, Sequence[str]] | None = None,
-    shape: QueueShape = AIRFLOW_3_3,
+    shape: QueueShape = PARTITIONED,
     schema: str | None = None,
 ) -> None:
     """Record ``events`` to be stamped and queued by ONE statement just before COMMIT.

@@ -6,12 +6,12 @@ every Airflow 3 release; what differs is a few columns and the queue's key:
 ======================  =========================================  ===============================
 release line            differences the statement must follow      :class:`QueueShape`
 ======================  =========================================  ===============================
-3.0, 3.1                no ``dag.timetable_partitioned`` nor       :data:`AIRFLOW_3_0`
+3.0, 3.1                no ``dag.timetable_partitioned`` nor       :data:`UNPARTITIONED`
                         ``asset_event.partition_key`` (partitioned
                         assets came in 3.2, migrations 0095/0107)
-3.2, 3.3                partitioned DAGs and keyed events are not  :data:`AIRFLOW_3_2`
+3.2, 3.3                partitioned DAGs and keyed events are not  :data:`PARTITIONED`
                         put in the queue
-3.4                     ``dag.is_draining`` DAGs are not queued    :data:`AIRFLOW_3_4`
+3.4                     ``dag.is_draining`` DAGs are not queued    :data:`EVENT_KEYED`
                         (migration 0134); the queue is keyed by
                         ``(target_dag_id, asset_event_id)``: one
                         row per (consumer, event) (PR #70972)
@@ -20,7 +20,7 @@ release line            differences the statement must follow      :class:`Queue
 :func:`detect` reads the shape off a database's catalog (once per engine), so
 the Airflow plug-in writes whatever schema the metadata database has. The
 library's own tables (:mod:`airflow_adrq.models`, migration 0001) are the
-3.3 shape.
+3.3 shape, :data:`PARTITIONED`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from airflow_adrq.errors import UnsupportedSchemaError
 
-__all__ = ["AIRFLOW_3_0", "AIRFLOW_3_2", "AIRFLOW_3_3", "AIRFLOW_3_4", "QueueShape", "clear_cache", "detect"]
+__all__ = ["EVENT_KEYED", "PARTITIONED", "UNPARTITIONED", "QueueShape", "clear_cache", "detect"]
 
 
 @dataclass(frozen=True)
@@ -73,13 +73,14 @@ class QueueShape:
         return conditions
 
 
-AIRFLOW_3_0 = QueueShape("airflow-3.0", partitions=False)
-AIRFLOW_3_2 = QueueShape("airflow-3.2", partitions=True)
-#: The shape of this library's own tables.
-AIRFLOW_3_3 = AIRFLOW_3_2
-AIRFLOW_3_4 = QueueShape("airflow-3.4", partitions=True, draining=True, event_keyed=True)
+#: Airflow 3.0 and 3.1: no partitioned assets.
+UNPARTITIONED = QueueShape("unpartitioned", partitions=False)
+#: Airflow 3.2 and 3.3, and this library's own tables.
+PARTITIONED = QueueShape("partitioned", partitions=True)
+#: Airflow 3.4: draining DAGs, one queue row per (consumer, event).
+EVENT_KEYED = QueueShape("event-keyed", partitions=True, draining=True, event_keyed=True)
 
-_KNOWN = (AIRFLOW_3_0, AIRFLOW_3_2, AIRFLOW_3_4)
+_KNOWN = (UNPARTITIONED, PARTITIONED, EVENT_KEYED)
 _cache: weakref.WeakKeyDictionary[Engine, dict[str | None, QueueShape]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 

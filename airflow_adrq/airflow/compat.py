@@ -19,7 +19,7 @@ line     tested       what changed in ``register_asset_change`` (and what the ad
 3.1      3.1.8        :class:`Airflow31` (3.1.7 and later: 3.1.0-3.1.6 skip stale DAGs on direct and
                       alias references and queue paused ones on ``Asset.ref`` references; 3.1.7
                       changed both, apache/airflow PR #60022, and the statement follows 3.1.7+):
-                      no partitions (schema :data:`~airflow_adrq.shapes.AIRFLOW_3_0`),
+                      no partitions (schema :data:`~airflow_adrq.shapes.UNPARTITIONED`),
                       no multi-team filter; ``extra`` stored as given; one listener hook
                       (``on_asset_changed`` with ``to_public()``); ``Stats.incr("asset.updates")``
                       untagged; "not found" also goes to the task's log.
@@ -30,7 +30,7 @@ line     tested       what changed in ``register_asset_change`` (and what the ad
 3.3      3.3.2        :class:`Airflow33`: ``partition_date``; ``callback_sink``; multi-team
                       (``_filter_dags_by_team``, team-tagged ``asset.updates``).
 3.4      3.4.0b2      :class:`Airflow34`: the queue is keyed per event (schema
-                      :data:`~airflow_adrq.shapes.AIRFLOW_3_4`: one row per (event, consumer));
+                      :data:`~airflow_adrq.shapes.EVENT_KEYED`: one row per (event, consumer));
                       draining DAGs are not queued; the event records ``source_task_instance_id`` and
                       the public map index (``get_public_map_index``).
 =======  ===========  ==============================================================================
@@ -210,7 +210,7 @@ class Airflow31(ReleaseLine):
         "DAGs scheduled through Asset.ref(name=...) / Asset.ref(uri=...) (changed in 3.1.7, apache/airflow "
         "PR #60022); the plug-in queues by 3.1.7's rules"
     )
-    shape = shapes.AIRFLOW_3_0
+    shape = shapes.UNPARTITIONED
     required_members: ClassVar[tuple[str, ...]] = (
         "register_asset_change",
         "_add_asset_alias_association",
@@ -264,7 +264,7 @@ class Airflow32(Airflow31):
     line = (3, 2)
     tested = "3.2.2"
     minimum = (3, 2, 0)
-    shape = shapes.AIRFLOW_3_2
+    shape = shapes.PARTITIONED
     required_members: ClassVar[tuple[str, ...]] = (
         *Airflow31.required_members,
         "_queue_partitioned_dags",
@@ -438,7 +438,7 @@ class Airflow34(Airflow33):
     line = (3, 4)
     tested = "3.4.0b2"
     minimum = (3, 4, 0)
-    shape = shapes.AIRFLOW_3_4
+    shape = shapes.EVENT_KEYED
     queue_order = "(dag_id, asset_event_id)"
 
     def event_kwargs(

@@ -23,7 +23,7 @@ def _fresh_cache():
 
 def test_the_librarys_tables_are_the_3_3_shape(engine):
     with engine.connect() as conn:
-        assert shapes.detect(conn) == shapes.AIRFLOW_3_3
+        assert shapes.detect(conn) == shapes.PARTITIONED
 
 
 def _reshape(engine, backend, *, drop_partitions=False, event_keyed=False):
@@ -57,7 +57,7 @@ def test_detect_and_write_other_release_shapes(fresh_db_url, backend, target):
             schedule_on_asset(s, asset_id, ["c1", "c2", "paused"])
             s.commit()
         _reshape(engine, backend, drop_partitions=target == "3.0", event_keyed=target == "3.4")
-        expected = {"3.0": shapes.AIRFLOW_3_0, "3.4": shapes.AIRFLOW_3_4}[target]
+        expected = {"3.0": shapes.UNPARTITIONED, "3.4": shapes.EVENT_KEYED}[target]
         with engine.connect() as conn:
             assert shapes.detect(conn) == expected
         event_table = sa.table("asset_event", sa.column("id"), sa.column("asset_id"))

@@ -132,18 +132,18 @@ def test_bad_arguments():
 
 @pytest.mark.parametrize("name", sorted(DIALECTS))
 def test_airflow_3_0_shape_has_no_partition_columns(name):
-    from airflow_adrq.shapes import AIRFLOW_3_0
+    from airflow_adrq.shapes import UNPARTITIONED
 
-    sql, _ = _sql(name, shape=AIRFLOW_3_0)
+    sql, _ = _sql(name, shape=UNPARTITIONED)
     assert "partition_key" not in sql and "timetable_partitioned" not in sql and "is_draining" not in sql
     assert "dag.is_paused = " in sql and sql.endswith(CONFLICT[name])
 
 
 @pytest.mark.parametrize("name", sorted(DIALECTS))
 def test_airflow_3_4_shape_writes_one_row_per_event_in_key_order(name):
-    from airflow_adrq.shapes import AIRFLOW_3_4
+    from airflow_adrq.shapes import EVENT_KEYED
 
-    sql, compiled = _sql(name, shape=AIRFLOW_3_4)
+    sql, compiled = _sql(name, shape=EVENT_KEYED)
     assert "INSERT INTO asset_dag_run_queue (asset_id, target_dag_id, asset_event_id, created_at)" in sql
     assert "dag.is_draining = " in sql and "dag.timetable_partitioned = " in sql
     assert sql.rindex("ORDER BY src.dag_id, src.event_id") > sql.rindex(") AS src")
@@ -151,4 +151,4 @@ def test_airflow_3_4_shape_writes_one_row_per_event_in_key_order(name):
         assert sql.endswith("ON CONFLICT (target_dag_id, asset_event_id) DO NOTHING")
     assert set(compiled.params) == {"ids", "created_at"}
     with pytest.raises(ValueError, match="keyed by event"):
-        build_queue_statement(DIALECTS[name], source="assets", shape=AIRFLOW_3_4)
+        build_queue_statement(DIALECTS[name], source="assets", shape=EVENT_KEYED)
