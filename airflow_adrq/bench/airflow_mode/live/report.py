@@ -2,7 +2,7 @@
 
 One table per database: a row per measured quantity, a column per manager
 (``stock`` beside ``plugin``); with ``--runs K`` a cell lists the K runs'
-values separated by `` / ``. The legend says what each row counts.
+values separated by ``;``. The legend says what each row counts.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ __all__ = ["LEGEND", "ROWS", "format_tables", "plot", "problems", "write_json"]
 Cell = dict[str, Any]
 
 LEGEND = """\
-Legend (per deployment: one manager on its own scratch database; see `--help` for the sizes)
+Legend (per deployment: one manager on its own scratch database; see `--help` for the sizes; with
+several runs a cell lists each run's value, separated by `;`)
 * `stock`: Airflow's own `airflow.assets.manager.AssetManager`; `plugin`:
   `airflow_adrq.airflow.AdrqAssetManager`; set through `AIRFLOW__CORE__ASSET_MANAGER_CLASS` on every
   component (api-server, scheduler(s), DAG processor), LocalExecutor, on 127.0.0.1.
@@ -180,7 +181,7 @@ def format_tables(raw: dict[str, Any]) -> str:
             values = []
             for manager in managers:
                 runs = sorted((c for c in mine if c["manager"] == manager), key=lambda c: c["run"])
-                values.append(" / ".join(_value(c, row) for c in runs))
+                values.append("; ".join(_value(c, row) for c in runs))
             lines.append(f"| {label} | " + " | ".join(values) + " |")
         errors = [c for c in mine if c.get("error")]
         for c in errors:
