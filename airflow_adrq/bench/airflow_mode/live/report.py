@@ -273,7 +273,7 @@ def plot(raw: dict[str, Any], path: Path) -> Path | None:
     for k, (label, metric) in enumerate(metrics):
         values = [mean([metric(c) for c in cells if (c["db"], c["manager"]) == g]) for g in groups]
         bars = left.bar([x + (k - (len(metrics) - 1) / 2) * width for x in xs], values, width, label=label)
-        left.bar_label(bars, fmt="%.0f", fontsize=7)
+        left.bar_label(bars, fmt="%.3g", fontsize=7)
     left.set_xticks(list(xs), [f"{db}\n{m}" for db, m in groups])
     left.set_ylabel("% of producer tasks / of (event, consumer) pairs")
     left.set_title("Failures and stranded events")
