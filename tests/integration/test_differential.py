@@ -420,8 +420,10 @@ def test_rows_match_the_oracle(engine, seed, queue_mode, caplog):
     # for: Airflow 3.3.2's scheduler attaches to a run the events with
     # timestamp <= the newest created_at, so an earlier created_at would leave
     # the event out of the run it triggered.
+    new_rows = 0
     for tx in run.committed:
         for row, created_at in tx.new_rows.items():
+            new_rows += 1
             standing = [
                 tx.timestamps[e]
                 for e, c in zip(tx.event_ids, tx.changes, strict=True)
@@ -431,6 +433,7 @@ def test_rows_match_the_oracle(engine, seed, queue_mode, caplog):
             # immediate: the first such event queued the row; commit: all of them did, at COMMIT.
             bound = standing[0] if queue_mode == "immediate" else max(standing)
             assert created_at >= bound, f"{row}: created_at {created_at} < event timestamp {bound}"
+    assert new_rows >= 3, f"seed {seed}: only {new_rows} new queue rows to check"
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -439,9 +442,11 @@ def test_commit_mode_stamps_events_and_new_rows_with_one_value(engine, seed, cap
     ``timestamp`` and its new queue rows their ``created_at``, all ONE value
     (so the scheduler's race window is the commit, not the transaction)."""
     run = run_scenario(engine, seed, "commit", caplog)
+    checked = 0
     for number, tx in enumerate(run.committed):
         if not tx.new_rows:
             continue
+        checked += 1
         new_assets = {a for a, _ in tx.new_rows}
         stamps = {
             "events": {
@@ -456,3 +461,5 @@ def test_commit_mode_stamps_events_and_new_rows_with_one_value(engine, seed, cap
             f"seed {seed}, committed transaction {number}: events' timestamps and new rows' "
             f"created_at differ: {stamps}"
         )
+    # Every seed's scenario commits transactions that queue new rows.
+    assert checked >= 3, f"seed {seed}: only {checked} transactions with new rows to check"
