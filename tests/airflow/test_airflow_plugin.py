@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 from airflow_adrq import queue, shapes
 from airflow_adrq.airflow import AdrqAssetManager, compat, flush_queue
 from airflow_adrq.errors import UnsupportedSchemaError
+from tests.support.recording import recorded
 
 # The differential scenario: direct, alias, name and URI references; a paused,
 # a partitioned and stale consumers; an inactive asset; an asset created on the fly
@@ -260,25 +261,6 @@ def test_same_rows_as_stock_airflow_with_multi_team(af_engine, monkeypatch):
     ]
 
 
-class StatementCounter:
-    """Counts INSERTs into asset_dag_run_queue (and rows sent) on an engine."""
-
-    def __init__(self, engine):
-        self.inserts = 0
-        self.engine = engine
-        sa.event.listen(engine, "before_cursor_execute", self._count)
-
-    # PostgreSQL and SQLite render the statement's CTE before INSERT, MySQL after.
-    _INSERT = re.compile(r"^\s*(WITH\s.*)?INSERT\s+INTO\s+ASSET_DAG_RUN_QUEUE\b", re.IGNORECASE | re.DOTALL)
-
-    def _count(self, conn, cursor, statement, parameters, context, executemany):
-        if self._INSERT.match(statement):
-            self.inserts += 1
-
-    def close(self):
-        sa.event.remove(self.engine, "before_cursor_execute", self._count)
-
-
 def _many_outlets(engine, manager_class):
     with Session(engine) as session:
         scenario.seed(
@@ -286,19 +268,16 @@ def _many_outlets(engine, manager_class):
             assets=["a1", "a2", "a3"],
             consumers={"a1": ["c1", "c2"], "a2": ["c2", "c3"], "a3": ["c1", "c3", "c4"]},
         )
-    counter = StatementCounter(engine)
-    try:
-        with configured_manager(manager_class()), Session(engine) as session:
-            TaskInstance.register_asset_changes_in_db(
-                task_instance(), [outlet("a1"), outlet("a2"), outlet("a3")], [], session=session
-            )
-            before_commit = counter.inserts
-            session.commit()
-    finally:
-        counter.close()
+    with recorded(engine) as seen, configured_manager(manager_class()), Session(engine) as session:
+        TaskInstance.register_asset_changes_in_db(
+            task_instance(), [outlet("a1"), outlet("a2"), outlet("a3")], [], session=session
+        )
+        before_commit = len(seen.queue_inserts())
+        session.commit()
+    inserts = len(seen.queue_inserts())
     with engine.connect() as conn:
         rows = scenario.snapshot(conn)["asset_dag_run_queue"]
-    return before_commit, counter.inserts, rows
+    return before_commit, inserts, rows
 
 
 def test_one_statement_queues_all_outlets(af_engine):
@@ -325,26 +304,17 @@ def test_one_statement_queues_all_outlets(af_engine):
 def test_events_are_queued_at_commit_by_the_ordered_statement(af_engine):
     with Session(af_engine) as session:
         seeded = scenario.seed(session, assets=["b", "a"], consumers={"a": ["z", "m"], "b": ["y", "a"]})
-    statements = []
-
-    def record(conn, cursor, statement, parameters, context, executemany):
-        statements.append(statement)
-
-    sa.event.listen(af_engine, "before_cursor_execute", record)
-    try:
-        with Session(af_engine) as session:
-            events = [
-                AdrqAssetManager.register_asset_change(
-                    asset=SimpleNamespace(name=name, uri=scenario.uri(name)), session=session
-                )
-                for name in ("b", "a")
-            ]
-            assert queue.pending_events(session) == sorted(e.id for e in events)
-            session.commit()
-            assert queue.pending_events(session) == []
-    finally:
-        sa.event.remove(af_engine, "before_cursor_execute", record)
-    (insert,) = [s for s in statements if StatementCounter._INSERT.match(s)]
+    with recorded(af_engine) as seen, Session(af_engine) as session:
+        events = [
+            AdrqAssetManager.register_asset_change(
+                asset=SimpleNamespace(name=name, uri=scenario.uri(name)), session=session
+            )
+            for name in ("b", "a")
+        ]
+        assert queue.pending_events(session) == sorted(e.id for e in events)
+        session.commit()
+        assert queue.pending_events(session) == []
+    ((insert, _, _),) = seen.queue_inserts()
     # The library's statement, driven by the events: the database orders the rows, not Python,
     # in the queue's key order.
     order = "src.dag_id, src.event_id" if LINE.shape.event_keyed else "src.asset_id, src.dag_id"
@@ -567,9 +537,8 @@ def test_triggerer_patch_routes_submit_event(af_engine):
         session.commit()
         trigger_id = trigger.id
 
-    counter = StatementCounter(af_engine)
     try:
-        with configured_manager(AdrqAssetManager()):
+        with recorded(af_engine) as seen, configured_manager(AdrqAssetManager()):
             plugin.install_triggerer_patch()
             assert plugin.is_triggerer_patched()
             with Session(af_engine) as session:
@@ -577,12 +546,11 @@ def test_triggerer_patch_routes_submit_event(af_engine):
                 session.commit()
     finally:
         plugin.uninstall_triggerer_patch()
-        counter.close()
     assert not plugin.is_triggerer_patched()
     with af_engine.connect() as conn:
         snap = scenario.snapshot(conn)
     assert snap["asset_dag_run_queue"] == [("a1", "c1"), ("a1", "c2"), ("a2", "c2")]
-    assert counter.inserts == 1
+    assert len(seen.queue_inserts()) == 1
     assert all('"from_trigger": true' in e[1] for e in snap["asset_event"])
 
 
@@ -692,15 +660,6 @@ def test_refuses_31_releases_before_317_and_says_why(monkeypatch):
     monkeypatch.setattr(airflow, "__version__", "3.1.6")
     monkeypatch.delitem(sys.modules, "airflow_adrq.airflow.manager")
     with pytest.raises(ImportError, match=r"from 3\.1\.7; this is Airflow 3\.1\.6: .*stale DAGs"):
-        importlib.import_module("airflow_adrq.airflow.manager")
-
-
-def test_refuses_to_load_on_airflow_30_and_says_why(monkeypatch):
-    import airflow
-
-    monkeypatch.setattr(airflow, "__version__", "3.0.6")
-    monkeypatch.delitem(sys.modules, "airflow_adrq.airflow.manager")
-    with pytest.raises(ImportError, match=r"does not support Airflow 3\.0\.6: .*SQLAlchemy < 2\.0"):
         importlib.import_module("airflow_adrq.airflow.manager")
 
 

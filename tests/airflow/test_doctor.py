@@ -7,7 +7,6 @@ installed Airflow's.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -23,13 +22,10 @@ from sqlalchemy.orm import Session
 
 from airflow_adrq import doctor
 from airflow_adrq.airflow import compat
+from tests.support.recording import recorded
 
 LINE = tuple(int(part) for part in airflow.__version__.split(".")[:2])
 EVENT_KEYED = compat.SHAPES[LINE].event_keyed
-READS = (
-    *("SELECT", "SHOW", "DESCRIBE", "PRAGMA"),
-    *("SET", "BEGIN", "START TRANSACTION", "ROLLBACK", "SAVEPOINT", "RELEASE"),
-)
 
 
 def seed_exposed(engine):
@@ -100,32 +96,13 @@ def test_nothing_scheduled_on_assets_is_not_needed(af_engine, airflow_db):
     assert report.exposure.assets_with_consumers == 0
 
 
-@contextlib.contextmanager
-def recorded_statements():
-    seen = {"statements": [], "commits": 0}
-
-    def on_execute(conn, cursor, statement, parameters, context, executemany):
-        seen["statements"].append(" ".join(statement.split()))
-
-    def on_commit(conn):
-        seen["commits"] += 1
-
-    sa.event.listen(sa.Engine, "before_cursor_execute", on_execute)
-    sa.event.listen(sa.Engine, "commit", on_commit)
-    try:
-        yield seen
-    finally:
-        sa.event.remove(sa.Engine, "before_cursor_execute", on_execute)
-        sa.event.remove(sa.Engine, "commit", on_commit)
-
-
 def test_doctor_only_reads_an_airflow_database(af_engine, airflow_db):
     seed_exposed(af_engine)
-    with recorded_statements() as seen:
+    with recorded() as seen:
         doctor.check(airflow_db.url)
-    writes = [s for s in seen["statements"] if not s.upper().startswith(READS)]
+    writes = seen.writes()
     assert not writes, f"doctor sent statements that are not reads: {writes}"
-    assert seen["commits"] == 0
+    assert seen.commits == 0
     with doctor.read_only_connection(airflow_db.url) as conn, pytest.raises(sa.exc.DBAPIError):
         conn.exec_driver_sql("DELETE FROM dag")
     with af_engine.connect() as conn:

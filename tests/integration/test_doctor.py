@@ -15,7 +15,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import re
 import time
 
 import pytest
@@ -38,6 +37,7 @@ from tests.factories import (
     schedule_on_name,
     schedule_on_uri,
 )
+from tests.support.recording import recorded
 
 #: The last migration of Airflow 3.3.0 (the head of 3.3.x).
 AIRFLOW_33 = "d2f4e1b3c5a7"
@@ -54,13 +54,8 @@ TOAR = sa.Table(
     sa.Column("task_id", sa.String(250), primary_key=True),
 )
 
+
 # First words of the statements a read-only check may send.
-_ALLOWED = (
-    *("SELECT", "SHOW", "DESCRIBE", "PRAGMA"),
-    *("SET", "BEGIN", "START TRANSACTION", "ROLLBACK", "SAVEPOINT", "RELEASE"),
-)
-
-
 def airflow_like(url, revision=AIRFLOW_33):
     """The library's tables + alembic_version (stamped ``revision``) + task_outlet_asset_reference."""
     engine = create_engine(url)
@@ -190,26 +185,6 @@ def test_no_url_reads_airflows_environment_variable(fresh_db_url, backend, monke
 # --- read-only ----------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def recorded_statements():
-    """Every statement any engine sends, and whether any connection committed."""
-    seen = {"statements": [], "commits": 0}
-
-    def on_execute(conn, cursor, statement, parameters, context, executemany):
-        seen["statements"].append(statement)
-
-    def on_commit(conn):
-        seen["commits"] += 1
-
-    sa.event.listen(sa.Engine, "before_cursor_execute", on_execute)
-    sa.event.listen(sa.Engine, "commit", on_commit)
-    try:
-        yield seen
-    finally:
-        sa.event.remove(sa.Engine, "before_cursor_execute", on_execute)
-        sa.event.remove(sa.Engine, "commit", on_commit)
-
-
 def _user_table_writes(url):
     """Rows inserted, updated and deleted in this database's tables, per pg_stat_user_tables.
 
@@ -252,20 +227,15 @@ def test_doctor_sends_only_reads_and_never_commits(fresh_db_url, backend, capsys
     path = sa.make_url(fresh_db_url).database
     before_file = _sha256(path) if backend == "sqlite" else None
     before_stats = _user_table_writes(fresh_db_url) if backend == "postgresql" else None
-    with recorded_statements() as seen:
+    with recorded() as seen:
         code, _, err = run_cli(capsys, "--url", fresh_db_url)
     assert code in (0, 1), err
-    statements = [" ".join(s.split()) for s in seen["statements"]]
+    statements = seen.normalized()
     assert statements
     # A WITH is a read if it modifies nothing (no data-modifying CTE).
-    writes = [
-        s
-        for s in statements
-        if not s.upper().startswith(_ALLOWED)
-        and not (s.upper().startswith("WITH ") and not re.search(r"\b(INSERT|UPDATE|DELETE)\b", s.upper()))
-    ]
+    writes = seen.writes()
     assert not writes, f"doctor sent statements that are not reads: {writes}"
-    assert seen["commits"] == 0
+    assert seen.commits == 0
     if backend == "sqlite":
         assert _sha256(path) == before_file
         wal = f"{path}-wal"

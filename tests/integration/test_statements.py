@@ -3,40 +3,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import re
 
 import pytest
-import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from airflow_adrq import AssetChange, register_asset_change, register_asset_changes
 from tests.factories import add_asset, add_dags, asset_ref, queued, schedule_on_asset
+from tests.support.recording import recorded
 
-# PostgreSQL and SQLite render the CTE before INSERT, MySQL after it.
-_ADRQ_INSERT = re.compile(
-    r"^\s*(WITH\s.*)?INSERT\s+INTO\s+[`\"]?asset_dag_run_queue", re.IGNORECASE | re.DOTALL
-)
 _SAVEPOINT = re.compile(r"\bSAVEPOINT\b", re.IGNORECASE)
-
-
-@contextlib.contextmanager
-def recorded(engine):
-    """Every SQL statement the engine sends, with its executemany flag."""
-    statements = []
-
-    def record(conn, cursor, statement, parameters, context, executemany):
-        statements.append((statement, parameters, executemany))
-
-    sa.event.listen(engine, "before_cursor_execute", record)
-    try:
-        yield statements
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", record)
-
-
-def _adrq_inserts(statements):
-    return [(s, p, many) for s, p, many in statements if _ADRQ_INSERT.match(s)]
 
 
 def _setup(engine, fanout, assets=("a", "b", "c")):
@@ -54,12 +30,12 @@ def _setup(engine, fanout, assets=("a", "b", "c")):
 @pytest.mark.parametrize("fanout", [1, 300])
 def test_commit_mode_one_insert_per_transaction(engine, fanout):
     ids, dag_ids = _setup(engine, fanout)
-    with recorded(engine) as statements, Session(engine) as session:
+    with recorded(engine) as seen, Session(engine) as session:
         for name in ("c", "a", "b"):  # a multi-outlet task, outlets in arbitrary order
             register_asset_change(asset=asset_ref(name), session=session, source_alias_names=["al"])
-        assert _adrq_inserts(statements) == []
+        assert seen.queue_inserts() == []
         session.commit()
-    inserts = _adrq_inserts(statements)
+    inserts = seen.queue_inserts()
     assert len(inserts) == 1, inserts
     statement, parameters, executemany = inserts[0]
     assert not executemany
@@ -68,41 +44,41 @@ def test_commit_mode_one_insert_per_transaction(engine, fanout):
     # direct/name/uri branches by positional-parameter drivers: 9), one alias
     # branch per asset (its id and alias name: 6), and the timestamp (1).
     assert len(parameters) <= 16
-    assert not [s for s, _, _ in statements if _SAVEPOINT.search(s)]
+    assert not [s for s in seen.statements if _SAVEPOINT.search(s)]
     assert queued(engine) == {(i, d) for i in ids.values() for d in dag_ids}
 
 
 @pytest.mark.parametrize("fanout", [1, 300])
 def test_immediate_mode_one_insert_per_call(engine, fanout):
     _ids, _dag_ids = _setup(engine, fanout)
-    with recorded(engine) as statements, Session(engine) as session:
+    with recorded(engine) as seen, Session(engine) as session:
         for name in ("c", "a"):
             register_asset_change(asset=asset_ref(name), session=session, queue_mode="immediate")
-        assert len(_adrq_inserts(statements)) == 2
+        assert len(seen.queue_inserts()) == 2
         session.commit()
-    assert len(_adrq_inserts(statements)) == 2
-    assert not [s for s, _, _ in statements if _SAVEPOINT.search(s)]
+    assert len(seen.queue_inserts()) == 2
+    assert not [s for s in seen.statements if _SAVEPOINT.search(s)]
 
 
 def test_batch_api_one_insert(engine):
     _ids, _dag_ids = _setup(engine, 50)
-    with recorded(engine) as statements, Session(engine) as session:
+    with recorded(engine) as seen, Session(engine) as session:
         register_asset_changes(
             session=session,
             changes=[AssetChange(asset_ref(n)) for n in ("b", "a", "c")],
             queue_mode="immediate",
         )
         session.commit()
-    assert len(_adrq_inserts(statements)) == 1
+    assert len(seen.queue_inserts()) == 1
 
 
 @pytest.mark.slow
 def test_fanout_10000_in_one_call(engine):
     ids, dag_ids = _setup(engine, 10_000, assets=("wide",))
-    with recorded(engine) as statements, Session(engine) as session:
+    with recorded(engine) as seen, Session(engine) as session:
         register_asset_change(asset=asset_ref("wide"), session=session)
         session.commit()
-    (insert,) = _adrq_inserts(statements)
+    (insert,) = seen.queue_inserts()
     assert len(insert[1]) < 10
     rows = queued(engine)
     assert len(rows) == 10_000

@@ -1,0 +1,1 @@
+"""Test support: helpers the tests share (never imported by airflow_adrq)."""
