@@ -118,6 +118,8 @@ def test_small_live_run_plugin_is_clean(af_backend, af_server, tmp_path, capsys)
     assert plugin["after_extra"]["consumed_twice"] == 0
     assert plugin["after_bursts"]["queue_rows"] == 0 and plugin["after_extra"]["queue_rows"] == 0
     assert plugin["patch_state"]["calls"] >= sizes.tasks_per_burst * sizes.bursts
+    server_errors = [code for code in plugin["patch_state"]["status"] if code.startswith("5")]
+    assert not server_errors, plugin["patch_state"]
 
     text = (out / "live.md").read_text()
     for label, _ in report.ROWS:
@@ -200,6 +202,7 @@ def _cell(manager, **changes):
         "events": {"written": {"burst00": 16, "burst01": 16}, "expected": 32},
         "after_bursts": {"pairs": 256, "stranded": 0, "last_burst_stranded": 0, "queue_rows": 0},
         "after_extra": {"pairs": 256, "stranded": 0, "consumed_twice": 0, "queue_rows": 0},
+        "patch_state": {"calls": 8, "status": {"204": 8}},
     }
     for key, value in changes.items():
         section, _, field = key.partition("__")
@@ -226,6 +229,7 @@ def test_exit_status_rules():
         {"after_extra__consumed_twice": 1},
         {"after_extra__queue_rows": 1},
         {"events__written": {"burst00": 16, "burst01": 15}},
+        {"patch_state__status": {"204": 8, "500": 1}},
         {"error": "time limit"},
     ):
         assert report.problems([_cell("stock"), _cell("plugin", **change)]), change

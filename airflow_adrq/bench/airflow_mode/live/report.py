@@ -33,7 +33,13 @@ several runs a cell lists each run's value, separated by `;`)
   MariaDB/MySQL: `Innodb_deadlocks` of the whole server (other clients' deadlocks count too; `ours?`
   tells whether InnoDB's latest detected deadlock names the scratch database).
 * deadlock lines in logs: lines with `deadlock detected`, `Deadlock found`, `40P01` or `(1213,` in the
-  components' logs / in the task logs (a traceback holds about 2 such lines per deadlock).
+  components' logs / in the task logs (a traceback holds about 2 such lines per deadlock). Only the
+  errors Airflow logs with their message: a database error that escapes the task-success endpoint
+  (e.g. at its COMMIT) goes to the api-server's generic handler, which logs the statement and the
+  stack under an error id but not the error itself, and answers 500: see the next row.
+* task-success calls answered 5xx: `PATCH .../state` calls of the bursts' producer tasks answered
+  with a server error (from the access log): the success transaction failed on a database error the
+  endpoint did not handle; the task SDK retries the call, so the task may still succeed.
 * asset events written / expected: `asset_event` rows with a producer DAG's burst run as source /
   instances x outlets x producer DAGs x bursts.
 * consumer runs: runs of the consumer DAGs after the bursts' drain / at the end (after one more event).
@@ -76,6 +82,11 @@ def _latency(c: Cell) -> str:
     return f"{p['p50_ms']:.0f} / {p['p99_ms']:.0f} ({p['calls']} calls, {refused} not 2xx)"
 
 
+def _server_errors(c: Cell) -> int:
+    """Task-success calls answered 5xx (a database error in the success transaction)."""
+    return sum(n for code, n in c["patch_state"]["status"].items() if code.startswith("5"))
+
+
 def _deadlock_server(c: Cell) -> str:
     d = c["deadlocks"]
     if d["server_scope"] == "server":
@@ -98,6 +109,7 @@ ROWS: list[tuple[str, Callable[[Cell], str]]] = [
         "deadlock lines in logs (components / tasks)",
         lambda c: f"{c['deadlocks']['log_lines_components']} / {c['deadlocks']['log_lines_tasks']}",
     ),
+    ("task-success calls answered 5xx", lambda c: str(_server_errors(c))),
     ("asset events written / expected", _events),
     (
         "consumer runs (after the bursts / at the end)",
@@ -215,6 +227,7 @@ def problems(cells: Sequence[Cell], *, expect_stock_worse: bool = False) -> list
             "pairs still unconsumed after one more event": c["after_extra"]["stranded"],
             "pairs consumed twice": c["after_extra"]["consumed_twice"],
             "queue rows left": c["after_bursts"]["queue_rows"] + c["after_extra"]["queue_rows"],
+            "task-success calls answered 5xx": _server_errors(c),
         }
         for what, n in checks.items():
             if n:
