@@ -370,12 +370,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     raw["problems"] = report.problems(raw["cells"], expect_stock_worse=args.expect_stock_worse)
+    raw["notes"] = report.notes(raw["cells"])
     text = report.format_tables(raw)
     report.write_json(raw, out / "live.json")
     (out / "live.md").write_text(text)
     png = report.plot(raw, out / "live.png")
     print(text)
     print(f"wrote {out / 'live.json'}, {out / 'live.md'}" + (f", {png}" if png else ""))
+    for note in raw["notes"]:
+        _say(f"note: {note}")
     for problem in raw["problems"]:
         _say(f"ERROR: {problem}")
     return 1 if raw["problems"] else 0

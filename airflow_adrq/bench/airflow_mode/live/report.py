@@ -15,7 +15,7 @@ from typing import Any
 
 from airflow_adrq.bench.airflow_mode.live.config import MANAGERS
 
-__all__ = ["LEGEND", "ROWS", "format_tables", "plot", "problems", "write_json"]
+__all__ = ["LEGEND", "ROWS", "format_tables", "keeps_queue_rows", "notes", "plot", "problems", "write_json"]
 
 Cell = dict[str, Any]
 
@@ -200,10 +200,39 @@ def format_tables(raw: dict[str, Any]) -> str:
             lines += ["", f"* {c['manager']} run {c['run']} failed: {c['error'].splitlines()[0]}"]
             lines.append(f"  (api-server log: {c.get('api_server_log')})")
     lines += ["", LEGEND]
+    if raw.get("notes"):
+        lines += ["Notes:", *[f"* {n}" for n in raw["notes"]], ""]
     if raw.get("problems"):
         lines += ["Problems:", *[f"* {p}" for p in raw["problems"]], ""]
     lines.append(f"Took {raw.get('duration_s', math.nan):.0f} s.")
     return "\n".join(lines) + "\n"
+
+
+def keeps_queue_rows(cell: Cell) -> bool:
+    """Whether the plug-in ran with Airflow's DO NOTHING: ``on_conflict="auto"`` on MariaDB.
+
+    There the scheduler takes no row locks, a refresh would deadlock with its
+    deletes, and the plug-in keeps an existing row's ``created_at`` as Airflow
+    does (README, "Timing"); a burst's later events then wait for the next
+    event. Its stranded pairs are reported as a note, not a problem; pairs
+    still unconsumed after one more event stay a problem.
+    """
+    policy = cell.get("plugin_start_up") or ""
+    return str(cell.get("version", "")).startswith("MariaDB") and "on_conflict=refresh" not in policy
+
+
+def notes(cells: Sequence[Cell]) -> list[str]:
+    """What the table shows that is by design, with why (printed, exit status unchanged)."""
+    return [
+        f"{c['db']} plugin run {c['run']}: {c['after_bursts']['stranded']} pairs waited for the next "
+        "event: on MariaDB on_conflict=auto keeps Airflow's DO NOTHING (a refresh deadlocks with its "
+        'unlocked scheduler; opt in with --plugin-kwargs \'{"on_conflict": "refresh"}\')'
+        for c in cells
+        if c["manager"] == "plugin"
+        and not c.get("error")
+        and keeps_queue_rows(c)
+        and c["after_bursts"]["stranded"]
+    ]
 
 
 def problems(cells: Sequence[Cell], *, expect_stock_worse: bool = False) -> list[str]:
@@ -223,7 +252,7 @@ def problems(cells: Sequence[Cell], *, expect_stock_worse: bool = False) -> list
             if d["server_scope"] == "database" or d["latest_names_database"]
             else 0,
             "deadlock lines in logs": d["log_lines_components"] + d["log_lines_tasks"],
-            "stranded pairs after the bursts": c["after_bursts"]["stranded"],
+            "stranded pairs after the bursts": 0 if keeps_queue_rows(c) else c["after_bursts"]["stranded"],
             "pairs still unconsumed after one more event": c["after_extra"]["stranded"],
             "pairs consumed twice": c["after_extra"]["consumed_twice"],
             "queue rows left": c["after_bursts"]["queue_rows"] + c["after_extra"]["queue_rows"],
