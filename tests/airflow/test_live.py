@@ -35,6 +35,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -72,6 +73,9 @@ def _live_unavailable() -> str | None:
 
 
 _UNAVAILABLE = _live_unavailable()
+if _UNAVAILABLE is not None and os.environ.get("ADRQ_REQUIRE_LIVE"):
+    # tox -e airflow-live sets it: there a skip would be a silent green.
+    raise RuntimeError(f"ADRQ_REQUIRE_LIVE is set but the live run cannot run here: {_UNAVAILABLE}")
 live_only = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"live Airflow run: {_UNAVAILABLE}")
 
 
