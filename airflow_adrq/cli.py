@@ -6,7 +6,7 @@
     airflow-adrq db downgrade [--url URL] REVISION           # "base" drops every table
     airflow-adrq db current   [--url URL]
     airflow-adrq db check     [--url URL]                    # exit 1 if not at head or drifted
-    airflow-adrq bench ...                                   # see airflow_adrq.bench.cli
+    airflow-adrq bench ...                                   # see airflow_adrq_bench.cli
     airflow-adrq doctor [--url URL] [--json]                 # read-only: should Airflow enable the plug-in?
 
 ``--url`` defaults to ``$AIRFLOW_ADRQ_DATABASE_URL`` (keeps passwords out of
@@ -16,15 +16,19 @@ refuse an Airflow metadata database (see :mod:`airflow_adrq.migrate`).
 Adding a subcommand: a module provides ``add_<name>_parser(subparsers)``,
 which calls ``subparsers.add_parser(...)`` and sets ``func`` with
 ``set_defaults(func=handler)``, where ``handler(args: argparse.Namespace) ->
-int`` returns the exit status. ``bench`` is registered that way from
-``airflow_adrq.bench.cli.add_bench_parser``, imported only when the parser
-is built.
+int`` returns the exit status.
+
+Other distributions add commands through the entry-point group
+:data:`COMMANDS_GROUP` (``name = "module:main"``, ``main(argv) -> int``
+parsing its own options): ``airflow-adrq bench`` comes from the
+``airflow-adrq-bench`` distribution that way, so this package never imports
+the benchmark.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
@@ -35,10 +39,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from airflow_adrq import __version__, doctor, migrate
 from airflow_adrq.errors import AdrqError
 
-__all__ = ["URL_ENV", "build_parser", "main", "one_line"]
+__all__ = ["COMMANDS_GROUP", "URL_ENV", "build_parser", "main", "one_line"]
 
 #: Environment variable that ``--url`` defaults to.
 URL_ENV = "AIRFLOW_ADRQ_DATABASE_URL"
+#: Entry-point group of commands other distributions add (see the module docstring).
+COMMANDS_GROUP = "airflow_adrq.commands"
+#: Commands this repository's other distributions provide, and where they come from.
+_KNOWN_EXTERNAL = {"bench": "airflow-adrq-bench (from a checkout: pip install ./bench)"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,22 +63,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def _external_commands() -> dict[str, importlib.metadata.EntryPoint]:
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=COMMANDS_GROUP)}
+
+
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:
-        # bench --faults / --soak / --airflow have options of their own.
-        from airflow_adrq.bench import modes
-
-        routed = modes.route(argv[1:])
-        if routed is not None:
-            return routed
+    external = _external_commands()
+    if argv[:1] and argv[0] in external:
+        # The command parses its own options (and imports its own code).
+        status: int = external[argv[0]].load()(argv[1:])
+        return status
+    if argv[:1] and argv[0] in _KNOWN_EXTERNAL:
+        return _not_installed(argv[0], _KNOWN_EXTERNAL[argv[0]])
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return 2
     try:
-        status: int = args.func(args)
+        status = args.func(args)
     except (AdrqError, SQLAlchemyError, ValueError) as exc:
         print(f"airflow-adrq: error: {one_line(exc)}", file=sys.stderr)
         return 1
@@ -97,9 +109,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     add_db_parser(subparsers)
-    _add_bench_parser(subparsers)
     doctor.add_doctor_parser(subparsers)
+    external = _external_commands()
+    for name, ep in sorted(external.items()):
+        dist = ep.dist.name if ep.dist else "another distribution"
+        command = subparsers.add_parser(name, help=f"see `airflow-adrq {name} --help` (from {dist})")
+        command.set_defaults(func=lambda _args: 2)
+    for name, where in _KNOWN_EXTERNAL.items():
+        if name not in external:
+            missing = subparsers.add_parser(name, help=f"not installed: {where}")
+            missing.set_defaults(func=lambda _args, name=name, where=where: _not_installed(name, where))
     return parser
+
+
+def _not_installed(name: str, where: str) -> int:
+    print(f"airflow-adrq: `{name}` is not installed here; it comes with {where}", file=sys.stderr)
+    return 2
 
 
 def add_db_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -131,12 +156,6 @@ def add_db_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     check.set_defaults(func=_db_check)
 
     db.set_defaults(func=lambda _args: _usage(db))
-
-
-def _add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    # Imported here, not at the top: building `db` need not import the benchmark.
-    bench_cli = importlib.import_module("airflow_adrq.bench.cli")
-    bench_cli.add_bench_parser(subparsers)
 
 
 def _add_revision(parser: argparse.ArgumentParser, *, default: str | None, what: str) -> None:

@@ -7,7 +7,7 @@ Tests talk to it through engines set up the way Airflow sets up its own
 (``airflow.utils.orm_event_handlers.setup_event_handlers``; READ COMMITTED on
 MySQL/MariaDB, as ``airflow.settings.prepare_engine_args`` does).
 
-Servers are found by ``airflow_adrq.servers.discover`` as in the rest of the
+Servers are found by ``airflow_adrq_bench.servers.discover`` as in the rest of the
 suite (``ADRQ_TEST_POSTGRESQL_URL`` / ``ADRQ_TEST_MYSQL_URL``, local servers,
 throwaway servers). A backend without a server is skipped with its reason
 shown; with ``CI=true`` it is an error instead.
@@ -37,7 +37,7 @@ os.environ.pop("AIRFLOW__CORE__ASSET_MANAGER_CLASS", None)
 import sqlalchemy as sa  # noqa: E402
 from adrq_af_scenario import LINE, empty  # noqa: E402
 
-#: Tests of ``airflow-adrq bench --airflow`` (airflow_adrq/bench/airflow_mode, another
+#: Tests of ``airflow-adrq bench --airflow`` (bench/airflow_adrq_bench/airflow_mode, another
 #: owner's), written for Airflow 3.3's AssetManager: skipped, visibly, on the other lines.
 BENCH_MODULES = ("test_airflow_bench.py", "test_airflow_accounting.py")
 BENCH_LINE = (3, 3)
@@ -80,8 +80,8 @@ def af_backend(request):
 
 @pytest.fixture(scope="session")
 def af_server(af_backend):
-    """A server for ``af_backend`` found like the rest of the suite finds one (airflow_adrq.servers)."""
-    from airflow_adrq import servers
+    """A server for ``af_backend`` found like the rest of the suite finds one (airflow_adrq_bench.servers)."""
+    from airflow_adrq_bench import servers
 
     try:
         with servers.discover(af_backend) as info:
@@ -98,7 +98,7 @@ def af_server(af_backend):
 @pytest.fixture(scope="session")
 def af_pgbouncer(af_backend, af_server):
     """A throwaway PgBouncer (transaction pooling) in front of the PostgreSQL server."""
-    from airflow_adrq import servers
+    from airflow_adrq_bench import servers
 
     if af_backend != "postgresql":
         raise RuntimeError("af_pgbouncer is for PostgreSQL")
@@ -158,7 +158,7 @@ def airflow_db(af_backend, tmp_path_factory, request):
             return None
 
     else:
-        from airflow_adrq import servers
+        from airflow_adrq_bench import servers
 
         server = request.getfixturevalue("af_server")
         names = [tag, f"{tag}_scratch"]

@@ -1,7 +1,7 @@
 # mypy: ignore-errors
 """``airflow-adrq bench --airflow --accounting``: events no run consumes, stock vs plug-in, through Airflow.
 
-One bounded run of :func:`airflow_adrq.bench.airflow_mode.accounting.run` on
+One bounded run of :func:`airflow_adrq_bench.airflow_mode.accounting.run` on
 SQLite and PostgreSQL (one set of processes for both: 3 producers per manager
 x 12 transactions, 3 consumer DAGs, a 30 ms hold), with Airflow 3.3.2's own
 ``SchedulerJobRunner._create_dagruns_for_dags`` as the consumer. Asserted:
@@ -29,10 +29,10 @@ import os
 
 import pytest
 
-from airflow_adrq import servers
-from airflow_adrq.bench.airflow_mode import accounting
-from airflow_adrq.bench.airflow_mode import main as airflow_mode_main
-from airflow_adrq.bench.airflow_mode import run as run_module
+from airflow_adrq_bench import servers
+from airflow_adrq_bench.airflow_mode import accounting
+from airflow_adrq_bench.airflow_mode import main as airflow_mode_main
+from airflow_adrq_bench.airflow_mode import run as run_module
 
 SIZES = accounting.AccountingSizes(producers=3, transactions=12, consumers=3, holds_ms=(30.0,), budget_s=30.0)
 DAGS = ["d0", "d1", "d2"]

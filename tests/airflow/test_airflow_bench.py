@@ -1,7 +1,7 @@
 # mypy: ignore-errors
 """``airflow-adrq bench --airflow`` end to end, small, on SQLite.
 
-One run of the Airflow mode (``airflow_adrq.bench.airflow_mode.main``) with
+One run of the Airflow mode (``airflow_adrq_bench.airflow_mode.main``) with
 2 producers per manager: it must exit 0, write the JSON, the Markdown and the
 PNG, run each manager through the class its processes resolved from ``[core]
 asset_manager_class``, and leave exactly the expected queue and event rows
@@ -19,13 +19,13 @@ import json
 import pytest
 import sqlalchemy as sa
 
-from airflow_adrq.bench.airflow_mode import main, run
+from airflow_adrq_bench.airflow_mode import main, run
 
 PRODUCERS = 2
 TRANSACTIONS = 2
 CLASSES = {
     "stock": "airflow.assets.manager.AssetManager",
-    "sorted_loop": "airflow_adrq.bench.airflow_mode.sorted_loop.SortedLoopAssetManager",
+    "sorted_loop": "airflow_adrq_bench.airflow_mode.sorted_loop.SortedLoopAssetManager",
     "plugin": "airflow_adrq.airflow.manager.AdrqAssetManager",
 }
 

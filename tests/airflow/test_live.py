@@ -41,8 +41,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_adrq.bench.airflow_mode import main as airflow_mode_main
-from airflow_adrq.bench.airflow_mode.live import config, dags, measure, report
+from airflow_adrq_bench.airflow_mode import main as airflow_mode_main
+from airflow_adrq_bench.airflow_mode.live import config, dags, measure, report
 
 LIVE_LINE = "3.3.2"
 

@@ -3,7 +3,7 @@
 
 Producers run in waves: all threads start a transaction together (a
 barrier), each runs one whole producer transaction through
-:func:`airflow_adrq.bench.engine.run_transaction` (insert the event(s), queue,
+:func:`airflow_adrq_bench.engine.run_transaction` (insert the event(s), queue,
 hold the transaction open, COMMIT; on a deadlock retry the whole transaction
 and count it), and when all are done the queue is checked for exactly the
 rows the committed transactions emitted, then emptied.
@@ -18,7 +18,7 @@ count). Threads are enough: every wait happens in the database, outside the
 GIL. ``airflow-adrq bench`` runs the same transactions in separate processes.
 
 A strategy's transaction is its whole ``register_asset_change`` path per
-emitted asset (see :mod:`airflow_adrq.bench.strategies`).
+emitted asset (see :mod:`airflow_adrq_bench.strategies`).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from airflow_adrq.bench import dataset, engine, strategies
-from airflow_adrq.bench.config import Sizes
 from airflow_adrq.models import AssetDagRunQueue
+from airflow_adrq_bench import dataset, engine, strategies
+from airflow_adrq_bench.config import Sizes
 
 Work = Callable[[Session], None]
 EXACT = {"unexpected": 0, "missing": 0, "consumed_unemitted": 0}

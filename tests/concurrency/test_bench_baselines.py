@@ -23,8 +23,6 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import airflow_adrq
-from airflow_adrq import baselines
-from airflow_adrq.bench import counting, dataset, engine, rawsql, strategies
 from airflow_adrq.models import (
     AssetDagRunQueue,
     AssetEvent,
@@ -32,6 +30,7 @@ from airflow_adrq.models import (
     asset_alias_asset_event_association_table,
     utcnow,
 )
+from airflow_adrq_bench import baselines, counting, dataset, engine, rawsql, strategies
 from tests.factories import (
     add_alias,
     add_asset,

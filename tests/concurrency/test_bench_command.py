@@ -11,9 +11,9 @@ import re
 import pytest
 import sqlalchemy as sa
 
-from airflow_adrq.bench import report, runner
-from airflow_adrq.bench.config import QUICK
 from airflow_adrq.cli import main
+from airflow_adrq_bench import report, runner
+from airflow_adrq_bench.config import QUICK
 
 
 @pytest.mark.slow
@@ -119,7 +119,7 @@ def test_bench_command_runs_end_to_end(tmp_path, capsys):
 @pytest.mark.parametrize("keep", [False, True])
 def test_scratch_files_are_removed_on_failure_unless_kept(tmp_path, monkeypatch, keep):
     """The suite fails to start (no such module): the scratch goes, pytest.log (named in the error) stays."""
-    monkeypatch.setattr(runner, "SUITE", "airflow_adrq.bench.no_such_suite")
+    monkeypatch.setattr(runner, "SUITE", "airflow_adrq_bench.no_such_suite")
     sizes = dataclasses.replace(QUICK, producers=1, sweep=(1,), ratio_fanouts=(1,))
     out = tmp_path / "out"
     (out / "barriers").mkdir(parents=True)

@@ -20,9 +20,9 @@ import sqlalchemy as sa
 from concurrency_harness import run_producers, run_waves, seeded_engine
 
 from airflow_adrq import dialects
-from airflow_adrq.bench import dataset
 from airflow_adrq.models import AssetDagRunQueue, DagModel, DagScheduleAssetReference, UtcDateTime, utcnow
 from airflow_adrq.queue import build_queue_statement
+from airflow_adrq_bench import dataset
 
 pytestmark = [pytest.mark.backends("postgresql", "mysql"), pytest.mark.slow]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_adrq.bench.soak import SoakSizes, run_soak
+from airflow_adrq_bench.soak import SoakSizes, run_soak
 
 pytestmark = [pytest.mark.backends("postgresql", "mysql"), pytest.mark.slow]
 

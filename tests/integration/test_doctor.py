@@ -22,10 +22,11 @@ import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from airflow_adrq import cli, create_engine, doctor, migrate, register_asset_change, servers
+from airflow_adrq import cli, create_engine, doctor, migrate, register_asset_change
 from airflow_adrq._airflow_revisions import REVISIONS
 from airflow_adrq.airflow import compat
 from airflow_adrq.models import metadata
+from airflow_adrq_bench import servers
 from tests.factories import (
     add_alias,
     add_asset,

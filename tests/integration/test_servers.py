@@ -1,5 +1,5 @@
 # mypy: ignore-errors
-"""airflow_adrq.servers: database creation, discovery errors, throwaway servers."""
+"""airflow_adrq_bench.servers: database creation, discovery errors, throwaway servers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-from airflow_adrq import servers
+from airflow_adrq_bench import servers
 
 # Nothing listens on port 1 of the loopback: connections are refused at once.
 DEAD_URLS = {

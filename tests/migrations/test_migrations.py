@@ -12,12 +12,12 @@ MySQL/MariaDB, on a brand-new empty database (``fresh_db_url``).
 from __future__ import annotations
 
 import datetime as dt
+import importlib.metadata
 import os
 import re
 import shutil
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -533,19 +533,39 @@ def test_mysql_without_explicit_timestamp_defaults_is_refused(fresh_db_url):
 # --- the bench subcommand plug-in ------------------------------------------------
 
 
-def test_cli_bench_plugs_in_from_bench_cli(monkeypatch, capsys):
-    """``bench`` comes from airflow_adrq.bench.cli.add_bench_parser(subparsers)."""
-    fake = types.ModuleType("airflow_adrq.bench.cli")
+def _fake_command(argv):
+    print(f"fake command {argv}")
+    return 0
 
-    def add_bench_parser(subparsers):
-        bench = subparsers.add_parser("bench")
-        bench.add_argument("--size", type=int)
-        bench.set_defaults(func=lambda args: print(f"bench size={args.size}") or 0)
 
-    fake.add_bench_parser = add_bench_parser
-    monkeypatch.setitem(sys.modules, "airflow_adrq.bench.cli", fake)
-    assert cli.main(["bench", "--size", "3"]) == 0
-    assert capsys.readouterr().out == "bench size=3\n"
+def test_cli_commands_of_other_distributions_come_from_entry_points(monkeypatch, capsys):
+    """``airflow-adrq NAME ...`` runs the ``airflow_adrq.commands`` entry point NAME with the rest."""
+    fake = importlib.metadata.EntryPoint("fake", f"{__name__}:_fake_command", cli.COMMANDS_GROUP)
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(
+        importlib.metadata,
+        "entry_points",
+        lambda **kw: [fake] if kw.get("group") == cli.COMMANDS_GROUP else real(**kw),
+    )
+    assert cli.main(["fake", "--size", "3"]) == 0
+    assert capsys.readouterr().out == "fake command ['--size', '3']\n"
+    # Not installed: bench says where it comes from.
+    assert cli.main(["bench", "--quick"]) == 2
+    assert "airflow-adrq-bench" in capsys.readouterr().err
+
+
+def test_runtime_package_never_imports_the_benchmark():
+    """The bench is an entry point of its own distribution: building the CLI imports none of it."""
+    code = (
+        "import sys; import airflow_adrq, airflow_adrq.cli, airflow_adrq.doctor, airflow_adrq.migrate; "
+        "airflow_adrq.cli.build_parser(); "
+        "bad = sorted(m for m in sys.modules if m.startswith(('airflow_adrq_bench', 'tests'))); "
+        "sys.exit(f'imported {bad}' if bad else 0)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
 
 
 def test_cli_names_a_missing_database_driver(monkeypatch, capsys):

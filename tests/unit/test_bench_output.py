@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from airflow_adrq.bench import cli, engine, report, runner
-from airflow_adrq.bench.config import (
+from airflow_adrq_bench import cli, engine, report, runner
+from airflow_adrq_bench.config import (
     DEFAULT,
     DEFAULT_STRATEGY,
     NOT_STARTED,
@@ -241,7 +241,7 @@ def test_progress_counts_every_round_once_in_order(seed):
 
 
 def test_progress_follows_the_coordinators_barrier_files(tmp_path):
-    from airflow_adrq.bench import barrier
+    from airflow_adrq_bench import barrier
 
     assert not engine.cell_started(tmp_path, 0)
     barrier.arrive(tmp_path, "warm-0", 1)  # a producer: not the coordinator

@@ -10,9 +10,9 @@ import random
 import pytest
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
-from airflow_adrq.bench import rawsql, report
-from airflow_adrq.bench.config import QUICK, SCENARIOS, STRATEGIES, Plan, Sizes
-from airflow_adrq.bench.runner import VALUES_BATCH_NOTE, plan_cells
+from airflow_adrq_bench import rawsql, report
+from airflow_adrq_bench.config import QUICK, SCENARIOS, STRATEGIES, Plan, Sizes
+from airflow_adrq_bench.runner import VALUES_BATCH_NOTE, plan_cells
 
 DATABASES = [
     ("sqlite", "sqlite:////tmp/x.db"),
@@ -199,7 +199,7 @@ def test_raw_sql_per_dialect(dialect, placeholder, returning, conflict):
 
 
 def test_percentile_is_nearest_rank():
-    from airflow_adrq.bench.engine import percentile
+    from airflow_adrq_bench.engine import percentile
 
     assert percentile(list(range(1, 101)), 95) == 95
     assert percentile([3.0], 95) == 3.0

@@ -1,0 +1,297 @@
+"""One scratch Airflow deployment: its settings, its components as child processes, and their end.
+
+A :class:`Deployment` is one manager on one scratch database. It writes
+nothing outside its own scratch ``AIRFLOW_HOME`` and log folder, binds only
+``127.0.0.1`` (a free port found by binding port 0; the scheduler's log server
+is off with ``--skip-serve-logs``), and runs the ``airflow`` CLI of this very
+environment (``Path(sys.executable).parent / "airflow"``), so the controller
+never imports Airflow. Every component gets the same settings through
+environment variables (nothing from the caller's ``AIRFLOW_*`` variables is
+passed on): one JWT secret, API secret key and Fernet key per deployment,
+LocalExecutor, ``dags_are_paused_at_creation`` off.
+
+Each component starts in a session of its own (``start_new_session``), so
+:meth:`Deployment.stop` can end its whole process group: SIGTERM (Airflow
+stops its executor and tasks), then SIGKILL after a grace period. The task
+SDK moves each task into a process group of its own, so a last sweep ends
+(by pid) every process that still carries this deployment's marker variable
+``ADRQ_LIVE_DEPLOYMENT`` in its environment. ``stop`` runs on success,
+failure, time-out and Ctrl-C (it is the context manager's exit).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Final
+
+from airflow_adrq_bench.airflow_mode.live.config import LiveError, LiveSizes
+
+__all__ = ["MARKER", "Component", "Deployment", "airflow_command", "free_port"]
+
+#: The environment variable that marks every process of a deployment (its value: the deployment's id).
+MARKER: Final = "ADRQ_LIVE_DEPLOYMENT"
+
+# Seconds a process group gets between SIGTERM and SIGKILL.
+_GRACE_S: Final = 30.0
+
+
+def airflow_command() -> list[str]:
+    """The ``airflow`` CLI installed next to this interpreter (``python -m airflow`` without one)."""
+    script = Path(sys.executable).parent / "airflow"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "airflow"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nothing listens on now (the kernel's pick for port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Component:
+    """One started ``airflow`` command: its process (a group leader) and its log file."""
+
+    name: str
+    argv: list[str]
+    log: Path
+    process: subprocess.Popen[bytes]
+    _log_file: IO[bytes] = field(repr=False)
+
+    def exited(self) -> int | None:
+        """Its exit status, or None while it runs."""
+        return self.process.poll()
+
+
+class Deployment:
+    """One manager's Airflow on one scratch database (see the module docstring).
+
+    ``url`` is the scratch database's SQLAlchemy URL with the sync driver
+    Airflow uses (``postgresql+psycopg2``, ``mysql+mysqldb``); ``home`` the
+    scratch ``AIRFLOW_HOME`` (DAG files, task logs); ``log_dir`` where the
+    components' own output goes.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        backend: str,
+        url: str,
+        manager_class: str,
+        sizes: LiveSizes,
+        home: Path,
+        log_dir: Path,
+        manager_kwargs: str | None = None,
+    ) -> None:
+        self.name = name
+        self.backend = backend
+        self.url = url
+        self.sizes = sizes
+        self.home = home
+        self.log_dir = log_dir
+        self.dags_folder = home / "dags"
+        self.barrier_dir = home / "barrier"
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.id = uuid.uuid4().hex
+        self.components: list[Component] = []
+        self.env = self._environment(manager_class, manager_kwargs)
+        self.stopped = False
+
+    # --- settings ---------------------------------------------------------------------
+
+    def _environment(self, manager_class: str, manager_kwargs: str | None) -> dict[str, str]:
+        """The variables every component gets: the caller's, minus any Airflow setting, plus ours."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+        sizes = self.sizes
+        settings = {
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.url,
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            # Every producer task of a burst runs at once (plus nothing else: the
+            # consumers' EmptyOperator never reaches the executor).
+            "AIRFLOW__CORE__PARALLELISM": str(max(sizes.tasks_per_burst, 4)),
+            "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(max(sizes.tasks_per_burst, 16)),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
+            "AIRFLOW__CORE__FERNET_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode(),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "AIRFLOW__CORE__ASSET_MANAGER_CLASS": manager_class,
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__API__BASE_URL": f"{self.base_url}/",
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
+            # >= 64 bytes, or PyJWT warns InsecureKeyLengthWarning on every token.
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(64),
+            # Nothing may listen beyond 127.0.0.1 (the health server binds 0.0.0.0).
+            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+            # The access log (HttpAccessLogMiddleware, logger http.access) logs at INFO.
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            "PYTHONUNBUFFERED": "1",
+            MARKER: self.id,
+        }
+        if manager_kwargs is not None:
+            settings["AIRFLOW__CORE__ASSET_MANAGER_KWARGS"] = manager_kwargs
+        if self.backend == "mysql":
+            # 3.3.2's scheduler exits on MariaDB at its first orphan clean-up (60 s):
+            # _update_asset_orphanage sends WITH ... DELETE ... RETURNING (error 1064).
+            settings["AIRFLOW__SCHEDULER__PARSING_CLEANUP_INTERVAL"] = "86400"
+        env.update(settings)
+        return env
+
+    # --- processes --------------------------------------------------------------------
+
+    def migrate(self, timeout: float) -> None:
+        """``airflow db migrate``: Airflow's own schema on the scratch database, as an operator makes it."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_dir / "db-migrate.log"
+        with log.open("wb") as out:
+            try:
+                result = subprocess.run(
+                    [*airflow_command(), "db", "migrate"],
+                    env=self.env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=max(timeout, 1.0),
+                    check=False,
+                    start_new_session=True,
+                )
+            except subprocess.TimeoutExpired:
+                raise LiveError(
+                    f"airflow db migrate did not finish within {timeout:.0f} s (log: {log})"
+                ) from None
+        if result.returncode != 0:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise LiveError(f"airflow db migrate failed (exit {result.returncode}, log: {log}):\n{tail}")
+
+    def start(self) -> None:
+        """Start the api-server, the scheduler(s) and the DAG processor (in that order)."""
+        self._start("api-server", ["api-server", "--host", "127.0.0.1", "--port", str(self.port)])
+        for index in range(self.schedulers):
+            suffix = f"-{index + 1}" if self.schedulers > 1 else ""
+            self._start(f"scheduler{suffix}", ["scheduler", "--skip-serve-logs"])
+        self._start("dag-processor", ["dag-processor"])
+
+    @property
+    def schedulers(self) -> int:
+        """``sizes.schedulers``, but one on MySQL/MariaDB (HA mode is measured on PostgreSQL)."""
+        return self.sizes.schedulers if self.backend == "postgresql" else 1
+
+    def _start(self, name: str, args: list[str]) -> None:
+        log = self.log_dir / f"{name}.log"
+        log_file = log.open("ab")
+        argv = [*airflow_command(), *args]
+        try:
+            process = subprocess.Popen(
+                argv,
+                env=self.env,
+                cwd=self.home,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except BaseException:
+            log_file.close()
+            raise
+        self.components.append(Component(name, argv, log, process, log_file))
+
+    def log_of(self, name: str) -> Path:
+        """The log file of component ``name`` (``api-server``, ``scheduler``, ``dag-processor`` ...)."""
+        return self.log_dir / f"{name}.log"
+
+    def check_alive(self) -> None:
+        """Raise :class:`LiveError` naming the component and its log if one has exited."""
+        for component in self.components:
+            status = component.exited()
+            if status is not None:
+                tail = _tail(component.log, 1500)
+                raise LiveError(
+                    f"{component.name} exited with status {status} (log: {component.log}; "
+                    f"api-server log: {self.log_of('api-server')}):\n{tail}"
+                )
+
+    def stop(self) -> list[str]:
+        """Stop everything this deployment started; returns what needed SIGKILL (empty: nothing did).
+
+        Schedulers first (no new task starts), then the DAG processor, then the
+        api-server (running tasks still report to it): SIGTERM to each process
+        group, then SIGKILL to the groups still there after the grace period,
+        then a sweep of processes carrying the deployment's marker.
+        """
+        if self.stopped:
+            return []
+        self.stopped = True
+        killed: list[str] = []
+        order = sorted(self.components, key=lambda c: {"api-server": 2, "dag-processor": 1}.get(c.name, 0))
+        for component in order:
+            _signal_group(component.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + _GRACE_S
+        for component in order:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                component.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for component in order:
+            if component.process.poll() is None:
+                killed.append(component.name)
+            # The group may outlive its leader (executor workers): kill it in any case.
+            _signal_group(component.process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                component.process.wait(timeout=10)
+            component._log_file.close()
+        leftovers = list(_marked_processes(self.id))
+        for pid in leftovers:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if leftovers:
+            killed.append(f"{len(leftovers)} task process(es) by pid")
+        return killed
+
+    def __enter__(self) -> Deployment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _marked_processes(deployment_id: str) -> Iterator[int]:
+    """Pids of this user's processes whose environment carries ``MARKER=deployment_id``."""
+    needle = f"{MARKER}={deployment_id}".encode()
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            yield int(entry.name)
+
+
+def _tail(path: Path, chars: int) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""

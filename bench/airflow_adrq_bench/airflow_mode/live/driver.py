@@ -1,0 +1,293 @@
+"""Drive a started deployment: wait until it is ready, warm it up, trigger the bursts, wait for drains.
+
+Everything goes through the deployment's public interfaces, as an operator's
+tooling would: the REST API (``GET /auth/token``, which ``[core]
+simple_auth_manager_all_admins`` opens; ``POST /api/v2/dags/{id}/dagRuns``;
+``POST /api/v2/assets/events``) for what Airflow does, and read-only SQL on
+the scratch database for what the driver waits for (run states, queue rows,
+consumer runs). Every wait checks the deployment's hard time limit and that
+no component has exited, and updates a progress line on stderr.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import sqlalchemy as sa
+
+from airflow_adrq_bench.airflow_mode.live import measure
+from airflow_adrq_bench.airflow_mode.live.config import (
+    WARM_ASSET,
+    WARM_DAG,
+    Deadline,
+    LiveError,
+    LiveSizes,
+    asset_names,
+    burst_run_id,
+    consumer_dag_ids,
+    producer_dag_ids,
+)
+from airflow_adrq_bench.airflow_mode.live.deployment import Deployment
+
+__all__ = ["Api", "Driver", "Progress"]
+
+# Seconds between polls of the database while waiting.
+_POLL_S = 0.5
+
+
+class Api:
+    """A minimal REST client of one api-server (urllib: nothing beyond the standard library)."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token: str | None = None
+
+    def call(self, method: str, path: str, body: object = None, *, timeout: float = 60.0) -> Any:
+        """Send one request; returns the decoded JSON answer. Raises :class:`LiveError` on HTTP errors."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.base_url + path, data=data, method=method)
+        request.add_header("Accept", "application/json")
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:500]
+            raise LiveError(f"{method} {path}: HTTP {exc.code}: {detail}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise LiveError(f"{method} {path}: {exc}") from None
+        return json.loads(raw) if raw else None
+
+    def health(self) -> dict[str, Any] | None:
+        """``/api/v2/monitor/health``, or None while the api-server does not answer."""
+        try:
+            answer = self.call("GET", "/api/v2/monitor/health", timeout=10)
+        except LiveError:
+            return None
+        return answer if isinstance(answer, dict) else None
+
+    def login(self) -> None:
+        """Get a token from ``GET /auth/token`` (open with ``simple_auth_manager_all_admins``)."""
+        answer = self.call("GET", "/auth/token")
+        self.token = str(answer["access_token"])
+
+    def trigger(self, dag_id: str, run_id: str, conf: dict[str, Any]) -> dict[str, Any]:
+        """``POST /api/v2/dags/{dag_id}/dagRuns`` (a manual run, no logical date)."""
+        body = {"dag_run_id": run_id, "logical_date": None, "conf": conf}
+        answer = self.call("POST", f"/api/v2/dags/{dag_id}/dagRuns", body)
+        return dict(answer)
+
+    def asset_event(self, asset_id: int, extra: dict[str, Any]) -> dict[str, Any]:
+        """``POST /api/v2/assets/events``: an event of this asset, through the api-server's asset manager."""
+        answer = self.call("POST", "/api/v2/assets/events", {"asset_id": asset_id, "extra": extra})
+        return dict(answer)
+
+
+class Progress:
+    """One progress line on stderr: rewritten in place on a terminal, else printed every 15 s."""
+
+    def __init__(self, label: str, stream: TextIO | None = None) -> None:
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty()
+        self.last_print = 0.0
+        self.width = 0
+
+    def update(self, text: str, *, force: bool = False) -> None:
+        """Show ``text`` (on a non-terminal at most every 15 s unless ``force``)."""
+        line = f"{self.label}: {text}"
+        if self.tty:
+            pad = max(0, self.width - len(line))
+            self.stream.write("\r" + line + " " * pad)
+            self.width = len(line)
+        else:
+            now = time.monotonic()
+            if not force and now - self.last_print < 15:
+                return
+            self.last_print = now
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def done(self, text: str) -> None:
+        """End the line with ``text``."""
+        self.update(text, force=True)
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.width = 0
+
+
+@dataclass
+class Driver:
+    """Runs the bursts on one started deployment and collects what happened when."""
+
+    deployment: Deployment
+    engine: sa.Engine
+    deadline: Deadline
+    progress: Progress
+    api: Api = field(init=False)
+    sizes: LiveSizes = field(init=False)
+    timeline: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.api = Api(self.deployment.base_url)
+        self.sizes = self.deployment.sizes
+        self.producers = producer_dag_ids(self.sizes)
+        self.consumers = consumer_dag_ids(self.sizes)
+        self.run_ids = [burst_run_id(b) for b in range(self.sizes.bursts)]
+
+    # --- waiting ------------------------------------------------------------------------
+
+    def _wait(self, doing: str, done: Callable[[], tuple[bool, str]]) -> None:
+        """Poll ``done`` until it says so; each poll checks the time limit and the components."""
+        while True:
+            self.deployment.check_alive()
+            finished, status = done()
+            left = self.deadline.left()
+            self.progress.update(f"{doing}: {status} [{self.deadline.elapsed():.0f} s, {left:.0f} s left]")
+            if finished:
+                return
+            self.deadline.check(doing)
+            time.sleep(_POLL_S)
+
+    def wait_ready(self) -> None:
+        """Until the api-server answers and reports a healthy scheduler and DAG processor."""
+
+        def ready() -> tuple[bool, str]:
+            health = self.api.health()
+            if health is None:
+                return False, "api-server not answering yet"
+            states = {k: (v or {}).get("status") for k, v in health.items() if k != "triggerer"}
+            waiting = [k for k, v in states.items() if v != "healthy"]
+            return not waiting, f"waiting for {', '.join(waiting)}" if waiting else "healthy"
+
+        self._wait("starting", ready)
+        self.api.login()
+        self.timeline["ready_s"] = self.deadline.elapsed()
+
+    def wait_parsed(self) -> None:
+        """Until the DAG processor has written every DAG, unpaused, with its asset references."""
+        dag_ids = [*self.producers, *self.consumers, WARM_DAG]
+        references = self.sizes.consumers * self.sizes.outlets
+        dag_sql = sa.text(
+            "SELECT count(*) FROM dag d WHERE d.dag_id IN :dag_ids AND d.is_paused = :paused "
+            "AND EXISTS (SELECT 1 FROM serialized_dag s WHERE s.dag_id = d.dag_id)"
+        ).bindparams(sa.bindparam("dag_ids", expanding=True))
+        ref_sql = sa.text(
+            "SELECT count(*) FROM dag_schedule_asset_reference WHERE dag_id IN :dag_ids"
+        ).bindparams(sa.bindparam("dag_ids", expanding=True))
+
+        def parsed() -> tuple[bool, str]:
+            with self.engine.connect() as conn:
+                dags = int(conn.execute(dag_sql, {"dag_ids": dag_ids, "paused": False}).scalar_one())
+                refs = int(conn.execute(ref_sql, {"dag_ids": self.consumers}).scalar_one())
+            return (
+                dags == len(dag_ids) and refs == references,
+                f"{dags}/{len(dag_ids)} DAGs, {refs}/{references} schedule references",
+            )
+
+        self._wait("parsing the DAG files", parsed)
+        self.timeline["parsed_s"] = self.deadline.elapsed()
+
+    def _wait_runs(self, doing: str, dag_ids: Sequence[str], run_ids: Sequence[str]) -> None:
+        expected = len(dag_ids) * len(run_ids)
+
+        def finished() -> tuple[bool, str]:
+            with self.engine.connect() as conn:
+                runs = measure.producer_runs(conn, dag_ids, run_ids)
+                tasks = measure.task_states(conn, dag_ids, run_ids)
+                queue = measure.queue_rows(conn)
+                consumer_runs = measure.run_count(conn, self.consumers)
+            done = sum(n for s, n in runs.items() if s in measure.TERMINAL_RUN_STATES)
+            total = sum(tasks.values())
+            status = (
+                f"runs {done}/{expected} done; tasks {tasks.get('success', 0)}/{total} succeeded, "
+                f"{tasks.get('failed', 0)} failed, {tasks.get('up_for_retry', 0)} up for retry; "
+                f"queue {queue} rows; consumer runs {consumer_runs}"
+            )
+            return done == expected, status
+
+        self._wait(doing, finished)
+
+    # --- the run ------------------------------------------------------------------------
+
+    def warm_up(self) -> dict[str, Any]:
+        """One run of the warm-up DAG: every execution-API call once, so the bursts meet a warm api-server."""
+        started = time.time()
+        self.api.trigger(WARM_DAG, "warmup", {})
+        self._wait_runs("warming up", [WARM_DAG], ["warmup"])
+        with self.engine.connect() as conn:
+            states = measure.task_states(conn, [WARM_DAG], ["warmup"])
+        self.timeline["warm_s"] = self.deadline.elapsed()
+        return {"seconds": round(time.time() - started, 2), "tasks": states}
+
+    def bursts(self) -> list[dict[str, Any]]:
+        """Trigger every producer DAG, wait until all their runs are done; ``bursts`` times."""
+        out = []
+        for burst, run_id in enumerate(self.run_ids):
+            triggered_at = dt.datetime.now(dt.timezone.utc)
+            for dag_id in self.producers:
+                self.api.trigger(dag_id, run_id, {"burst": run_id})
+            self._wait_runs(f"burst {burst + 1}/{self.sizes.bursts}", self.producers, [run_id])
+            out.append({"run_id": run_id, "triggered_at": triggered_at.isoformat()})
+        self.timeline["bursts_s"] = self.deadline.elapsed()
+        return out
+
+    def drain(self, doing: str) -> dict[str, Any]:
+        """Until no queue row is left and no new consumer run appeared for ``settle_s``.
+
+        Gives up after ``drain_timeout_s`` and returns what it saw (the queue
+        left behind is then part of the results, not an error).
+        """
+        started = time.monotonic()
+        give_up = started + self.sizes.drain_timeout_s
+        state = {"runs": -1, "since": started, "queue": -1}
+
+        def drained() -> tuple[bool, str]:
+            with self.engine.connect() as conn:
+                queue = measure.queue_rows(conn)
+                runs = measure.run_count(conn, self.consumers)
+            now = time.monotonic()
+            if runs != state["runs"] or queue:
+                state["since"] = now
+            state["runs"], state["queue"] = runs, queue
+            quiet = now - state["since"]
+            timed_out = now > give_up
+            return (
+                (queue == 0 and quiet >= self.sizes.settle_s) or timed_out,
+                f"queue {queue} rows, consumer runs {runs}, quiet {quiet:.0f}/{self.sizes.settle_s:g} s",
+            )
+
+        self._wait(doing, drained)
+        return {
+            "seconds": round(time.monotonic() - started, 2),
+            "drained": state["queue"] == 0,
+            "queue_rows": state["queue"],
+            "consumer_runs": state["runs"],
+        }
+
+    def extra_events(self) -> list[int]:
+        """One more event of every outlet asset, through ``POST /api/v2/assets/events``; returns their ids."""
+        with self.engine.connect() as conn:
+            ids = measure.asset_ids(conn, asset_names(self.sizes))
+        missing = [name for name in asset_names(self.sizes) if name not in ids]
+        if missing:
+            raise LiveError(f"assets {', '.join(missing)} are not in the database")
+        if WARM_ASSET in ids:  # pragma: no cover - a name clash would be a bug in config
+            raise LiveError("the warm-up asset is an outlet asset")
+        events = []
+        for name in asset_names(self.sizes):
+            answer = self.api.asset_event(ids[name], {"adrq_live": "one more event"})
+            events.append(int(answer["id"]))
+        return events

@@ -1,0 +1,159 @@
+"""The raw-SQL reference: one asset event and its queue rows, hand-written, through the DB-API.
+
+What :func:`airflow_adrq.register_asset_change` + COMMIT does for one event
+of an asset with only direct consumers, as the least a hand-written
+implementation has to send, on a connection from ``engine.raw_connection()``
+(the same driver the library uses), with bound parameters:
+
+1. ``SELECT id FROM asset WHERE name = :name AND uri = :uri``;
+2. ``INSERT INTO asset_event ... RETURNING id`` (PostgreSQL, SQLite,
+   MariaDB; MySQL: ``cursor.lastrowid``);
+3. ``UPDATE asset_event SET timestamp = :now WHERE id = :id`` (the stamp at
+   COMMIT);
+4. ``INSERT INTO asset_dag_run_queue ... SELECT ... FROM asset_event JOIN
+   dag_schedule_asset_reference ... JOIN dag ... WHERE asset_event.id = :id
+   ... ORDER BY asset_id, dag_id`` with the dialect's conflict clause,
+   ``created_at = :now``;
+5. COMMIT (SQLite: after ``BEGIN IMMEDIATE``, as the library's engine does).
+
+The benchmark times this against the library call by call, interleaved, in
+one run (:func:`airflow_adrq_bench.engine.run_raw_ratio`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sqlalchemy.engine import Dialect
+
+from airflow_adrq.models import UtcDateTime, utcnow
+
+__all__ = ["STATEMENTS_PER_CALL", "RawSql", "raw_sql"]
+
+#: Statements sent per call, COMMIT not counted (as :mod:`.counting` counts).
+STATEMENTS_PER_CALL: Final = 4
+
+_LOOKUP = "SELECT id FROM asset WHERE name = {name} AND uri = {uri}"
+_INSERT_EVENT = (
+    "INSERT INTO asset_event (asset_id, extra, source_task_id, source_dag_id, source_run_id, "
+    "source_map_index, timestamp) VALUES ({asset_id}, {extra}, {task_id}, {dag_id}, {run_id}, "
+    "{map_index}, {timestamp})"
+)
+_STAMP = "UPDATE asset_event SET timestamp = {now} WHERE id = {event_id}"
+_QUEUE = (
+    "INSERT INTO asset_dag_run_queue (asset_id, target_dag_id, created_at) "
+    "SELECT e.asset_id, r.dag_id, {now} FROM asset_event e "
+    "JOIN dag_schedule_asset_reference r ON r.asset_id = e.asset_id "
+    "JOIN dag d ON d.dag_id = r.dag_id "
+    "WHERE e.id = {event_id} AND e.partition_key IS NULL "
+    "AND d.is_paused = {false} AND d.timetable_partitioned = {false} "
+    "ORDER BY e.asset_id, r.dag_id"
+)
+_CONFLICT: Final = {
+    "postgresql": " ON CONFLICT (asset_id, target_dag_id) DO NOTHING",
+    "sqlite": " ON CONFLICT (asset_id, target_dag_id) DO NOTHING",
+    "mysql": " ON DUPLICATE KEY UPDATE asset_id = asset_dag_run_queue.asset_id",
+}
+
+
+def _placeholders(dialect_name: str, names: list[str]) -> dict[str, str]:
+    # sqlite3 takes :name with a mapping; psycopg2, psycopg 3, mysqlclient and
+    # PyMySQL all take %(name)s with a mapping.
+    if dialect_name == "sqlite":
+        return {n: f":{n}" for n in names}
+    return {n: f"%({n})s" for n in names}
+
+
+@dataclass(frozen=True)
+class RawSql:
+    """The hand-written statements for one dialect, and how to bind a timestamp there."""
+
+    dialect: str
+    begin: str | None
+    lookup: str
+    insert_event: str
+    returning: bool
+    stamp: str
+    queue: str
+    timestamp: Callable[[dt.datetime], Any]
+
+    def register(
+        self, dbapi_connection: Any, *, name: str, uri: str, source: tuple[str, str, str, int]
+    ) -> int:
+        """One event + its queue rows + COMMIT; returns the event id."""
+        dag_id, task_id, run_id, map_index = source
+        cursor = dbapi_connection.cursor()
+        try:
+            if self.begin:
+                cursor.execute(self.begin)
+            cursor.execute(self.lookup, {"name": name, "uri": uri})
+            (asset_id,) = cursor.fetchone()
+            event = {
+                "asset_id": asset_id,
+                "extra": "{}",
+                "task_id": task_id,
+                "dag_id": dag_id,
+                "run_id": run_id,
+                "map_index": map_index,
+                "timestamp": self.timestamp(utcnow()),
+            }
+            cursor.execute(self.insert_event, event)
+            if self.returning:
+                (event_id,) = cursor.fetchone()
+            else:
+                event_id = cursor.lastrowid
+            now = self.timestamp(utcnow())
+            cursor.execute(self.stamp, {"now": now, "event_id": event_id})
+            cursor.execute(self.queue, {"now": now, "event_id": event_id})
+            dbapi_connection.commit()
+            return int(event_id)
+        except BaseException:
+            dbapi_connection.rollback()
+            raise
+        finally:
+            cursor.close()
+
+
+def raw_sql(dialect: Dialect) -> RawSql:
+    """The raw-SQL reference for ``dialect`` (PostgreSQL, MySQL/MariaDB or SQLite)."""
+    name = dialect.name
+    if name not in _CONFLICT:
+        raise ValueError(f"no raw-SQL reference for dialect {name!r}")
+    p = _placeholders(
+        name,
+        [
+            "name",
+            "uri",
+            "asset_id",
+            "extra",
+            "task_id",
+            "dag_id",
+            "run_id",
+            "map_index",
+            "timestamp",
+            "now",
+            "event_id",
+        ],
+    )
+    # MySQL < 8 has no RETURNING; MariaDB has had it on INSERT since 10.5.
+    returning = name != "mysql" or bool(getattr(dialect, "is_mariadb", False))
+    insert_event = _INSERT_EVENT.format(**p) + (" RETURNING id" if returning else "")
+    false = "false" if name == "postgresql" else "0"
+    bind = UtcDateTime().dialect_impl(dialect).bind_processor(dialect)
+
+    def timestamp(value: dt.datetime) -> Any:
+        return bind(value) if bind is not None else value
+
+    return RawSql(
+        dialect=name,
+        begin="BEGIN IMMEDIATE" if name == "sqlite" else None,
+        lookup=_LOOKUP.format(**p),
+        insert_event=insert_event,
+        returning=returning,
+        stamp=_STAMP.format(**p),
+        queue=_QUEUE.format(false=false, **p) + _CONFLICT[name],
+        timestamp=timestamp,
+    )
