@@ -88,6 +88,7 @@ class _Worker:
         settings.configure_vars()
         settings.reconfigure_orm()
         engine = settings.engine
+        assert engine is not None, "settings.reconfigure_orm() made no engine"
         sa.event.listen(engine, "before_cursor_execute", self.statements)
         if pg_deadlock_timeout_ms is not None and engine.dialect.name == "postgresql":
 
@@ -154,8 +155,10 @@ class _Worker:
         try:
             self.statements.reset()
             start = time.perf_counter()
+            # A stand-in task instance (the fields Airflow reads), not an ORM one.
+            stand_in: Any = ti
             event = airflow_manager.asset_manager.register_asset_change(
-                task_instance=ti, asset=key, session=session
+                task_instance=stand_in, asset=key, session=session
             )
             session.commit()
             latency = time.perf_counter() - start
@@ -214,7 +217,8 @@ class _Worker:
             self.statements.reset()
             session = self.session_factory()
             try:
-                callbacks: Any = TaskInstance.register_asset_changes_in_db(ti, outlets, [], session=session)
+                stand_in: Any = ti
+                callbacks: Any = TaskInstance.register_asset_changes_in_db(stand_in, outlets, [], session=session)
                 if hold_s:
                     time.sleep(hold_s)
                 session.commit()
@@ -289,8 +293,9 @@ def _check_manager(manager: str) -> dict[str, Any]:
             f"{type(resolved).__qualname__}, expected {expected.__module__}.{expected.__qualname__}"
         )
     # The same instance is the one TaskInstance.register_asset_changes_in_db calls.
-    import airflow.models.taskinstance as airflow_ti
+    import airflow.models.taskinstance as taskinstance_module
 
+    airflow_ti: Any = taskinstance_module
     if airflow_ti.asset_manager is not resolved:
         raise RuntimeError(f"{manager}: airflow.models.taskinstance uses another asset manager")
     return {
