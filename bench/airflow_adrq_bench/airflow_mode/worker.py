@@ -218,7 +218,9 @@ class _Worker:
             session = self.session_factory()
             try:
                 stand_in: Any = ti
-                callbacks: Any = TaskInstance.register_asset_changes_in_db(stand_in, outlets, [], session=session)
+                callbacks: Any = TaskInstance.register_asset_changes_in_db(
+                    stand_in, outlets, [], session=session
+                )
                 if hold_s:
                     time.sleep(hold_s)
                 session.commit()
