@@ -5,7 +5,7 @@ An "Airflow-like" database here is the library's own tables (the Airflow 3.3
 shape, airflow_adrq.models) plus the two tables doctor reads that the library
 lacks: ``alembic_version`` stamped with an Airflow revision and
 ``task_outlet_asset_reference``. Databases made by ``airflow db migrate``
-are tested in tests/airflow/test_doctor.py.
+are tested in tests/plugin/test_doctor.py.
 """
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ class LiveSizes:
 
 #: The issue's defaults: 16 instances x 3 outlets x 64 consumers x 4 bursts, 1 producer DAG.
 DEFAULT: Final = LiveSizes()
-#: The size of the test suite's run (tests/airflow/test_live.py).
+#: The size of the test suite's run (tests/plugin/test_live.py).
 SMALL: Final = LiveSizes(instances=4, outlets=2, consumers=8, bursts=2, producer_dags=2, settle_s=4.0)
 
 

@@ -30,7 +30,6 @@ import re
 
 import pytest
 import sqlalchemy as sa
-from adrq_af_scenario import LINE
 from airflow.models import import_all_models
 from airflow.models.base import metadata as airflow_metadata
 from sqlalchemy.dialects import postgresql, sqlite
@@ -38,6 +37,7 @@ from sqlalchemy.sql import visitors
 
 from airflow_adrq import queue, shapes
 from airflow_adrq.models import metadata as our_metadata
+from tests.plugin.adrq_af_scenario import LINE
 
 import_all_models()
 

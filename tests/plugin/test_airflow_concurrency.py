@@ -16,12 +16,13 @@ import queue
 import time
 from collections import Counter
 
-import adrq_af_producer
-import adrq_af_scenario as scenario
 import pytest
 import sqlalchemy as sa
-from adrq_af_scenario import LINE
 from sqlalchemy.orm import Session
+
+from tests.plugin import adrq_af_producer
+from tests.plugin import adrq_af_scenario as scenario
+from tests.plugin.adrq_af_scenario import LINE
 
 PRODUCERS = 8
 ROUNDS = 2

@@ -34,12 +34,12 @@ import textwrap
 import uuid
 from pathlib import Path
 
-import adrq_af_scenario as scenario
 import pytest
 import sqlalchemy as sa
-from adrq_af_scenario import LINE
 
 from airflow_adrq import doctor
+from tests.plugin import adrq_af_scenario as scenario
+from tests.plugin.adrq_af_scenario import LINE
 
 pytestmark = pytest.mark.airflow_backends("postgresql")
 
@@ -64,8 +64,8 @@ REGISTER = textwrap.dedent(
     import sys
     from types import SimpleNamespace
 
-    import adrq_af_scenario as scenario
-    from adrq_af_scenario import outlet, task_instance
+    from tests.plugin import adrq_af_scenario as scenario
+    from tests.plugin.adrq_af_scenario import outlet, task_instance
     from airflow.assets.manager import asset_manager
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
@@ -155,7 +155,7 @@ def meta(schema_db):
 
 def _register(db: SchemaDatabase, manager_class: str, *, register: bool = True) -> dict:
     env = db.airflow_env(AIRFLOW__CORE__ASSET_MANAGER_CLASS=manager_class)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parents[1]), env.get("PYTHONPATH")]))
     result = subprocess.run(
         [sys.executable, "-c", REGISTER, json.dumps(SEED), "register" if register else "seed"],
         env=env,

@@ -35,7 +35,8 @@ os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_HOME}/airflow.
 os.environ.pop("AIRFLOW__CORE__ASSET_MANAGER_CLASS", None)
 
 import sqlalchemy as sa  # noqa: E402
-from adrq_af_scenario import LINE, empty  # noqa: E402
+
+from tests.plugin.adrq_af_scenario import LINE, empty  # noqa: E402
 
 #: Tests of ``airflow-adrq bench --airflow`` (bench/airflow_adrq_bench/airflow_mode, another
 #: owner's), written for Airflow 3.3's AssetManager: skipped, visibly, on the other lines.

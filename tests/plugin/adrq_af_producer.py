@@ -38,13 +38,13 @@ def _is_deadlock(exc: BaseException | None) -> bool:
 def run(index, url, variants, rounds, outlet_names, hold_seconds, barrier, results):
     import airflow.models.taskinstance as airflow_ti
     import sqlalchemy as sa
-    from adrq_af_scenario import outlet, task_instance
     from airflow.assets.manager import AssetManager
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.orm_event_handlers import setup_event_handlers
     from sqlalchemy.orm import Session
 
     from airflow_adrq.airflow import AdrqAssetManager
+    from tests.plugin.adrq_af_scenario import outlet, task_instance
 
     kwargs = {"isolation_level": "READ COMMITTED"} if url.startswith("mysql") else {}
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool, **kwargs)

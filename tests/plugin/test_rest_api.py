@@ -40,12 +40,13 @@ import subprocess
 import sys
 import textwrap
 
-import adrq_af_scenario as scenario
 import pytest
 import sqlalchemy as sa
-from adrq_af_scenario import LINE
 from airflow.models.asset import AssetDagRunQueue, AssetEvent
 from sqlalchemy.orm import Session
+
+from tests.plugin import adrq_af_scenario as scenario
+from tests.plugin.adrq_af_scenario import LINE
 
 PLUGIN = "airflow_adrq.airflow.AdrqAssetManager"
 MANAGERS = ("adrq", "stock", "no_flush")

@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import adrq_af_scenario as scenario
 import airflow
 import pytest
 import sqlalchemy as sa
@@ -22,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from airflow_adrq import doctor
 from airflow_adrq.airflow import compat
+from tests.plugin import adrq_af_scenario as scenario
 from tests.support.recording import recorded
 
 LINE = tuple(int(part) for part in airflow.__version__.split(".")[:2])

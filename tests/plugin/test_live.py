@@ -4,13 +4,13 @@
 The live run needs the full ``apache-airflow`` 3.3.2 distribution (the
 ``airflow`` command with its api-server, the task SDK and the standard
 provider's ``EmptyOperator``), not only ``apache-airflow-core``: the tox
-environments of tests/airflow install the core alone, so there the live tests
+environments of tests/plugin install the core alone, so there the live tests
 skip themselves with the reason shown. Run them from an environment with the
 full distribution::
 
     pip install "apache-airflow==3.3.2" asyncpg aiomysql matplotlib psycopg2-binary mysqlclient
     pip install -e . --no-deps
-    pytest -p no:cacheprovider tests/airflow/test_live.py -s
+    pytest -p no:cacheprovider tests/plugin/test_live.py -s
 
 Per backend (PostgreSQL, MariaDB/MySQL): one run at the CI size (``--small``:
 2 producer DAGs x 4 mapped instances x 2 outlets, 8 consumer DAGs, 2 bursts),

@@ -18,11 +18,9 @@ import sys
 import textwrap
 from types import SimpleNamespace
 
-import adrq_af_scenario as scenario
 import airflow.models.taskinstance as airflow_ti
 import pytest
 import sqlalchemy as sa
-from adrq_af_scenario import LINE, alias_event, outlet, task_instance
 from airflow.assets import manager as airflow_manager
 from airflow.assets.manager import AssetManager
 from airflow.listeners import hookimpl
@@ -32,6 +30,8 @@ from sqlalchemy.orm import Session
 from airflow_adrq import queue, shapes
 from airflow_adrq.airflow import AdrqAssetManager, compat, flush_queue
 from airflow_adrq.errors import UnsupportedSchemaError
+from tests.plugin import adrq_af_scenario as scenario
+from tests.plugin.adrq_af_scenario import LINE, alias_event, outlet, task_instance
 from tests.support.recording import recorded
 
 # The differential scenario: direct, alias, name and URI references; a paused,
