@@ -1,0 +1,206 @@
+"""The compatibility half of the report: Airflow's schema version, the queue's shape, the plug-in's support.
+
+``alembic_version`` places the database in Airflow's migration history
+(:mod:`airflow_adrq._airflow_revisions`, then an installed Airflow's
+migration files); :func:`airflow_adrq.shapes.detect` reads the queue table;
+:mod:`airflow_adrq.airflow.compat` says which release lines the plug-in
+supports and which shape each makes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Inspector
+
+from airflow_adrq import shapes
+from airflow_adrq._airflow_revisions import KNOWN_UP_TO, REVISIONS
+from airflow_adrq.airflow import compat
+from airflow_adrq.doctor.backends import Probe
+from airflow_adrq.doctor.connection import scalar
+from airflow_adrq.doctor.report import Compatibility, DoctorError, SchemaVersion
+from airflow_adrq.errors import UnsupportedSchemaError
+
+__all__ = ["read", "schema_version"]
+
+
+def read(
+    conn: Connection, probe: Probe, inspector: Inspector, tables: set[str], schema: str | None
+) -> tuple[Compatibility, shapes.QueueShape | None, list[str]]:
+    """``(compatibility, the queue's shape or None, warnings)`` of the database ``conn`` reads.
+
+    Raises :class:`DoctorError` when it is no Airflow metadata database.
+    """
+    warnings = []
+    revision = _alembic_revision(conn, tables)
+    version = schema_version(revision)
+    if version.airflow_version is not None and not version.complete:
+        warnings.append(
+            f"alembic_version {revision} is not the last migration of Airflow "
+            f"{version.airflow_version}: was `airflow db migrate` interrupted?"
+        )
+    found: shapes.QueueShape | None = None
+    shape_error = None
+    queue_key = None
+    if "asset_dag_run_queue" in tables:
+        pk = (
+            inspector.get_pk_constraint("asset_dag_run_queue", schema=schema).get("constrained_columns") or []
+        )
+        queue_key = tuple(pk)
+    try:
+        found = shapes.detect(conn, schema=schema)
+    except UnsupportedSchemaError as exc:
+        shape_error = str(exc)
+    supported, why, tested = _support(version, found, shape_error)
+    warnings.extend(_below_minimum(version))
+    compatibility = Compatibility(
+        backend=probe.name,
+        server=probe.server(conn),
+        schema=version,
+        queue_key=queue_key,
+        shape=found.name if found else None,
+        shape_lines=[f"{a}.{b}" for (a, b), made in compat.SHAPES.items() if made == found],
+        supported=supported,
+        support=why,
+        tested=tested,
+    )
+    if "dag" in tables:
+        compatibility.dag_id_collations = probe.collations(conn)
+    warnings.extend(probe.compatibility(conn, compatibility))
+    return compatibility, found, warnings
+
+
+def schema_version(revision: str) -> SchemaVersion:
+    """Place an ``alembic_version`` revision in Airflow's history (known releases, then an installed one)."""
+    for chain in (REVISIONS, None):
+        revisions = list(chain) if chain is not None else _installed_airflow_revisions()
+        versions = dict(revisions)
+        if revision not in versions:
+            continue
+        version = versions[revision]
+        last_of_version = [r for r, v in revisions if v == version][-1]
+        return SchemaVersion(revision, version, _line(version), revision == last_of_version)
+    return SchemaVersion(revision, None, None, False)
+
+
+def _line(version: str) -> tuple[int, int] | None:
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def _installed_airflow_revisions() -> list[tuple[str, str]]:
+    """``(revision, airflow_version)`` from the migration files of an installed Airflow, read as text.
+
+    Finds the package without importing it (importing Airflow loads its configuration).
+    """
+    try:
+        spec = importlib.util.find_spec("airflow")
+    except (ImportError, ValueError):
+        return []
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    versions = Path(next(iter(spec.submodule_search_locations))) / "migrations" / "versions"
+    found = []
+    for path in sorted(versions.glob("[0-9][0-9][0-9][0-9]_*.py")):
+        text = path.read_text(errors="replace")
+        revision = re.search(r'^revision\s*=\s*["\'](\w+)["\']', text, re.M)
+        version = re.search(r'^airflow_version\s*=\s*["\']([^"\']+)["\']', text, re.M)
+        if revision and version:
+            found.append((revision[1], version[1]))
+    return found
+
+
+def _alembic_revision(conn: Connection, tables: set[str]) -> str:
+    if "alembic_version" not in tables:
+        if "airflow_adrq_version" in tables:
+            own = scalar(conn, "SELECT version_num FROM airflow_adrq_version")
+            raise DoctorError(
+                f"this is airflow-adrq's own database (airflow_adrq_version {own}), not an Airflow "
+                "metadata database: pass Airflow's [database] sql_alchemy_conn as --url"
+            )
+        if {"dag", "asset_dag_run_queue"} <= tables:
+            raise DoctorError(
+                "no alembic_version table: these are airflow-adrq's own tables (or a copy), not a database "
+                "Airflow migrated; pass Airflow's [database] sql_alchemy_conn as --url"
+            )
+        raise DoctorError(
+            "no alembic_version table: not an Airflow metadata database; pass Airflow's "
+            "[database] sql_alchemy_conn as --url"
+        )
+    revisions = [str(r) for r in conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars()]
+    if len(revisions) != 1:
+        raise DoctorError(
+            f"alembic_version holds {len(revisions)} revisions ({', '.join(revisions) or 'none'}): "
+            "not an Airflow metadata database (Airflow's history has one head)"
+        )
+    revision = revisions[0]
+    if "dag" not in tables and schema_version(revision).airflow_version is None:
+        raise DoctorError(
+            f"alembic_version {revision} is no Airflow migration and there is no dag table: "
+            "not an Airflow metadata database"
+        )
+    return revision
+
+
+def _support(
+    schema: SchemaVersion, found: shapes.QueueShape | None, shape_error: str | None
+) -> tuple[bool, str, str | None]:
+    """``(supported, why, tested release)`` for this schema."""
+    if schema.airflow_version is None:
+        return (
+            False,
+            f"alembic revision {schema.revision} is unknown to this airflow-adrq (it knows Airflow up to "
+            f"{KNOWN_UP_TO}): a newer Airflow? Upgrade airflow-adrq",
+            None,
+        )
+    line = schema.line
+    name = f"{line[0]}.{line[1]}" if line else schema.airflow_version
+    refused: dict[tuple[int, int], str] = getattr(compat, "REFUSED", {})
+    if line in refused:
+        return False, f"Airflow {name} is refused: {refused[line]}", None
+    supported_lines = ", ".join(f"{a}.{b}" for a, b in compat.SUPPORTED)
+    if line not in compat.SUPPORTED:
+        return False, f"Airflow {name} is not supported (supported: {supported_lines})", None
+    adapters: dict[tuple[int, int], Any] = getattr(compat, "ADAPTERS", {})
+    tested = getattr(adapters.get(line), "tested", None)
+    if found is None:
+        return False, f"the queue table is not a shape airflow-adrq writes: {shape_error}", tested
+    expected = compat.SHAPES[line]
+    if found != expected:
+        return (
+            False,
+            f"Airflow {name} makes the {expected.name} queue, this database has the {found.name} one "
+            "(migrated by another Airflow?)",
+            tested,
+        )
+    return True, f"Airflow {name}" + (f", tested with {tested}" if tested else ""), tested
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+def _below_minimum(schema: SchemaVersion) -> list[str]:
+    """A warning when releases of this schema predate the first one of its line the plug-in supports.
+
+    The schema is the same from its release up to the next release that adds a
+    migration, so it cannot tell which of those runs.
+    """
+    adapter = getattr(compat, "ADAPTERS", {}).get(schema.line)
+    minimum: tuple[int, ...] | None = getattr(adapter, "minimum", None)
+    if schema.airflow_version is None or schema.line is None or minimum is None:
+        return []
+    if _version_tuple(schema.airflow_version) >= minimum:
+        return []
+    later = [v for _, v in REVISIONS if _version_tuple(v) > _version_tuple(schema.airflow_version)]
+    until = f" up to (not including) {later[0]}" if later else " and later"
+    first = ".".join(map(str, minimum))
+    return [
+        f"this is the schema of Airflow {schema.airflow_version}{until}; the plug-in supports "
+        f"{schema.line[0]}.{schema.line[1]} from {first} on (see compat.py): check `airflow version`, "
+        "older releases refuse to start with the option set"
+    ]
