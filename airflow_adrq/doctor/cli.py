@@ -34,10 +34,17 @@ def airflow_url() -> str:
 
 
 def airflow_schema() -> str | None:
-    """Airflow's ``[database] sql_alchemy_schema``: from the environment, else Airflow's configuration."""
+    """Airflow's ``[database] sql_alchemy_schema``: from the environment, else Airflow's configuration.
+
+    ``None`` (the default schema) where Airflow is not installed: ``--url`` needs no Airflow.
+    """
     if "AIRFLOW__DATABASE__SQL_ALCHEMY_SCHEMA" in os.environ:
         return os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_SCHEMA"].strip() or None
-    if importlib.util.find_spec("airflow.configuration") is None:
+    # find_spec of a submodule raises, not returns None, when its package is missing.
+    if (
+        importlib.util.find_spec("airflow") is None
+        or importlib.util.find_spec("airflow.configuration") is None
+    ):
         return None
     from airflow.configuration import conf
 
