@@ -306,6 +306,7 @@ class Airflow32(Airflow31):
         )
 
     def _partition_fields(self, partition_key: str | None, partition_date: Any) -> dict[str, Any]:
+        """The partition arguments of this line's listener event and ``_queue_partitioned_dags``."""
         return {"partition_key": partition_key}
 
     def notify_listeners(
@@ -346,7 +347,7 @@ class Airflow32(Airflow31):
             asset_id=asset_id,
             partition_dags=partition_dags,
             event=event,
-            partition_key=partition_key,
+            **self._partition_fields(partition_key, partition_date),
             task_instance=task_instance,
             session=session,
         )
@@ -412,28 +413,6 @@ class Airflow33(Airflow32):
             "allow_consumer_teams": api_allow_consumer_teams,
             "allow_global_consumers": api_allow_global_consumers,
         }
-
-    def queue_partitioned(
-        self,
-        manager: Any,
-        *,
-        asset_id: int,
-        partition_dags: list[Any],
-        event: Any,
-        partition_key: str | None,
-        partition_date: Any,
-        task_instance: Any,
-        session: Any,
-    ) -> None:
-        manager._queue_partitioned_dags(
-            asset_id=asset_id,
-            partition_dags=partition_dags,
-            event=event,
-            partition_key=partition_key,
-            partition_date=partition_date,
-            task_instance=task_instance,
-            session=session,
-        )
 
 
 class Airflow34(Airflow33):
