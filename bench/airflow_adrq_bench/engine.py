@@ -47,6 +47,7 @@ import airflow_adrq
 from airflow_adrq.models import AssetDagRunQueue, AssetEvent, DagScheduleAssetReference, UtcDateTime, utcnow
 from airflow_adrq_bench import barrier, counting, dataset, rawsql, strategies
 from airflow_adrq_bench.config import COMMITTED, GAVE_UP, NOT_STARTED, Cell, Plan, Sizes
+from airflow_adrq_bench.stats import percentile
 
 __all__ = [
     "COMMITTED",
@@ -58,7 +59,6 @@ __all__ = [
     "TxResult",
     "cell_started",
     "emitted_assets",
-    "percentile",
     "process_rng",
     "producer_work",
     "round_records",
@@ -84,15 +84,6 @@ def process_rng() -> random.Random:
     may pin.
     """
     return random.Random(int.from_bytes(os.urandom(8), "big"))
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in 0..100); NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 # --- one producer transaction ---------------------------------------------------

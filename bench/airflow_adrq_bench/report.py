@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_adrq_bench.config import DEFAULT_STRATEGY, NOT_STARTED, SCENARIOS, STRATEGIES
+from airflow_adrq_bench.stats import percentile
 
 __all__ = [
     "LOST_LEGEND",
@@ -48,15 +49,6 @@ SQLITE_NOTE = (
     "PostgreSQL or MySQL/MariaDB."
 )
 _FAILURES = ("deadlock", "lock_timeout", "serialization", "busy")
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in 0..100); NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 def aggregate(raw: dict[str, Any]) -> list[dict[str, Any]]:
@@ -92,9 +84,9 @@ def aggregate(raw: dict[str, Any]) -> list[dict[str, Any]]:
                 "retries": sum(t["attempts"] - 1 for t in records),
                 "duration_s": duration,
                 "tx_per_s": len(ok) / duration if duration else math.nan,
-                "p50_ms": _percentile(latencies, 50),
-                "p95_ms": _percentile(latencies, 95),
-                "p99_ms": _percentile(latencies, 99),
+                "p50_ms": percentile(latencies, 50),
+                "p95_ms": percentile(latencies, 95),
+                "p99_ms": percentile(latencies, 99),
                 "max_ms": max(latencies, default=math.nan),
                 "statements_per_tx": statistics.median([t["statements"] for t in ok]) if ok else math.nan,
                 "rows_exact": all(c["exact"] for c in group),
@@ -365,7 +357,7 @@ def aggregate_lost(raw: dict[str, Any]) -> list[dict[str, Any]]:
                 "passes": c["passes"],
                 "pass_p50_ms": c.get("pass_p50_ms", math.nan),
                 "deadlocks": failures[c["index"]].get("deadlock", 0),
-                "p50_ms": _percentile(latencies[c["index"]], 50),
+                "p50_ms": percentile(latencies[c["index"]], 50),
                 "duration_s": c["duration_s"],
                 "queue_rows_left": c["queue_rows_left"],
                 "consumed_unknown": c["consumed_unknown"],

@@ -199,7 +199,7 @@ def test_raw_sql_per_dialect(dialect, placeholder, returning, conflict):
 
 
 def test_percentile_is_nearest_rank():
-    from airflow_adrq_bench.engine import percentile
+    from airflow_adrq_bench.stats import percentile
 
     assert percentile(list(range(1, 101)), 95) == 95
     assert percentile([3.0], 95) == 3.0

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_adrq_bench.airflow_mode.config import MANAGERS, TARGETS
+from airflow_adrq_bench.stats import percentile
 
 __all__ = [
     "LEGEND",
@@ -56,15 +57,6 @@ Legend
 """
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in 0..100); NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
 def _ratio(a: float, b: float) -> float:
     if math.isnan(a) or math.isnan(b):
         return math.nan
@@ -92,8 +84,8 @@ def summarize(raw: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                 "fanout": fanout,
                 "manager": manager,
                 "calls": len(measured),
-                "p50_ms": _percentile(latencies, 50),
-                "p95_ms": _percentile(latencies, 95),
+                "p50_ms": percentile(latencies, 50),
+                "p95_ms": percentile(latencies, 95),
                 "statements": statistics.median([r["statements"] for r in measured])
                 if measured
                 else math.nan,
@@ -129,8 +121,8 @@ def summarize(raw: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                 "retries": sum(max(0, tx["attempts"] - 1) for tx in txs),
                 "duration_s": duration,
                 "tx_per_s": len(ok) / duration if duration > 0 else math.nan,
-                "p50_ms": _percentile(latencies, 50),
-                "p99_ms": _percentile(latencies, 99),
+                "p50_ms": percentile(latencies, 50),
+                "p99_ms": percentile(latencies, 99),
                 "max_ms": max(latencies, default=math.nan),
                 "statements": statistics.median([tx["statements"] for tx in ok]) if ok else math.nan,
                 "rows_exact": all(r["rows_exact"] for r in rounds),

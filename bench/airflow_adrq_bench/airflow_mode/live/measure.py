@@ -38,6 +38,8 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
+from airflow_adrq_bench.stats import percentile
+
 __all__ = [
     "DEADLOCK_LINE",
     "TERMINAL_RUN_STATES",
@@ -53,7 +55,6 @@ __all__ = [
     "event_counts",
     "latency_summary",
     "parse_access_log",
-    "percentile",
     "producer_runs",
     "producer_tasks",
     "queue_rows",
@@ -380,15 +381,6 @@ def latency_summary(records: Sequence[AccessRecord], ti_ids: Iterable[str]) -> d
         "max_ms": durations[-1] if durations else math.nan,
         "status": dict(sorted(Counter(str(r.status) for r in mine).items())),
     }
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile of sorted-or-not ``values`` (NaN for none)."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return float(ordered[rank - 1])
 
 
 # --- helpers -----------------------------------------------------------------------
