@@ -42,6 +42,7 @@ DAG_ID_COLUMNS = (
 class Probe:
     """How doctor reads one backend.
 
+    ``name`` is the report's ``compatibility.backend`` (``"mysql"`` for MariaDB too).
     ``engine_args(url)`` returns the URL and ``connect_args`` doctor's engine
     opens: a connect timeout, or (SQLite) the file read-only, never created.
     ``begin_read_only(connection)`` makes the connection's transaction
