@@ -26,7 +26,6 @@ Modules: :mod:`.config` (sizes, names, targets), :mod:`.sorted_loop` (the
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime as dt
 import importlib.util
@@ -173,29 +172,7 @@ def _bench(args: argparse.Namespace) -> int:
     out: Path = args.out or Path("bench-results") / f"airflow-{stamp}"
     managers = [m for m in MANAGERS if not args.manager or m in args.manager]
     scenarios = [s for s in SCENARIOS if not args.scenario or s in args.scenario]
-    with contextlib.ExitStack() as stack:
-        targets: list[run.Target] = []
-        if args.db:
-            for url in args.db:
-                run.refuse_airflow_database(url)
-                targets.append(run.describe(url))
-        else:
-            chosen = args.backend or list(_BACKENDS)
-            if "sqlite" in chosen:
-                targets.append(run.describe("sqlite://"))
-            for backend in servers.BACKENDS:
-                if backend not in chosen:
-                    continue
-                try:
-                    info = stack.enter_context(servers.discover(backend))
-                except servers.ServerNotFoundError as exc:
-                    _say(f"not benchmarking {backend}: {exc}")
-                    continue
-                _say(f"{info.version}: {info.how_found}")
-                targets.append(run.describe(info.url))
-        if not targets:
-            raise run.BenchError("no database to benchmark")
-        targets = _unique_names(targets)
+    with run.targets(args.db or [], args.backend, sqlite=True, say=_say) as targets:
         _say(
             f"benchmarking {', '.join(t.version for t in targets)}: managers {', '.join(managers)}; "
             f"one caller at fan-outs {', '.join(map(str, sizes.fanouts))}; {sizes.producers} producers x "
@@ -226,13 +203,3 @@ def _bench(args: argparse.Namespace) -> int:
     for problem in problems:
         _say(f"ERROR: {problem}")
     return 1 if problems else 0
-
-
-def _unique_names(targets: Sequence[run.Target]) -> list[run.Target]:
-    seen: dict[str, int] = {}
-    out = []
-    for target in targets:
-        seen[target.name] = seen.get(target.name, 0) + 1
-        name = target.name if seen[target.name] == 1 else f"{target.name}{seen[target.name]}"
-        out.append(dataclasses.replace(target, name=name))
-    return out

@@ -1069,32 +1069,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 @contextlib.contextmanager
 def _targets(args: argparse.Namespace) -> Iterator[list[run_module.Target]]:
-    with contextlib.ExitStack() as stack:
-        targets: list[run_module.Target] = []
-        if args.db:
-            for url in args.db:
-                run_module.refuse_airflow_database(url)
-                targets.append(run_module.describe(url))
-        else:
-            chosen = args.backend or list(_BACKENDS)
-            if "sqlite" in chosen:
-                targets.append(run_module.describe("sqlite://"))
-            for backend in servers.BACKENDS:
-                if backend not in chosen:
-                    continue
-                try:
-                    info = stack.enter_context(servers.discover(backend))
-                except servers.ServerNotFoundError as exc:
-                    _say(f"not measuring {backend}: {exc}")
-                    continue
-                _say(f"{info.version}: {info.how_found}")
-                targets.append(run_module.describe(info.url))
-        if not targets:
-            raise AccountingError("no database to measure")
-        seen: Counter[str] = Counter()
-        named = []
-        for target in targets:
-            seen[target.name] += 1
-            count = seen[target.name]
-            named.append(target if count == 1 else dataclasses.replace(target, name=f"{target.name}{count}"))
-        yield named
+    try:
+        with run_module.targets(args.db or [], args.backend, sqlite=True, say=_say) as targets:
+            yield targets
+    except run_module.BenchError as exc:
+        raise AccountingError(str(exc)) from None

@@ -261,6 +261,55 @@ class _Workers:
 
 
 @contextlib.contextmanager
+def targets(
+    urls: Sequence[str],
+    backends: Sequence[str] | None,
+    *,
+    sqlite: bool,
+    say: Callable[[str], None],
+) -> Iterator[list[Target]]:
+    """The databases an Airflow mode measures on, with unique names; servers it started stop at the end.
+
+    ``urls`` (``--db``; each refused if it holds Airflow's tables) or else
+    every server :func:`airflow_adrq_bench.servers.discover` finds among
+    ``backends`` (all when empty), plus SQLite when ``sqlite``; a backend
+    without a server is said and skipped. Raises :class:`BenchError` for
+    none at all, or for a SQLite URL when ``sqlite`` is false.
+    """
+    with contextlib.ExitStack() as stack:
+        found: list[Target] = []
+        for url in urls:
+            if not sqlite and sa.make_url(url).get_backend_name() == "sqlite":
+                raise BenchError(
+                    "SQLite is not measured here: Airflow does not support the LocalExecutor on it"
+                )
+            refuse_airflow_database(url)
+            found.append(describe(url))
+        if not urls:
+            if sqlite and (not backends or "sqlite" in backends):
+                found.append(describe("sqlite://"))
+            for backend in servers.BACKENDS:
+                if backends and backend not in backends:
+                    continue
+                try:
+                    info = stack.enter_context(servers.discover(backend))
+                except servers.ServerNotFoundError as exc:
+                    say(f"not measuring {backend}: {exc}")
+                    continue
+                say(f"{info.version}: {info.how_found}")
+                found.append(describe(info.url))
+        if not found:
+            raise BenchError("no database to measure on")
+        seen: dict[str, int] = {}
+        named = []
+        for target in found:
+            seen[target.name] = seen.get(target.name, 0) + 1
+            n = seen[target.name]
+            named.append(target if n == 1 else dataclasses.replace(target, name=f"{target.name}{n}"))
+        yield named
+
+
+@contextlib.contextmanager
 def _scratch_database(target: Target, workdir: Path) -> Iterator[str]:
     """A new, empty database on the target's server (a file for SQLite); dropped on exit."""
     name = f"adrq_afbench_{os.getpid()}_{uuid.uuid4().hex[:6]}"

@@ -44,7 +44,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
 
 from airflow_adrq.errors import AdrqError
@@ -195,36 +194,11 @@ def _missing_requirements() -> list[str]:
 @contextlib.contextmanager
 def _targets(args: argparse.Namespace) -> Iterator[list[run_module.Target]]:
     """The servers to measure on: ``--db`` URLs (refused if they hold Airflow tables) or the servers found."""
-    with contextlib.ExitStack() as stack:
-        targets: list[run_module.Target] = []
-        if args.db:
-            for url in args.db:
-                if sa.make_url(url).get_backend_name() == "sqlite":
-                    raise LiveError(
-                        "SQLite is not measured: Airflow does not support the LocalExecutor on it"
-                    )
-                run_module.refuse_airflow_database(url)
-                targets.append(run_module.describe(url))
-        else:
-            for backend in servers.BACKENDS:
-                if args.backend and backend not in args.backend:
-                    continue
-                try:
-                    info = stack.enter_context(servers.discover(backend))
-                except servers.ServerNotFoundError as exc:
-                    _say(f"not measuring {backend}: {exc}")
-                    continue
-                _say(f"{info.version}: {info.how_found}")
-                targets.append(run_module.describe(info.url))
-        if not targets:
-            raise LiveError("no database server to measure on")
-        seen: dict[str, int] = {}
-        named = []
-        for target in targets:
-            seen[target.name] = seen.get(target.name, 0) + 1
-            n = seen[target.name]
-            named.append(target if n == 1 else dataclasses.replace(target, name=f"{target.name}{n}"))
-        yield named
+    try:
+        with run_module.targets(args.db or [], args.backend, sqlite=False, say=_say) as targets:
+            yield targets
+    except run_module.BenchError as exc:
+        raise LiveError(str(exc)) from None
 
 
 def run(
