@@ -84,7 +84,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from airflow_adrq.errors import AdrqError
 from airflow_adrq_bench import servers
 from airflow_adrq_bench.airflow_mode import run as run_module
-from airflow_adrq_bench.airflow_mode.worker import asset_uri
+from airflow_adrq_bench.airflow_mode.worker import asset_uri, serve
 
 __all__ = [
     "DEFAULT",
@@ -465,19 +465,7 @@ def consumer_main(conn: Any, env: dict[str, str]) -> None:
         "drain": consumer.drain,
         "consume": consumer.consume,
     }
-    while True:
-        try:
-            name, kwargs = conn.recv()
-        except EOFError:
-            break
-        if name == "close":
-            consumer.release()
-            conn.send(("ok", None))
-            break
-        try:
-            conn.send(("ok", commands[name](**kwargs)))
-        except BaseException:
-            conn.send(("error", traceback.format_exc()))
+    serve(conn, commands, close=consumer.release)
 
 
 class _ConsumerProcess:

@@ -355,13 +355,22 @@ def main(conn: Any, barrier: Any, manager: str, index: int, env: dict[str, str])
         "warmup": worker.warmup,
         "round": worker.round,
     }
+    serve(conn, commands, close=worker.release)
+
+
+def serve(conn: Any, commands: dict[str, Callable[..., Any]], *, close: Callable[[], Any]) -> None:
+    """A child process's command loop: ``(name, kwargs)`` in, ``("ok", result)`` or ``("error", tb)`` out.
+
+    ``close`` (or the controller's end of the pipe closing) ends it. The Airflow
+    modes' producer workers and the accounting consumer both serve this way.
+    """
     while True:
         try:
             name, kwargs = conn.recv()
         except EOFError:
             break
         if name == "close":
-            worker.release()
+            close()
             conn.send(("ok", None))
             break
         try:
