@@ -238,8 +238,12 @@ def _run_ddl(server_url: str | URL, template: str, name: str) -> None:
 # --- throwaway servers -------------------------------------------------------
 
 
-def _start_postgresql() -> contextlib.AbstractContextManager[ServerInfo]:
+def start_postgresql(
+    settings: Mapping[str, str] | None = None,
+) -> contextlib.AbstractContextManager[ServerInfo]:
+    """A throwaway PostgreSQL from the installed binaries; ``settings``: more ``-c name=value``."""
     bindir = _find_postgresql_bindir()
+    extra = [arg for name, value in (settings or {}).items() for arg in ("-c", f"{name}={value}")]
     return _run_throwaway(
         backend="postgresql",
         account="postgres",
@@ -272,6 +276,7 @@ def _start_postgresql() -> contextlib.AbstractContextManager[ServerInfo]:
             "full_page_writes=off",
             "-c",
             "max_connections=300",
+            *extra,
         ],
         # SIGINT is PostgreSQL's "fast" shutdown: it does not wait for clients
         # to disconnect (SIGTERM, the "smart" one, would).
@@ -600,7 +605,7 @@ _BACKENDS: dict[str, _Backend] = {
         version_sql="SHOW server_version",
         create_sql="CREATE DATABASE {name} TEMPLATE template0 ENCODING 'UTF8'",
         drop_sql="DROP DATABASE IF EXISTS {name} WITH (FORCE)",
-        start=_start_postgresql,
+        start=start_postgresql,
         driver_hint="psycopg2 (pip install 'airflow-adrq[postgres]')",
     ),
     "mysql": _Backend(

@@ -455,31 +455,8 @@ def test_pg_stat_statements_not_loaded(fresh_db_url, backend):
     assert "shared_preload_libraries" in e.queue_inserts_note
 
 
-@contextlib.contextmanager
 def _postgresql_with_pg_stat_statements():
-    bindir = servers._find_postgresql_bindir()
-    with servers._run_throwaway(
-        backend="postgresql",
-        account="postgres",
-        initialise=lambda data, tmp: [
-            str(bindir / "initdb"),
-            f"--pgdata={data}",
-            "--username=postgres",
-            "--auth=trust",
-            "--encoding=UTF8",
-            "--no-sync",
-        ],
-        command=lambda data, tmp, port: [
-            str(bindir / "postgres"),
-            *("-D", str(data), "-p", str(port), "-k", str(tmp)),
-            *("-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"),
-            *("-c", "shared_preload_libraries=pg_stat_statements"),
-        ],
-        stop_signal=2,
-        url=lambda port: f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres",
-        binary=bindir / "postgres",
-    ) as info:
-        yield info
+    return servers.start_postgresql(settings={"shared_preload_libraries": "pg_stat_statements"})
 
 
 def _when_accepting(connect, timeout=30.0):
