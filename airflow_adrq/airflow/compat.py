@@ -63,6 +63,7 @@ __all__ = [
     "REFUSED",
     "SHAPES",
     "SUPPORTED",
+    "release_line",
     "Airflow31",
     "Airflow32",
     "Airflow33",
@@ -471,7 +472,8 @@ def _airflow_version() -> str:
     return str(__version__)
 
 
-def _release_line(version: str) -> tuple[int, int] | None:
+def release_line(version: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of an Airflow version string (``"3.3.2"`` -> ``(3, 3)``); ``None`` if it has none."""
     parts = version.split(".")
     try:
         return int(parts[0]), int(parts[1])
@@ -496,7 +498,7 @@ def _supported_names() -> str:
 
 @functools.lru_cache(maxsize=8)
 def _adapter(version: str) -> ReleaseLine:
-    line = _release_line(version)
+    line = release_line(version)
     remedy = "Remove [core] asset_manager_class to use Airflow's own AssetManager."
     # (REFUSED's lines never get here: `import airflow_adrq` already refused
     # their SQLAlchemy; doctor reads REFUSED to explain their schemas.)

@@ -666,7 +666,7 @@ def test_refuses_31_releases_before_317_and_says_why(monkeypatch):
 def test_the_adapter_is_the_installed_line():
     import airflow
 
-    assert LINE is compat.ADAPTERS[compat._release_line(airflow.__version__)]
+    assert LINE is compat.ADAPTERS[compat.release_line(airflow.__version__)]
     assert airflow.__version__ == LINE.tested, "each tox env pins the release its line's adapter names"
     assert compat.SHAPES[LINE.line] == LINE.shape
 

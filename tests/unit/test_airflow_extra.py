@@ -24,4 +24,4 @@ def test_airflow_extra_matches_the_supported_lines():
     ("version", "line"), [("3.3.2", (3, 3)), ("3.4.0b2", (3, 4)), ("3.10.1", (3, 10)), ("main", None)]
 )
 def test_release_line(version, line):
-    assert compat._release_line(version) == line
+    assert compat.release_line(version) == line
