@@ -63,7 +63,6 @@ __all__ = [
     "REFUSED",
     "SHAPES",
     "SUPPORTED",
-    "release_line",
     "Airflow31",
     "Airflow32",
     "Airflow33",
@@ -72,6 +71,7 @@ __all__ = [
     "check_supported",
     "current",
     "queue_shape",
+    "release_line",
 ]
 
 Callbacks = list[Callable[[], None]]
@@ -473,7 +473,7 @@ def _airflow_version() -> str:
 
 
 def release_line(version: str) -> tuple[int, int] | None:
-    """``(major, minor)`` of an Airflow version string (``"3.3.2"`` -> ``(3, 3)``); ``None`` if it has none."""
+    """``(major, minor)`` of an Airflow version (``"3.3.2"`` -> ``(3, 3)``); ``None`` if it has none."""
     parts = version.split(".")
     try:
         return int(parts[0]), int(parts[1])
