@@ -52,31 +52,14 @@ Why this shape:
   per dialect and its compiled form is cached. Aliases come from the
   ``asset_alias_asset_event`` rows the transaction wrote, so they need no
   parameters of their own.
-* **Timing.** Airflow 3.3's scheduler sets a run's ``triggered_date`` to the
-  newest ``created_at`` among a DAG's queue rows and attaches the events with
-  ``previous run_after < timestamp <= triggered_date``. An event whose
-  ``timestamp`` lies in that window but whose transaction commits after the
-  scheduler's read is attached to no run. At COMMIT the transaction's events
-  get ``timestamp = now`` and their new queue rows ``created_at = now`` (the
-  same value, in the same statement batch), so that window is the commit
-  itself rather than the transaction. Only Airflow 3.4's per-event queue
-  closes it.
-* **A queue row stands for its newest event.** Producers of one burst share
-  the row ``(asset, DAG)``; the scheduler triggers a run at the row's
-  ``created_at`` and consumes the events up to it, then deletes the row.
-  Airflow's ``DO NOTHING`` keeps the first committer's ``created_at``, so
-  the events of every later producer of the burst are consumed by no run
-  until some later event arrives (measured in a live Airflow 3.3.2: 40-95%
-  of the pairs). With ``on_conflict="refresh"`` an existing row's
-  ``created_at`` moves forward to the newest stamp, never backward; a row
-  the scheduler has locked (``FOR UPDATE SKIP LOCKED``) makes the producer
-  wait for the scheduler's COMMIT, and the row being gone then, the
-  producer inserts a fresh one. The default, ``"auto"``, refreshes where
-  Airflow's scheduler locks the rows it consumes (PostgreSQL, MySQL 8,
-  SQLite's single writer) and keeps Airflow's ``DO NOTHING`` on MariaDB,
-  whose scheduler deletes unlocked rows DAG by DAG, in an order a refresh
-  would deadlock with (:class:`~airflow_adrq.dialects.DialectSupport`).
-  See README, "Timing".
+* **Timing** (README, "Timing: which events a run consumes", explains it
+  once). At COMMIT the transaction's events get ``timestamp = now`` and their
+  queue rows ``created_at = now``, one value, so a run's window cannot hold
+  an event still uncommitted for longer than the commit; and an existing
+  row's ``created_at`` moves forwards to that stamp (``on_conflict``:
+  ``"auto"`` refreshes except on MariaDB, whose scheduler takes no row locks;
+  :func:`airflow_adrq.dialects.resolve`), so the row stands for its newest
+  event.
 * **Same rows as Airflow 3.3.** Direct, alias, name and URI references;
   unpaused DAGs only; each (asset, DAG) once; DAGs with a partitioned
   timetable and events with a ``partition_key`` are never put in this queue
