@@ -34,6 +34,7 @@ import random
 import signal
 import time
 import traceback
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -264,6 +265,12 @@ def _task_instance(task_id: str, run_id: str) -> SimpleNamespace:
         try_number=1,
         dag_run=SimpleNamespace(partition_key=None, partition_date=None),
         log=logging.getLogger("airflow_adrq_bench.airflow_mode.ti"),
+        # Airflow 3.4 records the task instance's id on the event and reads its
+        # map index off its dynamic region (the sentinel: no region); earlier
+        # lines read neither.
+        id=uuid.uuid4(),
+        region_id=uuid.UUID(int=0),
+        region_index=-1,
     )
 
 
