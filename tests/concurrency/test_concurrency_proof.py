@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
-from concurrency_harness import run_producers, run_waves, seeded_engine
 
 from airflow_adrq import dialects
 from airflow_adrq.models import AssetDagRunQueue, DagModel, DagScheduleAssetReference, UtcDateTime, utcnow
 from airflow_adrq.queue import build_queue_statement
 from airflow_adrq_bench import dataset
+from tests.concurrency.concurrency_harness import run_producers, run_waves, seeded_engine
 
 pytestmark = [pytest.mark.backends("postgresql", "mysql"), pytest.mark.slow]
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
-from concurrency_harness import run_producers
 from sqlalchemy.orm import Session
 
 from airflow_adrq import create_engine, register_asset_change
+from tests.concurrency.concurrency_harness import run_producers
 from tests.factories import add_asset, add_dags, asset_ref, events, queued, schedule_on_asset
 
 pytestmark = [pytest.mark.backends("postgresql"), pytest.mark.slow]
