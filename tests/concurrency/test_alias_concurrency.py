@@ -1,5 +1,5 @@
 # mypy: ignore-errors
-"""Aliases lock nothing they don't create (issue 8), on PostgreSQL and MariaDB/MySQL.
+"""Aliases lock nothing they don't create, on PostgreSQL and MariaDB/MySQL.
 
 8 producers (threads, each with its own connection) register two assets in
 one transaction, asset ``x`` through alias ``a`` and asset ``y`` through alias
@@ -14,7 +14,7 @@ fresh queue rows, the case in which producers contend); after the run the
 events, alias-event rows and alias links must be exact and the ``asset_alias``
 rows unchanged, with no ``asset_alias.id`` value burned.
 
-The same harness runs "today's shape" (before issue 8's rewrite: at
+The same harness runs "the old shape" (before aliases were written at commit: at
 registration, a no-op upsert on ``asset_alias`` for each alias name and on
 ``asset_alias_asset`` for each link, in call order, locks held to COMMIT),
 and must see it deadlock on MariaDB/MySQL, so that a harness unable to show a

@@ -1,6 +1,6 @@
 # mypy: ignore-errors
 """What ``airflow-adrq bench`` prints, without a database: counts that add up, the progress
-counter, timeouts clear of ``deadlock_timeout``, legends, and the help text (issue 12)."""
+counter, timeouts clear of ``deadlock_timeout``, legends, and the help text."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ Legend
   committed attempt. `x vs sorted_loop`: tx/s over sorted_loop's tx/s. `rows exact`: after every
   round the queue held exactly the expected (asset, consumer) rows and `asset_event` exactly one
   row per outlet of every committed transaction (none from rolled-back attempts).
-* Targets (issue 9; reported, not asserted): one caller, plug-in against stock (stock p50 over
+* Targets (the plug-in's speed targets; reported, not asserted): one caller, plug-in against stock (stock p50 over
   plug-in p50); contention, plug-in tx/s over sorted_loop tx/s.
 """
 
@@ -308,7 +308,7 @@ def format_tables(raw: dict[str, Any], summary: dict[str, list[dict[str, Any]]])
             out.append("")
         goals = [r for r in summary["targets"] if r["db"] == db]
         if goals:
-            out.append("Targets (issue 9)\n")
+            out.append("Targets\n")
             body = [
                 [
                     r["what"],
