@@ -52,8 +52,8 @@ Legend
   committed attempt. `x vs sorted_loop`: tx/s over sorted_loop's tx/s. `rows exact`: after every
   round the queue held exactly the expected (asset, consumer) rows and `asset_event` exactly one
   row per outlet of every committed transaction (none from rolled-back attempts).
-* Targets (the plug-in's speed targets; reported, not asserted): one caller, plug-in against stock (stock p50 over
-  plug-in p50); contention, plug-in tx/s over sorted_loop tx/s.
+* Targets (the plug-in's speed targets; reported, not asserted): one caller, plug-in against
+  stock (stock p50 over plug-in p50); contention, plug-in tx/s over sorted_loop tx/s.
 """
 
 
