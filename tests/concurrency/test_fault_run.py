@@ -17,10 +17,10 @@ pytestmark = [pytest.mark.backends("postgresql", "mysql"), pytest.mark.slow]
 
 
 def test_random_kills_leave_nothing_duplicated_or_half_written(db_url):
-    sizes = FaultSizes(producers=4, transactions=12, fanout=8, kill_every_s=0.08)
+    sizes = FaultSizes(producers=4, transactions=20, fanout=8, kill_every_s=0.04)
     run = run_faults(db_url, sizes, seed=7, log=lambda _line: None)
 
-    assert run.transactions == 48
+    assert run.transactions == 80
     assert run.kills > 5, "the killer must actually hit connections for this to test anything"
     assert sum(run.retries.values()) > 0
     assert run.acceptable_errors_only, run.raised
