@@ -32,10 +32,10 @@ from typing import Any
 import sqlalchemy as sa
 
 import airflow_adrq
-from airflow_adrq.errors import AdrqError
 from airflow_adrq_bench import dataset, engine, servers
 from airflow_adrq_bench import strategies as strategy_registry
 from airflow_adrq_bench.config import LOST_EVENT_STRATEGIES, SCENARIOS, STRATEGIES, Cell, Plan, Sizes
+from airflow_adrq_bench.errors import BenchError
 
 __all__ = ["SCRATCH", "BenchError", "Target", "deadlock_timeout_s", "progress_lines", "run", "scratch_paths"]
 
@@ -45,10 +45,6 @@ PLAN_ENV = "ADRQ_BENCH_PLAN"
 #: Scratch in the output directory (``tx-<party>.jsonl`` too); what stays is
 #: ``bench.json``, ``bench.md`` and the PNGs (and ``pytest.log`` after a failure).
 SCRATCH = ("barriers", "cells.jsonl", "plan.json", "pytest.ini", "pytest.log")
-
-
-class BenchError(AdrqError):
-    """The benchmark run failed."""
 
 
 @dataclass(frozen=True)

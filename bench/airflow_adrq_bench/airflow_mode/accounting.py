@@ -85,6 +85,7 @@ from airflow_adrq.errors import AdrqError
 from airflow_adrq_bench import servers
 from airflow_adrq_bench.airflow_mode import run as run_module
 from airflow_adrq_bench.airflow_mode.worker import asset_uri, serve
+from airflow_adrq_bench.errors import BenchError
 
 __all__ = [
     "DEFAULT",
@@ -153,7 +154,7 @@ _SIZE_HELP: Final = {
 }
 
 
-class AccountingError(AdrqError):
+class AccountingError(BenchError):
     """The accounting run could not run."""
 
 
@@ -1057,8 +1058,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 @contextlib.contextmanager
 def _targets(args: argparse.Namespace) -> Iterator[list[run_module.Target]]:
-    try:
-        with run_module.targets(args.db or [], args.backend, sqlite=True, say=_say) as targets:
-            yield targets
-    except run_module.BenchError as exc:
-        raise AccountingError(str(exc)) from None
+    with run_module.targets(args.db or [], args.backend, sqlite=True, say=_say) as targets:
+        yield targets

@@ -40,10 +40,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-from airflow_adrq.errors import AdrqError
 from airflow_adrq_bench import servers
 from airflow_adrq_bench.airflow_mode import worker as worker_module
 from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES, Sizes
+from airflow_adrq_bench.errors import BenchError
 
 __all__ = [
     "AIRFLOW_TABLES",
@@ -64,10 +64,6 @@ _AIRFLOW_DRIVERS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+mysqldb
 
 # Seconds a worker gets to import Airflow and answer (24 of them share 2 cores).
 _START_TIMEOUT = 600
-
-
-class BenchError(AdrqError):
-    """The Airflow benchmark could not run."""
 
 
 @dataclass(frozen=True)

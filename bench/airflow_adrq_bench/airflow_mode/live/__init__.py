@@ -54,7 +54,6 @@ from airflow_adrq_bench.airflow_mode.live.config import (
     DEFAULT,
     MANAGERS,
     SMALL,
-    LiveError,
     LiveSizes,
     default_time_limit,
 )
@@ -194,11 +193,8 @@ def _missing_requirements() -> list[str]:
 @contextlib.contextmanager
 def _targets(args: argparse.Namespace) -> Iterator[list[run_module.Target]]:
     """The servers to measure on: ``--db`` URLs (refused if they hold Airflow tables) or the servers found."""
-    try:
-        with run_module.targets(args.db or [], args.backend, sqlite=False, say=_say) as targets:
-            yield targets
-    except run_module.BenchError as exc:
-        raise LiveError(str(exc)) from None
+    with run_module.targets(args.db or [], args.backend, sqlite=False, say=_say) as targets:
+        yield targets
 
 
 def run(

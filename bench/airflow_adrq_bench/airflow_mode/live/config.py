@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Final
 
-from airflow_adrq.errors import AdrqError
+from airflow_adrq_bench.errors import BenchError
 
 __all__ = [
     "ASSET_PREFIX",
@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 
-class LiveError(AdrqError):
+class LiveError(BenchError):
     """The live run could not go on (a component exited, an HTTP call failed ...)."""
 
 
