@@ -1,0 +1,386 @@
+"""The controller: scratch databases, producers and the consumer per cell, the counts (imports no Airflow)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from airflow_adrq_bench.airflow_mode import run as run_module
+from airflow_adrq_bench.airflow_mode.accounting.classify import classify
+from airflow_adrq_bench.airflow_mode.accounting.config import (
+    MANAGERS,
+    WARM_ASSET,
+    AccountingError,
+    AccountingSizes,
+)
+from airflow_adrq_bench.airflow_mode.accounting.consumer import _ConsumerProcess
+
+# --- the controller ------------------------------------------------------------------
+
+
+def _cell_asset(hold_index: int, manager: str) -> str:
+    return f"adrq_acct_h{hold_index}_{manager}"
+
+
+def _consumer_dags(asset: str, consumers: int) -> list[str]:
+    return [f"{asset}_c{k}" for k in range(consumers)]
+
+
+def _start_migrate(url: str, home: Path) -> subprocess.Popen[str]:
+    """``airflow db migrate`` on ``url`` in the background (as :func:`.run` runs it, but not waited for)."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("AIRFLOW_")}
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url,
+        }
+    )
+    return subprocess.Popen(
+        [*run_module._airflow_command(), "db", "migrate"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _wait_migrate(proc: subprocess.Popen[str], target: run_module.Target) -> None:
+    try:
+        output, _ = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AccountingError(f"{target.version}: airflow db migrate took more than 900 s") from None
+    if proc.returncode != 0:
+        raise AccountingError(
+            f"{target.version}: airflow db migrate failed (exit {proc.returncode}):\n{output[-3000:]}"
+        )
+
+
+def _fetch_consumed(engine: sa.Engine, dags: Sequence[str]) -> list[tuple[int, str, int]]:
+    stmt = sa.text(
+        "SELECT r.id, r.dag_id, e.event_id FROM dag_run r "
+        "JOIN dagrun_asset_event e ON e.dag_run_id = r.id WHERE r.dag_id IN :dags"
+    ).bindparams(sa.bindparam("dags", expanding=True))
+    with engine.connect() as conn:
+        return [(int(r[0]), str(r[1]), int(r[2])) for r in conn.execute(stmt, {"dags": list(dags)})]
+
+
+def _runs(engine: sa.Engine, dags: Sequence[str]) -> list[tuple[int, str]]:
+    stmt = sa.text("SELECT id, run_type FROM dag_run WHERE dag_id IN :dags").bindparams(
+        sa.bindparam("dags", expanding=True)
+    )
+    with engine.connect() as conn:
+        return [(int(r[0]), str(r[1])) for r in conn.execute(stmt, {"dags": list(dags)})]
+
+
+def _max_run_id(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT coalesce(max(id), 0) FROM dag_run")).scalar_one())
+
+
+def _latest_deadlock(engine: sa.Engine) -> str | None:
+    """MySQL/MariaDB: InnoDB's LATEST DETECTED DEADLOCK section (who waited for what), if any."""
+    if engine.dialect.name != "mysql":
+        return None
+    try:
+        with engine.connect() as conn:
+            status = str(conn.exec_driver_sql("SHOW ENGINE INNODB STATUS").fetchone()[2])  # type: ignore[index]
+    except sa.exc.DBAPIError:
+        return None  # needs the PROCESS privilege
+    start = status.find("LATEST DETECTED DEADLOCK")
+    if start < 0:
+        return None
+    end = status.find("\nTRANSACTIONS\n", start)
+    return status[start : end if end > 0 else start + 6000][:6000]
+
+
+def _asset_events(engine: sa.Engine, asset_id: int) -> list[tuple[int, str]]:
+    stmt = sa.text("SELECT id, source_run_id FROM asset_event WHERE asset_id = :a")
+    with engine.connect() as conn:
+        return [(int(r[0]), str(r[1])) for r in conn.execute(stmt, {"a": asset_id})]
+
+
+@dataclass
+class _Plan:
+    sizes: AccountingSizes
+    managers: Sequence[str]
+
+    def assets(self) -> dict[str, list[str]]:
+        out = {WARM_ASSET: _consumer_dags(WARM_ASSET, self.sizes.consumers)}
+        for h in range(len(self.sizes.holds_ms)):
+            for manager in self.managers:
+                asset = _cell_asset(h, manager)
+                out[asset] = _consumer_dags(asset, self.sizes.consumers)
+        return out
+
+
+def run(
+    targets: Sequence[run_module.Target],
+    sizes: AccountingSizes,
+    *,
+    managers: Sequence[str] = MANAGERS,
+    progress: Callable[[str], None] = lambda _msg: None,
+) -> dict[str, Any]:
+    """Run every cell on every target; returns the raw results (``cells``, ``problems`` ...)."""
+    started = time.monotonic()
+    raw: dict[str, Any] = {
+        "tool": "airflow-adrq bench --airflow --accounting",
+        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(),
+        "load_average": {"start": list(os.getloadavg())},
+        "sizes": dataclasses.asdict(sizes),
+        "managers": list(managers),
+        "targets": [],
+        "cells": [],
+        "problems": [],
+    }
+    plan = _Plan(sizes, list(managers))
+    workdir = Path(tempfile.mkdtemp(prefix="adrq-airflow-accounting-"))
+    base_env = {
+        "AIRFLOW_HOME": str(workdir),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{workdir}/unused.db",
+    }
+    try:
+        with contextlib.ExitStack() as stack:
+            # Scratch databases first (dropped last), migrated in the background
+            # while the Airflow processes import Airflow.
+            urls: list[str] = []
+            migrations: list[subprocess.Popen[str]] = []
+            for target in targets:
+                url = stack.enter_context(run_module._scratch_database(target, workdir))
+                urls.append(url)
+                migrations.append(_start_migrate(url, workdir))
+                stack.callback(_kill, migrations[-1])
+            progress(
+                f"airflow db migrate on {len(targets)} scratch database(s); starting the consumer and "
+                f"{len(managers)} x {sizes.producers} producer processes (each imports Airflow)"
+            )
+            consumer = _ConsumerProcess(base_env)
+            stack.callback(consumer.close)
+            workers = run_module._Workers(list(managers), sizes.producers, workdir)
+            stack.callback(workers.close)
+            raw["workers"] = [p.info for p in workers.procs.values()]
+            raw["consumer"] = consumer.started()
+            raw["airflow_version"] = raw["consumer"]["airflow"]
+            for target, url, migration in zip(targets, urls, migrations, strict=True):
+                _wait_migrate(migration, target)
+                raw["targets"].append(_run_target(target, url, plan, workers, consumer, raw, progress))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    raw["comparison"] = compare(raw["cells"])
+    raw["problems"] += [c["problem"] for c in raw["comparison"] if c.get("problem")]
+    raw["duration_s"] = time.monotonic() - started
+    raw["load_average"]["end"] = list(os.getloadavg())
+    return raw
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+def _run_target(
+    target: run_module.Target,
+    url: str,
+    plan: _Plan,
+    workers: Any,
+    consumer: _ConsumerProcess,
+    raw: dict[str, Any],
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    began = time.monotonic()
+    sizes = plan.sizes
+    all_procs = list(workers.procs.values())
+    engine = run_module._control_engine(url)
+    try:
+        workers.broadcast(all_procs, "target", url=url)
+        info = consumer.call("target", url=url)
+        asset_ids: dict[str, int] = consumer.call("seed", assets=plan.assets())
+        run_module._analyze(engine)
+        settings = run_module._server_settings(engine)
+        progress(f"{target.version}: warming up every producer (one transaction each)")
+        for proc in all_procs:
+            result = workers.call(
+                proc, "warmup", assets=[WARM_ASSET], run_id=f"warmup-{proc.manager}-{proc.index}"
+            )
+            if not result["ok"]:
+                raise AccountingError(f"{target.version}: warm-up of {proc.manager}/{proc.index} failed")
+        run_module._clear_queue(engine)
+        for h, hold_ms in enumerate(sizes.holds_ms):
+            for manager in run_module._rotate(plan.managers, h):
+                progress(f"{target.version}: hold {hold_ms:g} ms: {manager}")
+                cell = _cell(target, engine, plan, workers, consumer, asset_ids, h, hold_ms, manager)
+                raw["cells"].append(cell)
+                where = f"{target.name} hold {hold_ms:g} ms {manager}"
+                raw["problems"] += [f"{where}: {p}" for p in cell["problems"]]
+        workers.broadcast(all_procs, "release")
+        consumer.call("release")
+    except BaseException:
+        # Stop the processes before the scratch database is dropped (their
+        # open transactions would hold DROP DATABASE up on MySQL).
+        workers.close()
+        consumer.close()
+        raise
+    finally:
+        engine.dispose()
+    return {
+        "name": target.name,
+        "backend": target.backend,
+        "version": target.version,
+        "dialect": info["dialect"],
+        "settings": settings,
+        "duration_s": time.monotonic() - began,
+    }
+
+
+def _cell(
+    target: run_module.Target,
+    engine: sa.Engine,
+    plan: _Plan,
+    workers: Any,
+    consumer: _ConsumerProcess,
+    asset_ids: dict[str, int],
+    hold_index: int,
+    hold_ms: float,
+    manager: str,
+) -> dict[str, Any]:
+    sizes = plan.sizes
+    asset = _cell_asset(hold_index, manager)
+    dags = _consumer_dags(asset, sizes.consumers)
+    prefix = f"acct-{manager}-h{hold_index}-"
+    sentinel_run = f"sentinel-{manager}-h{hold_index}"
+    producers = workers.group(manager)
+    start = time.monotonic()
+    consumer.send("consume", dag_ids=dags, pause_s=sizes.consumer_pause_ms / 1000)
+    try:
+        consumer.receive()  # "started": its first pass is done
+        results = workers.broadcast(
+            producers,
+            "round",
+            timeout=sizes.budget_s + 600,
+            assets=[asset],
+            run_prefix=prefix,
+            transactions=sizes.transactions,
+            hold_s=hold_ms / 1000,
+            budget_s=sizes.budget_s,
+            barrier_timeout_s=120.0,
+        )
+    finally:
+        consumer.send("stop")
+    consumed_run = consumer.receive()
+    duration = time.monotonic() - start
+    cutoff = _max_run_id(engine)
+    sentinel = workers.call(producers[0], "warmup", assets=[asset], run_id=sentinel_run)
+    drained = consumer.call("drain", dag_ids=dags)
+
+    txs = [tx for r in results for tx in r["transactions"]]
+    committed = sum(1 for tx in txs if tx["ok"])
+    not_started = sum(1 for tx in txs if not tx["ok"] and tx["attempts"] == 0)
+    producer_failures: Counter[str] = Counter()
+    for tx in txs:
+        producer_failures.update(tx["failures"])
+    rows = _asset_events(engine, asset_ids[asset])
+    events = [e for e, run_id in rows if run_id.startswith(prefix)]
+    sentinels = [e for e, run_id in rows if run_id == sentinel_run]
+    strays = [e for e, run_id in rows if not run_id.startswith(prefix) and run_id != sentinel_run]
+    sentinel_id = sentinels[0] if len(sentinels) == 1 else None
+    classes = classify(events, dags, _fetch_consumed(engine, dags), cutoff, sentinel_id)
+    runs = _runs(engine, dags)
+
+    problems = []
+    if len(events) != committed:
+        problems.append(f"{len(events)} events in the database, {committed} committed transactions")
+    if strays:
+        problems.append(f"{len(strays)} events of the cell's asset from neither the round nor the sentinel")
+    if not classes.classes_add_up or classes.pairs != committed * len(dags):
+        problems.append(
+            f"classes do not add up: {classes.consumed} + {classes.late} + {classes.unconsumed} events "
+            f"of {classes.events}; {classes.pairs} pairs for {committed} committed x {len(dags)} DAGs"
+        )
+    if classes.unknown:
+        problems.append(f"runs of the cell's DAGs consumed {classes.unknown} pairs of unknown events")
+    if not sentinel["ok"] or sentinel_id is None:
+        problems.append(f"the sentinel was not committed exactly once ({len(sentinels)} events)")
+    elif classes.sentinel_consumers != len(dags):
+        problems.append(f"{classes.sentinel_consumers} of {len(dags)} consumer DAGs consumed the sentinel")
+    left = consumed_run["drain"]["queue_rows_left"] + drained["queue_rows_left"]
+    if left:
+        problems.append(f"{left} queue rows left after the drains")
+    bad_types = [t for _, t in runs if t != "asset_triggered"]
+    if bad_types:
+        problems.append(f"{len(bad_types)} runs not asset-triggered: {sorted(set(bad_types))}")
+    return {
+        "db": target.name,
+        "version": target.version,
+        "manager": manager,
+        "hold_ms": hold_ms,
+        "producers": len(producers),
+        "planned": len(txs),
+        "committed": committed,
+        "gave_up": len(txs) - committed - not_started,
+        "not_started": not_started,
+        "producer_failures": dict(producer_failures),
+        "consumers": len(dags),
+        **dataclasses.asdict(classes),
+        "runs": len(runs),
+        "runs_before_sentinel": sum(1 for r, _ in runs if r <= cutoff),
+        "duration_s": duration,
+        "consumer_passes": consumed_run["passes"],
+        "pass_p50_ms": consumed_run["pass_p50_ms"],
+        "pass_max_ms": consumed_run["pass_max_ms"],
+        "consumer_failures": dict(
+            Counter(consumed_run["failures"])
+            + Counter(consumed_run["drain"]["failures"])
+            + Counter(drained["failures"])
+        ),
+        "consumer_db_errors": consumed_run["db_errors"],
+        "drain_passes": consumed_run["drain"]["passes"] + drained["passes"],
+        "latest_deadlock": _latest_deadlock(engine),
+        "queue_rows_left": left,
+        "problems": problems,
+    }
+
+
+def compare(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per database and hold: unconsumed events, stock vs plug-in; a problem if the plug-in's exceed."""
+    by_key: dict[tuple[str, float], dict[str, dict[str, Any]]] = defaultdict(dict)
+    for cell in cells:
+        by_key[(cell["db"], cell["hold_ms"])][cell["manager"]] = cell
+    out = []
+    for (db, hold), managers in by_key.items():
+        if "stock" not in managers or "plugin" not in managers:
+            continue
+        stock, plugin = managers["stock"], managers["plugin"]
+        row: dict[str, Any] = {
+            "db": db,
+            "hold_ms": hold,
+            "stock_unconsumed": stock["unconsumed"],
+            "plugin_unconsumed": plugin["unconsumed"],
+            "stock_unconsumed_pairs": stock["unconsumed_pairs"],
+            "plugin_unconsumed_pairs": plugin["unconsumed_pairs"],
+        }
+        if plugin["unconsumed"] > stock["unconsumed"]:
+            row["problem"] = (
+                f"{db} hold {hold:g} ms: the plug-in left {plugin['unconsumed']} events unconsumed, "
+                f"stock {stock['unconsumed']}"
+            )
+        out.append(row)
+    return out
