@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session, make_transient_to_detached
 
 from airflow_adrq import listeners
 from airflow_adrq.aliases import AliasedEvent, write_alias_rows
-from airflow_adrq.dialects import CONFLICT_POLICIES, ConflictPolicy
+from airflow_adrq.dialects import ConflictPolicy, check_policy
 from airflow_adrq.listeners import AssetEventInfo
 from airflow_adrq.models import (
     AssetActive,
@@ -228,8 +228,7 @@ def register_asset_changes(
     changes = list(changes)
     if queue_mode not in ("commit", "immediate"):
         raise ValueError(f"queue_mode must be 'commit' or 'immediate', not {queue_mode!r}")
-    if on_conflict not in CONFLICT_POLICIES:
-        raise ValueError(f"on_conflict must be 'auto', 'ignore' or 'refresh', not {on_conflict!r}")
+    check_policy(on_conflict)
     if not changes:
         return []
     found = _lookup_assets(session, {(c.asset.name, c.asset.uri) for c in changes})

@@ -121,6 +121,7 @@ __all__ = [
     "consumers_of_events",
     "defer_events",
     "flush_queue",
+    "in_schema",
     "pending_events",
     "queue_dagruns",
     "queue_events",
@@ -484,7 +485,7 @@ def queue_events(
     restricted = allowed is not None and bool(allowed)
     stamping = support.stamp_in_statement
     stmt = _statement(support.name, _Form("events", mode, shape, restricted, stamping))
-    options = _in_schema(schema)
+    options = in_schema(schema)
     for ids in chunks:
         if not stamping:
             conn.execute(_STAMP, {"ids": ids, "stamp": stamp}, execution_options=options)
@@ -500,7 +501,7 @@ def queue_events(
     return stamp
 
 
-def _in_schema(schema: str | None) -> dict[str, Any]:
+def in_schema(schema: str | None) -> dict[str, Any]:
     """Execution options that put the statement's unqualified tables in ``schema``."""
     return {"schema_translate_map": {None: schema}} if schema else {}
 
@@ -647,8 +648,7 @@ def defer_events(
     transaction. Does not promise anything if the transaction is committed
     some other way than ``Session.commit()`` (e.g. on the raw connection).
     """
-    if on_conflict not in dialects.CONFLICT_POLICIES:
-        raise ValueError(f"on_conflict must be 'auto', 'ignore' or 'refresh', not {on_conflict!r}")
+    dialects.check_policy(on_conflict)
     for event in events:
         event_id, asset_id = event.id, event.asset_id
         if not isinstance(event_id, int) or not isinstance(asset_id, int):

@@ -42,7 +42,7 @@ from sqlalchemy.orm import joinedload
 
 from airflow_adrq import queue
 from airflow_adrq.airflow import compat
-from airflow_adrq.dialects import CONFLICT_POLICIES, ConflictPolicy
+from airflow_adrq.dialects import ConflictPolicy, check_policy
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -99,11 +99,11 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         Airflow builds one instance per process (``resolve_asset_manager``) and
         calls the class methods through it, so the choice is kept on the class.
         """
-        if on_conflict is not None and on_conflict not in CONFLICT_POLICIES:
-            raise ValueError(
-                f"[core] asset_manager_kwargs: on_conflict must be one of {', '.join(CONFLICT_POLICIES)}, "
-                f"not {on_conflict!r}"
-            )
+        if on_conflict is not None:
+            try:
+                check_policy(on_conflict)
+            except ValueError as exc:
+                raise ValueError(f"[core] asset_manager_kwargs: {exc}") from None
         super().__init__(**kwargs)  # type: ignore[no-untyped-call,unused-ignore]
         if on_conflict is not None:
             type(self).on_conflict = on_conflict
@@ -260,10 +260,10 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         # that is loading this class (airflow.assets.manager).
         from airflow.models.dag import DagModel
 
-        schema = compat.current().metadata_schema()
-        options = {"schema_translate_map": {None: schema}} if schema else {}
         rows = session.connection().execute(
-            _consumer_ids(partitioned), {"event_ids": [event_id]}, execution_options=options
+            _consumer_ids(partitioned),
+            {"event_ids": [event_id]},
+            execution_options=queue.in_schema(compat.current().metadata_schema()),
         )
         ids = [row[0] for row in rows]
         if not ids:

@@ -23,6 +23,7 @@ __all__ = [
     "ConflictMode",
     "ConflictPolicy",
     "DialectSupport",
+    "check_policy",
     "get",
     "register",
     "resolve",
@@ -119,15 +120,21 @@ def get(bind: Session | Connection | Engine | Dialect | str) -> DialectSupport:
         ) from None
 
 
-def resolve(policy: ConflictPolicy, connection: Connection) -> ConflictMode:
-    """The conflict mode ``policy`` means on ``connection`` (``"auto"``: the backend's safe default)."""
+def check_policy(policy: object) -> ConflictPolicy:
+    """``policy`` if it is a :data:`ConflictPolicy`; else :class:`ValueError` naming the choices."""
     if policy not in CONFLICT_POLICIES:
         raise ValueError(
             f"on_conflict must be one of {', '.join(map(repr, CONFLICT_POLICIES))}, not {policy!r}"
         )
-    if policy != "auto":
-        return policy
-    return "refresh" if get(connection).refresh_by_default(connection) else "ignore"
+    return policy
+
+
+def resolve(policy: ConflictPolicy, connection: Connection) -> ConflictMode:
+    """The conflict mode ``policy`` means on ``connection`` (``"auto"``: the backend's safe default)."""
+    policy = check_policy(policy)
+    if policy == "auto":
+        return "refresh" if get(connection).refresh_by_default(connection) else "ignore"
+    return policy
 
 
 def _load_builtin() -> None:
