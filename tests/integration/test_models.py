@@ -14,21 +14,6 @@ import pytest
 import sqlalchemy as sa
 
 from airflow_adrq import models
-from airflow_adrq.models import (
-    AssetActive,
-    AssetAliasModel,
-    AssetDagRunQueue,
-    AssetEvent,
-    AssetModel,
-    DagBundleModel,
-    DagModel,
-    DagScheduleAssetAliasReference,
-    DagScheduleAssetNameReference,
-    DagScheduleAssetReference,
-    DagScheduleAssetUriReference,
-    alias_association_table,
-    asset_alias_asset_event_association_table,
-)
 
 # Quotes of every SQL dialect, escapes, LIKE wildcards, comment and statement
 # separators, control characters and non-ASCII text.
@@ -69,8 +54,8 @@ def test_every_table_round_trips(engine, kind):
     name, uri, group = v["strings"]
     expected = {}
     with engine.begin() as conn:
-        expected[DagBundleModel.__table__] = {"name": dag_id}
-        expected[DagModel.__table__] = {
+        expected[models.DagBundleModel.__table__] = {"name": dag_id}
+        expected[models.DagModel.__table__] = {
             "dag_id": dag_id,
             "is_paused": False,
             "is_stale": False,
@@ -94,20 +79,20 @@ def test_every_table_round_trips(engine, kind):
             "timestamp": WHEN,
             "partition_key": key,
         }
-        for table in (DagBundleModel.__table__, DagModel.__table__):
+        for table in (models.DagBundleModel.__table__, models.DagModel.__table__):
             _insert(conn, table, **expected[table])
-        asset["id"] = asset_id = _insert(conn, AssetModel.__table__, **asset)
-        alias["id"] = alias_id = _insert(conn, AssetAliasModel.__table__, **alias)
+        asset["id"] = asset_id = _insert(conn, models.AssetModel.__table__, **asset)
+        alias["id"] = alias_id = _insert(conn, models.AssetAliasModel.__table__, **alias)
         event["asset_id"] = asset_id
-        event["id"] = event_id = _insert(conn, AssetEvent.__table__, **event)
+        event["id"] = event_id = _insert(conn, models.AssetEvent.__table__, **event)
         expected |= {
-            AssetModel.__table__: asset,
-            AssetAliasModel.__table__: alias,
-            AssetEvent.__table__: event,
-            AssetActive.__table__: {"name": name, "uri": uri},
-            alias_association_table: {"alias_id": alias_id, "asset_id": asset_id},
-            asset_alias_asset_event_association_table: {"alias_id": alias_id, "event_id": event_id},
-            DagScheduleAssetReference.__table__: {
+            models.AssetModel.__table__: asset,
+            models.AssetAliasModel.__table__: alias,
+            models.AssetEvent.__table__: event,
+            models.AssetActive.__table__: {"name": name, "uri": uri},
+            models.alias_association_table: {"alias_id": alias_id, "asset_id": asset_id},
+            models.asset_alias_asset_event_association_table: {"alias_id": alias_id, "event_id": event_id},
+            models.DagScheduleAssetReference.__table__: {
                 "asset_id": asset_id,
                 "dag_id": dag_id,
                 "allow_producer_teams": [key, HOSTILE_ID],
@@ -115,23 +100,31 @@ def test_every_table_round_trips(engine, kind):
                 "created_at": WHEN,
                 "updated_at": WHEN,
             },
-            DagScheduleAssetNameReference.__table__: {"name": name, "dag_id": dag_id, "created_at": WHEN},
-            DagScheduleAssetUriReference.__table__: {"uri": uri, "dag_id": dag_id, "created_at": WHEN},
-            DagScheduleAssetAliasReference.__table__: {
+            models.DagScheduleAssetNameReference.__table__: {
+                "name": name,
+                "dag_id": dag_id,
+                "created_at": WHEN,
+            },
+            models.DagScheduleAssetUriReference.__table__: {"uri": uri, "dag_id": dag_id, "created_at": WHEN},
+            models.DagScheduleAssetAliasReference.__table__: {
                 "alias_id": alias_id,
                 "dag_id": dag_id,
                 "created_at": WHEN,
                 "updated_at": WHEN,
             },
-            AssetDagRunQueue.__table__: {"asset_id": asset_id, "target_dag_id": dag_id, "created_at": WHEN},
+            models.AssetDagRunQueue.__table__: {
+                "asset_id": asset_id,
+                "target_dag_id": dag_id,
+                "created_at": WHEN,
+            },
         }
         for table, row in expected.items():
             if table not in (
-                DagBundleModel.__table__,
-                DagModel.__table__,
-                AssetModel.__table__,
-                AssetAliasModel.__table__,
-                AssetEvent.__table__,
+                models.DagBundleModel.__table__,
+                models.DagModel.__table__,
+                models.AssetModel.__table__,
+                models.AssetAliasModel.__table__,
+                models.AssetEvent.__table__,
             ):
                 _insert(conn, table, **row)
 
@@ -141,7 +134,7 @@ def test_every_table_round_trips(engine, kind):
         for table, row in expected.items():
             assert _rows(conn, table) == [row], table.name
         # Timestamps come back aware, in UTC, to the microsecond.
-        created_at = conn.scalar(sa.select(AssetDagRunQueue.__table__.c.created_at))
+        created_at = conn.scalar(sa.select(models.AssetDagRunQueue.__table__.c.created_at))
         assert created_at.utcoffset() == dt.timedelta(0)
         assert created_at == WHEN
         assert created_at.microsecond == WHEN.microsecond
@@ -152,16 +145,16 @@ def test_ids_and_names_compare_exactly(engine):
     ids = ["dag", "Dag", "DAG", "dág", "dag_", "dag%"]
     names = ["asset", "Asset", "ASSET", "ásset"]
     with engine.begin() as conn:
-        _insert(conn, DagBundleModel.__table__, name="b")
+        _insert(conn, models.DagBundleModel.__table__, name="b")
         conn.execute(
-            sa.insert(DagModel.__table__),
+            sa.insert(models.DagModel.__table__),
             [{"dag_id": i, "is_paused": False, "bundle_name": "b"} for i in ids],
         )
-        conn.execute(sa.insert(AssetModel.__table__), [{"name": n, "uri": n} for n in names])
+        conn.execute(sa.insert(models.AssetModel.__table__), [{"name": n, "uri": n} for n in names])
     with engine.connect() as conn:
-        assert sorted(conn.scalars(sa.select(DagModel.dag_id))) == sorted(ids)
-        assert conn.scalar(sa.select(DagModel.dag_id).where(DagModel.dag_id == "dag")) == "dag"
-        assert sorted(conn.scalars(sa.select(AssetModel.name))) == sorted(names)
+        assert sorted(conn.scalars(sa.select(models.DagModel.dag_id))) == sorted(ids)
+        assert conn.scalar(sa.select(models.DagModel.dag_id).where(models.DagModel.dag_id == "dag")) == "dag"
+        assert sorted(conn.scalars(sa.select(models.AssetModel.name))) == sorted(names)
 
 
 @pytest.mark.backends("postgresql", "mysql")
@@ -169,42 +162,56 @@ def test_values_longer_than_the_column_are_rejected(engine):
     # SQLite does not enforce VARCHAR lengths; the servers must not truncate
     # (MySQL/MariaDB only in strict mode, their default).
     with engine.begin() as conn:
-        _insert(conn, DagBundleModel.__table__, name="b")
+        _insert(conn, models.DagBundleModel.__table__, name="b")
     with pytest.raises(sa.exc.DBAPIError), engine.begin() as conn:
-        _insert(conn, DagModel.__table__, dag_id="d" * (models.ID_LEN + 1), is_paused=False, bundle_name="b")
+        _insert(
+            conn,
+            models.DagModel.__table__,
+            dag_id="d" * (models.ID_LEN + 1),
+            is_paused=False,
+            bundle_name="b",
+        )
     with pytest.raises(sa.exc.DBAPIError), engine.begin() as conn:
-        _insert(conn, AssetModel.__table__, name="n" * 1501, uri="u")
+        _insert(conn, models.AssetModel.__table__, name="n" * 1501, uri="u")
     with engine.connect() as conn:
-        assert _rows(conn, DagModel.__table__) == []
-        assert _rows(conn, AssetModel.__table__) == []
+        assert _rows(conn, models.DagModel.__table__) == []
+        assert _rows(conn, models.AssetModel.__table__) == []
 
 
 # --- ON DELETE CASCADE, as in Airflow -----------------------------------------
 
 
 def _graph(conn):
-    """Two DAGs, two assets, one alias, scheduled on each other every possible way."""
-    _insert(conn, DagBundleModel.__table__, name="bundle")
-    for dag_id in ("d1", "d2"):
-        _insert(conn, DagModel.__table__, dag_id=dag_id, is_paused=False, bundle_name="bundle")
+    """Two DAGs, two assets, one alias, scheduled on each other every possible way.
+
+    Returns each row's primary key by name (a DAG's is its name).
+    """
+    _insert(conn, models.DagBundleModel.__table__, name="bundle")
     ids = {}
+    for dag_id in ("d1", "d2"):
+        ids[dag_id] = _insert(
+            conn, models.DagModel.__table__, dag_id=dag_id, is_paused=False, bundle_name="bundle"
+        )
     for n in ("a1", "a2"):
-        ids[n] = _insert(conn, AssetModel.__table__, name=n, uri=f"s3://{n}")
-        _insert(conn, AssetActive.__table__, name=n, uri=f"s3://{n}")
-    ids["alias"] = _insert(conn, AssetAliasModel.__table__, name="alias")
+        ids[n] = _insert(conn, models.AssetModel.__table__, name=n, uri=f"s3://{n}")
+        _insert(conn, models.AssetActive.__table__, name=n, uri=f"s3://{n}")
+    ids["alias"] = _insert(conn, models.AssetAliasModel.__table__, name="alias")
     for n in ("a1", "a2"):
-        ids[f"e_{n}"] = _insert(conn, AssetEvent.__table__, asset_id=ids[n])
-        _insert(conn, alias_association_table, alias_id=ids["alias"], asset_id=ids[n])
+        ids[f"e_{n}"] = _insert(conn, models.AssetEvent.__table__, asset_id=ids[n])
+        _insert(conn, models.alias_association_table, alias_id=ids["alias"], asset_id=ids[n])
         _insert(
-            conn, asset_alias_asset_event_association_table, alias_id=ids["alias"], event_id=ids[f"e_{n}"]
+            conn,
+            models.asset_alias_asset_event_association_table,
+            alias_id=ids["alias"],
+            event_id=ids[f"e_{n}"],
         )
     for dag_id in ("d1", "d2"):
         for n in ("a1", "a2"):
-            _insert(conn, DagScheduleAssetReference.__table__, asset_id=ids[n], dag_id=dag_id)
-            _insert(conn, AssetDagRunQueue.__table__, asset_id=ids[n], target_dag_id=dag_id)
-            _insert(conn, DagScheduleAssetNameReference.__table__, name=n, dag_id=dag_id)
-            _insert(conn, DagScheduleAssetUriReference.__table__, uri=f"s3://{n}", dag_id=dag_id)
-        _insert(conn, DagScheduleAssetAliasReference.__table__, alias_id=ids["alias"], dag_id=dag_id)
+            _insert(conn, models.DagScheduleAssetReference.__table__, asset_id=ids[n], dag_id=dag_id)
+            _insert(conn, models.AssetDagRunQueue.__table__, asset_id=ids[n], target_dag_id=dag_id)
+            _insert(conn, models.DagScheduleAssetNameReference.__table__, name=n, dag_id=dag_id)
+            _insert(conn, models.DagScheduleAssetUriReference.__table__, uri=f"s3://{n}", dag_id=dag_id)
+        _insert(conn, models.DagScheduleAssetAliasReference.__table__, alias_id=ids["alias"], dag_id=dag_id)
     return ids
 
 
@@ -233,61 +240,65 @@ FULL = {
 }
 
 
-def test_deleting_a_dag_removes_its_queue_and_reference_rows(engine):
+def _halved(*tables):
+    """FULL with half the rows of ``tables``: the graph has two of every DAG, asset and event,
+    so deleting one of them takes half the rows of each table that refers to it."""
+    return FULL | {t: FULL[t] // 2 for t in tables}
+
+
+def _delete_from_graph(engine, key_column, name):
+    """Build :func:`_graph`, delete the row whose ``key_column`` is ``name``'s key, and let
+    the foreign keys cascade; returns the graph's keys and every table's row count after."""
     with engine.begin() as conn:
-        _graph(conn)
+        ids = _graph(conn)
         assert _counts(conn) == FULL
-        conn.execute(sa.delete(DagModel.__table__).where(DagModel.dag_id == "d1"))
+        conn.execute(sa.delete(key_column.table).where(key_column == ids[name]))
     with engine.connect() as conn:
-        assert _counts(conn) == FULL | {
-            "dag": 1,
-            "dag_schedule_asset_reference": 2,
-            "asset_dag_run_queue": 2,
-            "dag_schedule_asset_name_reference": 2,
-            "dag_schedule_asset_uri_reference": 2,
-            "dag_schedule_asset_alias_reference": 1,
-        }
-        assert set(conn.scalars(sa.select(AssetDagRunQueue.target_dag_id))) == {"d2"}
+        return ids, _counts(conn)
+
+
+def test_deleting_a_dag_removes_its_queue_and_reference_rows(engine):
+    _, counts = _delete_from_graph(engine, models.DagModel.dag_id, "d1")
+    assert counts == _halved(
+        "dag",
+        "dag_schedule_asset_reference",
+        "asset_dag_run_queue",
+        "dag_schedule_asset_name_reference",
+        "dag_schedule_asset_uri_reference",
+        "dag_schedule_asset_alias_reference",
+    )
+    with engine.connect() as conn:
+        assert set(conn.scalars(sa.select(models.AssetDagRunQueue.target_dag_id))) == {"d2"}
 
 
 def test_deleting_an_asset_keeps_its_events(engine):
-    with engine.begin() as conn:
-        ids = _graph(conn)
-        conn.execute(sa.delete(AssetModel.__table__).where(AssetModel.id == ids["a1"]))
+    ids, counts = _delete_from_graph(engine, models.AssetModel.id, "a1")
+    assert counts == _halved(
+        "asset", "asset_active", "asset_alias_asset", "dag_schedule_asset_reference", "asset_dag_run_queue"
+    )
+    # Name/URI references are by value, not by FK: they stay too.
+    assert counts["dag_schedule_asset_name_reference"] == 4
     with engine.connect() as conn:
-        assert _counts(conn) == FULL | {
-            "asset": 1,
-            "asset_active": 1,
-            "asset_alias_asset": 1,
-            "dag_schedule_asset_reference": 2,
-            "asset_dag_run_queue": 2,
-        }
-        assert set(conn.scalars(sa.select(AssetDagRunQueue.asset_id))) == {ids["a2"]}
+        assert set(conn.scalars(sa.select(models.AssetDagRunQueue.asset_id))) == {ids["a2"]}
         # asset_event has no FK to asset: history outlives the asset.
-        assert set(conn.scalars(sa.select(AssetEvent.asset_id))) == {ids["a1"], ids["a2"]}
-        # Name/URI references are by value, not by FK: they stay too.
-        assert _count(conn, DagScheduleAssetNameReference.__table__) == 4
+        assert set(conn.scalars(sa.select(models.AssetEvent.asset_id))) == {ids["a1"], ids["a2"]}
 
 
 def test_deleting_an_alias_removes_its_associations(engine):
-    with engine.begin() as conn:
-        ids = _graph(conn)
-        conn.execute(sa.delete(AssetAliasModel.__table__).where(AssetAliasModel.id == ids["alias"]))
-    with engine.connect() as conn:
-        assert _counts(conn) == FULL | {
-            "asset_alias": 0,
-            "asset_alias_asset": 0,
-            "asset_alias_asset_event": 0,
-            "dag_schedule_asset_alias_reference": 0,
-        }
+    _, counts = _delete_from_graph(engine, models.AssetAliasModel.id, "alias")
+    # The graph's only alias: every row that refers to it goes with it.
+    gone = (
+        "asset_alias",
+        "asset_alias_asset",
+        "asset_alias_asset_event",
+        "dag_schedule_asset_alias_reference",
+    )
+    assert counts == FULL | dict.fromkeys(gone, 0)
 
 
 def test_deleting_an_event_removes_its_alias_association(engine):
-    with engine.begin() as conn:
-        ids = _graph(conn)
-        conn.execute(sa.delete(AssetEvent.__table__).where(AssetEvent.id == ids["e_a1"]))
-    with engine.connect() as conn:
-        assert _counts(conn) == FULL | {"asset_event": 1, "asset_alias_asset_event": 1}
+    _, counts = _delete_from_graph(engine, models.AssetEvent.id, "e_a1")
+    assert counts == _halved("asset_event", "asset_alias_asset_event")
 
 
 def test_queue_rows_need_an_existing_dag_and_asset(engine):
@@ -295,11 +306,11 @@ def test_queue_rows_need_an_existing_dag_and_asset(engine):
     with engine.begin() as conn:
         ids = _graph(conn)
     with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
-        _insert(conn, AssetDagRunQueue.__table__, asset_id=ids["a1"], target_dag_id="no such dag")
+        _insert(conn, models.AssetDagRunQueue.__table__, asset_id=ids["a1"], target_dag_id="no such dag")
     with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
-        _insert(conn, AssetDagRunQueue.__table__, asset_id=-1, target_dag_id="d1")
+        _insert(conn, models.AssetDagRunQueue.__table__, asset_id=-1, target_dag_id="d1")
     with engine.connect() as conn:
-        assert _count(conn, AssetDagRunQueue.__table__) == 4
+        assert _count(conn, models.AssetDagRunQueue.__table__) == 4
 
 
 # --- timestamps --------------------------------------------------------------
@@ -308,12 +319,14 @@ def test_queue_rows_need_an_existing_dag_and_asset(engine):
 def test_naive_datetime_is_rejected_before_anything_is_written(engine):
     with engine.begin() as conn:
         ids = _graph(conn)
-        conn.execute(sa.delete(AssetDagRunQueue.__table__))
+        conn.execute(sa.delete(models.AssetDagRunQueue.__table__))
     naive = dt.datetime(2024, 1, 1, 12, 0)
     with pytest.raises(sa.exc.StatementError, match="naive datetime is disallowed"), engine.begin() as conn:
-        _insert(conn, AssetDagRunQueue.__table__, asset_id=ids["a1"], target_dag_id="d1", created_at=naive)
+        _insert(
+            conn, models.AssetDagRunQueue.__table__, asset_id=ids["a1"], target_dag_id="d1", created_at=naive
+        )
     with engine.connect() as conn:
-        assert _count(conn, AssetDagRunQueue.__table__) == 0
+        assert _count(conn, models.AssetDagRunQueue.__table__) == 0
 
 
 def test_default_timestamps_are_aware_utc_now(engine):
@@ -322,8 +335,8 @@ def test_default_timestamps_are_aware_utc_now(engine):
         _graph(conn)
     after = models.utcnow()
     with engine.connect() as conn:
-        stamps = list(conn.scalars(sa.select(AssetDagRunQueue.created_at)))
-        stamps += conn.scalars(sa.select(AssetEvent.timestamp))
+        stamps = list(conn.scalars(sa.select(models.AssetDagRunQueue.created_at)))
+        stamps += conn.scalars(sa.select(models.AssetEvent.timestamp))
     assert len(stamps) == 6
     for stamp in stamps:
         assert stamp.tzinfo is not None and stamp.utcoffset() == dt.timedelta(0)
