@@ -220,6 +220,23 @@ class _Engines:
         self._engine, self._url = None, None
 
 
+class _Party:
+    """What every party's loop takes from the plan, its own generator and engines, and its barriers."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.sizes = plan.sizes
+        self.out = Path(plan.out_dir)
+        self.sync = self.out / "barriers"
+        self.rng = process_rng()
+        self.engines = _Engines(plan.sizes)
+        self.parties = plan.parties
+        self.timeout = plan.barrier_timeout_s
+
+    def wait(self, name: str, cell: Cell, party: int) -> None:
+        """Wait at barrier ``name`` of ``cell`` until every party has arrived."""
+        barrier.wait(self.sync, f"{name}-{cell.index}", party, self.parties, timeout_s=self.timeout)
+
+
 def _round_assets(
     conn: Connection, cell: Cell, party: int
 ) -> tuple[list[dataset.SeedAsset], list[dataset.SeedAsset]]:
@@ -231,13 +248,8 @@ def _round_assets(
 
 def run_producer(plan: Plan, party: int) -> None:
     """Party ``party`` (1..N): every round it takes part in, warm up, then run its transactions."""
-    sizes = plan.sizes
-    out = Path(plan.out_dir)
-    sync = out / "barriers"
-    rng = process_rng()
-    engines = _Engines(sizes)
-    parties = plan.parties
-    timeout = plan.barrier_timeout_s
+    this = _Party(plan)
+    sizes, out, sync, rng, engines = this.sizes, this.out, this.sync, this.rng, this.engines
     try:
         with (out / f"tx-{party}.jsonl").open("a") as sink:
             for cell in plan.cells:
@@ -252,12 +264,12 @@ def run_producer(plan: Plan, party: int) -> None:
                         engine,
                         producer_work(emit, warm_up, rng),
                         max_attempts=sizes.max_attempts,
-                        deadline=time.monotonic() + timeout,
+                        deadline=time.monotonic() + this.timeout,
                         hold_s=0,
                         rng=rng,
                     )
-                barrier.wait(sync, f"warm-{cell.index}", party, parties, timeout_s=timeout)
-                barrier.wait(sync, f"start-{cell.index}", party, parties, timeout_s=timeout)
+                this.wait("warm", cell, party)
+                this.wait("start", cell, party)
                 if active:
                     if cell.scenario == "lost_events":
                         count = _share(sizes.lost_events, cell.producers, party)
@@ -272,7 +284,7 @@ def run_producer(plan: Plan, party: int) -> None:
                         sink.write(json.dumps({"cell": cell.index, "party": party, **record}) + "\n")
                         sink.flush()
                 barrier.arrive(sync, f"done-{cell.index}", party)
-                barrier.wait(sync, f"end-{cell.index}", party, parties, timeout_s=timeout)
+                this.wait("end", cell, party)
     finally:
         engines.close()
 
@@ -328,26 +340,23 @@ def _share(total: int, producers: int, party: int) -> int:
 
 def run_coordinator(plan: Plan) -> None:
     """Party 0: reset before each round, consume, check rows (or count lost events) after."""
-    sizes = plan.sizes
-    out = Path(plan.out_dir)
-    sync = out / "barriers"
-    rng = process_rng()
-    engines = _Engines(sizes)
-    parties = plan.parties
-    timeout = plan.barrier_timeout_s
+    this = _Party(plan)
+    sizes, out, sync, rng, engines = this.sizes, this.out, this.sync, this.rng, this.engines
     try:
         with (out / "cells.jsonl").open("a") as sink:
             for cell in plan.cells:
                 engine = engines.get(cell.url)
-                barrier.wait(sync, f"warm-{cell.index}", 0, parties, timeout_s=timeout)
+                this.wait("warm", cell, 0)
                 dataset.reset(engine)
-                barrier.wait(sync, f"start-{cell.index}", 0, parties, timeout_s=timeout)
-                started = time.perf_counter()
+                this.wait("start", cell, 0)
+                current = _Round(
+                    engine, sync, cell, sizes, this.parties, rng, time.perf_counter(), this.timeout
+                )
                 if cell.scenario == "lost_events":
-                    record = _lost_events_round(engine, sync, cell, sizes, parties, rng, started, timeout)
+                    record = _lost_events_round(current)
                 else:
-                    record = _contention_round(engine, sync, out, cell, sizes, parties, rng, started, timeout)
-                barrier.wait(sync, f"end-{cell.index}", 0, parties, timeout_s=timeout)
+                    record = _contention_round(current, out)
+                this.wait("end", cell, 0)
                 record["planned"] = cell.planned(sizes)
                 sink.write(json.dumps(record) + "\n")
                 sink.flush()
@@ -360,49 +369,99 @@ def cell_started(sync: Path, index: int) -> bool:
     return barrier.arrived(sync, f"warm-{index}", 1) == 1
 
 
-def _wait_done(sync: Path, cell: Cell, parties: int, started: float, timeout: float) -> float:
-    while barrier.arrived(sync, f"done-{cell.index}", parties) < parties - 1:
-        if time.perf_counter() - started > timeout:
-            raise barrier.BarrierTimeoutError(f"producers did not finish {cell.label}")
-        time.sleep(0.001)
-    return time.perf_counter() - started
+@dataclass
+class _Round:
+    """One round as the coordinator runs it, and the tally of its scheduler side.
+
+    The ``with_consumer`` claimer and the ``lost_events`` scheduler differ only
+    in what one of their transactions does: both run it through
+    :meth:`consume` and interleave it with the wait for the producers in
+    :meth:`wait_done`.
+    """
+
+    engine: Engine
+    sync: Path
+    cell: Cell
+    sizes: Sizes
+    parties: int
+    rng: random.Random
+    started: float
+    #: Seconds after ``started`` when the producers count as stuck.
+    timeout: float
+    #: What the committed consumer transactions took: (asset, DAG) claims or (event, DAG) runs.
+    consumed: set[dataset.Pair] = field(default_factory=set)
+    #: Failed consumer attempts, by kind.
+    failures: Counter[str] = field(default_factory=Counter)
+
+    def producers_done(self) -> bool:
+        return barrier.arrived(self.sync, f"done-{self.cell.index}", self.parties) >= self.parties - 1
+
+    def wait_done(self, between: Callable[[], object] = lambda: None, *, pause_s: float = 0.001) -> float:
+        """Call ``between`` (a consumer's step) until every producer is done; returns the round's duration.
+
+        Raises :class:`barrier.BarrierTimeoutError` once ``timeout`` has passed.
+        """
+        while not self.producers_done():
+            if time.perf_counter() - self.started > self.timeout:
+                raise barrier.BarrierTimeoutError(f"producers did not finish {self.cell.label}")
+            between()
+            time.sleep(pause_s)
+        return time.perf_counter() - self.started
+
+    def consume(
+        self, work: Callable[[Session, list[dataset.Pair]], int], *, deadline: float
+    ) -> tuple[TxResult, int]:
+        """One consumer transaction, retried like a producer's but not held open before COMMIT.
+
+        ``work`` appends the pairs it takes to the list it is given (empty at
+        every attempt) and returns how many claims or runs it made. Returns the
+        transaction's result and that count; only a committed transaction's
+        pairs join :attr:`consumed`, and a transaction that did not commit made 0.
+        """
+        taken: list[dataset.Pair] = []
+        made = [0]
+
+        def attempt(session: Session) -> None:
+            taken.clear()
+            made[0] = work(session, taken)
+
+        result = run_transaction(
+            self.engine,
+            attempt,
+            max_attempts=self.sizes.max_attempts,
+            deadline=deadline,
+            hold_s=0,
+            rng=self.rng,
+        )
+        self.failures.update(result.failures)
+        if not result.ok:
+            return result, 0
+        self.consumed.update(taken)
+        return result, made[0]
 
 
-def _producers_done(sync: Path, cell: Cell, parties: int) -> bool:
-    return barrier.arrived(sync, f"done-{cell.index}", parties) >= parties - 1
-
-
-def _contention_round(
-    engine: Engine,
-    sync: Path,
-    out: Path,
-    cell: Cell,
-    sizes: Sizes,
-    parties: int,
-    rng: random.Random,
-    started: float,
-    timeout: float,
-) -> dict[str, Any]:
-    with engine.connect() as conn:
+def _contention_round(current: _Round, out: Path) -> dict[str, Any]:
+    with current.engine.connect() as conn:
         asset_ids = dataset.main_asset_ids(conn)
         consumers = dataset.consumer_dags(conn, asset_ids)
     consumer: dict[str, Any] = {}
-    consumed: set[dataset.Pair] = set()
-    if cell.scenario == "with_consumer":
-        dags = sorted(set().union(*consumers.values()))
-        consumer, consumed = _consume(engine, sync, cell, sizes, parties, dags, rng)
-    duration = _wait_done(sync, cell, parties, started, timeout)
+    if current.cell.scenario == "with_consumer":
+        claimer = _Claimer(current, sorted(set().union(*consumers.values())))
+        duration = current.wait_done(claimer, pause_s=0.002)
+        consumer = {"claims": claimer.claims, "failures": dict(current.failures)}
+    else:
+        duration = current.wait_done()
     # Every producer has written its transactions before arriving at "done".
-    emitted = _emitted_pairs(out, cell, parties - 1, consumers)
-    with engine.connect() as conn:
+    emitted = _emitted_pairs(out, current.cell, current.parties - 1, consumers)
+    with current.engine.connect() as conn:
         queued = dataset.queued_pairs(conn)
-    check = dataset.check_rows(queued, emitted, consumed)
+    check = dataset.check_rows(queued, emitted, current.consumed)
     return {
-        **asdict(cell),
+        **asdict(current.cell),
         "duration_s": duration,
         "queued_rows": len(queued),
         "emitted_pairs": len(emitted),
-        "consumed_pairs": len(consumed),
+        "consumed_pairs": len(current.consumed),
         "check": check,
         "exact": not any(check.values()),
         "consumer": consumer,
@@ -425,59 +484,48 @@ def _emitted_pairs(
     return emitted
 
 
-def _consume(
-    engine: Engine,
-    sync: Path,
-    cell: Cell,
-    sizes: Sizes,
-    parties: int,
-    dags: Sequence[str],
-    rng: random.Random,
-) -> tuple[dict[str, Any], set[dataset.Pair]]:
-    """Behave like the scheduler until every producer is done.
+class _Claimer:
+    """The ``with_consumer`` scheduler: each call claims one DAG's queue rows, until its deadline.
 
-    Per transaction: claim one DAG's queue rows ``FOR UPDATE SKIP LOCKED``
-    (as Airflow 3.3's ``_create_dag_runs_asset_triggered``; SQLite has no row
-    locks and ignores the clause, BEGIN IMMEDIATE serialises instead), record
-    a run, delete exactly the claimed rows, commit.
+    The DAGs are taken in a shuffled round-robin. A claim is one transaction:
+    the DAG's queue rows ``FOR UPDATE SKIP LOCKED`` (as Airflow 3.3's
+    ``_create_dag_runs_asset_triggered``; SQLite has no row locks and ignores
+    the clause, BEGIN IMMEDIATE serialises instead), a recorded run, exactly
+    the claimed rows deleted, COMMIT.
     """
-    consumed: set[dataset.Pair] = set()
-    claims = 0
-    failures: Counter[str] = Counter()
-    order = list(dags)
-    rng.shuffle(order)
-    deadline = time.monotonic() + sizes.round_timeout_s + 2 * sizes.lock_timeout_s
-    i = 0
-    while not _producers_done(sync, cell, parties) and time.monotonic() < deadline:
-        dag = order[i % len(order)]
-        i += 1
-        claimed: list[dataset.Pair] = []
 
-        def claim(session: Session, dag: str = dag, claimed: list[dataset.Pair] = claimed) -> None:
-            claimed.clear()
-            rows = session.execute(
-                sa.select(_ADRQ.c.asset_id, _ADRQ.c.target_dag_id)
-                .where(_ADRQ.c.target_dag_id == dag)
-                .order_by(_ADRQ.c.created_at.desc())
-                .with_for_update(skip_locked=True)
-            ).all()
-            if not rows:
-                return
-            claimed.extend((int(a), str(d)) for a, d in rows)
-            session.execute(sa.insert(dataset.bench_run).values(dag_id=dag, queued_rows=len(rows)))
-            session.execute(
-                sa.delete(_ADRQ).where(sa.tuple_(_ADRQ.c.asset_id, _ADRQ.c.target_dag_id).in_(claimed))
-            )
+    def __init__(self, current: _Round, dags: Sequence[str]) -> None:
+        self.round = current
+        self.order = list(dags)
+        current.rng.shuffle(self.order)
+        sizes = current.sizes
+        self.deadline = time.monotonic() + sizes.round_timeout_s + 2 * sizes.lock_timeout_s
+        self.turn = 0
+        self.claims = 0
 
-        result = run_transaction(
-            engine, claim, max_attempts=sizes.max_attempts, deadline=deadline, hold_s=0, rng=rng
-        )
-        failures.update(result.failures)
-        if result.ok and claimed:
-            claims += 1
-            consumed.update(claimed)
-        time.sleep(0.002)
-    return {"claims": claims, "failures": dict(failures)}, consumed
+    def __call__(self) -> None:
+        if time.monotonic() >= self.deadline:
+            return
+        dag = self.order[self.turn % len(self.order)]
+        self.turn += 1
+        _, made = self.round.consume(functools.partial(_claim, dag), deadline=self.deadline)
+        self.claims += made
+
+
+def _claim(dag: str, session: Session, claimed: list[dataset.Pair]) -> int:
+    """Claim ``dag``'s queue rows into ``claimed``, record a run, delete them; 1 if there were any."""
+    rows = session.execute(
+        sa.select(_ADRQ.c.asset_id, _ADRQ.c.target_dag_id)
+        .where(_ADRQ.c.target_dag_id == dag)
+        .order_by(_ADRQ.c.created_at.desc())
+        .with_for_update(skip_locked=True)
+    ).all()
+    if not rows:
+        return 0
+    claimed.extend((int(a), str(d)) for a, d in rows)
+    session.execute(sa.insert(dataset.bench_run).values(dag_id=dag, queued_rows=len(rows)))
+    session.execute(sa.delete(_ADRQ).where(sa.tuple_(_ADRQ.c.asset_id, _ADRQ.c.target_dag_id).in_(claimed)))
+    return 1
 
 
 # --- lost events: Airflow 3.3.2's scheduler rule ----------------------------------
@@ -548,72 +596,41 @@ def scheduler_pass(session: Session, dags: Sequence[str], consumed: list[tuple[i
     return runs
 
 
-def _lost_events_round(
-    engine: Engine,
-    sync: Path,
-    cell: Cell,
-    sizes: Sizes,
-    parties: int,
-    rng: random.Random,
-    started: float,
-    timeout: float,
-) -> dict[str, Any]:
+def _lost_events_round(current: _Round) -> dict[str, Any]:
     """Consume with Airflow 3.3.2's rule while the producers run, drain, count unconsumed pairs."""
-    with engine.connect() as conn:
+    with current.engine.connect() as conn:
         dags = dataset.lost_dag_ids(conn)
         asset = dataset.lost_asset(conn)
-    consumed: set[tuple[int, str]] = set()
-    failures: Counter[str] = Counter()
-    runs = passes = 0
+    runs = 0
     pass_ms: list[float] = []
 
     def one_pass() -> int:
-        nonlocal runs, passes
-        attempt: list[tuple[int, str]] = []
-        made = [0]
-
-        def work(session: Session) -> None:
-            attempt.clear()
-            made[0] = scheduler_pass(session, dags, attempt)
-
-        result = run_transaction(
-            engine,
-            work,
-            max_attempts=sizes.max_attempts,
-            deadline=time.monotonic() + timeout,
-            hold_s=0,
-            rng=rng,
+        nonlocal runs
+        result, made = current.consume(
+            lambda session, taken: scheduler_pass(session, dags, taken),
+            deadline=time.monotonic() + current.timeout,
         )
-        failures.update(result.failures)
-        passes += 1
         pass_ms.append(result.latency_s * 1000)
-        if not result.ok:
-            return 0
-        consumed.update(attempt)
-        runs += made[0]
-        return made[0]
+        runs += made
+        return made
 
-    while not _producers_done(sync, cell, parties):
-        if time.perf_counter() - started > timeout:
-            raise barrier.BarrierTimeoutError(f"producers did not finish {cell.label}")
-        one_pass()
-        time.sleep(0.001)
-    duration = time.perf_counter() - started
+    duration = current.wait_done(one_pass)
     # Drain: every committed queue row becomes a run.
     while one_pass():
         pass
+    consumed = current.consumed
     consumed_in_round = set(consumed)
     # A queue row that already existed kept its created_at (Airflow's ON
     # CONFLICT DO NOTHING / merge), so events after it wait for the next run
     # of that DAG: they are late, not lost. A sentinel event, committed with
     # its queue rows after everything else, triggers that next run; only the
     # pairs it does not pick up either were consumed by no run, ever.
-    with Session(engine) as session:
+    with Session(current.engine) as session:
         sentinel = _sentinel_event(session, asset.id, dags)
         session.commit()
     while one_pass():
         pass
-    with engine.connect() as conn:
+    with current.engine.connect() as conn:
         events = list(
             conn.scalars(sa.select(_EVENT.c.id).where(_EVENT.c.asset_id == asset.id, _EVENT.c.id != sentinel))
         )
@@ -621,7 +638,7 @@ def _lost_events_round(
     pairs = {(e, d) for e in events for d in dags}
     lost = pairs - consumed
     return {
-        **asdict(cell),
+        **asdict(current.cell),
         "duration_s": duration,
         "events": len(events),
         "consumers": len(dags),
@@ -632,11 +649,11 @@ def _lost_events_round(
         # Consumed only by the sentinel's runs, after the round.
         "late_pairs": len((pairs & consumed) - consumed_in_round),
         "runs": runs,
-        "passes": passes,
+        "passes": len(pass_ms),
         "pass_p50_ms": statistics.median(pass_ms) if pass_ms else math.nan,
         "pass_max_ms": max(pass_ms, default=math.nan),
         "queue_rows_left": left,
-        "consumer_failures": dict(failures),
+        "consumer_failures": dict(current.failures),
         # Consumed pairs that are neither this round's events nor the sentinel: must be 0.
         "consumed_unknown": len({(e, d) for e, d in consumed if e != sentinel} - pairs),
     }
