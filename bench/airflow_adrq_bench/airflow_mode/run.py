@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as dt
 import multiprocessing
 import os
 import shutil
@@ -35,12 +34,13 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from airflow_adrq_bench import servers
+from airflow_adrq_bench.airflow_mode import rawinfo
 from airflow_adrq_bench.airflow_mode import worker as worker_module
 from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES, Sizes
 from airflow_adrq_bench.errors import BenchError
@@ -479,13 +479,7 @@ def run(
     plan = _Plan(sizes, list(managers), list(scenarios), sweep, contention, pg_deadlock_timeout_ms)
     started = time.monotonic()
     raw: dict[str, Any] = {
-        "tool": "airflow-adrq bench --airflow",
-        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "cpus": os.cpu_count(),
-        # Other work on the machine skews every number: the 1/5/15-minute load at start and end.
-        "load_average": {"start": list(os.getloadavg())},
-        "sizes": dataclasses.asdict(sizes),
-        "managers": list(managers),
+        **rawinfo.opening("airflow-adrq bench --airflow", sizes, managers),
         "manager_classes": {m: MANAGER_CLASSES[m] or "airflow.assets.manager.AssetManager" for m in managers},
         "scenarios": list(scenarios),
         "targets": [],
@@ -510,8 +504,7 @@ def run(
         if workers is not None:
             workers.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    raw["duration_s"] = time.monotonic() - started
-    raw["load_average"]["end"] = list(os.getloadavg())
+    rawinfo.finish(raw, started)
     return raw
 
 
@@ -555,11 +548,12 @@ def _run_target(
                 "phases": phases,
             }
             lap("setup_s")
+            measuring = _Measuring(target, plan, workers, engine, asset_ids, raw, progress)
             if plan.sweep:
-                _sweep(target, plan, workers, engine, asset_ids, raw, progress)
+                _sweep(measuring)
                 lap("sweep_s")
             if plan.contention:
-                _contention(target, plan, workers, engine, asset_ids, raw, progress)
+                _contention(measuring)
                 lap("contention_s")
             workers.broadcast(all_procs, "release")
         except BaseException:
@@ -574,15 +568,20 @@ def _run_target(
     return info
 
 
-def _sweep(
-    target: Target,
-    plan: _Plan,
-    workers: _Workers,
-    engine: sa.Engine,
-    asset_ids: dict[str, int],
-    raw: dict[str, Any],
-    progress: Callable[[str], None],
-) -> None:
+class _Measuring(NamedTuple):
+    """One target after its set-up: what the sweep and the contention runs both work with."""
+
+    target: Target
+    plan: _Plan
+    workers: _Workers
+    engine: sa.Engine
+    asset_ids: dict[str, int]
+    raw: dict[str, Any]
+    progress: Callable[[str], None]
+
+
+def _sweep(measuring: _Measuring) -> None:
+    target, plan, workers, engine, asset_ids, raw, progress = measuring
     sizes = plan.sizes
     callers = {m: workers.group(m)[0] for m in plan.managers}
     for fanout in sizes.fanouts:
@@ -629,15 +628,8 @@ def _sweep(
     _clear_queue(engine)
 
 
-def _contention(
-    target: Target,
-    plan: _Plan,
-    workers: _Workers,
-    engine: sa.Engine,
-    asset_ids: dict[str, int],
-    raw: dict[str, Any],
-    progress: Callable[[str], None],
-) -> None:
+def _contention(measuring: _Measuring) -> None:
+    target, plan, workers, engine, asset_ids, raw, progress = measuring
     sizes = plan.sizes
     warm_assets = [a for s in plan.scenarios for a in plan.scenario_assets(s)]
     progress(f"{target.version}: contention: warming up every producer (one transaction each)")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as dt
 import os
 import shutil
 import subprocess
@@ -18,6 +17,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from airflow_adrq_bench.airflow_mode import rawinfo
 from airflow_adrq_bench.airflow_mode import run as run_module
 from airflow_adrq_bench.airflow_mode.accounting.classify import classify
 from airflow_adrq_bench.airflow_mode.accounting.config import (
@@ -139,12 +139,7 @@ def run(
     """Run every cell on every target; returns the raw results (``cells``, ``problems`` ...)."""
     started = time.monotonic()
     raw: dict[str, Any] = {
-        "tool": "airflow-adrq bench --airflow --accounting",
-        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "cpus": os.cpu_count(),
-        "load_average": {"start": list(os.getloadavg())},
-        "sizes": dataclasses.asdict(sizes),
-        "managers": list(managers),
+        **rawinfo.opening("airflow-adrq bench --airflow --accounting", sizes, managers),
         "targets": [],
         "cells": [],
         "problems": [],
@@ -186,8 +181,7 @@ def run(
         shutil.rmtree(workdir, ignore_errors=True)
     raw["comparison"] = compare(raw["cells"])
     raw["problems"] += [c["problem"] for c in raw["comparison"] if c.get("problem")]
-    raw["duration_s"] = time.monotonic() - started
-    raw["load_average"]["end"] = list(os.getloadavg())
+    rawinfo.finish(raw, started)
     return raw
 
 

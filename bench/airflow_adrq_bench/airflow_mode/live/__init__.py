@@ -35,7 +35,6 @@ import dataclasses
 import datetime as dt
 import importlib.util
 import json
-import os
 import signal
 import sys
 import time
@@ -48,6 +47,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from airflow_adrq.errors import AdrqError
 from airflow_adrq_bench import servers
+from airflow_adrq_bench.airflow_mode import rawinfo
 from airflow_adrq_bench.airflow_mode import run as run_module
 from airflow_adrq_bench.airflow_mode.live import report
 from airflow_adrq_bench.airflow_mode.live.config import (
@@ -212,14 +212,9 @@ def run(
     limit = time_limit_s or default_time_limit(sizes)
     started = time.monotonic()
     raw: dict[str, Any] = {
-        "tool": _PROG,
-        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        **rawinfo.opening(_PROG, sizes, managers),
         "airflow_version": _airflow_version(),
-        "cpus": os.cpu_count(),
-        "load_average": {"start": list(os.getloadavg())},
-        "sizes": dataclasses.asdict(sizes),
         "runs": runs,
-        "managers": list(managers),
         "time_limit_s": limit,
         "targets": [dataclasses.asdict(t) | {"server_url": None} for t in targets],
         "extra_events": "one per outlet asset, through POST /api/v2/assets/events",
@@ -244,8 +239,7 @@ def run(
                         say=_say,
                     )
                 )
-    raw["duration_s"] = round(time.monotonic() - started, 1)
-    raw["load_average"]["end"] = list(os.getloadavg())
+    rawinfo.finish(raw, started, ndigits=1)
     return raw
 
 
