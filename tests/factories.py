@@ -3,27 +3,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from types import SimpleNamespace
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from airflow_adrq.models import (
-    AssetActive,
-    AssetAliasModel,
-    AssetDagRunQueue,
-    AssetEvent,
-    AssetModel,
-    DagBundleModel,
-    DagModel,
-    DagScheduleAssetAliasReference,
-    DagScheduleAssetNameReference,
-    DagScheduleAssetReference,
-    DagScheduleAssetUriReference,
-    alias_association_table,
-    utcnow,
-)
+from airflow_adrq import models
 
 BUNDLE = "test-bundle"
 
@@ -38,8 +24,8 @@ def task_instance(dag_id="producer", task_id="emit", run_id="run-1", map_index=-
 
 
 def add_dags(session: Session, dag_ids: Iterable[str], *, paused=(), partitioned=()) -> None:
-    if session.get(DagBundleModel, BUNDLE) is None:
-        session.add(DagBundleModel(name=BUNDLE))
+    if session.get(models.DagBundleModel, BUNDLE) is None:
+        session.add(models.DagBundleModel(name=BUNDLE))
         session.flush()
     rows = [
         {
@@ -52,64 +38,116 @@ def add_dags(session: Session, dag_ids: Iterable[str], *, paused=(), partitioned
         for d in dag_ids
     ]
     if rows:
-        session.execute(sa.insert(DagModel.__table__), rows)
+        session.execute(sa.insert(models.DagModel.__table__), rows)
 
 
 def add_asset(session: Session, name: str, uri: str | None = None, *, active=True) -> int:
     ref = asset_ref(name, uri)
-    asset = AssetModel(name=ref.name, uri=ref.uri)
+    asset = models.AssetModel(name=ref.name, uri=ref.uri)
     session.add(asset)
     session.flush()
     if active:
-        session.add(AssetActive(name=ref.name, uri=ref.uri))
+        session.add(models.AssetActive(name=ref.name, uri=ref.uri))
         session.flush()
     return asset.id
 
 
 def add_alias(session: Session, name: str) -> int:
-    alias = AssetAliasModel(name=name)
+    alias = models.AssetAliasModel(name=name)
     session.add(alias)
     session.flush()
     return alias.id
 
 
 def schedule_on_asset(session: Session, asset_id: int, dag_ids: Iterable[str]) -> None:
-    now = utcnow()
+    now = models.utcnow()
     rows = [{"asset_id": asset_id, "dag_id": d, "created_at": now, "updated_at": now} for d in dag_ids]
     if rows:
-        session.execute(sa.insert(DagScheduleAssetReference.__table__), rows)
+        session.execute(sa.insert(models.DagScheduleAssetReference.__table__), rows)
 
 
 def schedule_on_name(session: Session, name: str, dag_ids: Iterable[str]) -> None:
     for d in dag_ids:
-        session.add(DagScheduleAssetNameReference(name=name, dag_id=d))
+        session.add(models.DagScheduleAssetNameReference(name=name, dag_id=d))
     session.flush()
 
 
 def schedule_on_uri(session: Session, uri: str, dag_ids: Iterable[str]) -> None:
     for d in dag_ids:
-        session.add(DagScheduleAssetUriReference(uri=uri, dag_id=d))
+        session.add(models.DagScheduleAssetUriReference(uri=uri, dag_id=d))
     session.flush()
 
 
 def schedule_on_alias(session: Session, alias_id: int, dag_ids: Iterable[str]) -> None:
     for d in dag_ids:
-        session.add(DagScheduleAssetAliasReference(alias_id=alias_id, dag_id=d))
+        session.add(models.DagScheduleAssetAliasReference(alias_id=alias_id, dag_id=d))
     session.flush()
+
+
+def add_scheduled_assets(
+    session: Session,
+    consumers: Mapping[str, Iterable[str]],
+    *,
+    uris: Mapping[str, str] | None = None,
+    active=True,
+    paused=(),
+    partitioned=(),
+) -> dict[str, int]:
+    """Assets by name, each scheduled directly by its consumer DAGs (created here, once each
+    however many assets they consume); returns name -> asset id.
+
+    The setup most tests start from; ``uris`` overrides :func:`asset_ref`'s URI per name.
+    """
+    consumers = {name: list(dag_ids) for name, dag_ids in consumers.items()}
+    add_dags(
+        session, sorted({d for ds in consumers.values() for d in ds}), paused=paused, partitioned=partitioned
+    )
+    ids = {}
+    for name, dag_ids in consumers.items():
+        ids[name] = add_asset(session, name, (uris or {}).get(name), active=active)
+        schedule_on_asset(session, ids[name], dag_ids)
+    return ids
+
+
+def _rows(source, stmt) -> list[tuple]:
+    """``stmt``'s rows as tuples, from an Engine (its own connection) or a Session/Connection."""
+    if isinstance(source, sa.Engine):
+        with source.connect() as conn:
+            return [tuple(r) for r in conn.execute(stmt)]
+    return [tuple(r) for r in source.execute(stmt)]
 
 
 def queued(session_or_engine) -> set[tuple[int, str]]:
     """The (asset_id, target_dag_id) rows of asset_dag_run_queue."""
-    stmt = sa.select(AssetDagRunQueue.asset_id, AssetDagRunQueue.target_dag_id)
-    if isinstance(session_or_engine, sa.Engine):
-        with session_or_engine.connect() as conn:
-            return {tuple(r) for r in conn.execute(stmt)}
-    return {tuple(r) for r in session_or_engine.execute(stmt)}
+    adrq = models.AssetDagRunQueue
+    return set(_rows(session_or_engine, sa.select(adrq.asset_id, adrq.target_dag_id)))
 
 
-def events(engine: sa.Engine) -> list[AssetEvent]:
+def stored_aliases(source) -> dict[str, int]:
+    """asset_alias as name -> id."""
+    alias = models.AssetAliasModel
+    return dict(_rows(source, sa.select(alias.name, alias.id)))
+
+
+# Lists, not sets, for the two association tables: a test that expects one row
+# sees a second one.
+
+
+def alias_links(source) -> list[tuple[int, int]]:
+    """asset_alias_asset as sorted (alias_id, asset_id) rows."""
+    table = models.alias_association_table
+    return sorted(_rows(source, sa.select(table.c.alias_id, table.c.asset_id)))
+
+
+def alias_event_links(source) -> list[tuple[int, int]]:
+    """asset_alias_asset_event as sorted (alias_id, event_id) rows."""
+    table = models.asset_alias_asset_event_association_table
+    return sorted(_rows(source, sa.select(table.c.alias_id, table.c.event_id)))
+
+
+def events(engine: sa.Engine) -> list[models.AssetEvent]:
     with Session(engine, expire_on_commit=False) as session:
-        return list(session.scalars(sa.select(AssetEvent).order_by(AssetEvent.id)))
+        return list(session.scalars(sa.select(models.AssetEvent).order_by(models.AssetEvent.id)))
 
 
 # --- set-based bulk setup (Core executemany; for large or generated graphs) ---
@@ -124,11 +162,11 @@ def add_assets(
     """
     refs = list(refs)
     inactive = set(inactive)
-    now = utcnow()
+    now = models.utcnow()
     if not refs:
         return {}
     session.execute(
-        sa.insert(AssetModel.__table__),
+        sa.insert(models.AssetModel.__table__),
         [
             {"name": n, "uri": u, "group": "", "extra": {}, "created_at": now, "updated_at": now}
             for n, u in refs
@@ -136,9 +174,9 @@ def add_assets(
     )
     active_rows = [{"name": n, "uri": u} for n, u in refs if (n, u) not in inactive]
     if active_rows:
-        session.execute(sa.insert(AssetActive.__table__), active_rows)
+        session.execute(sa.insert(models.AssetActive.__table__), active_rows)
     wanted = set(refs)
-    asset = AssetModel.__table__
+    asset = models.AssetModel.__table__
     return {
         (n, u): i
         for n, u, i in session.execute(sa.select(asset.c.name, asset.c.uri, asset.c.id))
@@ -151,9 +189,9 @@ def add_aliases(session: Session, names: Iterable[str]) -> dict[str, int]:
     names = list(names)
     if not names:
         return {}
-    session.execute(sa.insert(AssetAliasModel.__table__), [{"name": n, "group": ""} for n in names])
+    session.execute(sa.insert(models.AssetAliasModel.__table__), [{"name": n, "group": ""} for n in names])
     wanted = set(names)
-    alias = AssetAliasModel.__table__
+    alias = models.AssetAliasModel.__table__
     return {n: i for n, i in session.execute(sa.select(alias.c.name, alias.c.id)) if n in wanted}
 
 
@@ -170,13 +208,16 @@ def add_schedule_refs(
     ``direct``: (asset_id, dag_id); ``by_name``: (name, dag_id); ``by_uri``:
     (uri, dag_id); ``by_alias``: (alias_id, dag_id).
     """
-    now = utcnow()
+    now = models.utcnow()
     batches = [
-        (DagScheduleAssetReference, [{"asset_id": a, "dag_id": d, "updated_at": now} for a, d in direct]),
-        (DagScheduleAssetNameReference, [{"name": n, "dag_id": d} for n, d in by_name]),
-        (DagScheduleAssetUriReference, [{"uri": u, "dag_id": d} for u, d in by_uri]),
         (
-            DagScheduleAssetAliasReference,
+            models.DagScheduleAssetReference,
+            [{"asset_id": a, "dag_id": d, "updated_at": now} for a, d in direct],
+        ),
+        (models.DagScheduleAssetNameReference, [{"name": n, "dag_id": d} for n, d in by_name]),
+        (models.DagScheduleAssetUriReference, [{"uri": u, "dag_id": d} for u, d in by_uri]),
+        (
+            models.DagScheduleAssetAliasReference,
             [{"alias_id": a, "dag_id": d, "updated_at": now} for a, d in by_alias],
         ),
     ]
@@ -189,12 +230,48 @@ def link_aliases(session: Session, pairs: Iterable[tuple[int, int]]) -> None:
     """asset_alias_asset rows for (alias_id, asset_id) pairs, one executemany."""
     rows = [{"alias_id": a, "asset_id": s} for a, s in pairs]
     if rows:
-        session.execute(sa.insert(alias_association_table), rows)
+        session.execute(sa.insert(models.alias_association_table), rows)
+
+
+def add_graph(
+    session: Session,
+    *,
+    dags: Iterable[str] = (),
+    paused=(),
+    partitioned=(),
+    assets: Iterable[tuple[str, str]] = (),
+    inactive=(),
+    aliases: Iterable[str] = (),
+    direct: Iterable[tuple[tuple[str, str], str]] = (),
+    by_name: Iterable[tuple[str, str]] = (),
+    by_uri: Iterable[tuple[str, str]] = (),
+    by_alias: Iterable[tuple[str, str]] = (),
+    links: Iterable[tuple[str, tuple[str, str]]] = (),
+) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
+    """A whole reference graph, set-based, described by value rather than by id.
+
+    Assets are ``(name, uri)`` keys and aliases names: ``direct`` is (asset key, dag_id),
+    ``by_name`` (name, dag_id), ``by_uri`` (uri, dag_id), ``by_alias`` (alias name, dag_id)
+    and ``links`` (alias name, asset key). Rows go in sorted by id, so the same graph is
+    inserted in the same order every time. Returns (asset key -> id, alias name -> id).
+    """
+    add_dags(session, dags, paused=paused, partitioned=partitioned)
+    asset_ids = add_assets(session, assets, inactive=inactive)
+    alias_ids = add_aliases(session, aliases)
+    add_schedule_refs(
+        session,
+        direct=sorted((asset_ids[k], d) for k, d in direct),
+        by_name=sorted(by_name),
+        by_uri=sorted(by_uri),
+        by_alias=sorted((alias_ids[a], d) for a, d in by_alias),
+    )
+    link_aliases(session, sorted((alias_ids[a], asset_ids[k]) for a, k in links))
+    return asset_ids, alias_ids
 
 
 def queue_rows(engine: sa.Engine) -> dict[tuple[int, str], object]:
     """asset_dag_run_queue as (asset_id, target_dag_id) -> created_at."""
-    adrq = AssetDagRunQueue.__table__
+    adrq = models.AssetDagRunQueue.__table__
     with engine.connect() as conn:
         return {
             (a, d): created

@@ -44,15 +44,7 @@ from airflow_adrq.models import (
     utcnow,
 )
 from airflow_adrq.retry import classify
-from tests.factories import (
-    add_aliases,
-    add_assets,
-    add_dags,
-    add_schedule_refs,
-    asset_ref,
-    link_aliases,
-    queued,
-)
+from tests.factories import add_graph, alias_event_links, alias_links, asset_ref, link_aliases, queued
 
 pytestmark = [pytest.mark.backends("postgresql", "mysql"), pytest.mark.slow]
 
@@ -107,19 +99,19 @@ class World:
 def _setup(engine, *, links_exist: bool) -> World:
     """Aliases a, b (with their DAGs); assets x, y with links (links_exist), or x0.., y0.. without."""
     names = ["x", "y"] if links_exist else [f"{k}{r}" for r in range(ROUNDS) for k in "xy"]
+    keys = {n: (n, asset_ref(n).uri) for n in names}
     with Session(engine) as s:
-        add_dags(s, [DIRECT, *ON_ALIAS.values()])
-        ids = add_assets(s, [(n, asset_ref(n).uri) for n in names])
-        asset_ids = {n: ids[(n, asset_ref(n).uri)] for n in names}
-        alias_ids = add_aliases(s, ALIASES)
-        add_schedule_refs(
+        ids, alias_ids = add_graph(
             s,
-            direct=[(asset_ids[n], DIRECT) for n in names],
-            by_alias=[(alias_ids[a], d) for a, d in ON_ALIAS.items()],
+            dags=[DIRECT, *ON_ALIAS.values()],
+            assets=keys.values(),
+            aliases=ALIASES,
+            direct=[(k, DIRECT) for k in keys.values()],
+            by_alias=ON_ALIAS.items(),
         )
-        world = World(asset_ids, alias_ids, per_round=not links_exist)
+        world = World({n: ids[k] for n, k in keys.items()}, alias_ids, per_round=not links_exist)
         if links_exist:
-            link_aliases(s, sorted((alias_ids[a], asset_ids[n]) for n, a in world.calls(0)))
+            link_aliases(s, sorted((alias_ids[a], world.asset_ids[n]) for n, a in world.calls(0)))
         s.commit()
     return world
 
@@ -301,8 +293,8 @@ def _check_rows(engine, world, outcome, *, aliases_before):
     """Events, alias-event rows and links exact for the committed transactions; aliases unchanged."""
     with engine.connect() as conn:
         event_assets = dict(conn.execute(sa.select(AssetEvent.id, AssetEvent.asset_id)).all())
-        alias_events = {tuple(r) for r in conn.execute(sa.select(asset_alias_asset_event_association_table))}
-        links = {tuple(r) for r in conn.execute(sa.select(alias_association_table))}
+        alias_events = set(alias_event_links(conn))
+        links = set(alias_links(conn))
     route_of = world.route_of()
     # Each committed transaction: one event for each of its round's two assets.
     assert len(event_assets) == 2 * outcome.committed

@@ -35,6 +35,9 @@ from tests.factories import (
     add_alias,
     add_asset,
     add_dags,
+    add_scheduled_assets,
+    alias_event_links,
+    alias_links,
     asset_ref,
     queued,
     schedule_on_alias,
@@ -76,10 +79,7 @@ def _graph(eng, *, fanout=3):
 def _state(eng):
     with eng.connect() as conn:
         return {
-            "queue": {
-                tuple(r)
-                for r in conn.execute(sa.select(AssetDagRunQueue.asset_id, AssetDagRunQueue.target_dag_id))
-            },
+            "queue": queued(conn),
             "events": [
                 tuple(r)
                 for r in conn.execute(
@@ -94,10 +94,8 @@ def _state(eng):
                     )
                 )
             ],
-            "alias_events": conn.execute(
-                sa.select(sa.func.count()).select_from(asset_alias_asset_event_association_table)
-            ).scalar(),
-            "alias_links": {tuple(r) for r in conn.execute(sa.select(alias_association_table))},
+            "alias_events": len(alias_event_links(conn)),
+            "alias_links": set(alias_links(conn)),
         }
 
 
@@ -118,29 +116,24 @@ def test_baseline_writes_what_the_library_writes(backend, bench_engine, queueing
     asset_id = _graph(bench_engine)
     ti = task_instance()
 
-    with Session(bench_engine) as session:
-        baselines.register_asset_change(
-            asset=asset_ref("a"),
-            task_instance=ti,
-            session=session,
-            extra={"k": 1},
-            source_alias_names=aliases,
-            queueing=queueing,
-            rng=random.Random(1),
-        )
-        session.commit()
-    theirs = _state(bench_engine)
-    _clear(bench_engine)
-    with Session(bench_engine) as session:
-        airflow_adrq.register_asset_change(
-            asset=asset_ref("a"),
-            task_instance=ti,
-            session=session,
-            extra={"k": 1},
-            source_alias_names=aliases,
-        )
-        session.commit()
-    ours = _state(bench_engine)
+    def writes(register, **kw):
+        """What one committed call of ``register`` writes, then cleared for the next one."""
+        with Session(bench_engine) as session:
+            register(
+                asset=asset_ref("a"),
+                task_instance=ti,
+                session=session,
+                extra={"k": 1},
+                source_alias_names=aliases,
+                **kw,
+            )
+            session.commit()
+        state = _state(bench_engine)
+        _clear(bench_engine)
+        return state
+
+    theirs = writes(baselines.register_asset_change, queueing=queueing, rng=random.Random(1))
+    ours = writes(airflow_adrq.register_asset_change)
 
     assert theirs == ours
     expected = {(asset_id, d) for d in ("d0", "d1", "d2", "by_name", "by_uri")}
@@ -153,9 +146,7 @@ def test_baseline_writes_what_the_library_writes(backend, bench_engine, queueing
 def test_baseline_statements_per_call_match_airflow_3_3_2(backend, bench_engine, queueing):
     fanout = 7
     with Session(bench_engine) as session:
-        add_dags(session, [f"d{i}" for i in range(fanout)])
-        asset_id = add_asset(session, "a")
-        schedule_on_asset(session, asset_id, [f"d{i}" for i in range(fanout)])
+        asset_id = add_scheduled_assets(session, {"a": [f"d{i}" for i in range(fanout)]})["a"]
         session.commit()
 
     counting.reset()
@@ -220,9 +211,7 @@ def test_raw_sql_reference_writes_the_library_rows(backend, bench_engine):
 def test_scheduler_pass_applies_airflow_3_3_2_window_rule(backend, bench_engine):
     """triggered_date = newest created_at; events with previous run_after < timestamp <= it."""
     with Session(bench_engine) as session:
-        add_dags(session, ["c"])
-        asset_id = add_asset(session, "a")
-        schedule_on_asset(session, asset_id, ["c"])
+        asset_id = add_scheduled_assets(session, {"a": ["c"]})["a"]
         session.commit()
     dataset.bench_metadata.create_all(bench_engine)
     t0 = utcnow()

@@ -14,29 +14,25 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from airflow_adrq import AssetChange, register_asset_change, register_asset_changes
-from airflow_adrq.models import (
-    AssetAliasModel,
-    alias_association_table,
-    asset_alias_asset_event_association_table,
-)
 from tests.factories import (
     add_alias,
     add_asset,
     add_dags,
+    add_scheduled_assets,
+    alias_event_links,
+    alias_links,
     asset_ref,
     events,
     queued,
     schedule_on_alias,
-    schedule_on_asset,
+    stored_aliases,
     task_instance,
 )
 
 
 def _seed(engine, consumers=("c1", "c2"), name="a", uri=None, **kw):
     with Session(engine) as s:
-        add_dags(s, consumers, **kw)
-        asset_id = add_asset(s, name, uri)
-        schedule_on_asset(s, asset_id, consumers)
+        asset_id = add_scheduled_assets(s, {name: consumers}, uris={name: uri}, **kw)[name]
         s.commit()
     return asset_id
 
@@ -83,10 +79,7 @@ def test_unknown_asset_warns_and_returns_none(engine, caplog):
 
 
 def test_inactive_asset_warns_and_is_registered(engine, caplog):
-    with Session(engine) as s:
-        add_dags(s, ["c1"])
-        schedule_on_asset(s, add_asset(s, "gone", active=False), ["c1"])
-        s.commit()
+    _seed(engine, ["c1"], "gone", active=False)
     with Session(engine) as session, caplog.at_level(logging.WARNING):
         assert register_asset_change(asset=asset_ref("gone"), session=session) is not None
         session.commit()
@@ -120,10 +113,9 @@ def test_partition_key_with_partitioned_and_plain_consumers_queues_nothing_here(
 
 def test_ten_thousand_alias_names_on_one_event(engine):
     names = [f"alias-{i:05d}" for i in range(10_000)]
+    asset_id = _seed(engine, ["c1"])
     with Session(engine) as s:
-        add_dags(s, ["c1", "via-alias"])
-        asset_id = add_asset(s, "a")
-        schedule_on_asset(s, asset_id, ["c1"])
+        add_dags(s, ["via-alias"])
         schedule_on_alias(s, add_alias(s, names[-1]), ["via-alias"])
         s.commit()
     with Session(engine) as session:
@@ -131,12 +123,9 @@ def test_ten_thousand_alias_names_on_one_event(engine):
         session.commit()
         event_id = event.id
     assert queued(engine) == {(asset_id, "c1"), (asset_id, "via-alias")}
-    with engine.connect() as conn:
-        count = conn.scalar(sa.select(sa.func.count()).select_from(AssetAliasModel))
-        links = conn.scalar(sa.select(sa.func.count()).select_from(alias_association_table))
-        event_links = conn.execute(sa.select(asset_alias_asset_event_association_table.c.event_id)).all()
-    assert (count, links, len(event_links)) == (10_000, 10_000, 10_000)
-    assert {e for (e,) in event_links} == {event_id}
+    event_links = alias_event_links(engine)
+    assert (len(stored_aliases(engine)), len(alias_links(engine)), len(event_links)) == (10_000,) * 3
+    assert {e for _, e in event_links} == {event_id}
 
 
 # Strings at the edges. Names and URIs are latin1 on MySQL and ids utf8mb3 (3

@@ -42,20 +42,14 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from airflow_adrq import AssetChange, dialects, register_asset_change, register_asset_changes
-from airflow_adrq.models import (
-    AssetAliasModel,
-    AssetEvent,
-    alias_association_table,
-    asset_alias_asset_event_association_table,
-)
+from airflow_adrq.models import AssetEvent
 from tests.factories import (
-    add_aliases,
-    add_assets,
-    add_dags,
-    add_schedule_refs,
+    add_graph,
+    alias_event_links,
+    alias_links,
     asset_ref,
-    link_aliases,
     queue_rows,
+    stored_aliases,
     task_instance,
 )
 
@@ -212,17 +206,20 @@ def make_transactions(rng: random.Random, graph: Graph) -> list[Transaction]:
 def setup_graph(engine, graph: Graph) -> tuple[dict, dict]:
     """Insert the graph (set-based); returns ((name, uri) -> asset id, alias name -> id)."""
     with Session(engine) as s:
-        add_dags(s, graph.dags, paused=graph.paused, partitioned=graph.partitioned)
-        ids = add_assets(s, graph.assets, inactive=graph.inactive)
-        alias_ids = add_aliases(s, graph.aliases)
-        add_schedule_refs(
+        ids, alias_ids = add_graph(
             s,
-            direct=sorted((ids[k], d) for k, d in graph.direct),
-            by_name=sorted(graph.by_name),
-            by_uri=sorted(graph.by_uri),
-            by_alias=sorted((alias_ids[a], d) for a, d in graph.by_alias),
+            dags=graph.dags,
+            paused=graph.paused,
+            partitioned=graph.partitioned,
+            assets=graph.assets,
+            inactive=graph.inactive,
+            aliases=graph.aliases,
+            direct=graph.direct,
+            by_name=graph.by_name,
+            by_uri=graph.by_uri,
+            by_alias=graph.by_alias,
+            links=graph.links,
         )
-        link_aliases(s, sorted((alias_ids[a], ids[k]) for a, k in graph.links))
         s.commit()
     return ids, alias_ids
 
@@ -382,13 +379,11 @@ def test_rows_match_the_oracle(engine, seed, queue_mode, caplog):
                 )
             )
         }
-        alias_names = set(conn.scalars(sa.select(AssetAliasModel.name)))
-        alias_name_of = dict(conn.execute(sa.select(AssetAliasModel.id, AssetAliasModel.name)).all())
-        links = {(alias_name_of[a], s) for a, s in conn.execute(sa.select(alias_association_table))}
-        alias_events = {
-            (alias_name_of[a], e)
-            for a, e in conn.execute(sa.select(asset_alias_asset_event_association_table))
-        }
+        aliases = stored_aliases(conn)
+        alias_names = set(aliases)
+        alias_name_of = {i: n for n, i in aliases.items()}
+        links = {(alias_name_of[a], s) for a, s in alias_links(conn)}
+        alias_events = {(alias_name_of[a], e) for a, e in alias_event_links(conn)}
 
     expected_events = {}
     expected_alias_events = set()

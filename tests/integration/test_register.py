@@ -20,18 +20,15 @@ from airflow_adrq import (
     register_asset_changes,
     remove_listener,
 )
-from airflow_adrq.models import (
-    AssetAliasModel,
-    AssetDagRunQueue,
-    AssetEvent,
-    alias_association_table,
-    asset_alias_asset_event_association_table,
-)
+from airflow_adrq.models import AssetDagRunQueue, AssetEvent
 from airflow_adrq.queue import pending_events, queue_events
 from tests.factories import (
     add_alias,
     add_asset,
     add_dags,
+    add_scheduled_assets,
+    alias_event_links,
+    alias_links,
     asset_ref,
     events,
     queued,
@@ -39,6 +36,7 @@ from tests.factories import (
     schedule_on_asset,
     schedule_on_name,
     schedule_on_uri,
+    stored_aliases,
     task_instance,
 )
 
@@ -51,14 +49,6 @@ def listener_calls():
     remove_listener(calls.append)
 
 
-def _one_asset(s, *, active=True):
-    """One DAG "c" scheduled on one asset "a"; returns the asset id."""
-    add_dags(s, ["c"])
-    asset_id = add_asset(s, "a", active=active)
-    schedule_on_asset(s, asset_id, ["c"])
-    return asset_id
-
-
 def _setup(engine, build):
     with Session(engine) as session:
         result = build(session)
@@ -66,15 +56,13 @@ def _setup(engine, build):
         return result
 
 
+def _fan(engine, assets: dict[str, list[str]], **kw):
+    """Assets by name, each scheduled directly by its DAGs (committed); returns name -> asset id."""
+    return _setup(engine, lambda s: add_scheduled_assets(s, assets, **kw))
+
+
 def test_queues_direct_references_and_skips_paused(engine):
-    asset_id = _setup(
-        engine,
-        lambda s: (
-            add_dags(s, ["c1", "c2", "paused"], paused={"paused"}),
-            (aid := add_asset(s, "a")),
-            schedule_on_asset(s, aid, ["c1", "c2", "paused"]),
-        )[1],
-    )
+    asset_id = _fan(engine, {"a": ["c1", "c2", "paused"]}, paused={"paused"})["a"]
     with Session(engine) as session:
         event = register_asset_change(
             task_instance=task_instance(), asset=asset_ref("a"), extra={"k": "v"}, session=session
@@ -114,12 +102,9 @@ def test_queues_name_uri_and_alias_references(engine):
         session.commit()
         event_id = event.id
     assert queued(engine) == {(asset_id, "by_name"), (asset_id, "by_uri"), (asset_id, "by_alias")}
-    with engine.connect() as conn:
-        links = conn.execute(sa.select(asset_alias_asset_event_association_table)).all()
-        alias_id = conn.scalar(sa.select(AssetAliasModel.id).where(AssetAliasModel.name == "al"))
-        associated = conn.execute(sa.select(alias_association_table)).all()
-    assert [tuple(r) for r in links] == [(alias_id, event_id)]
-    assert [tuple(r) for r in associated] == [(alias_id, asset_id)]
+    alias_id = stored_aliases(engine)["al"]
+    assert alias_event_links(engine) == [(alias_id, event_id)]
+    assert alias_links(engine) == [(alias_id, asset_id)]
 
 
 def test_unknown_alias_is_created_and_linked(engine):
@@ -127,17 +112,13 @@ def test_unknown_alias_is_created_and_linked(engine):
     with Session(engine) as session:
         register_asset_change(asset=asset_ref("a"), source_alias_names=["new-alias"], session=session)
         session.commit()
-    with engine.connect() as conn:
-        alias_id = conn.scalar(sa.select(AssetAliasModel.id).where(AssetAliasModel.name == "new-alias"))
-        assert alias_id is not None
-        assert [tuple(r) for r in conn.execute(sa.select(alias_association_table))] == [(alias_id, asset_id)]
+    alias_id = stored_aliases(engine).get("new-alias")
+    assert alias_id is not None
+    assert alias_links(engine) == [(alias_id, asset_id)]
 
 
 def test_duplicates_are_ignored_and_created_at_kept(engine):
-    asset_id = _setup(
-        engine,
-        lambda s: (add_dags(s, ["c"]), (aid := add_asset(s, "a")), schedule_on_asset(s, aid, ["c"]))[1],
-    )
+    asset_id = _fan(engine, {"a": ["c"]})["a"]
     for _ in range(2):
         with Session(engine) as session:
             register_asset_change(asset=asset_ref("a"), session=session)
@@ -150,10 +131,7 @@ def test_duplicates_are_ignored_and_created_at_kept(engine):
 
 
 def test_refresh_moves_created_at_forward_only(engine):
-    asset_id = _setup(
-        engine,
-        lambda s: (add_dags(s, ["c"]), (aid := add_asset(s, "a")), schedule_on_asset(s, aid, ["c"]))[1],
-    )
+    asset_id = _fan(engine, {"a": ["c"]})["a"]
 
     def created_at():
         with Session(engine) as s:
@@ -206,14 +184,7 @@ def test_unknown_asset_warns_and_writes_nothing(engine, caplog, listener_calls):
 
 
 def test_inactive_asset_warns_and_continues(engine, caplog):
-    asset_id = _setup(
-        engine,
-        lambda s: (
-            add_dags(s, ["c"]),
-            (aid := add_asset(s, "a", active=False)),
-            schedule_on_asset(s, aid, ["c"]),
-        )[1],
-    )
+    asset_id = _fan(engine, {"a": ["c"]}, active=False)["a"]
     with Session(engine) as session, caplog.at_level(logging.WARNING, logger="airflow_adrq.manager"):
         assert register_asset_change(asset=asset_ref("a"), session=session) is not None
         session.commit()
@@ -224,13 +195,7 @@ def test_inactive_asset_warns_and_continues(engine, caplog):
 
 
 def test_partition_key_queues_no_non_partitioned_dag(engine):
-    def build(s):
-        add_dags(s, ["plain", "partitioned"], partitioned={"partitioned"})
-        aid = add_asset(s, "a")
-        schedule_on_asset(s, aid, ["plain", "partitioned"])
-        return aid
-
-    asset_id = _setup(engine, build)
+    asset_id = _fan(engine, {"a": ["plain", "partitioned"]}, partitioned={"partitioned"})["a"]
     with Session(engine) as session:
         event = register_asset_change(asset=asset_ref("a"), partition_key="2026-11-29", session=session)
         session.commit()
@@ -299,18 +264,6 @@ def test_callback_sink_receives_the_listener_calls(engine, listener_calls):
 
 
 # --- commit-time queueing --------------------------------------------------
-
-
-def _fan(engine, assets: dict[str, list[str]]):
-    def build(s):
-        add_dags(s, sorted({d for ds in assets.values() for d in ds}))
-        ids = {}
-        for name, dag_ids in assets.items():
-            ids[name] = add_asset(s, name)
-            schedule_on_asset(s, ids[name], dag_ids)
-        return ids
-
-    return _setup(engine, build)
 
 
 def test_rows_appear_at_commit_not_before(engine):
@@ -442,8 +395,7 @@ def test_hostile_strings_are_stored_verbatim(engine, backend):
     assert queued(engine) == {(asset_id, d) for d in dag_ids}
     (stored,) = events(engine)
     assert (stored.extra, stored.source_dag_id, stored.source_run_id) == (extra, dag_ids[0], dag_ids[1])
-    with engine.connect() as conn:
-        assert conn.scalar(sa.select(AssetAliasModel.name)) == alias
+    assert list(stored_aliases(engine)) == [alias]
 
 
 def test_event_rows_and_queue_rows_share_the_callers_transaction(engine):
