@@ -33,38 +33,31 @@ The statement is driven by the transaction's own ``asset_event`` rows
 
 Why this shape:
 
-* **Lock order.** The rows are inserted, and so locked, in primary-key order
-  ``(asset_id, target_dag_id)`` as the database collates it (never a Python
-  sort: collations differ from code-point order). Two transactions that
-  queue overlapping rows wait for each other in the same order and cannot
-  form a cycle on this table. ``ORDER BY`` sits at the top level because
-  MariaDB may ignore it inside a derived table. Neither PostgreSQL nor MySQL
-  documents that ``INSERT ... SELECT ... ORDER BY`` inserts in that order,
-  though both do; the concurrency tests fail if that stops being true.
+* **Lock order.** Rows are inserted, and so locked, in primary-key order as
+  the database collates it (never a Python sort: collations differ from
+  code-point order), so two transactions queueing overlapping rows wait in
+  one order and cannot form a cycle on this table. ``ORDER BY`` is at the top
+  level because MariaDB may ignore it in a derived table. Neither PostgreSQL
+  nor MySQL documents that ``INSERT ... SELECT ... ORDER BY`` inserts in
+  order, though both do; the concurrency tests fail if that changes.
 * **One statement per transaction.** A task with several outlets registers
-  each asset separately. Queued one statement per asset, two such tasks
-  still lock ``(A, d)`` and ``(B, d)`` in opposite orders. :func:`defer_events`
-  collects a transaction's events and queues them all in one statement just
-  before COMMIT, which also keeps the queue rows locked only for the commit.
+  each asset separately; one statement per asset would still lock ``(A, d)``
+  and ``(B, d)`` in opposite orders in two such tasks. :func:`defer_events`
+  queues all of a transaction's events in one statement just before COMMIT,
+  which also holds the queue rows only for the commit.
 * **Constant shape.** The only parameters are the event ids (one expanding
-  ``IN`` list, rendered once, in the CTE) and the timestamp, whatever the
-  number of assets, aliases, events or consumers; the statement is built once
-  per dialect and its compiled form is cached. Aliases come from the
-  ``asset_alias_asset_event`` rows the transaction wrote, so they need no
-  parameters of their own.
-* **Timing** (README, "Timing: which events a run consumes", explains it
-  once). At COMMIT the transaction's events get ``timestamp = now`` and their
-  queue rows ``created_at = now``, one value, so a run's window cannot hold
-  an event still uncommitted for longer than the commit; and an existing
-  row's ``created_at`` moves forwards to that stamp (``on_conflict``:
-  ``"auto"`` refreshes except on MariaDB, whose scheduler takes no row locks;
-  :func:`airflow_adrq.dialects.resolve`), so the row stands for its newest
-  event.
+  ``IN``, rendered once, in the CTE) and the timestamp; aliases come from the
+  ``asset_alias_asset_event`` rows the transaction wrote. The statement is
+  built once per dialect and compiled once.
+* **Timing.** The events' ``timestamp`` and their rows' ``created_at`` are one
+  value taken at COMMIT, and an existing row moves forwards to it
+  (``on_conflict``); why, in the README's "Timing: which events a run
+  consumes".
 * **Same rows as Airflow 3.3.** Direct, alias, name and URI references;
-  unpaused DAGs only; each (asset, DAG) once; DAGs with a partitioned
-  timetable and events with a ``partition_key`` are never put in this queue
-  (Airflow sends them to ``asset_partition_dag_run``). Like Airflow, stale
-  DAGs are queued and filtered by the scheduler.
+  unpaused DAGs only; each (asset, DAG) once; partitioned DAGs and events
+  with a ``partition_key`` go to Airflow's ``asset_partition_dag_run``
+  instead. Like Airflow, stale DAGs are queued and the scheduler filters
+  them.
 """
 
 from __future__ import annotations
@@ -173,11 +166,9 @@ def _assets_cte() -> CTE:
 
 
 def _stamping_events_cte(shape: QueueShape) -> CTE:
-    """PostgreSQL: stamp the events and select them in one go (a data-modifying CTE).
+    """PostgreSQL: ``UPDATE asset_event ... RETURNING`` as the CTE, one round trip fewer.
 
-    ``UPDATE asset_event SET timestamp = :created_at WHERE id IN (:ids)
-    RETURNING ...``: the same rows and stamp as the separate UPDATE, one round
-    trip fewer. Every event is stamped; keyed ones are filtered downstream.
+    Every event is stamped; keyed ones are filtered downstream.
     """
     returned = [_EVENT.c.id.label("event_id"), _EVENT.c.asset_id]
     if shape.partitions:
@@ -304,12 +295,9 @@ def _statement(dialect_name: str, form: _Form) -> Insert:
 def consumers_of_events() -> Select[Any]:
     """``SELECT asset_id, dag_id`` of every DAG referencing some events' assets; bind ``event_ids``.
 
-    The same four kinds of reference as the queue statement (direct, name,
-    URI, and the aliases each event was emitted through), before the
-    ``dag`` filters, so that a caller can find the consumers it must treat
-    in Python (Airflow's partitioned DAGs, its multi-team filter) with one
-    plain SELECT that locks nothing; the caller's own filters go on top.
-    Built once (one expanding parameter, ``event_ids``), like the statement.
+    The statement's four kinds of reference, before its ``dag`` filter: for
+    callers that treat some consumers in Python (Airflow's partitioned DAGs,
+    its multi-team filter) and add their own filters. Locks nothing.
     """
     ev = (
         select(_EVENT.c.id.label("event_id"), _EVENT.c.asset_id)
@@ -324,11 +312,9 @@ def consumers_of_events() -> Select[Any]:
 def queued_pairs(shape: QueueShape = PARTITIONED) -> Select[Any]:
     """``SELECT asset_id, dag_id``: every (asset, consumer) pair an event of the asset would queue.
 
-    The statement's own UNION of direct, name and URI references and its
-    ``dag`` filter (:meth:`~airflow_adrq.shapes.QueueShape.consumer_filter`),
-    over every asset; alias references count only for the events emitted
-    through an alias (:func:`alias_consumers`). Locks nothing; for reports
-    (``doctor``) and tests.
+    The statement's direct, name and URI references and ``dag`` filter over
+    every asset (aliases: :func:`alias_consumers`). Locks nothing; for
+    ``doctor``.
     """
     asset = cast(Table, AssetModel.__table__)
     src = _consumers(select(asset.c.id.label("asset_id")).cte("ev"), with_aliases=False)
@@ -359,18 +345,14 @@ def build_queue_statement(
 ) -> Insert:
     """The one ``INSERT ... SELECT ... ORDER BY`` that queues consumers, for ``dialect``.
 
-    Built once per (dialect, source, on_conflict) and reused, so SQLAlchemy
-    compiles it once. Execute it with ``{"ids": [...], "created_at": aware
-    datetime}``: ``ids`` are ``asset_event`` ids for ``source="events"``,
-    ``asset`` ids for ``source="assets"`` (no alias references: an alias
-    counts only for the events emitted through it).
-
-    ``on_conflict="refresh"`` (the default) sets an already-queued row's
-    ``created_at`` to the greater of the old and new values, so a newer event
-    is never represented by an older timestamp; ``"ignore"`` leaves the row
-    as it is (Airflow's ``DO NOTHING``). (The writers below also take
-    ``"auto"``, which needs a connection to resolve.) ``shape`` is the Airflow schema to write
-    (:mod:`airflow_adrq.shapes`; default: this library's tables, Airflow 3.3's).
+    Built once per variant, so SQLAlchemy compiles it once. Execute with
+    ``{"ids": [...], "created_at": aware datetime}``: ``asset_event`` ids for
+    ``source="events"``, ``asset`` ids for ``source="assets"`` (no aliases:
+    an alias counts only for the events emitted through it).
+    ``on_conflict="refresh"`` moves an existing row's ``created_at`` forwards,
+    ``"ignore"`` leaves it (Airflow's ``DO NOTHING``). ``shape``: the schema
+    written (:mod:`airflow_adrq.shapes`; default Airflow 3.3's, the models').
+    Executing it locks as :func:`queue_events`.
     """
     if source not in ("events", "assets"):
         raise ValueError(f"source must be 'events' or 'assets', not {source!r}")
@@ -386,22 +368,14 @@ _STAMP: Update = (
 )
 
 
-def _dialect(bind: Session | Connection) -> Dialect:
-    return bind.get_bind().dialect if isinstance(bind, Session) else bind.dialect
-
-
 def _connection(bind: Session | Connection) -> Connection:
     return bind.connection() if isinstance(bind, Session) else bind
 
 
 def _chunks(events: Iterable[EventLike]) -> Iterator[list[int]]:
-    """Event ids in ``(asset_id, id)`` order, cut into statements only between assets.
-
-    Each statement inserts its rows in ``(asset_id, dag_id)`` order; cutting
-    only where the asset changes keeps the order global across statements.
-    (An asset's rows must all come from one statement: its alias rows depend
-    on which events are in it.)
-    """
+    """Event ids in ``(asset_id, id)`` order, cut only between assets, so the order stays global."""
+    # (And an asset's rows must come from one statement: which alias rows it
+    # reads depends on which events are in it.)
     chunk: list[int] = []
     last_asset: int | None = None
     seen: set[int] = set()
@@ -428,50 +402,38 @@ def queue_events(
     shape: QueueShape = PARTITIONED,
     schema: str | None = None,
 ) -> dt.datetime | None:
-    """Queue the consumers of ``events`` now, and stamp the events; return the stamp.
+    """Stamp ``events`` and queue their consumers now, with ONE statement; return the stamp.
 
-    Sets every given event's ``timestamp`` (in the database, and on mapped
-    objects without a reload) and the ``created_at`` of the queue rows it
-    inserts to one value (``stamp``, default now; on PostgreSQL in the same
-    statement, as a data-modifying CTE, elsewhere by an UPDATE just before),
-    then inserts
-    with ONE statement (several, in one global order, past
-    :data:`IDS_PER_STATEMENT` events). Pass only the caller's own, uncommitted
-    events: their timestamps are rewritten. Runs in the caller's transaction
-    and does not commit. Returns ``None`` (and does nothing) for no events.
+    The events' ``timestamp`` (in the database and on mapped objects) and
+    their new rows' ``created_at`` get one value, ``stamp`` (default now); on
+    PostgreSQL in the statement itself (a data-modifying CTE), elsewhere by
+    an UPDATE just before. Past :data:`IDS_PER_STATEMENT` events, several
+    statements in one global order. Pass only the caller's own uncommitted
+    events. Runs in the caller's transaction, does not commit; no events:
+    does nothing and returns ``None``.
 
     ``on_conflict``: ``"refresh"`` moves an existing row's ``created_at``
-    forwards to the stamp, ``"ignore"`` leaves it; ``"auto"`` (the default)
-    is ``"refresh"`` where Airflow's scheduler locks the rows it consumes and
-    ``"ignore"`` where it does not (MariaDB; :func:`airflow_adrq.dialects.resolve`).
+    forwards to the stamp, ``"ignore"`` leaves it, ``"auto"`` refreshes where
+    the scheduler locks the rows it consumes (:func:`airflow_adrq.dialects.resolve`).
+    ``allowed``: event id -> the only DAG ids it may queue (Airflow's
+    multi-team rules); other events queue every consumer. ``shape``: the
+    schema written (:mod:`airflow_adrq.shapes`); ``schema``: the database
+    schema of the tables (``[database] sql_alchemy_schema``).
 
-    ``allowed`` maps an event id to the only DAG ids it may queue (for a
-    filter the database cannot express, such as Airflow's multi-team
-    rules); events not in it queue every consumer. The statement then has
-    one more expanding parameter (the allowed pairs) and the same order.
-    ``shape`` is the Airflow schema to write (:mod:`airflow_adrq.shapes`);
-    ``schema`` the database schema its tables are in, when not the
-    connection's default (Airflow's ``[database] sql_alchemy_schema``; the
-    statement runs with ``schema_translate_map``).
+    Locks: the given ``asset_event`` rows (the caller's own), then the queue
+    rows it inserts and, with ``"refresh"``, the ones it moves forwards, in
+    ``(asset_id, target_dag_id)`` order until the transaction ends, waiting
+    for rows another transaction holds; on MySQL/MariaDB existing rows that
+    need no write are skipped by a lock-free ``NOT EXISTS`` probe. FK checks
+    share-lock the ``asset`` and ``dag`` parents (PostgreSQL ``FOR KEY
+    SHARE``). Reads the reference tables, ``asset``,
+    ``asset_alias_asset_event`` and ``dag`` without locks (READ COMMITTED;
+    MySQL/MariaDB refuse other levels: :mod:`airflow_adrq.dialects.mysql`).
 
-    Locks: the given ``asset_event`` rows (exclusive; the caller's own new
-    rows, which no one else can see), then the ``asset_dag_run_queue`` rows
-    it inserts and, with ``"refresh"``, the existing ones it moves forwards
-    (on MySQL/MariaDB existing rows that need no write are skipped by a
-    lock-free ``NOT EXISTS`` probe), in ``(asset_id, target_dag_id)`` order,
-    held until the transaction ends; a row another transaction holds (a
-    producer's, or the scheduler's ``FOR UPDATE``) is waited for; FK checks take shared locks on the ``asset``
-    and ``dag`` parent rows (PostgreSQL ``FOR KEY SHARE``). Reads the
-    reference tables, ``asset``, ``asset_alias_asset_event`` and ``dag``
-    without locking them (READ COMMITTED; on MySQL/MariaDB another isolation
-    level raises :class:`~airflow_adrq.errors.AdrqError`, see
-    :mod:`airflow_adrq.dialects.mysql`).
-
-    Does not promise: freedom from deadlocks with earlier statements of the
-    same transaction that locked queue rows (use :func:`defer_events` for all
-    of a transaction's events), or with writers that lock these rows in
-    another order. Retry the whole transaction on a deadlock
-    (:func:`airflow_adrq.retry.run_in_transaction`).
+    Does not promise: no deadlock with earlier statements of the same
+    transaction that locked queue rows (use :func:`defer_events`), or with
+    writers locking these rows in another order. On a deadlock, retry the
+    whole transaction (:func:`airflow_adrq.retry.run_in_transaction`).
     """
     events = list(events)
     chunks = list(_chunks(events))
@@ -515,14 +477,11 @@ def queue_dagruns(
 ) -> None:
     """Queue the consumers of assets (without events) now, with one statement.
 
-    For callers that have no ``asset_event`` rows: direct, name and URI
-    references only (an alias counts only for the events emitted through it).
-    ``created_at`` defaults to now. Runs in the caller's transaction and does
-    not commit.
-
-    Locks: as :func:`queue_events`, without touching ``asset_event``. Does not
-    promise: a global order with other queue writes of the same transaction
-    (this is its own statement).
+    Direct, name and URI references only (an alias counts only for events
+    emitted through it); ``created_at`` defaults to now. Runs in the caller's
+    transaction, does not commit. Locks: as :func:`queue_events`, without
+    ``asset_event``. Does not promise: one order with the transaction's other
+    queue writes (this is a statement of its own).
     """
     ids = sorted(set(asset_ids))
     if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
@@ -614,39 +573,26 @@ def defer_events(
 ) -> None:
     """Record ``events`` to be stamped and queued by ONE statement just before COMMIT.
 
-    Every event deferred in the session's transaction is queued by a single
-    :func:`queue_events` call from the session's ``before_commit`` hook (after
-    a final ``Session.flush()``), so all of a transaction's queue rows are
-    locked in one global ``(asset_id, target_dag_id)`` order and only for the
-    duration of the commit, and the events' ``timestamp`` and their rows'
-    ``created_at`` are one value taken just before COMMIT. One statement
-    serves every event, with the strongest ``on_conflict`` deferred
-    (``"refresh"`` over the default ``"auto"`` over ``"ignore"``; see
-    :func:`queue_events`). ``events``
-    are mapped ``asset_event`` objects (flushed, so they have ids) or any
-    objects with ``id`` and ``asset_id``. ``allowed_dags`` (event id -> DAG
-    ids) restricts those events' consumers, as in :func:`queue_events`.
-    ``alias_names`` (event id -> alias names) are the aliases each event was
-    emitted through: their ``asset_alias`` / ``asset_alias_asset`` /
-    ``asset_alias_asset_event`` rows are written at COMMIT too, just before
-    the statement, by :func:`airflow_adrq.aliases.write_alias_rows` (missing
-    ones only, table by table, in key order). ``shape`` is the Airflow schema
-    the statement writes (:mod:`airflow_adrq.shapes`), ``schema`` where its
-    tables are (as :func:`queue_events`).
+    The session's ``before_commit`` hook (after a final flush) passes every
+    event deferred in the transaction to one :func:`queue_events` call, with
+    the strongest ``on_conflict`` deferred (``"refresh"`` > ``"auto"`` >
+    ``"ignore"``): one lock order for all of them, held only for the commit.
+    ``events``: flushed ``asset_event`` objects, or anything with integer
+    ``id`` and ``asset_id``. ``allowed_dags``, ``shape`` and ``schema`` as in
+    :func:`queue_events`. ``alias_names`` (event id -> the aliases it was
+    emitted through): their alias rows are written at COMMIT too, just before
+    the statement (:func:`airflow_adrq.aliases.write_alias_rows`).
 
-    Visibility: the rows do not exist until the commit (or an explicit
-    :func:`flush_queue`). Rollback: nothing is queued. SAVEPOINTs: events
-    deferred inside a nested transaction that is rolled back are dropped;
-    those of a released one are queued at the outermost COMMIT. Deferring
-    after the commit-time write has run (from a later ``before_commit``
-    listener) raises :class:`~airflow_adrq.errors.AdrqError`.
+    Nothing is visible before the commit (or :func:`flush_queue`); a rollback
+    queues nothing; events of a rolled-back SAVEPOINT are dropped, those of a
+    released one queued at the outermost COMMIT. Deferring after the
+    commit-time write ran raises :class:`~airflow_adrq.errors.AdrqError`.
 
-    Locks: none until the commit; then the alias rows (see
-    :mod:`airflow_adrq.aliases`) and as :func:`queue_events`. A failure of
-    the statement (e.g. a deadlock) makes ``Session.commit()`` raise; the
-    transaction is rolled back and nothing is queued: retry the whole
-    transaction. Does not promise anything if the transaction is committed
-    some other way than ``Session.commit()`` (e.g. on the raw connection).
+    Locks: none until the commit; then as :mod:`airflow_adrq.aliases` and
+    :func:`queue_events`. If the statement fails (a deadlock, say),
+    ``Session.commit()`` raises and nothing is queued: retry the whole
+    transaction. Does not promise anything for a transaction committed other
+    than by ``Session.commit()`` (on the raw connection, say).
     """
     dialects.check_policy(on_conflict)
     for event in events:
@@ -676,10 +622,9 @@ def pending_events(session: Session) -> list[int]:
 def flush_queue(session: Session) -> int:
     """Stamp and queue everything deferred so far in this session, now; return the event count.
 
-    For callers that must read the queue before committing. The rows are
-    written in the session's current (possibly nested) transaction; if that
-    SAVEPOINT is rolled back, the surviving events are queued again at
-    commit. Later deferrals are queued by the next flush or at commit. Locks
-    as :func:`queue_events`, from now until the transaction ends.
+    For callers that read the queue before committing. Written in the
+    current (possibly nested) transaction: if that SAVEPOINT rolls back, the
+    surviving events are queued again at commit. Locks as
+    :func:`queue_events`, from now until the transaction ends.
     """
     return len({entry.id for entry in _DEFERRED.flush(session)})
