@@ -32,18 +32,12 @@ from airflow_adrq.models import (
 )
 from airflow_adrq_bench import baselines, counting, dataset, engine, rawsql, strategies
 from tests.factories import (
-    add_alias,
-    add_asset,
-    add_dags,
+    add_graph,
     add_scheduled_assets,
     alias_event_links,
     alias_links,
     asset_ref,
     queued,
-    schedule_on_alias,
-    schedule_on_asset,
-    schedule_on_name,
-    schedule_on_uri,
     task_instance,
 )
 
@@ -58,22 +52,23 @@ def bench_engine(db_url):
 def _graph(eng, *, fanout=3):
     """asset ``a`` with ``fanout`` direct consumers, a paused and a partitioned one,
     a name and a URI consumer, and an alias ``al`` with its own consumer."""
+    a = ("a", "s3://bucket/a")
+    direct = [f"d{i}" for i in range(fanout)]
     with Session(eng) as session:
-        direct = [f"d{i}" for i in range(fanout)]
-        add_dags(
+        asset_ids, _ = add_graph(
             session,
-            [*direct, "paused", "part", "by_name", "by_uri", "by_alias"],
+            dags=[*direct, "paused", "part", "by_name", "by_uri", "by_alias"],
             paused={"paused"},
             partitioned={"part"},
+            assets=[a],
+            aliases=["al"],
+            direct=[(a, d) for d in [*direct, "paused", "part"]],
+            by_name=[("a", "by_name")],
+            by_uri=[(a[1], "by_uri")],
+            by_alias=[("al", "by_alias")],
         )
-        asset_id = add_asset(session, "a")
-        schedule_on_asset(session, asset_id, [*direct, "paused", "part"])
-        schedule_on_name(session, "a", ["by_name"])
-        schedule_on_uri(session, "s3://bucket/a", ["by_uri"])
-        alias_id = add_alias(session, "al")
-        schedule_on_alias(session, alias_id, ["by_alias"])
         session.commit()
-    return asset_id
+    return asset_ids[a]
 
 
 def _state(eng):

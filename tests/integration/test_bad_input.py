@@ -14,25 +14,14 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from airflow_adrq import AssetChange, register_asset_change, register_asset_changes
-from tests.factories import (
-    add_alias,
-    add_asset,
-    add_dags,
-    add_scheduled_assets,
-    alias_event_links,
-    alias_links,
-    asset_ref,
-    events,
-    queued,
-    schedule_on_alias,
-    stored_aliases,
-    task_instance,
-)
+# What every test here reads by name; the builders and readers each used once by module.
+from tests import factories
+from tests.factories import asset_ref, events, queued, task_instance
 
 
 def _seed(engine, consumers=("c1", "c2"), name="a", uri=None, **kw):
     with Session(engine) as s:
-        asset_id = add_scheduled_assets(s, {name: consumers}, uris={name: uri}, **kw)[name]
+        asset_id = factories.add_scheduled_assets(s, {name: consumers}, uris={name: uri}, **kw)[name]
         s.commit()
     return asset_id
 
@@ -91,7 +80,8 @@ def test_duplicate_outlets_give_one_event_each_and_rows_once(engine):
     asset_id = _seed(engine)
     with Session(engine) as session:
         results = register_asset_changes(
-            session=session, changes=[AssetChange(asset_ref("a")), AssetChange(asset_ref("a"))]
+            session=session,
+            changes=[AssetChange(asset_ref("a")), AssetChange(asset_ref("a"))],
         )
         assert len({e.id for e in results}) == 2
         session.commit()
@@ -115,16 +105,17 @@ def test_ten_thousand_alias_names_on_one_event(engine):
     names = [f"alias-{i:05d}" for i in range(10_000)]
     asset_id = _seed(engine, ["c1"])
     with Session(engine) as s:
-        add_dags(s, ["via-alias"])
-        schedule_on_alias(s, add_alias(s, names[-1]), ["via-alias"])
+        factories.add_dags(s, ["via-alias"])
+        factories.schedule_on_alias(s, factories.add_alias(s, names[-1]), ["via-alias"])
         s.commit()
     with Session(engine) as session:
         event = register_asset_change(asset=asset_ref("a"), source_alias_names=names, session=session)
         session.commit()
         event_id = event.id
     assert queued(engine) == {(asset_id, "c1"), (asset_id, "via-alias")}
-    event_links = alias_event_links(engine)
-    assert (len(stored_aliases(engine)), len(alias_links(engine)), len(event_links)) == (10_000,) * 3
+    aliases, links = factories.stored_aliases(engine), factories.alias_links(engine)
+    event_links = factories.alias_event_links(engine)
+    assert (len(aliases), len(links), len(event_links)) == (10_000, 10_000, 10_000)
     assert {e for _, e in event_links} == {event_id}
 
 
@@ -145,7 +136,7 @@ def test_edge_strings_in_asset_names(engine, backend, case):
     name, refused_by = EDGE[case]
     if refused_by and backend in refused_by:
         with Session(engine) as s, pytest.raises((sa.exc.DBAPIError, sa.exc.StatementError, ValueError)):
-            add_asset(s, name, "s3://edge")
+            factories.add_asset(s, name, "s3://edge")
         return
     asset_id = _seed(engine, name=name, uri="s3://edge")
     with Session(engine) as session:
@@ -163,12 +154,16 @@ def test_source_ids_the_database_refuses_write_nothing(engine, backend, case):
         if backend in refused:
             with pytest.raises(sa.exc.DBAPIError):
                 register_asset_change(
-                    task_instance=task_instance(dag_id=dag_id), asset=asset_ref("a"), session=session
+                    task_instance=task_instance(dag_id=dag_id),
+                    asset=asset_ref("a"),
+                    session=session,
                 )
             session.rollback()
         else:  # SQLite does not enforce VARCHAR lengths or encodings
             register_asset_change(
-                task_instance=task_instance(dag_id=dag_id), asset=asset_ref("a"), session=session
+                task_instance=task_instance(dag_id=dag_id),
+                asset=asset_ref("a"),
+                session=session,
             )
             session.commit()
     if backend in refused:
