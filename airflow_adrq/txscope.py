@@ -53,13 +53,13 @@ def descends_from(trans: SessionTransaction, ancestor: SessionTransaction) -> bo
 class TransactionScoped(Generic[T]):
     """Items recorded on a session, each with the transaction it was recorded in.
 
-    ``before_commit(session, items)`` runs just before the outermost COMMIT
-    of every transaction once the scope is used on the session, with or
-    without items (inside the transaction; it may execute SQL, and an
-    exception aborts the commit). ``after_commit(session, items)`` runs after the outermost COMMIT
-    succeeded. ``on_rollback(session, rolled_back, items)`` lets the owner
-    react to a rollback; the rolled-back transaction's own items are already
-    gone. The items are forgotten when the outermost transaction ends.
+    Once the scope is used on a session, ``before_commit(session, items)`` runs
+    just before every outermost COMMIT, with or without items (inside the
+    transaction: it may execute SQL; an exception aborts the commit);
+    ``after_commit(session, items)`` runs after it succeeded, with items only;
+    ``on_rollback(session, rolled_back, items)`` after a rollback has dropped
+    the rolled-back transaction's items. All are forgotten when the outermost
+    transaction ends.
     """
 
     name: str
@@ -120,14 +120,11 @@ def _scopes(session: Session) -> list[TransactionScoped[object]]:
     return list(session.info.get(_SCOPES_KEY, ()))
 
 
-# The listeners are registered once, on the Session class (and so for every
-# session and subclass), rather than per session: registering four instance
-# listeners cost more than the rest of a one-event transaction's bookkeeping.
-# A session this module never saw has no scopes and returns at once.
-
-
+# Registered once, on the Session class (so for every session and subclass):
+# four listeners per session cost more than the rest of a one-event
+# transaction's bookkeeping. A session without scopes returns at once.
 # before_commit and after_commit also fire when a SAVEPOINT is released; only
-# the outermost COMMIT counts (a released SAVEPOINT's items simply stay until then).
+# the outermost COMMIT counts (a released SAVEPOINT's items stay until then).
 
 
 @event.listens_for(Session, "before_commit")
@@ -169,18 +166,15 @@ class _Write(Generic[T]):
 class DeferredWrites(Generic[T]):
     """Items written by one ``write(session, items)`` call just before the outermost COMMIT.
 
-    :meth:`flush` writes the items not written yet earlier, in the current
-    (possibly nested) transaction. If that SAVEPOINT is then rolled back, its
-    rows are gone, so those items become unwritten again and are written at
-    COMMIT (items *recorded* in a rolled-back transaction are dropped, as in
-    :class:`TransactionScoped`). An exception from ``write`` at COMMIT makes
-    ``Session.commit()`` raise.
-
-    At COMMIT the session is flushed first, so items recorded by flush hooks
-    are written too. An item recorded after the commit-time write (from a
-    ``before_commit`` listener that runs after this one) cannot be written
-    any more: :meth:`add` raises :class:`DeferredTooLateError` rather than
-    drop it silently.
+    :meth:`flush` writes the unwritten items earlier, in the current (maybe
+    nested) transaction; if that SAVEPOINT is rolled back, its rows are gone
+    and the items are written again at COMMIT (items *recorded* in it are
+    dropped, as in :class:`TransactionScoped`). At COMMIT the session is
+    flushed first, so items recorded by flush hooks are written too; an
+    exception from ``write`` makes ``Session.commit()`` raise. An item
+    recorded after the commit-time write (by a later ``before_commit``
+    listener) can no longer be written: :meth:`add` raises
+    :class:`DeferredTooLateError` rather than drop it.
     """
 
     def __init__(self, name: str, write: Callable[[Session, list[T]], None]) -> None:
@@ -216,10 +210,6 @@ class DeferredWrites(Generic[T]):
         for entry in entries:
             entry.written_in = current
         return items
-
-    def clear(self, session: Session) -> None:
-        """Forget every item without writing it."""
-        self._scope.clear(session)
 
     def _unwritten(self, session: Session) -> list[_Write[T]]:
         return [entry for entry in self._scope.items(session) if entry.written_in is None]
