@@ -109,13 +109,10 @@ def _is_database_error(exc: BaseException) -> bool:
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """The chain of database errors starting at ``exc``.
+    """``exc``, the DBAPI error it wraps and what they were raised from or while handling.
 
-    ``exc`` itself, the DBAPI error SQLAlchemy wraps (``.orig``), and what
-    they were raised from or while handling, as long as those are database
-    errors too. A non-database exception ends the walk: a ``ValueError``
-    raised by user code while handling a deadlock is the user's error, not a
-    deadlock, and must not be retried.
+    Database errors only: a ``ValueError`` raised by user code while handling
+    a deadlock is the user's error, not a deadlock, and ends the walk.
     """
     if not _is_database_error(exc):
         return
@@ -161,13 +158,10 @@ def _classify_one(exc: BaseException) -> Retryable | None:
 def classify(exc: BaseException) -> Retryable | None:
     """The retryable database error anywhere in ``exc``'s chain of database errors, or ``None``.
 
-    Walks ``.orig`` (SQLAlchemy's wrapped DBAPI error), ``__cause__`` and
-    ``__context__`` through database errors only (SQLAlchemy's and the
-    drivers'; MariaDB reports a deadlock inside a SAVEPOINT as 1305 with the
-    1213 in ``__context__``), never through other exceptions, and reads
-    driver error codes, never message text
-    (except SQLite's fixed result-code strings on Python 3.10, which has no
-    ``sqlite_errorcode``).
+    Walks ``.orig``, ``__cause__`` and ``__context__`` through database errors
+    only (MariaDB reports a deadlock inside a SAVEPOINT as 1305 with the 1213
+    in ``__context__``) and reads driver error codes, never message text
+    (except SQLite's fixed result-code strings on Python 3.10).
     """
     for linked in _chain(exc):
         found = _classify_one(linked)
@@ -212,32 +206,28 @@ def run_in_transaction(
 ) -> T:
     """Run ``work(session, callback_sink)`` in a fresh transaction; retry it from BEGIN.
 
-    Each attempt opens a new session from ``session_factory``, begins, calls
-    ``work``, and commits. On a retryable error (:func:`classify`) the
-    attempt's transaction is rolled back, its callbacks are dropped, and the
-    whole unit runs again after a jittered exponential backoff
+    Each attempt opens a session from ``session_factory``, begins, calls
+    ``work`` and commits. On a retryable error (:func:`classify`) the attempt
+    is rolled back, its callbacks dropped, ``on_retry(attempt, retryable)``
+    called, and the whole unit runs again after a jittered exponential backoff
     (``initial_wait`` doubling up to ``max_wait``), at most ``max_attempts``
-    times. Callables that ``work`` appends to ``callback_sink`` (for example
-    by passing it as ``register_asset_change(callback_sink=...)``) run once,
-    in order, after the successful COMMIT; an exception in one is logged and
-    does not stop the others.
+    times. What ``work`` appends to ``callback_sink`` (e.g. through
+    ``register_asset_change(callback_sink=...)``) runs once, after the COMMIT
+    that succeeded (:func:`run_callbacks`).
 
-    A connection lost before COMMIT was sent (during ``work``, or in the
-    commit-time queue write) is retried like a deadlock, on a new connection
-    (SQLAlchemy invalidates the dead one): nothing of that attempt was
-    committed. A connection lost while COMMIT is in flight leaves the outcome
-    unknown (the server may have committed): that is never retried; it
-    raises :class:`~airflow_adrq.errors.CommitOutcomeUnknownError`, chained to
-    the driver error and carrying the ids of the asset events the transaction
-    registered. The caller must then find out before doing the work again:
-    :func:`commit_outcome` looks for those events.
+    A connection lost before COMMIT was sent is retried on a new connection:
+    nothing of that attempt was committed. Lost while COMMIT was in flight,
+    the outcome is unknown and it is never retried: raises
+    :class:`~airflow_adrq.errors.CommitOutcomeUnknownError` (from the driver
+    error) with the ids of the transaction's asset events; find out with
+    :func:`commit_outcome` before doing the work again.
 
-    Locks: whatever ``work`` locks, released by the COMMIT or ROLLBACK of each
-    attempt. Does not promise: that ``work`` has no side effects outside the
-    database (it may run several times; keep them in the callback sink), or
-    success: :class:`~airflow_adrq.errors.RetriesExhaustedError` is raised
-    (from the last error) after ``max_attempts`` retryable failures.
-    Non-retryable errors propagate unchanged after the rollback.
+    Locks: whatever ``work`` locks, released by each attempt's COMMIT or
+    ROLLBACK. Does not promise: that ``work``'s side effects outside the
+    database happen once (it may run several times; use the callback sink),
+    or success: after ``max_attempts`` retryable failures it raises
+    :class:`~airflow_adrq.errors.RetriesExhaustedError` from the last error.
+    Other errors propagate unchanged after the rollback.
     """
     if max_attempts < 1:
         raise ValueError("max_attempts must be at least 1")
@@ -315,12 +305,12 @@ def _attempt(
 def commit_outcome(session_factory: Callable[[], Session], error: CommitOutcomeUnknownError) -> bool | None:
     """Whether the transaction behind ``error`` was committed: ``True``, ``False``, or ``None`` (can't tell).
 
-    Looks, on a new connection, for the ``asset_event`` rows the transaction
-    had registered (``error.event_ids``): all there, it committed; none, it
-    did not (the server rolls back a transaction whose connection died before
-    its COMMIT completed); no event ids, or only some, ``None``. Call it once
-    the old connection is gone on the server (a killed session can take a
-    moment to finish rolling back). A plain SELECT; locks nothing.
+    Counts, on a new connection, the ``asset_event`` rows it registered
+    (``error.event_ids``): all there, committed; none, not (the server rolls
+    back a transaction whose connection died before its COMMIT completed);
+    no ids, or only some, ``None``. Call it once the old connection is gone on
+    the server (a killed session may still be rolling back). A plain SELECT;
+    locks nothing.
     """
     ids = sorted(set(error.event_ids))
     if not ids:
