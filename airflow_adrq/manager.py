@@ -1,28 +1,19 @@
 """``register_asset_change``: a drop-in for Airflow 3.3's, with deadlock-free queueing.
 
-Same keyword signature, return value and database effects as
-``airflow.assets.manager.AssetManager.register_asset_change`` in Airflow
-3.3.2, minus the parts that need a running Airflow (see "Out of scope").
+Same keyword signature, return value and database effects as Airflow 3.3.2's
+``AssetManager.register_asset_change``, except, on purpose:
 
-What is different, on purpose:
+* the queue rows are written by ONE ordered statement (:mod:`airflow_adrq.queue`),
+  by default just before COMMIT for every event of the transaction;
+* listener callbacks go to ``callback_sink`` (as in Airflow's Execution API)
+  or run after the outermost COMMIT (Airflow runs them inline), and are
+  dropped on rollback.
 
-* The ``asset_dag_run_queue`` rows are written by ONE ordered statement
-  (:mod:`airflow_adrq.queue`). By default (``queue_mode="commit"``) that
-  statement runs just before the transaction's COMMIT and covers every asset
-  registered in the transaction; ``queue_mode="immediate"`` runs it now.
-* Listener callbacks never run inside the transaction: they go to
-  ``callback_sink`` when one is given (as Airflow's Execution API does) or
-  run after the session's outermost COMMIT otherwise (Airflow runs them
-  inline in that case), and are dropped on rollback.
-
-Out of scope standalone (the Airflow plug-in :mod:`airflow_adrq.airflow`
-keeps Airflow's own code for these): multi-team filtering
-(``source_is_api`` and the ``api_*`` arguments are accepted and ignored),
-partitioned DAGs (``asset_partition_dag_run``: events with a
-``partition_key`` queue nothing here, and DAGs with a partitioned timetable
-are never put in ``asset_dag_run_queue``, exactly as in Airflow), the
-``asset.updates`` metric, and Airflow's listener manager (see
-:mod:`airflow_adrq.listeners`).
+Out of scope standalone (the plug-in, :mod:`airflow_adrq.airflow`, keeps
+Airflow's own code for these): multi-team filtering (``source_is_api`` and
+the ``api_*`` arguments are ignored), partitioned DAGs (an event with a
+``partition_key`` queues nothing here, as in Airflow), the ``asset.updates``
+metric, and Airflow's listener manager (:mod:`airflow_adrq.listeners`).
 """
 
 from __future__ import annotations
@@ -42,12 +33,7 @@ from airflow_adrq import listeners
 from airflow_adrq.aliases import AliasedEvent, write_alias_rows
 from airflow_adrq.dialects import ConflictPolicy, check_policy
 from airflow_adrq.listeners import AssetEventInfo
-from airflow_adrq.models import (
-    AssetActive,
-    AssetEvent,
-    AssetModel,
-    utcnow,
-)
+from airflow_adrq.models import AssetActive, AssetEvent, AssetModel, utcnow
 from airflow_adrq.queue import defer_events, queue_events
 from airflow_adrq.retry import run_callbacks
 from airflow_adrq.txscope import TransactionScoped
@@ -157,34 +143,23 @@ def register_asset_change(
 ) -> AssetEvent | None:
     """Record an asset event and queue the DAGs scheduled on the asset.
 
-    Looks the asset up by ``(name, uri)``; an unknown asset logs a warning and
-    returns ``None`` (nothing written); an inactive one logs a warning and
-    continues. Inserts the ``asset_event`` (source fields from
-    ``task_instance``: any object with ``dag_id``, ``task_id``, ``run_id``,
-    ``map_index``), links the asset to ``source_alias_names`` (creating
-    missing aliases) with the event's ``asset_alias_asset_event`` rows, and queues the
-    unpaused DAGs scheduled on the asset directly, by name, by URI or through
-    those aliases, unless ``partition_key`` is given (as Airflow does).
-    Unknown keyword arguments are ignored, as Airflow does.
+    Looks the asset up by ``(name, uri)``: unknown, it logs a warning and
+    returns ``None`` (nothing written); inactive, it logs a warning and goes
+    on. Inserts the ``asset_event`` (source fields from ``task_instance``),
+    links the asset to ``source_alias_names`` (creating missing aliases) and
+    queues the unpaused DAGs scheduled on the asset directly, by name, by URI
+    or through those aliases, unless ``partition_key`` is given. Unknown
+    keyword arguments are ignored, as in Airflow.
 
     Locks: now, only the new ``asset_event`` rows (new keys, no waits). At
-    COMMIT (``queue_mode="commit"``, together with every other event of the
+    COMMIT (``queue_mode="commit"``, with every other event of the
     transaction) or now (``"immediate"``), in this order: the alias rows
-    (missing aliases in name order, missing asset-alias links in key order,
-    the event's alias rows; existing ones are only read; see
-    :mod:`airflow_adrq.aliases`), the transaction's own event rows (their
-    ``timestamp`` and the new queue rows' ``created_at`` are set to one
-    value), and the queue rows, by one statement in ``(asset_id,
-    target_dag_id)`` order (see :func:`airflow_adrq.queue.defer_events`). The
-    returned event's ``timestamp`` is therefore the time of the queue write,
-    not of this call, and its alias rows, like its queue rows, appear at
-    COMMIT.
-
-    An already-queued row's ``created_at`` moves forwards to the stamp
-    (``on_conflict="refresh"``), so the scheduler's run consumes this event
-    too, or stays (``"ignore"``, Airflow's behaviour: the event waits for a
-    later one); the default ``"auto"`` refreshes except on MariaDB (see
-    :func:`airflow_adrq.queue.queue_events`).
+    (:func:`airflow_adrq.aliases.write_alias_rows`), the transaction's own
+    event rows, stamped, and the queue rows in ``(asset_id, target_dag_id)``
+    order (:func:`airflow_adrq.queue.queue_events`, which also says what
+    ``on_conflict`` does). So the returned event's ``timestamp`` is the time
+    of that write, not of this call; why: the README's "Timing: which events a
+    run consumes".
 
     Does not commit, and does not retry: run the whole transaction under
     :func:`airflow_adrq.retry.run_in_transaction` (or your own
