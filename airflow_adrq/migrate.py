@@ -1,19 +1,14 @@
 """Create and upgrade airflow-adrq's *own* database with Alembic.
 
-These migrations are for a standalone database: the test suite, the
-benchmarks, or a scratch database to try the library on. A real Airflow
-metadata database needs none of them, because Airflow's own migrations
-already created the very same tables (``airflow_adrq.models`` mirrors them);
-the queueing code runs against that database as it is.
-
-So every command here first refuses a database that holds Airflow's schema
-(:func:`refuse_airflow_schema`). Running these migrations there could only do
-harm: ``upgrade`` would fail half-way on tables that already exist (and on
-MySQL, where DDL is not transactional, leave a half-applied state behind),
-and ``downgrade`` would drop Airflow's asset and DAG tables with their rows.
+For a standalone database (tests, benchmarks, trying the library). An Airflow
+metadata database needs none of this: Airflow's migrations created the same
+tables (:mod:`airflow_adrq.models` mirrors them). So every command first
+refuses a database that holds Airflow's schema (:func:`refuse_airflow_schema`):
+``upgrade`` would fail half-way there, and ``downgrade`` would drop Airflow's
+asset and DAG tables with their rows.
 
 Alembic is configured in code (no ``alembic.ini``) and keeps its revision in
-``airflow_adrq_version``, never ``alembic_version``, which is Airflow's.
+``airflow_adrq_version``, never Airflow's ``alembic_version``.
 """
 
 from __future__ import annotations
@@ -118,8 +113,7 @@ def script_location() -> Path:
 def alembic_config(connection: Connection | None = None) -> Config:
     """An Alembic :class:`~alembic.config.Config` built in code, for ``connection``.
 
-    Also what a developer uses to author a revision, e.g.
-    ``command.revision(alembic_config(conn), "add x", autogenerate=True)``.
+    To author a revision: ``command.revision(alembic_config(conn), "add x", autogenerate=True)``.
     """
     config = Config()
     location = script_location()
@@ -140,14 +134,10 @@ def heads() -> tuple[str, ...]:
 def refuse_airflow_schema(connection: Connection) -> None:
     """Raise :class:`~airflow_adrq.errors.AirflowSchemaError` if ``connection``'s database is Airflow's.
 
-    Looks for :data:`AIRFLOW_MARKER_TABLES` in the default schema with the
-    inspector, before Alembic does anything (it would otherwise create
-    ``airflow_adrq_version`` first). Reads only the catalog and, if present,
-    ``alembic_version``'s rows (for the message); takes no locks beyond what
-    the catalog read takes; changes nothing.
-
-    Not promised: a database that gains Airflow's tables after this check,
-    while the migration runs, is not detected.
+    Looks for :data:`AIRFLOW_MARKER_TABLES` in the default schema. Reads the
+    catalog and, if present, ``alembic_version``'s rows (for the message);
+    locks nothing beyond the catalog read; changes nothing. Not promised: a
+    database that gains Airflow's tables after this check is not detected.
     """
     inspector = sa.inspect(connection)
     found = [name for name in AIRFLOW_MARKER_TABLES if inspector.has_table(name)]
@@ -174,10 +164,8 @@ def refuse_airflow_schema(connection: Connection) -> None:
 def refuse_existing_tables(connection: Connection, existing: set[str] | None = None) -> None:
     """Raise :class:`~airflow_adrq.errors.AdrqError` if a table the first upgrade creates exists already.
 
-    Runs before any DDL, on a database without ``airflow_adrq_version``: the
-    upgrade would otherwise fail part-way on ``CREATE TABLE`` (and on MySQL,
-    whose DDL commits as it goes, leave the tables before it behind). Reads
-    the catalog only.
+    For a database without ``airflow_adrq_version``, before any DDL, which
+    would otherwise fail part-way on ``CREATE TABLE``. Reads the catalog only.
     """
     existing = set(sa.inspect(connection).get_table_names()) if existing is None else existing
     clash = sorted(existing & set(metadata.tables))
@@ -191,10 +179,9 @@ def refuse_existing_tables(connection: Connection, existing: set[str] | None = N
 
 
 def _undo_partial_upgrade(connection: Connection, tables_before: set[str]) -> None:
-    """After a failed upgrade, drop what it created (MySQL/MariaDB DDL is not transactional).
+    """After a failed upgrade on MySQL/MariaDB, whose DDL commits, drop what it created.
 
-    On PostgreSQL and SQLite the transaction's rollback already undoes the DDL
-    and there is nothing to drop. Dropped in reverse dependency order.
+    Elsewhere the rollback undoes the DDL.
     """
     if connection.dialect.name not in ("mysql", "mariadb"):
         return
@@ -209,18 +196,15 @@ def _undo_partial_upgrade(connection: Connection, tables_before: set[str]) -> No
 def upgrade(bind: Bind, revision: str = "head") -> MigrationResult:
     """Upgrade the database to ``revision`` (default: head), in one transaction.
 
-    Refuses an Airflow database first (:func:`refuse_airflow_schema`).
-    PostgreSQL and SQLite run the whole upgrade in one transaction, so a
-    failure leaves nothing behind; DDL takes ``ACCESS EXCLUSIVE`` locks on
-    PostgreSQL and the database write lock on SQLite until commit.
-
-    Before any DDL, a database without ``airflow_adrq_version`` that already
-    has one of the tables to create is refused, naming them
-    (:func:`refuse_existing_tables`). On MySQL/MariaDB every DDL statement
-    commits implicitly, so after a failure part-way the tables this run
-    created are dropped again: the database is left as it was found, and the
-    same command can simply be run again. Any failure raises
-    :class:`~airflow_adrq.errors.AdrqError` with the database's one-line reason.
+    Refuses first an Airflow database (:func:`refuse_airflow_schema`) and, for
+    a first upgrade, existing tables it would create
+    (:func:`refuse_existing_tables`). Locks: DDL holds ``ACCESS EXCLUSIVE``
+    locks on PostgreSQL and the write lock on SQLite until COMMIT, and a
+    failure there leaves nothing behind; MySQL/MariaDB commit each DDL
+    statement, so after a failure the tables this run created are dropped
+    again. Either way the database is left as found and the command can be
+    run again; the failure raises :class:`~airflow_adrq.errors.AdrqError`
+    with the database's one-line reason.
 
     Not promised: two concurrent upgrades of the same database are not
     serialised (one fails on tables the other created).
@@ -240,9 +224,8 @@ def downgrade(bind: Bind, revision: str) -> MigrationResult:
 def current(bind: Bind) -> str | None:
     """The revision recorded in ``airflow_adrq_version``, or ``None`` for an unmigrated database.
 
-    Read-only; refuses an Airflow database like the other commands. On
-    SQLite the engine's ``BEGIN IMMEDIATE`` holds the write lock for the
-    (short) duration of the read.
+    Read-only; refuses an Airflow database. On SQLite the engine's ``BEGIN
+    IMMEDIATE`` holds the write lock for the read.
     """
     with _connect(bind) as connection:
         refuse_airflow_schema(connection)
@@ -250,12 +233,9 @@ def current(bind: Bind) -> str | None:
 
 
 def check(bind: Bind) -> CheckResult:
-    """Compare the database with the head revision and with ``airflow_adrq.models``.
+    """The current and head revisions and the :func:`schema_diff` (like ``alembic check``).
 
-    Read-only (like ``alembic check``): reports the current revision, the
-    head, and every difference Alembic's autogenerate finds between the
-    reflected schema and the models (:func:`schema_diff`). Locks as
-    :func:`current` does.
+    Read-only; locks as :func:`current` does.
     """
     (head,) = heads()
     with _connect(bind) as connection:
@@ -266,10 +246,8 @@ def check(bind: Bind) -> CheckResult:
 def schema_diff(connection: Connection) -> list[Any]:
     """Alembic autogenerate's differences between the database and ``airflow_adrq.models``.
 
-    Compares tables, columns, types, nullability, server defaults, indexes,
-    unique and foreign key constraints, restricted to the models' tables (the
-    version table and unrelated tables are not reported). An empty list means
-    the schema is what the models describe.
+    Only the models' tables are compared (:mod:`airflow_adrq._schema_compare`);
+    an empty list means the schema is what the models describe.
     """
     context = MigrationContext.configure(connection, opts=comparison_options())
     return list(compare_metadata(context, metadata))
@@ -302,10 +280,9 @@ def _render(value: Any) -> str:
 
 
 def comparison_options() -> dict[str, Any]:
-    """``MigrationContext`` options for comparing a database with the models.
+    """``MigrationContext`` options shared by :func:`schema_diff` and ``migrations/env.py``.
 
-    Shared by :func:`schema_diff` and ``migrations/env.py``, so ``db check``
-    and an autogenerated revision see the same differences.
+    So ``db check`` and an autogenerated revision see the same differences.
     """
     from airflow_adrq import _schema_compare
 
