@@ -10,19 +10,13 @@
     airflow-adrq doctor [--url URL] [--json]                 # read-only: should Airflow enable the plug-in?
 
 ``--url`` defaults to ``$AIRFLOW_ADRQ_DATABASE_URL`` (keeps passwords out of
-``ps``). The ``db`` commands manage a database of airflow-adrq's own and
-refuse an Airflow metadata database (see :mod:`airflow_adrq.migrate`).
-
-Adding a subcommand: a module provides ``add_<name>_parser(subparsers)``,
-which calls ``subparsers.add_parser(...)`` and sets ``func`` with
-``set_defaults(func=handler)``, where ``handler(args: argparse.Namespace) ->
-int`` returns the exit status.
-
-Other distributions add commands through the entry-point group
-:data:`COMMANDS_GROUP` (``name = "module:main"``, ``main(argv) -> int``
-parsing its own options): ``airflow-adrq bench`` comes from the
-``airflow-adrq-bench`` distribution that way, so this package never imports
-the benchmark.
+``ps``). The ``db`` commands refuse an Airflow metadata database
+(:mod:`airflow_adrq.migrate`). A subcommand here is an
+``add_<name>_parser(subparsers)`` that sets ``func``, a handler returning
+the exit status. Other distributions add commands through the entry-point
+group :data:`COMMANDS_GROUP` (``name = "module:main"``, ``main(argv) -> int``
+parsing its own options), as ``airflow-adrq-bench`` adds ``bench``: this
+package never imports the benchmark.
 """
 
 from __future__ import annotations
@@ -79,8 +73,7 @@ def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
-        parser.print_help(sys.stderr)
-        return 2
+        return _usage(parser)
     try:
         status = args.func(args)
     except (AdrqError, SQLAlchemyError, ValueError) as exc:
