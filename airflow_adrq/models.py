@@ -264,9 +264,7 @@ class DagScheduleAssetNameReference(Base):
 
     __table_args__ = (
         PrimaryKeyConstraint(name, dag_id, name="dsanr_pkey"),
-        ForeignKeyConstraint(
-            columns=(dag_id,), refcolumns=["dag.dag_id"], name="dsanr_dag_id_fkey", ondelete="CASCADE"
-        ),
+        ForeignKeyConstraint((dag_id,), ["dag.dag_id"], name="dsanr_dag_id_fkey", ondelete="CASCADE"),
         Index("idx_dag_schedule_asset_name_reference_dag_id", dag_id),
     )
 
@@ -282,9 +280,7 @@ class DagScheduleAssetUriReference(Base):
 
     __table_args__ = (
         PrimaryKeyConstraint(uri, dag_id, name="dsaur_pkey"),
-        ForeignKeyConstraint(
-            columns=(dag_id,), refcolumns=["dag.dag_id"], name="dsaur_dag_id_fkey", ondelete="CASCADE"
-        ),
+        ForeignKeyConstraint((dag_id,), ["dag.dag_id"], name="dsaur_dag_id_fkey", ondelete="CASCADE"),
         Index("idx_dag_schedule_asset_uri_reference_dag_id", dag_id),
     )
 
@@ -306,9 +302,7 @@ class DagScheduleAssetAliasReference(Base):
         ForeignKeyConstraint(
             (alias_id,), ["asset_alias.id"], name="dsaar_asset_alias_fkey", ondelete="CASCADE"
         ),
-        ForeignKeyConstraint(
-            columns=(dag_id,), refcolumns=["dag.dag_id"], name="dsaar_dag_id_fkey", ondelete="CASCADE"
-        ),
+        ForeignKeyConstraint((dag_id,), ["dag.dag_id"], name="dsaar_dag_id_fkey", ondelete="CASCADE"),
         Index("idx_dag_schedule_asset_alias_reference_dag_id", dag_id),
     )
 
@@ -330,9 +324,7 @@ class DagScheduleAssetReference(Base):
     __table_args__ = (
         PrimaryKeyConstraint(asset_id, dag_id, name="dsar_pkey"),
         ForeignKeyConstraint((asset_id,), ["asset.id"], name="dsar_asset_fkey", ondelete="CASCADE"),
-        ForeignKeyConstraint(
-            columns=(dag_id,), refcolumns=["dag.dag_id"], name="dsar_dag_id_fkey", ondelete="CASCADE"
-        ),
+        ForeignKeyConstraint((dag_id,), ["dag.dag_id"], name="dsar_dag_id_fkey", ondelete="CASCADE"),
         Index("idx_dag_schedule_asset_reference_dag_id", dag_id),
     )
 
