@@ -1,25 +1,15 @@
 """The alias rows of a transaction's events, written with the queue statement in one global order.
 
-An event emitted through asset aliases needs up to three kinds of rows:
-``asset_alias`` (the alias, created if missing), ``asset_alias_asset`` (the
-asset-alias link, created if missing) and ``asset_alias_asset_event`` (always
-new). The first two are shared between producers. Written call by call, as
-Airflow 3.3 does, two transactions that create the same aliases or links in
-opposite orders deadlock; and on InnoDB even a no-op ``ON DUPLICATE KEY
-UPDATE`` on an *existing* row locks it exclusively until COMMIT.
-
-So :func:`write_alias_rows` runs once per transaction, just before the queue
-statement, and
-
-* reads first, so existing aliases and links are never written (and never
-  locked beyond the foreign-key checks' shared locks);
-* inserts what is missing table by table (aliases, then links, then the
-  event rows) and, within each table, in key order (alias name,
-  ``(alias_id, asset_id)``), with the backend's insert-or-ignore: concurrent
-  producers meet on these rows in the same order and cannot form a cycle;
-* sends each table's rows as multi-row ``VALUES`` statements of at most
-  :data:`ROWS_PER_STATEMENT` rows (chunks in the same order), not one round
-  trip per row.
+An event emitted through aliases needs ``asset_alias`` and ``asset_alias_asset``
+rows (shared between producers, created if missing) and ``asset_alias_asset_event``
+rows (always new). Written call by call, as Airflow 3.3 does, two transactions
+creating the same aliases or links in opposite orders deadlock, and on InnoDB
+even a no-op ``ON DUPLICATE KEY UPDATE`` locks an *existing* row exclusively
+until COMMIT. So :func:`write_alias_rows` runs once per transaction, just
+before the queue statement: it reads first, so existing rows are never
+written, then inserts what is missing table by table, in key order, with the
+backend's insert-or-ignore, as multi-row ``VALUES`` of at most
+:data:`ROWS_PER_STATEMENT` rows (not one round trip per row).
 """
 
 from __future__ import annotations
@@ -72,9 +62,9 @@ def write_alias_rows(conn: Connection, events: Iterable[AliasedEvent]) -> None:
     missing ``asset_alias_asset`` rows in ``(alias_id, asset_id)`` order, then
     the ``asset_alias_asset_event`` rows (new keys); existing aliases and
     links are only read (and share-locked by the foreign-key checks of the
-    rows that reference them). Does not promise: freedom from waits on a
-    concurrent transaction that creates the same alias, which the insert
-    waits for (never a cycle among transactions that use this function).
+    rows that reference them). Does not promise: no wait for a concurrent
+    transaction creating the same alias or link (never a cycle among
+    transactions that use this function).
     """
     events = [e for e in events if e.alias_names]
     if not events:
