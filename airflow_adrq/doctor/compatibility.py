@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import re
 from pathlib import Path
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Inspector
@@ -159,25 +158,23 @@ def _support(
         )
     line = schema.line
     name = f"{line[0]}.{line[1]}" if line else schema.airflow_version
-    refused: dict[tuple[int, int], str] = getattr(compat, "REFUSED", {})
-    if line in refused:
-        return False, f"Airflow {name} is refused: {refused[line]}", None
-    supported_lines = ", ".join(f"{a}.{b}" for a, b in compat.SUPPORTED)
-    if line not in compat.SUPPORTED:
+    if line in compat.REFUSED:
+        return False, f"Airflow {name} is refused: {compat.REFUSED[line]}", None
+    adapter = compat.ADAPTERS.get(line) if line else None
+    if adapter is None:
+        supported_lines = ", ".join(f"{a}.{b}" for a, b in compat.SUPPORTED)
         return False, f"Airflow {name} is not supported (supported: {supported_lines})", None
-    adapters: dict[tuple[int, int], Any] = getattr(compat, "ADAPTERS", {})
-    tested = getattr(adapters.get(line), "tested", None)
+    tested = adapter.tested
     if found is None:
         return False, f"the queue table is not a shape airflow-adrq writes: {shape_error}", tested
-    expected = compat.SHAPES[line]
-    if found != expected:
+    if found != adapter.shape:
         return (
             False,
-            f"Airflow {name} makes the {expected.name} queue, this database has the {found.name} one "
+            f"Airflow {name} makes the {adapter.shape.name} queue, this database has the {found.name} one "
             "(migrated by another Airflow?)",
             tested,
         )
-    return True, f"Airflow {name}" + (f", tested with {tested}" if tested else ""), tested
+    return True, f"Airflow {name}, tested with {tested}", tested
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -190,17 +187,17 @@ def _below_minimum(schema: SchemaVersion) -> list[str]:
     The schema is the same from its release up to the next release that adds a
     migration, so it cannot tell which of those runs.
     """
-    adapter = getattr(compat, "ADAPTERS", {}).get(schema.line)
-    minimum: tuple[int, ...] | None = getattr(adapter, "minimum", None)
-    if schema.airflow_version is None or schema.line is None or minimum is None:
+    version, line = schema.airflow_version, schema.line
+    if version is None or line is None or line not in compat.ADAPTERS:
         return []
-    if _version_tuple(schema.airflow_version) >= minimum:
+    minimum = compat.ADAPTERS[line].minimum
+    if _version_tuple(version) >= minimum:
         return []
-    later = [v for _, v in REVISIONS if _version_tuple(v) > _version_tuple(schema.airflow_version)]
+    later = [v for _, v in REVISIONS if _version_tuple(v) > _version_tuple(version)]
     until = f" up to (not including) {later[0]}" if later else " and later"
     first = ".".join(map(str, minimum))
     return [
-        f"this is the schema of Airflow {schema.airflow_version}{until}; the plug-in supports "
-        f"{schema.line[0]}.{schema.line[1]} from {first} on (see compat.py): check `airflow version`, "
-        "older releases refuse to start with the option set"
+        f"this is the schema of Airflow {version}{until}; the plug-in supports {line[0]}.{line[1]} "
+        f"from {first} on (see compat.py): check `airflow version`, older releases refuse to start "
+        "with the option set"
     ]

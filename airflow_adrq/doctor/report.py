@@ -73,7 +73,7 @@ class Compatibility:
     pgbouncer: PgBouncer | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class QueueInsert:
     """One ``pg_stat_statements`` entry that inserts into ``asset_dag_run_queue``."""
 
