@@ -99,9 +99,10 @@ def add_scheduled_assets(
     The setup most tests start from; ``uris`` overrides :func:`asset_ref`'s URI per name.
     """
     consumers = {name: list(dag_ids) for name, dag_ids in consumers.items()}
-    add_dags(
-        session, sorted({d for ds in consumers.values() for d in ds}), paused=paused, partitioned=partitioned
-    )
+    # In the order given, not sorted: a test of ordering (the collation one) inserts DAGs
+    # in an order that is neither Python's nor the database's.
+    dag_ids = dict.fromkeys(d for ds in consumers.values() for d in ds)
+    add_dags(session, dag_ids, paused=paused, partitioned=partitioned)
     ids = {}
     for name, dag_ids in consumers.items():
         ids[name] = add_asset(session, name, (uris or {}).get(name), active=active)

@@ -14,7 +14,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from airflow_adrq import AssetChange, register_asset_change, register_asset_changes
-# What every test here reads by name; the builders and readers each used once by module.
+
+# By name the four helpers every test here uses; the builders and readers used once, through the module.
 from tests import factories
 from tests.factories import asset_ref, events, queued, task_instance
 

@@ -19,7 +19,7 @@ from sqlalchemy.pool import NullPool
 
 from airflow_adrq import create_engine, defer_events, queue_events, register_asset_change
 from airflow_adrq.models import AssetEvent, metadata
-from tests.factories import add_asset, add_dags, asset_ref, schedule_on_asset
+from tests.factories import add_scheduled_assets, asset_ref
 
 DAG_IDS = ["A", "a_b", "a-c", "ab", "aB", "Ab", "b", "B_2", "b-1"]
 
@@ -53,9 +53,7 @@ def _collation_order(engine):
 @pytest.mark.backends("postgresql")
 def test_every_writer_inserts_in_the_database_collation_order(icu_engine):
     with Session(icu_engine) as s:
-        add_dags(s, DAG_IDS)
-        asset_id = add_asset(s, "x")
-        schedule_on_asset(s, asset_id, DAG_IDS)
+        asset_id = add_scheduled_assets(s, {"x": DAG_IDS})["x"]
         s.commit()
     collated = _collation_order(icu_engine)
     # The premise, so the test can fail: ICU's order is not Python's.
@@ -69,23 +67,22 @@ def test_every_writer_inserts_in_the_database_collation_order(icu_engine):
         session.commit()
     orders["library"] = _fresh_order(icu_engine)
 
-    # 2. The plug-in's path: an ORM-flushed event handed to defer_events.
-    with Session(icu_engine) as session:
-        event = AssetEvent(asset_id=asset_id, extra={})
-        session.add(event)
-        session.flush()
-        defer_events(session, [event])
-        session.commit()
-    orders["plug-in"] = _fresh_order(icu_engine)
+    def flushed_event_then(write):
+        """The insertion order when ``write`` queues an ORM-flushed event, as Airflow's code hands it over."""
+        with Session(icu_engine) as session:
+            event = AssetEvent(asset_id=asset_id, extra={})
+            session.add(event)
+            session.flush()
+            write(session, event)
+            session.commit()
+        return _fresh_order(icu_engine)
 
+    # 2. The plug-in's path: the event handed to defer_events.
+    orders["plug-in"] = flushed_event_then(lambda session, event: defer_events(session, [event]))
     # 3. The multi-team variant: the same statement restricted to allowed pairs.
-    with Session(icu_engine) as session:
-        event = AssetEvent(asset_id=asset_id, extra={})
-        session.add(event)
-        session.flush()
-        queue_events(session, [event], allowed={event.id: DAG_IDS})
-        session.commit()
-    orders["allowed pairs"] = _fresh_order(icu_engine)
+    orders["allowed pairs"] = flushed_event_then(
+        lambda session, event: queue_events(session, [event], allowed={event.id: DAG_IDS})
+    )
 
     assert orders == {writer: collated for writer in orders}
 

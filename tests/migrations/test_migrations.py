@@ -309,55 +309,52 @@ def test_names_and_details_autogenerate_does_not_compare(fresh_db_url, fresh_eng
 # --- the comparison can fail ----------------------------------------------------
 
 
-def test_a_missing_index_is_reported(fresh_db_url, fresh_engine):
+def _diffs_after(fresh_db_url, fresh_engine, ddl):
+    """The differences the comparison reports once ``ddl`` has changed a freshly migrated schema."""
     migrate.upgrade(fresh_db_url)
     with fresh_engine.begin() as conn:
-        conn.execute(
-            sa.text("DROP INDEX idx_next_dagrun_create_after ON dag")
-            if fresh_engine.dialect.name in ("mysql", "mariadb")
-            else sa.text("DROP INDEX idx_next_dagrun_create_after")
-        )
-    assert _diffs(fresh_engine) == ["add_index idx_next_dagrun_create_after on dag"]
+        conn.execute(sa.text(ddl))
+    return _diffs(fresh_engine)
+
+
+def test_a_missing_index_is_reported(fresh_db_url, fresh_engine):
+    mysql = fresh_engine.dialect.name in ("mysql", "mariadb")
+    ddl = "DROP INDEX idx_next_dagrun_create_after" + (" ON dag" if mysql else "")
+    assert _diffs_after(fresh_db_url, fresh_engine, ddl) == ["add_index idx_next_dagrun_create_after on dag"]
     assert not migrate.check(fresh_db_url).ok
 
 
 @pytest.mark.backends("postgresql", "mysql")
 def test_a_changed_server_default_is_reported(fresh_db_url, fresh_engine):
-    migrate.upgrade(fresh_db_url)
-    with fresh_engine.begin() as conn:
-        conn.execute(sa.text("ALTER TABLE asset_event ALTER COLUMN source_map_index SET DEFAULT -2"))
-    (diff,) = _diffs(fresh_engine)
+    (diff,) = _diffs_after(
+        fresh_db_url, fresh_engine, "ALTER TABLE asset_event ALTER COLUMN source_map_index SET DEFAULT -2"
+    )
     # PostgreSQL reflects the default as '-2'::integer.
     assert re.fullmatch(r"modify_default asset_event\.source_map_index: '?-2'?(::integer)? -> -1", diff), diff
 
 
-@pytest.mark.backends("mysql")
-def test_mysql_boolean_default_normalisation_is_not_blanket(fresh_db_url, fresh_engine):
-    """``DEFAULT true`` reflects as 1 on MySQL; a real change (to 0) must still show."""
-    migrate.upgrade(fresh_db_url)
-    with fresh_engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "ALTER TABLE dag_schedule_asset_reference ALTER COLUMN allow_global_producers SET DEFAULT 0"
-            )
-        )
-    (diff,) = _diffs(fresh_engine)
-    assert diff.startswith("modify_default dag_schedule_asset_reference.allow_global_producers: 0 -> ")
+# What the comparison normalises away on MySQL/MariaDB, and the real change next to it
+# that must still show.
+MYSQL_REAL_CHANGES = {
+    # ``DEFAULT true`` reflects as 1 on MySQL; a change to 0 is real.
+    "boolean-default-normalisation-is-not-blanket": (
+        "ALTER TABLE dag_schedule_asset_reference ALTER COLUMN allow_global_producers SET DEFAULT 0",
+        "modify_default dag_schedule_asset_reference.allow_global_producers: 0 -> ",
+    ),
+    # MariaDB's JSON is LONGTEXT + CHECK (json_valid(col)); a LONGTEXT without the check is a difference.
+    "json-needs-json-not-just-longtext": (
+        "ALTER TABLE dag MODIFY asset_expression LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL",
+        "modify_type dag.asset_expression: LONGTEXT(",
+    ),
+}
 
 
 @pytest.mark.backends("mysql")
-def test_mysql_json_needs_json_not_just_longtext(fresh_db_url, fresh_engine):
-    """MariaDB's JSON is LONGTEXT + CHECK (json_valid(col)); a LONGTEXT without the check is a difference."""
-    migrate.upgrade(fresh_db_url)
-    with fresh_engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "ALTER TABLE dag MODIFY asset_expression"
-                " LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL"
-            )
-        )
-    (diff,) = _diffs(fresh_engine)
-    assert diff.startswith("modify_type dag.asset_expression: LONGTEXT("), diff
+@pytest.mark.parametrize("case", sorted(MYSQL_REAL_CHANGES))
+def test_mysql_normalisation_still_reports_a_real_change(fresh_db_url, fresh_engine, case):
+    ddl, reported = MYSQL_REAL_CHANGES[case]
+    (diff,) = _diffs_after(fresh_db_url, fresh_engine, ddl)
+    assert diff.startswith(reported), diff
 
 
 # --- refusing an Airflow database ------------------------------------------------
