@@ -10,18 +10,7 @@ import random
 
 import pytest
 
-from airflow_adrq_bench import cli, engine, report, runner
-from airflow_adrq_bench.config import (
-    DEFAULT,
-    DEFAULT_STRATEGY,
-    NOT_STARTED,
-    QUICK,
-    SCENARIOS,
-    SIZE_HELP,
-    STRATEGIES,
-    Sizes,
-    clear_of_deadlock_timeout,
-)
+from airflow_adrq_bench import cli, config, engine, report, runner
 
 # --- every planned transaction is accounted for ------------------------------------
 
@@ -58,10 +47,10 @@ def test_round_records_account_for_every_planned_transaction(outcomes, deadline)
     records = list(engine.round_records(planned, deadline, run_one, clock=clock))
 
     assert len(records) == planned
-    started = [r for r in records if r["outcome"] != NOT_STARTED]
+    started = [r for r in records if r["outcome"] != config.NOT_STARTED]
     committed = [r for r in records if r["outcome"] == "committed"]
     gave_up = [r for r in records if r["outcome"] == "gave up"]
-    not_started = [r for r in records if r["outcome"] == NOT_STARTED]
+    not_started = [r for r in records if r["outcome"] == config.NOT_STARTED]
     assert len(committed) + len(gave_up) + len(not_started) == planned
     # Transactions start while the deadline has not passed, each taking 1 s of the fake clock.
     assert len(started) == min(planned, int(deadline) + 1)
@@ -95,7 +84,7 @@ def _tx(cell, outcome, *, gave_up=None, last=None, attempts=1, **failures):
         "cell": cell,
         "party": 1,
         "ok": outcome == "committed",
-        "attempts": 0 if outcome == NOT_STARTED else attempts,
+        "attempts": 0 if outcome == config.NOT_STARTED else attempts,
         "latency_s": 0.01,
         "statements": 4,
         "assets": [1],
@@ -109,7 +98,7 @@ def _tx(cell, outcome, *, gave_up=None, last=None, attempts=1, **failures):
 def _raw(cells, txs):
     return {
         "targets": [{"name": "postgresql", "version": "PostgreSQL 15"}],
-        "sizes": dataclasses.asdict(QUICK),
+        "sizes": dataclasses.asdict(config.QUICK),
         "cells": cells,
         "transactions": txs,
         "sweeps": {},
@@ -123,7 +112,7 @@ def test_summary_rows_add_up_to_the_plan_and_say_why_transactions_gave_up():
         _tx(0, "gave up", gave_up=engine.GAVE_UP_TIMEOUT, last="deadlock", attempts=4, deadlock=4),
         _tx(0, "gave up", gave_up=engine.GAVE_UP_TIMEOUT, last="deadlock", attempts=2, deadlock=2),
         _tx(0, "gave up", gave_up=engine.GAVE_UP_ATTEMPTS, last="lock_timeout", attempts=2, lock_timeout=2),
-        *[_tx(0, NOT_STARTED) for _ in range(3)],
+        *[_tx(0, config.NOT_STARTED) for _ in range(3)],
         *[_tx(1, "committed") for _ in range(12)],
     ]
     raw = _raw([_cell(0, "per_call", 12), _cell(1, "commit_time", 12)], txs)
@@ -156,7 +145,7 @@ def test_summary_rows_add_up_to_the_plan_and_say_why_transactions_gave_up():
 
 def test_counts_that_do_not_add_up_are_an_error():
     # A producer's records went missing: 10 recorded, 12 planned.
-    txs = [_tx(0, "committed") for _ in range(9)] + [_tx(0, NOT_STARTED)]
+    txs = [_tx(0, "committed") for _ in range(9)] + [_tx(0, config.NOT_STARTED)]
     raw = _raw([_cell(0, "commit_time", 12)], txs)
 
     rows = report.aggregate(raw)
@@ -186,7 +175,7 @@ def test_lost_events_rows_add_up_to_the_plan():
     txs = (
         [_tx(0, "committed") for _ in range(44)]
         + [_tx(0, "gave up", gave_up=engine.GAVE_UP_ATTEMPTS, last="deadlock", attempts=50, deadlock=50)]
-        + [_tx(0, NOT_STARTED) for _ in range(3)]
+        + [_tx(0, config.NOT_STARTED) for _ in range(3)]
     )
     lost = report.aggregate_lost(_raw([cell], txs))
 
@@ -202,15 +191,23 @@ def test_lost_events_rows_add_up_to_the_plan():
 
 def test_a_cell_plans_producers_times_transactions_or_the_lost_events():
     cells, _ = runner.plan_cells(
-        [("postgresql", "postgresql://u@h/db")], QUICK, STRATEGIES, SCENARIOS, random.Random(3)
+        [("postgresql", "postgresql://u@h/db")],
+        config.QUICK,
+        config.STRATEGIES,
+        config.SCENARIOS,
+        random.Random(3),
     )
+    # Every scenario is planned, so the loop below checks the lost_events rule and the other one.
+    assert {cell.scenario for cell in cells} == set(config.SCENARIOS)
     for cell in cells:
         expected = (
-            QUICK.lost_events if cell.scenario == "lost_events" else QUICK.producers * QUICK.transactions
+            config.QUICK.lost_events
+            if cell.scenario == "lost_events"
+            else config.QUICK.producers * config.QUICK.transactions
         )
-        assert cell.planned(QUICK) == expected
+        assert cell.planned(config.QUICK) == expected
     # The lost_events split over producers adds up to the plan.
-    assert sum(engine._share(QUICK.lost_events, 5, p) for p in range(1, 6)) == QUICK.lost_events
+    assert sum(engine._share(config.QUICK.lost_events, 5, p) for p in range(1, 6)) == config.QUICK.lost_events
 
 
 # --- progress: every round once, in order -------------------------------------------
@@ -221,9 +218,9 @@ def test_progress_counts_every_round_once_in_order(seed):
     """However the polls fall (rounds skipped between polls, no new round for several polls)."""
     cells, _ = runner.plan_cells(
         [("sqlite", "sqlite://"), ("postgresql", "postgresql://u@h/db")],
-        QUICK,
-        STRATEGIES,
-        SCENARIOS,
+        config.QUICK,
+        config.STRATEGIES,
+        config.SCENARIOS,
         random.Random(seed),
     )
     rng = random.Random(seed)
@@ -254,25 +251,25 @@ def test_progress_follows_the_coordinators_barrier_files(tmp_path):
 
 
 def test_quick_timeouts_are_above_the_default_deadlock_timeout():
-    sizes, notes = clear_of_deadlock_timeout(QUICK, 1.0)
-    assert sizes == QUICK and notes == []  # already clear of 1 s
-    assert QUICK.round_timeout_s >= 5 * 1.0 and QUICK.lock_timeout_s >= 3 * 1.0
-    assert clear_of_deadlock_timeout(DEFAULT, 1.0) == (DEFAULT, [])
+    sizes, notes = config.clear_of_deadlock_timeout(config.QUICK, 1.0)
+    assert sizes == config.QUICK and notes == []  # already clear of 1 s
+    assert config.QUICK.round_timeout_s >= 5 * 1.0 and config.QUICK.lock_timeout_s >= 3 * 1.0
+    assert config.clear_of_deadlock_timeout(config.DEFAULT, 1.0) == (config.DEFAULT, [])
 
 
 def test_timeouts_are_raised_for_a_slower_deadlock_timeout_unless_given():
-    sizes, notes = clear_of_deadlock_timeout(QUICK, 2.0)
+    sizes, notes = config.clear_of_deadlock_timeout(config.QUICK, 2.0)
     assert (sizes.round_timeout_s, sizes.lock_timeout_s) == (10.0, 6.0)
     assert notes == [
         "--lock-timeout-s raised from 3 to 6 s (3 x the server's deadlock_timeout of 2 s)",
         "--round-timeout-s raised from 5 to 10 s (5 x the server's deadlock_timeout of 2 s)",
     ]
-    given = dataclasses.replace(QUICK, round_timeout_s=0.5)
-    sizes, notes = clear_of_deadlock_timeout(given, 1.0, keep=frozenset({"round_timeout_s"}))
+    given = dataclasses.replace(config.QUICK, round_timeout_s=0.5)
+    sizes, notes = config.clear_of_deadlock_timeout(given, 1.0, keep=frozenset({"round_timeout_s"}))
     assert sizes.round_timeout_s == 0.5
     assert notes[0].startswith("warning: --round-timeout-s 0.5 is below 5 s")
     # MySQL/MariaDB and SQLite: nothing to clear.
-    assert clear_of_deadlock_timeout(given, 0.0) == (given, [])
+    assert config.clear_of_deadlock_timeout(given, 0.0) == (given, [])
 
 
 # --- legends ---------------------------------------------------------------------------
@@ -362,12 +359,12 @@ def _bench_help():
 def test_every_size_option_says_what_it_is_its_default_and_its_quick_value():
     bench, _ = _bench_help()
     by_dest = {a.dest: a for a in bench._actions}
-    assert set(SIZE_HELP) == {f.name for f in dataclasses.fields(Sizes)}
-    for field in dataclasses.fields(Sizes):
+    assert set(config.SIZE_HELP) == {f.name for f in dataclasses.fields(config.Sizes)}
+    for field in dataclasses.fields(config.Sizes):
         text = by_dest[field.name].help
-        assert text.startswith(SIZE_HELP[field.name]), field.name
-        assert f"(default {cli._show(getattr(DEFAULT, field.name))}; " in text, field.name
-        assert f"--quick {cli._show(getattr(QUICK, field.name))})" in text, field.name
+        assert text.startswith(config.SIZE_HELP[field.name]), field.name
+        assert f"(default {cli._show(getattr(config.DEFAULT, field.name))}; " in text, field.name
+        assert f"--quick {cli._show(getattr(config.QUICK, field.name))})" in text, field.name
     assert by_dest["round_timeout_s"].help.endswith("(default 8; --quick 5)")
 
 
@@ -378,6 +375,6 @@ def test_help_says_what_db_needs_and_which_strategy_is_the_default():
     assert "must exist" in db and "never written" in db and "adrq_bench_" in db
     assert "create and drop databases" in db
     strategy = by_dest["strategy"].help
-    assert f"{DEFAULT_STRATEGY} is the default strategy" in strategy
+    assert f"{config.DEFAULT_STRATEGY} is the default strategy" in strategy
     assert "per_call" in strategy and "deadlock" in strategy and "one global order" in strategy
     assert by_dest["keep_scratch"].help and "--keep-scratch" in text
