@@ -191,6 +191,11 @@ def test_counts_add_up_when_the_round_timeout_cuts_rounds_short(tmp_path, capsys
         assert "warning: --round-timeout-s 0.2 is below" in printed.err
     result = json.loads((out / "bench.json").read_text())
     assert result["sizes"]["round_timeout_s"] == 0.2
+    # One row per strategy asked for, so the loop below cannot pass by checking nothing.
+    assert {(r["scenario"], r["strategy"]) for r in result["summary"]} == {
+        ("multi_outlet", "airflow_3_3"),
+        ("multi_outlet", "commit_time"),
+    }
     for row in result["summary"]:
         assert row["planned"] == QUICK.producers * 6
         assert row["committed"] + row["abandoned"] + row["not_started"] == row["planned"], row

@@ -23,7 +23,6 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from airflow_adrq import cli, create_engine, doctor, migrate, register_asset_change
-from airflow_adrq._airflow_revisions import REVISIONS
 from airflow_adrq.airflow import compat
 from airflow_adrq.models import metadata
 from airflow_adrq_bench import servers
@@ -359,8 +358,8 @@ def test_a_shape_that_is_not_the_lines_is_not_supported(fresh_db_url, backend):
 
 
 def test_a_migration_stopped_half_way_is_warned_about(fresh_db_url, backend):
-    first_of_330 = next(r for r, v in REVISIONS if v == "3.3.0")
-    airflow_like(fresh_db_url, first_of_330).dispose()
+    # Airflow 3.3.0's first migration (0110): its later ones are missing.
+    airflow_like(fresh_db_url, "a4c2d171ae18").dispose()
     report = doctor.check(fresh_db_url)
     assert not report.compatibility.schema.complete
     assert any("interrupted" in w for w in report.warnings)

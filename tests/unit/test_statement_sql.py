@@ -119,6 +119,8 @@ def test_on_conflict_dialects_have_no_probe(name):
     for mode in ("ignore", "refresh"):
         sql, _ = _sql(name, on_conflict=mode)
         assert "EXISTS" not in sql
+        # No probe because the database resolves the conflict (a blank statement would pass the line above).
+        assert "ON CONFLICT (asset_id, target_dag_id) DO" in sql
 
 
 def test_bad_arguments():
