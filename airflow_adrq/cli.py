@@ -7,7 +7,7 @@
     airflow-adrq db current   [--url URL]
     airflow-adrq db check     [--url URL]                    # exit 1 if not at head or drifted
     airflow-adrq bench ...                                   # see airflow_adrq_bench.cli
-    airflow-adrq doctor [--url URL] [--json]                 # read-only: should Airflow enable the plug-in?
+    airflow-adrq doctor [--url URL] [--schema S] [--json]    # read-only: should Airflow enable the plug-in?
 
 ``--url`` defaults to ``$AIRFLOW_ADRQ_DATABASE_URL`` (keeps passwords out of
 ``ps``). The ``db`` commands refuse an Airflow metadata database
@@ -31,6 +31,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
 
 from airflow_adrq import __version__, doctor, migrate
+from airflow_adrq.doctor.report import first_line
 from airflow_adrq.errors import AdrqError
 
 __all__ = ["COMMANDS_GROUP", "URL_ENV", "build_parser", "main", "one_line"]
@@ -84,14 +85,9 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def one_line(exc: BaseException) -> str:
     """An error as one line: the driver's own message for database errors, no SQL, no traceback."""
-    if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None:
-        text = str(exc.orig)
-    elif isinstance(exc, sa.exc.ArgumentError | sa.exc.NoSuchModuleError):
-        text = f"not a usable database URL: {exc}"
-    else:
-        text = str(exc)
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
+    if isinstance(exc, sa.exc.ArgumentError | sa.exc.NoSuchModuleError):
+        return f"not a usable database URL: {first_line(exc)}"
+    return first_line(exc)
 
 
 def build_parser() -> argparse.ArgumentParser:

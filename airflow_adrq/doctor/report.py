@@ -137,8 +137,8 @@ def count(value: int, singular: str, plural: str | None = None) -> str:
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of an error (the driver's own, under SQLAlchemy's): doctor's errors are one line."""
+    """The first line of an error (the driver's own, under SQLAlchemy's): no SQL, no traceback."""
     if isinstance(exc, DBAPIError) and exc.orig is not None:
         exc = exc.orig
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return text.splitlines()[0].strip() if text else type(exc).__name__
