@@ -6,7 +6,6 @@ import argparse
 import importlib.util
 import os
 import sys
-from collections.abc import Callable
 
 from airflow_adrq.doctor.checkup import check
 from airflow_adrq.doctor.render import render_json, render_text
@@ -74,12 +73,12 @@ def add_doctor_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     parser.set_defaults(func=_run)
 
 
-def _run(args: argparse.Namespace, *, out: Callable[[str], None] = print) -> int:
+def _run(args: argparse.Namespace) -> int:
     try:
         url = args.url or airflow_url()
         report = check(url, args.schema if args.schema is not None else airflow_schema())
     except DoctorError as exc:
         print(f"airflow-adrq doctor: {exc}", file=sys.stderr)
         return EXIT_NO_REPORT
-    out(render_json(report) if args.json else render_text(report))
+    print(render_json(report) if args.json else render_text(report))
     return report.exit_code

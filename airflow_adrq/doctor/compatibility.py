@@ -46,10 +46,8 @@ def read(
     shape_error = None
     queue_key = None
     if "asset_dag_run_queue" in tables:
-        pk = (
-            inspector.get_pk_constraint("asset_dag_run_queue", schema=schema).get("constrained_columns") or []
-        )
-        queue_key = tuple(pk)
+        pk = inspector.get_pk_constraint("asset_dag_run_queue", schema=schema)
+        queue_key = tuple(pk.get("constrained_columns") or ())
     try:
         found = shapes.detect(conn, schema=schema)
     except UnsupportedSchemaError as exc:

@@ -25,16 +25,13 @@ def render_text(report: Report) -> str:
     c, e = report.compatibility, report.exposure
     lines = [f"airflow-adrq doctor: {report.url} (read-only)", "", "Compatibility"]
 
-    def row(label: str, value: str) -> None:
-        lines.extend(
-            textwrap.wrap(value, _WIDTH, initial_indent=f"  {label:<19} ", subsequent_indent=" " * 22)
-        )
+    def wrap(text: str, first: str, rest: str = "    ") -> None:
+        lines.extend(textwrap.wrap(text, _WIDTH, initial_indent=first, subsequent_indent=rest))
 
-    s = c.schema
-    if s.airflow_version:
-        row("Airflow schema", f"{s.airflow_version} (alembic_version {s.revision})")
-    else:
-        row("Airflow schema", f"unknown (alembic_version {s.revision})")
+    def row(label: str, value: str) -> None:
+        wrap(value, f"  {label:<19} ", " " * 22)
+
+    row("Airflow schema", f"{c.schema.airflow_version or 'unknown'} (alembic_version {c.schema.revision})")
     key = f"({', '.join(c.queue_key)})" if c.queue_key else "none"
     if c.shape_lines:
         key += f": as in Airflow {', '.join(c.shape_lines)}"
@@ -100,10 +97,10 @@ def render_text(report: Report) -> str:
         elif e.queue_inserts_note is not None:
             row("Queue inserts", f"n/a: {e.queue_inserts_note}")
     for warning in report.warnings:
-        lines.extend(textwrap.wrap(warning, _WIDTH, initial_indent="  ! ", subsequent_indent="    "))
+        wrap(warning, "  ! ")
     lines.append(f"Verdict: {report.verdict.upper()} (exit {report.exit_code})")
     for reason in report.reasons:
-        lines.extend(textwrap.wrap(reason, _WIDTH, initial_indent="  - ", subsequent_indent="    "))
+        wrap(reason, "  - ")
     advice = {
         ENABLE: "Enable it, in airflow.cfg on every component that writes asset events:",
         NOT_NEEDED: "Nothing to do; it is safe to enable anyway with:",

@@ -29,10 +29,7 @@ def decide(compatibility: Compatibility, exposure: Exposure | None) -> tuple[str
     probe = backends.get(compatibility.backend)
     if probe.cannot_deadlock:
         return NOT_NEEDED, [probe.cannot_deadlock]
-    if compatibility.queue_key is not None and set(compatibility.queue_key) == {
-        "target_dag_id",
-        "asset_event_id",
-    }:
+    if set(compatibility.queue_key or ()) == {"target_dag_id", "asset_event_id"}:
         reason = (
             "this queue is keyed by (target_dag_id, asset_event_id): concurrent producers insert different "
             "rows and cannot deadlock on them"
