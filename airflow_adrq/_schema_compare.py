@@ -30,11 +30,7 @@ _MARIADB_JSON_COLLATION = "utf8mb4_bin"
 
 
 def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
-    """Compare only the models' tables.
-
-    The version table, ``sqlite_sequence`` and tables of other applications
-    sharing the database are not ours to report.
-    """
+    """Compare only the models' tables (not the version table, ``sqlite_sequence`` or others')."""
     if type_ == "table":
         return name in metadata.tables
     return True

@@ -13,14 +13,11 @@ __all__ = ["create_engine"]
 
 
 def create_engine(url: str | URL, **kwargs: Any) -> Engine:
-    """``sqlalchemy.create_engine`` plus this backend's required settings.
+    """``sqlalchemy.create_engine`` plus the backend's settings (:mod:`airflow_adrq.dialects`).
 
-    * PostgreSQL: unchanged (READ COMMITTED, the server default).
-    * MySQL/MariaDB: ``isolation_level="READ COMMITTED"``, as Airflow sets it.
-    * SQLite: ``BEGIN IMMEDIATE`` for every transaction, a busy timeout, and
-      ``PRAGMA foreign_keys=ON`` (as Airflow sets it).
-
-    Explicit ``kwargs`` win over the backend defaults.
+    PostgreSQL: unchanged (READ COMMITTED, the server default); MySQL/MariaDB:
+    READ COMMITTED, as Airflow sets it; SQLite: ``BEGIN IMMEDIATE``, a busy
+    timeout and ``PRAGMA foreign_keys=ON``. Explicit ``kwargs`` win.
     """
     url = sa.engine.make_url(url)
     support = dialects.get(url.get_backend_name())

@@ -1,25 +1,14 @@
 """Airflow-identical tables for the asset-queueing path (Airflow 3.0-3.3 shape).
 
-Every table, column, primary key, foreign key (with its ON DELETE) and index
-name here matches ``apache-airflow-core==3.3.2`` (``airflow/models/asset.py``,
-``airflow/models/dag.py``, ``airflow/models/dagbundle.py``), with the same
-types, lengths and MySQL collations, so the SQL this package builds runs
-unchanged against a real Airflow metadata database.
+Every table, column, key, foreign key (with its ON DELETE) and index name
+here matches ``apache-airflow-core==3.3.2``, with the same types, lengths
+and MySQL collations, so the SQL this package builds runs unchanged against
+an Airflow metadata database. ``dag`` and ``dag_bundle`` are subsets: the
+columns the queueing path reads, or that are NOT NULL without a default.
 
-Two tables are documented subsets, because only these columns are read on the
-queueing path (or are NOT NULL without a default there):
-
-* ``dag``: ``dag_id``, ``is_paused``, ``is_stale``, ``exceeds_max_non_backfill``,
-  ``has_import_errors``, ``bundle_name``, ``timetable_partitioned``,
-  ``asset_expression``, ``max_active_runs``, ``next_dagrun_create_after``.
-* ``dag_bundle``: ``name`` only (the target of ``dag.bundle_name``'s FK).
-
-Differences from Airflow that do not change the schema:
-
-* ``StringID`` always carries the ``utf8mb3_bin`` collation on MySQL/MariaDB.
-  Airflow decides this at import time from ``[database] sql_alchemy_conn``;
-  we use a dialect variant, which renders the same DDL.
-* No ORM relationships: the queueing path uses set-based Core statements.
+Unlike Airflow, with the same DDL: ``StringID`` always carries
+``utf8mb3_bin`` on MySQL/MariaDB (a dialect variant; Airflow decides at
+import time from ``[database] sql_alchemy_conn``); no ORM relationships.
 """
 
 from __future__ import annotations
@@ -155,7 +144,7 @@ class DagBundleModel(Base):
 
 
 class DagModel(Base):
-    """``dag`` (documented subset of Airflow's columns; see the module docstring)."""
+    """``dag``: the subset of Airflow's columns the queueing path reads or must fill."""
 
     __tablename__ = "dag"
 

@@ -171,12 +171,7 @@ def classify(exc: BaseException) -> Retryable | None:
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """Whether ``exc`` (or anything in its chain) allows a whole-transaction retry.
-
-    A lost connection counts: :func:`run_in_transaction` raises
-    :class:`~airflow_adrq.errors.CommitOutcomeUnknownError` instead when the
-    connection was lost while COMMIT was in flight.
-    """
+    """Whether :func:`classify` finds a retryable error; a lost connection counts."""
     return classify(exc) is not None
 
 

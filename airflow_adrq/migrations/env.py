@@ -1,9 +1,7 @@
 """Alembic environment for airflow-adrq's own database.
 
-Run through :mod:`airflow_adrq.migrate` (``airflow-adrq db ...``), which
-configures Alembic in code and hands over a connection that is already in a
-transaction, after checking that the database is not Airflow's. There is no
-``alembic.ini``; the plain ``alembic`` command line is not used.
+Run only through :mod:`airflow_adrq.migrate` (``airflow-adrq db ...``), which
+configures Alembic in code and passes a connection already in a transaction.
 """
 
 from __future__ import annotations
@@ -41,11 +39,11 @@ def run_migrations_online() -> None:
 def _require_explicit_timestamp_defaults(connection: Connection) -> None:
     """Refuse MySQL/MariaDB with ``explicit_defaults_for_timestamp`` off, before any DDL.
 
-    With it off, the server silently gives the first ``TIMESTAMP NOT NULL``
-    column of a table ``DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP``:
-    ``asset_dag_run_queue.created_at`` would then move on every UPDATE of
-    its row. Airflow (since 1.10) refused such servers for the same reason.
-    It is on by default in MySQL 8.0 and MariaDB 10.10+.
+    Off, the server gives the first ``TIMESTAMP NOT NULL`` column of a table
+    ``DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP``, so
+    ``asset_dag_run_queue.created_at`` would move on every UPDATE of its row
+    (Airflow refuses such servers too). On by default since MySQL 8.0 and
+    MariaDB 10.10.
     """
     if connection.dialect.name not in ("mysql", "mariadb"):
         return
