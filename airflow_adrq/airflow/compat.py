@@ -39,7 +39,7 @@ Things every supported line shares, so they are no adapter method: the
 asset lookup, ``_add_asset_alias_association``, the event flushed at once,
 its ``asset_alias_asset_event`` rows (inserted directly, as 3.3 does; 3.1 and
 3.2 append the event to ``AssetAliasModel.asset_events``, which writes the
-same row after lazy-loading every earlier event of the alias, issue #66853),
+same row after lazy-loading every earlier event of the alias, apache/airflow#66853),
 and the queue statement itself (:mod:`airflow_adrq.queue`, written for the
 schema shape :func:`queue_shape` finds).
 
@@ -51,12 +51,22 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_adrq import shapes
 from airflow_adrq.dialects import ConflictPolicy
 from airflow_adrq.errors import UnsupportedSchemaError
+
+if TYPE_CHECKING:
+    import datetime as dt
+
+    from airflow.assets.manager import AssetManager
+    from airflow.models.asset import AssetAliasModel, AssetEvent, AssetModel
+    from airflow.models.dag import DagModel
+    from airflow.models.taskinstance import TaskInstance
+    from sqlalchemy.orm import Session
 
 __all__ = [
     "ADAPTERS",
@@ -67,6 +77,7 @@ __all__ = [
     "Airflow32",
     "Airflow33",
     "Airflow34",
+    "Registration",
     "ReleaseLine",
     "check_supported",
     "current",
@@ -75,6 +86,28 @@ __all__ = [
 ]
 
 Callbacks = list[Callable[[], None]]
+
+
+@dataclass(frozen=True)
+class Registration:
+    """The arguments of one ``register_asset_change`` call that the adapters' steps read."""
+
+    manager: type[AssetManager]
+    session: Session
+    task_instance: TaskInstance | None
+    partition_key: str | None = None
+    partition_date: dt.datetime | None = None
+    callback_sink: Callbacks | None = None
+    api_user_teams: set[str] | None = None
+    api_allow_consumer_teams: list[str] | None = None
+    api_allow_global_consumers: bool = True
+
+    def run_hook(self, hook: Callable[..., None], **arguments: Any) -> None:
+        """Call a listener hook now, or hand it to ``callback_sink`` (run after COMMIT) if there is one."""
+        if self.callback_sink is None:
+            hook(**arguments)
+        else:
+            self.callback_sink.append(partial(hook, **arguments))
 
 
 class ReleaseLine:
@@ -108,29 +141,19 @@ class ReleaseLine:
 
     # --- steps, in the order register_asset_change runs them ---------------
 
-    def warn_not_found(self, manager: Any, asset: Any, task_instance: Any) -> None:
+    def warn_not_found(self, call: Registration, asset: Any) -> None:
         raise NotImplementedError
 
-    def event_kwargs(
-        self, *, asset_model: Any, extra: Any, partition_key: str | None, task_instance: Any, session: Any
-    ) -> dict[str, Any]:
+    def event_kwargs(self, call: Registration, asset_model: AssetModel, extra: Any) -> dict[str, Any]:
         """The ``AssetEvent`` constructor arguments."""
         raise NotImplementedError
 
     def notify_listeners(
-        self,
-        manager: Any,
-        *,
-        asset_model: Any,
-        asset_event: Any,
-        asset_alias_models: list[Any],
-        partition_key: str | None,
-        partition_date: Any,
-        callback_sink: Callbacks | None,
+        self, call: Registration, asset_model: AssetModel, event: AssetEvent, aliases: list[AssetAliasModel]
     ) -> None:
         raise NotImplementedError
 
-    def emit_updates_metric(self, task_instance: Any, *, session: Any) -> str | None:
+    def emit_updates_metric(self, call: Registration) -> str | None:
         """Count ``asset.updates``; return the producing DAG's team when the line tags it with one."""
         raise NotImplementedError
 
@@ -143,16 +166,9 @@ class ReleaseLine:
         return bool(conf.getboolean("core", "multi_team"))
 
     def team_filter_arguments(
-        self,
-        task_instance: Any,
-        *,
-        asset_model: Any,
-        team_name: str | None,
-        api_user_teams: set[str] | None,
-        api_allow_consumer_teams: list[str] | None,
-        api_allow_global_consumers: bool,
-        session: Any,
+        self, call: Registration, asset_model: AssetModel, team_name: str | None
     ) -> dict[str, Any]:
+        """The source and consumer-team arguments Airflow passes to ``_filter_dags_by_team``."""
         raise NotImplementedError(f"Airflow {self.name} has no multi-team filter")
 
     def conflict_policy(self) -> ConflictPolicy:
@@ -174,24 +190,16 @@ class ReleaseLine:
         """
         from airflow.models.asset import AssetDagRunQueue
 
-        return AssetDagRunQueue.__table__.schema or None
+        schema: str | None = AssetDagRunQueue.__table__.schema
+        return schema or None
 
     def queue_partitioned(
-        self,
-        manager: Any,
-        *,
-        asset_id: int,
-        partition_dags: list[Any],
-        event: Any,
-        partition_key: str | None,
-        partition_date: Any,
-        task_instance: Any,
-        session: Any,
+        self, call: Registration, asset_model: AssetModel, event: AssetEvent, dags: list[DagModel]
     ) -> None:
         raise NotImplementedError(f"Airflow {self.name} has no partitioned consumers")
 
 
-def _source_columns(task_instance: Any) -> dict[str, Any]:
+def _source_columns(task_instance: TaskInstance) -> dict[str, Any]:
     return {
         "source_task_id": task_instance.task_id,
         "source_dag_id": task_instance.dag_id,
@@ -219,39 +227,27 @@ class Airflow31(ReleaseLine):
     )
     partitions = False
 
-    def warn_not_found(self, manager: Any, asset: Any, task_instance: Any) -> None:
+    def warn_not_found(self, call: Registration, asset: Any) -> None:
         msg = f"AssetModel {asset} not found; cannot create asset event."
-        manager.logger().warning(msg)
-        if task_instance is not None and hasattr(task_instance, "log"):
-            task_instance.log.warning(msg)
+        call.manager.logger().warning(msg)
+        if call.task_instance is not None and hasattr(call.task_instance, "log"):
+            call.task_instance.log.warning(msg)
 
-    def event_kwargs(
-        self, *, asset_model: Any, extra: Any, partition_key: str | None, task_instance: Any, session: Any
-    ) -> dict[str, Any]:
+    def event_kwargs(self, call: Registration, asset_model: AssetModel, extra: Any) -> dict[str, Any]:
         # ``extra`` as given: the column's default ({}) applies to None.
         kwargs: dict[str, Any] = {"asset_id": asset_model.id, "extra": extra}
-        if task_instance:
-            kwargs.update(_source_columns(task_instance))
+        if call.task_instance:
+            kwargs.update(_source_columns(call.task_instance))
         return kwargs
 
     def notify_listeners(
-        self,
-        manager: Any,
-        *,
-        asset_model: Any,
-        asset_event: Any,
-        asset_alias_models: list[Any],
-        partition_key: str | None,
-        partition_date: Any,
-        callback_sink: Callbacks | None,
+        self, call: Registration, asset_model: AssetModel, event: AssetEvent, aliases: list[AssetAliasModel]
     ) -> None:
-        asset = asset_model.to_public()
-        if callback_sink is None:
-            manager.notify_asset_changed(asset=asset)
-        else:
-            callback_sink.append(partial(manager.notify_asset_changed, asset=asset))
+        # 3.1's name for the public asset (typed against a later line, where it is gone).
+        model: Any = asset_model
+        call.run_hook(call.manager.notify_asset_changed, asset=model.to_public())
 
-    def emit_updates_metric(self, task_instance: Any, *, session: Any) -> str | None:
+    def emit_updates_metric(self, call: Registration) -> str | None:
         # The name Airflow's manager module uses, so that patching it there patches it here.
         from airflow.assets import manager
 
@@ -275,82 +271,49 @@ class Airflow32(Airflow31):
     )
     partitions = True
 
-    def warn_not_found(self, manager: Any, asset: Any, task_instance: Any) -> None:
-        manager.logger().warning("AssetModel %s not found; cannot create asset event.", asset)
+    def warn_not_found(self, call: Registration, asset: Any) -> None:
+        call.manager.logger().warning("AssetModel %s not found; cannot create asset event.", asset)
 
-    def event_kwargs(
-        self, *, asset_model: Any, extra: Any, partition_key: str | None, task_instance: Any, session: Any
-    ) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {
-            "asset_id": asset_model.id,
-            "extra": extra or {},
-            "partition_key": partition_key,
-        }
-        if task_instance:
-            kwargs.update(_source_columns(task_instance))
+    def event_kwargs(self, call: Registration, asset_model: AssetModel, extra: Any) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"asset_id": asset_model.id, "extra": extra or {}}
+        kwargs["partition_key"] = call.partition_key
+        if call.task_instance:
+            kwargs.update(_source_columns(call.task_instance))
         return kwargs
 
-    def _listener_event(
-        self, asset: Any, asset_event: Any, asset_alias_models: list[Any], **partition: Any
-    ) -> Any:
-        from airflow.listeners.types import AssetEvent as ListenerAssetEvent
-
-        return ListenerAssetEvent(
-            asset=asset,
-            extra=asset_event.extra,
-            source_dag_id=asset_event.source_dag_id,
-            source_task_id=asset_event.source_task_id,
-            source_run_id=asset_event.source_run_id,
-            source_map_index=asset_event.source_map_index,
-            source_aliases=[aam.to_serialized() for aam in asset_alias_models],
-            **partition,
-        )
-
-    def _partition_fields(self, partition_key: str | None, partition_date: Any) -> dict[str, Any]:
+    def _partition_fields(self, call: Registration) -> dict[str, Any]:
         """The partition arguments of this line's listener event and ``_queue_partitioned_dags``."""
-        return {"partition_key": partition_key}
+        return {"partition_key": call.partition_key}
 
     def notify_listeners(
-        self,
-        manager: Any,
-        *,
-        asset_model: Any,
-        asset_event: Any,
-        asset_alias_models: list[Any],
-        partition_key: str | None,
-        partition_date: Any,
-        callback_sink: Callbacks | None,
+        self, call: Registration, asset_model: AssetModel, event: AssetEvent, aliases: list[AssetAliasModel]
     ) -> None:
+        from airflow.listeners.types import AssetEvent as ListenerAssetEvent
+
         asset = asset_model.to_serialized()
-        listener_event = self._listener_event(
-            asset, asset_event, asset_alias_models, **self._partition_fields(partition_key, partition_date)
+        listener_event = ListenerAssetEvent(
+            asset=asset,
+            extra=event.extra,
+            source_dag_id=event.source_dag_id,
+            source_task_id=event.source_task_id,
+            source_run_id=event.source_run_id,
+            source_map_index=event.source_map_index,
+            source_aliases=[alias.to_serialized() for alias in aliases],
+            **self._partition_fields(call),
         )
-        if callback_sink is None:
-            manager.notify_asset_changed(asset=asset)
-            manager.nofity_asset_event_emitted(asset_event=listener_event)
-        else:
-            callback_sink.append(partial(manager.notify_asset_changed, asset=asset))
-            callback_sink.append(partial(manager.nofity_asset_event_emitted, asset_event=listener_event))
+        call.run_hook(call.manager.notify_asset_changed, asset=asset)
+        call.run_hook(call.manager.nofity_asset_event_emitted, asset_event=listener_event)
 
     def queue_partitioned(
-        self,
-        manager: Any,
-        *,
-        asset_id: int,
-        partition_dags: list[Any],
-        event: Any,
-        partition_key: str | None,
-        partition_date: Any,
-        task_instance: Any,
-        session: Any,
+        self, call: Registration, asset_model: AssetModel, event: AssetEvent, dags: list[DagModel]
     ) -> None:
-        manager._queue_partitioned_dags(
-            asset_id=asset_id,
-            partition_dags=partition_dags,
+        call.manager._queue_partitioned_dags(
+            asset_id=asset_model.id,
+            partition_dags=dags,
             event=event,
-            **self._partition_fields(partition_key, partition_date),
-            task_instance=task_instance,
-            session=session,
+            **self._partition_fields(call),
+            task_instance=call.task_instance,
+            session=call.session,
         )
 
 
@@ -364,43 +327,34 @@ class Airflow33(Airflow32):
 
     team_filter = True
 
-    def _partition_fields(self, partition_key: str | None, partition_date: Any) -> dict[str, Any]:
-        return {"partition_key": partition_key, "partition_date": partition_date}
+    def _partition_fields(self, call: Registration) -> dict[str, Any]:
+        return {"partition_key": call.partition_key, "partition_date": call.partition_date}
 
-    def emit_updates_metric(self, task_instance: Any, *, session: Any) -> str | None:
+    def emit_updates_metric(self, call: Registration) -> str | None:
         from airflow.assets import manager
 
         # The names Airflow's manager module imports (patching them there patches them here).
         airflow_manager: Any = manager
         team_name = None
-        if task_instance and self.multi_team():
+        if call.task_instance and self.multi_team():
             from airflow.models.dag import DagModel
 
-            team_name = DagModel.get_team_name(task_instance.dag_id, session=session)
+            team_name = DagModel.get_team_name(call.task_instance.dag_id, session=call.session)
         airflow_manager.stats.incr("asset.updates", tags=airflow_manager.prune_dict({"team_name": team_name}))
         return team_name
 
     def team_filter_arguments(
-        self,
-        task_instance: Any,
-        *,
-        asset_model: Any,
-        team_name: str | None,
-        api_user_teams: set[str] | None,
-        api_allow_consumer_teams: list[str] | None,
-        api_allow_global_consumers: bool,
-        session: Any,
+        self, call: Registration, asset_model: AssetModel, team_name: str | None
     ) -> dict[str, Any]:
-        """The source and consumer-team arguments Airflow passes to ``_filter_dags_by_team``."""
         from sqlalchemy import select
 
-        if task_instance:
+        if call.task_instance:
             from airflow.models.asset import TaskOutletAssetReference
 
-            outlet_ref = session.scalar(
+            outlet_ref = call.session.scalar(
                 select(TaskOutletAssetReference).where(
-                    TaskOutletAssetReference.dag_id == task_instance.dag_id,
-                    TaskOutletAssetReference.task_id == task_instance.task_id,
+                    TaskOutletAssetReference.dag_id == call.task_instance.dag_id,
+                    TaskOutletAssetReference.task_id == call.task_instance.task_id,
                     TaskOutletAssetReference.asset_id == asset_model.id,
                 )
             )
@@ -410,9 +364,9 @@ class Airflow33(Airflow32):
                 "allow_global_consumers": outlet_ref.allow_global_consumers if outlet_ref else True,
             }
         return {
-            "source_teams": api_user_teams or set(),
-            "allow_consumer_teams": api_allow_consumer_teams,
-            "allow_global_consumers": api_allow_global_consumers,
+            "source_teams": call.api_user_teams or set(),
+            "allow_consumer_teams": call.api_allow_consumer_teams,
+            "allow_global_consumers": call.api_allow_global_consumers,
         }
 
 
@@ -425,22 +379,16 @@ class Airflow34(Airflow33):
     shape = shapes.EVENT_KEYED
     queue_order = "(dag_id, asset_event_id)"
 
-    def event_kwargs(
-        self, *, asset_model: Any, extra: Any, partition_key: str | None, task_instance: Any, session: Any
-    ) -> dict[str, Any]:
-        kwargs = super().event_kwargs(
-            asset_model=asset_model,
-            extra=extra,
-            partition_key=partition_key,
-            task_instance=None,
-            session=session,
-        )
+    def event_kwargs(self, call: Registration, asset_model: AssetModel, extra: Any) -> dict[str, Any]:
+        kwargs = super().event_kwargs(call, asset_model, extra)
+        task_instance: Any = call.task_instance  # 3.4's TaskInstance (typed against 3.3's)
         if task_instance:
             # Imported here, as Airflow does (TaskInstance imports the asset manager).
-            from airflow.models.task_coordinates import get_public_map_index
+            from airflow.models.task_coordinates import (  # type: ignore[import-not-found,unused-ignore]
+                get_public_map_index,
+            )
 
-            kwargs.update(_source_columns(task_instance))
-            kwargs["source_map_index"] = get_public_map_index(task_instance, session=session)
+            kwargs["source_map_index"] = get_public_map_index(task_instance, session=call.session)
             kwargs["source_task_instance_id"] = task_instance.id
         return kwargs
 

@@ -1,33 +1,25 @@
 """``AdrqAssetManager``: Airflow's ``AssetManager`` with the set-based, commit-time queue write.
 
-``register_asset_change`` follows the installed Airflow's (3.1 to 3.4), step
-by step and with the same arguments (:mod:`airflow_adrq.airflow.compat` has
-one adapter per release line for the steps that differ between lines), except
-for how the consumers of the event are found and queued:
+``register_asset_change`` follows the installed Airflow's (3.1 to 3.4) step by
+step, with the same arguments (the steps that differ between lines are
+:mod:`airflow_adrq.airflow.compat`'s adapters), except for the consumers:
 
-* Airflow loads every consumer ``DagModel`` through the ORM (direct
-  references with the asset lookup, alias references with the aliases, then a
-  name/URI query), unions them in a Python ``set`` and inserts one queue row
-  per DAG (3.4: per DAG and event), in set order, right away. At fan-out
-  1,024 the loading alone costs more than the whole write here, and up to
-  3.3 the set order deadlocks.
-* Here the event is recorded on the session, and just before COMMIT ONE
-  ``INSERT ... SELECT ... ORDER BY`` (the queue's key: ``asset_id, dag_id``;
-  3.4: ``dag_id, asset_event_id``) over Airflow's own
-  reference tables queues every event of the transaction
-  (:func:`airflow_adrq.queue.defer_events`, the library's statement), with the
-  events' ``timestamp`` and their rows' ``created_at`` stamped together. No
+* Airflow loads every consumer ``DagModel`` through the ORM, unions them in a
+  Python ``set`` and inserts one queue row per DAG (3.4: per DAG and event) in
+  set order, at once. At fan-out 1,024 the loading alone costs more than the
+  whole write here, and up to 3.3 the set order deadlocks.
+* Here the event is recorded on the session, and just before COMMIT one
+  ordered ``INSERT ... SELECT`` over Airflow's reference tables queues every
+  event of the transaction (:func:`airflow_adrq.queue.defer_events`). No
   consumer ``DagModel`` is loaded for it.
 
-What is kept as Airflow does it, in the same order: the asset lookup and its
-two warnings, ``_add_asset_alias_association``, the ``AssetEvent`` (flushed
-at once) and its ``asset_alias_asset_event`` rows, the listener hooks (inline,
-or into ``callback_sink``), the ``asset.updates`` metric, the multi-team
-filter (``_filter_dags_by_team``, 3.3+) and the partitioned path
-(``_queue_partitioned_dags``, 3.2+). Only the consumers those two need are loaded:
-the partitioned ones, or with ``[core] multi_team`` all of them (the filter is
-Python; its result restricts the statement to the allowed pairs, still one
-statement in one order).
+Kept as Airflow does it, in its order: the asset lookup and its warnings,
+``_add_asset_alias_association``, the flushed ``AssetEvent`` and its alias
+rows, the listener hooks (inline or into ``callback_sink``), the
+``asset.updates`` metric, the multi-team filter (3.3+) and the partitioned
+path (3.2+). Only the consumers those two need are loaded: the partitioned
+ones, or with ``[core] multi_team`` all of them (the filter's result
+restricts the statement to the allowed pairs: still one statement, one order).
 """
 
 from __future__ import annotations
@@ -47,6 +39,9 @@ from airflow_adrq.dialects import ConflictPolicy, check_policy
 if TYPE_CHECKING:
     import datetime as dt
 
+    from airflow.models.dag import DagModel
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.serialization.definitions.assets import SerializedAsset, SerializedAssetUniqueKey
     from sqlalchemy.orm import Session
 
 __all__ = ["AdrqAssetManager", "flush_queue"]
@@ -72,20 +67,17 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
 
     Set ``[core] asset_manager_class = airflow_adrq.airflow.AdrqAssetManager``.
 
-    Locks: while registering, what Airflow's own code locks (new event and
-    alias rows; the partitioned path's ``asset`` row lock). Just before the
-    outermost COMMIT of the session: the transaction's ``asset_event`` rows
-    (its own), then the ``asset_dag_run_queue`` rows of every event in the
-    transaction, inserted in the queue's key order by one statement
-    (``(asset_id, target_dag_id)``; Airflow 3.4: ``(target_dag_id,
-    asset_event_id)``), with FK share locks on ``asset`` and ``dag`` (see
-    :func:`airflow_adrq.queue.queue_events`).
+    Locks: while registering, what Airflow's code locks (the new event and
+    alias rows; the partitioned path's ``asset`` row). Just before the
+    session's outermost COMMIT: the transaction's ``asset_event`` rows, then
+    the queue rows of all its events, by one statement in the queue's key
+    order (``(asset_id, target_dag_id)``; 3.4: ``(target_dag_id,
+    asset_event_id)``), as :func:`airflow_adrq.queue.queue_events`.
 
-    Does not promise: that queue rows are visible before COMMIT inside the
-    producing transaction (call :func:`flush_queue` if you need that); that a
-    caller who commits some other way than ``Session.commit()`` gets its rows.
-    A failing queue write fails the COMMIT (and so the whole transaction)
-    instead of the registration call.
+    Does not promise: queue rows visible before COMMIT in the producing
+    transaction (:func:`flush_queue`), or written at all when the caller
+    commits other than by ``Session.commit()``. A failing queue write fails
+    the COMMIT, and so the whole transaction, not the registration call.
     """
 
     #: ``[core] asset_manager_kwargs = {"on_conflict": ...}``: what to do with an
@@ -120,8 +112,8 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
     def register_asset_change(
         cls,
         *,
-        task_instance: Any = None,
-        asset: Any,
+        task_instance: TaskInstance | None = None,
+        asset: SerializedAsset | AssetModel | SerializedAssetUniqueKey,
         extra: Any = None,
         source_alias_names: Collection[str] = (),
         session: Session,
@@ -133,11 +125,22 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         api_allow_global_consumers: bool = True,
         callback_sink: list[Callable[[], None]] | None = None,
         **kwargs: Any,
-    ) -> Any:
+    ) -> AssetEvent | None:
         """The installed Airflow line's ``register_asset_change``, queueing at COMMIT with one statement."""
         line = compat.current()
         # The metadata database's schema, checked before anything is written.
         shape = compat.queue_shape(session)
+        call = compat.Registration(
+            manager=cls,
+            session=session,
+            task_instance=task_instance,
+            partition_key=partition_key,
+            partition_date=partition_date,
+            callback_sink=callback_sink,
+            api_user_teams=api_user_teams,
+            api_allow_consumer_teams=api_allow_consumer_teams,
+            api_allow_global_consumers=api_allow_global_consumers,
+        )
 
         # Airflow's lookup without ``scheduled_dags -> dag``: no consumer is loaded.
         asset_model = session.scalar(
@@ -146,7 +149,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
             .options(joinedload(AssetModel.active), joinedload(AssetModel.aliases))
         )
         if not asset_model:
-            line.warn_not_found(cls, asset, task_instance)
+            line.warn_not_found(call, asset)
             return None
         if not asset_model.active:
             cls.logger().warning("Emitting event for inactive AssetModel %s", asset)
@@ -155,59 +158,34 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
             alias_names=source_alias_names, asset_model=asset_model, session=session
         )
 
-        asset_event = AssetEvent(
-            **line.event_kwargs(
-                asset_model=asset_model,
-                extra=extra,
-                partition_key=partition_key,
-                task_instance=task_instance,
-                session=session,
-            )
-        )
+        asset_event = AssetEvent(**line.event_kwargs(call, asset_model, extra))
         session.add(asset_event)
         session.flush()  # the event id, for the alias rows and the queue statement
 
-        asset_alias_models: list[Any] = []
+        aliases: list[AssetAliasModel] = []
         if source_alias_names:
-            asset_alias_models = list(
+            aliases = list(
                 session.scalars(select(AssetAliasModel).where(AssetAliasModel.name.in_(source_alias_names)))
             )
-            for asset_alias_model in asset_alias_models:
+            for alias in aliases:
                 session.execute(
                     insert(asset_alias_asset_event_association_table).values(
-                        alias_id=asset_alias_model.id, event_id=asset_event.id
+                        alias_id=alias.id, event_id=asset_event.id
                     )
                 )
 
-        line.notify_listeners(
-            cls,
-            asset_model=asset_model,
-            asset_event=asset_event,
-            asset_alias_models=asset_alias_models,
-            partition_key=partition_key,
-            partition_date=partition_date,
-            callback_sink=callback_sink,
-        )
-        team_name = line.emit_updates_metric(task_instance, session=session)
+        line.notify_listeners(call, asset_model, asset_event, aliases)
+        team_name = line.emit_updates_metric(call)
 
         allowed: set[str] | None = None
-        partition_dags: list[Any] = []
+        partition_dags: list[DagModel] = []
         if line.multi_team():
-            consumers = cls._consumer_dags(asset_event.id, session=session)
             consumers = cls._filter_dags_by_team(
-                dags_to_queue=consumers,
+                dags_to_queue=cls._consumer_dags(asset_event.id, session=session),
                 asset_model=asset_model,
                 source_is_api=source_is_api,
                 session=session,
-                **line.team_filter_arguments(
-                    task_instance,
-                    asset_model=asset_model,
-                    team_name=team_name,
-                    api_user_teams=api_user_teams,
-                    api_allow_consumer_teams=api_allow_consumer_teams,
-                    api_allow_global_consumers=api_allow_global_consumers,
-                    session=session,
-                ),
+                **line.team_filter_arguments(call, asset_model, team_name),
             )
             partition_dags = [dag for dag in consumers if dag.timetable_partitioned is True]
             allowed = {dag.dag_id for dag in consumers} - {dag.dag_id for dag in partition_dags}
@@ -215,16 +193,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
             partition_dags = list(cls._consumer_dags(asset_event.id, session=session, partitioned=True))
 
         if partition_dags:
-            line.queue_partitioned(
-                cls,
-                asset_id=asset_model.id,
-                partition_dags=partition_dags,
-                event=asset_event,
-                partition_key=partition_key,
-                partition_date=partition_date,
-                task_instance=task_instance,
-                session=session,
-            )
+            line.queue_partitioned(call, asset_model, asset_event, partition_dags)
         # As Airflow: an event with a partition key queues no non-partitioned
         # DAG (a line without partitions has no such key: Airflow ignores it).
         if (partition_key is None or not line.partitions) and (allowed is None or allowed):
@@ -232,9 +201,8 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
                 session,
                 [asset_event],
                 allowed_dags=None if allowed is None else {asset_event.id: allowed},
-                # The row keeps the newest stamp of the events it stands for,
-                # so a burst's later producers are consumed by its run, where
-                # the scheduler locks the rows it consumes (not MariaDB).
+                # The row keeps the newest stamp of the events it stands for
+                # where the scheduler locks the rows it consumes (README, Timing).
                 on_conflict=cls.on_conflict or line.conflict_policy(),
                 shape=shape,
                 schema=line.metadata_schema(),
@@ -250,7 +218,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         return asset_event
 
     @classmethod
-    def _consumer_dags(cls, event_id: int, *, session: Session, partitioned: bool = False) -> set[Any]:
+    def _consumer_dags(cls, event_id: int, *, session: Session, partitioned: bool = False) -> set[DagModel]:
         """Unpaused consumer ``DagModel``s of one event (only the partitioned ones if asked).
 
         One cached Core SELECT of their ids (usually none are partitioned),
@@ -288,10 +256,9 @@ def _consumer_ids(partitioned: bool) -> Any:
 
 
 def flush_queue(session: Session) -> int:
-    """Write the queue rows of the events registered on ``session`` now, instead of at COMMIT.
+    """Write the queue rows of the events registered on ``session`` now, not at COMMIT; return their count.
 
-    Same statement and locks as the automatic write; returns the number of
-    events written. Only needed if code in the producing transaction must read
-    ``asset_dag_run_queue`` after registering events.
+    Same statement and locks as the write at COMMIT; for code that reads
+    ``asset_dag_run_queue`` in the producing transaction.
     """
     return queue.flush_queue(session)
