@@ -7,9 +7,10 @@ transaction registers all 10,000 events (``register_asset_changes``) and
 commits: 10,000 events, 10,000 new alias links and alias-event rows, and
 20,000 queue rows, exactly. A second test does the same with 1,000 separate
 ``register_asset_change`` calls in one transaction (a thousand deferrals
-merged at COMMIT). (Issue 8: before the rewrite SQLite refused such a commit
-with "too many terms in compound SELECT" from about 500 aliased assets, one
-UNION branch each.)
+merged at COMMIT). Why it is here: a statement with one UNION branch per
+aliased asset made SQLite refuse such a commit ("too many terms in compound
+SELECT") from about 500 assets; the event-driven statement has four branches
+whatever the size.
 
 The graph is inserted set-based (Core executemany), so the setup takes a
 second or two; the phases' durations are printed (``pytest -s``).
