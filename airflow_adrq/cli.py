@@ -1,17 +1,9 @@
-"""The ``airflow-adrq`` command line.
+"""The ``airflow-adrq`` command line: ``db upgrade|downgrade|current|check``, ``doctor``, and more.
 
-::
-
-    airflow-adrq db upgrade   [--url URL] [REVISION]         # default: head
-    airflow-adrq db downgrade [--url URL] REVISION           # "base" drops every table
-    airflow-adrq db current   [--url URL]
-    airflow-adrq db check     [--url URL]                    # exit 1 if not at head or drifted
-    airflow-adrq bench ...                                   # see airflow_adrq_bench.cli
-    airflow-adrq doctor [--url URL] [--schema S] [--json]    # read-only: should Airflow enable the plug-in?
-
-``--url`` defaults to ``$AIRFLOW_ADRQ_DATABASE_URL`` (keeps passwords out of
-``ps``). The ``db`` commands refuse an Airflow metadata database
-(:mod:`airflow_adrq.migrate`). A subcommand here is an
+``db`` manages a database of airflow-adrq's own and refuses Airflow's
+(:mod:`airflow_adrq.migrate`); its ``--url`` defaults to
+``$AIRFLOW_ADRQ_DATABASE_URL`` (keeps passwords out of ``ps``). ``doctor``:
+:mod:`airflow_adrq.doctor`. A subcommand here is an
 ``add_<name>_parser(subparsers)`` that sets ``func``, a handler returning
 the exit status. Other distributions add commands through the entry-point
 group :data:`COMMANDS_GROUP` (``name = "module:main"``, ``main(argv) -> int``

@@ -52,8 +52,7 @@ __all__ = [
     "upgrade",
 ]
 
-#: Alembic's version table for airflow-adrq. Not ``alembic_version``: that
-#: name is Airflow's, and sharing it would mix two revision histories.
+#: Alembic's version table for airflow-adrq; ``alembic_version`` would mix in Airflow's history.
 VERSION_TABLE = "airflow_adrq_version"
 
 #: Tables whose presence means "this is an Airflow metadata database":

@@ -319,10 +319,7 @@ class DagScheduleAssetReference(Base):
 
 
 class AssetDagRunQueue(Base):
-    """``asset_dag_run_queue`` (ADRQ): one row per (asset, consumer DAG) awaiting a run.
-
-    Airflow 3.0-3.3 shape: primary key ``(asset_id, target_dag_id)``.
-    """
+    """``asset_dag_run_queue``: one row per (asset, consumer DAG) awaiting a run (3.0-3.3 key)."""
 
     __tablename__ = "asset_dag_run_queue"
 
