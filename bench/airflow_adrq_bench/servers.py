@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import importlib.util
 import os
 import pwd
 import re
@@ -47,7 +48,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
@@ -381,14 +382,7 @@ def _run_throwaway(
     url: Callable[[int], str],
     binary: Path,
 ) -> Iterator[ServerInfo]:
-    try:
-        from mirakuru import TCPExecutor
-        from mirakuru.exceptions import ExecutorError
-    except ImportError as exc:
-        raise ServerNotFoundError(
-            "starting a throwaway server needs mirakuru (pip install 'airflow-adrq[test]')"
-        ) from exc
-
+    _require_mirakuru("a throwaway server")
     as_user = _unprivileged_account(account)
     tmp = Path(tempfile.mkdtemp(prefix=f"adrq-{backend}-"))
     try:
@@ -409,37 +403,72 @@ def _run_throwaway(
                     f"initialising a throwaway {backend} data directory failed:\n{_tail(log_path)}"
                 )
             port = _free_port()
-            executor = TCPExecutor(
+            with _listening(
                 command(data, tmp, port),
-                host="127.0.0.1",
-                port=port,
-                timeout=START_TIMEOUT,
+                port,
                 stop_signal=stop_signal,
-                # Never a pipe: nobody reads it, and a full pipe blocks the server.
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                popen_kwargs=_popen_user(as_user),
-            )
-            try:
-                executor.start()
-            except ExecutorError as exc:
-                with contextlib.suppress(ExecutorError, OSError):
-                    executor.stop()
-                raise ServerNotFoundError(
-                    f"the throwaway {backend} server did not start:\n{_tail(log_path)}"
-                ) from exc
-            try:
+                output=log,
+                as_user=as_user,
+                what=f"the throwaway {backend} server",
+                log_path=log_path,
+            ):
                 server_url = url(port)
                 version = server_version(server_url)
                 who = f" as user {as_user.pw_name}" if as_user is not None else ""
                 yield ServerInfo(
                     backend, server_url, version, f"throwaway server from {binary}{who}, 127.0.0.1:{port}"
                 )
-            finally:
-                executor.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _require_mirakuru(what: str) -> None:
+    """Refuse before any directory is made or binary run: mirakuru drives every server started here."""
+    if importlib.util.find_spec("mirakuru") is None:
+        raise ServerNotFoundError(f"starting {what} needs mirakuru (pip install 'airflow-adrq[test]')")
+
+
+@contextlib.contextmanager
+def _listening(
+    command: list[str],
+    port: int,
+    *,
+    stop_signal: int,
+    output: IO[str] | int,
+    as_user: pwd.struct_passwd | None,
+    what: str,
+    log_path: Path,
+) -> Iterator[None]:
+    """Run ``command`` until it accepts connections on 127.0.0.1:``port``; stop it on leaving.
+
+    Raises :class:`ServerNotFoundError` with the tail of ``log_path`` when it
+    does not start within :data:`START_TIMEOUT`.
+    """
+    from mirakuru import TCPExecutor
+    from mirakuru.exceptions import ExecutorError
+
+    executor = TCPExecutor(
+        command,
+        host="127.0.0.1",
+        port=port,
+        timeout=START_TIMEOUT,
+        stop_signal=stop_signal,
+        # Never a pipe: nobody reads it, and a full pipe blocks the server.
+        stdin=subprocess.DEVNULL,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        popen_kwargs=_popen_user(as_user),
+    )
+    try:
+        executor.start()
+    except ExecutorError as exc:
+        with contextlib.suppress(ExecutorError, OSError):
+            executor.stop()
+        raise ServerNotFoundError(f"{what} did not start:\n{_tail(log_path)}") from exc
+    try:
+        yield
+    finally:
+        executor.stop()
 
 
 def _unprivileged_account(preferred: str) -> pwd.struct_passwd | None:
@@ -525,13 +554,7 @@ def pgbouncer(
             f"no pgbouncer binary: install the Debian package 'pgbouncer' (it need not be running), "
             f"or set {ENV_PGBOUNCER}"
         )
-    try:
-        from mirakuru import TCPExecutor
-        from mirakuru.exceptions import ExecutorError
-    except ImportError as exc:
-        raise ServerNotFoundError(
-            "starting PgBouncer needs mirakuru (pip install 'airflow-adrq[test]')"
-        ) from exc
+    _require_mirakuru("PgBouncer")
     as_user = _unprivileged_account("postgres")
     tmp = Path(tempfile.mkdtemp(prefix="adrq-pgbouncer-"))
     try:
@@ -564,27 +587,17 @@ def pgbouncer(
         if as_user is not None:
             for path in (tmp, *tmp.iterdir()):
                 os.chown(path, as_user.pw_uid, as_user.pw_gid)
-        executor = TCPExecutor(
+        with _listening(
             [binary, str(tmp / "pgbouncer.ini")],
-            host="127.0.0.1",
-            port=port,
-            timeout=START_TIMEOUT,
+            port,
             stop_signal=signal.SIGINT,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            popen_kwargs=_popen_user(as_user),
-        )
-        try:
-            executor.start()
-        except ExecutorError as exc:
-            with contextlib.suppress(ExecutorError, OSError):
-                executor.stop()
-            raise ServerNotFoundError(f"PgBouncer did not start:\n{_tail(tmp / 'pgbouncer.log')}") from exc
-        try:
+            # PgBouncer writes its own log file (logfile above).
+            output=subprocess.DEVNULL,
+            as_user=as_user,
+            what="PgBouncer",
+            log_path=tmp / "pgbouncer.log",
+        ):
             yield upstream.set(host="127.0.0.1", port=port).render_as_string(hide_password=False)
-        finally:
-            executor.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
