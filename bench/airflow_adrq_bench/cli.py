@@ -16,20 +16,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import datetime as dt
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from airflow_adrq.cli import one_line
 from airflow_adrq.errors import AdrqError
-from airflow_adrq_bench import modes, report, runner, servers
+from airflow_adrq_bench import modes, options, report, runner, servers
 from airflow_adrq_bench.config import (
     DEFAULT,
     DEFAULT_STRATEGY,
@@ -108,7 +106,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
             "(started, not committed: why is printed) or not started (the round timeout had passed)."
         ),
     )
-    parser.add_argument("--db", action="append", metavar="URL", help=DB_HELP)
+    options.add_server_options(parser, db_help=DB_HELP)
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -149,23 +147,20 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     parser.add_argument("--strategy", action="append", choices=STRATEGIES, help=STRATEGY_HELP)
     parser.add_argument("--scenario", action="append", choices=SCENARIOS, help=SCENARIO_HELP)
     sizes = parser.add_argument_group("sizes (defaults: a few minutes per database on 2 cores)")
-    kinds: dict[str, Callable[[str], Any]] = {
-        "int": int,
-        "float": float,
-        "tuple[int, ...]": _int_list,
-        "tuple[float, ...]": _float_list,
-    }
-    for field in dataclasses.fields(Sizes):
-        default, quick = getattr(DEFAULT, field.name), getattr(QUICK, field.name)
-        sizes.add_argument(
-            f"--{field.name.replace('_', '-')}",
-            type=kinds[str(field.type)],
-            default=None,
-            dest=field.name,
-            metavar=_metavar(field.name, str(field.type)),
-            help=f"{SIZE_HELP[field.name]} (default {_show(default)}; --quick {_show(quick)})",
-        )
+    options.add_size_options(
+        sizes,
+        Sizes,
+        lambda name: (
+            f"{SIZE_HELP[name]} (default {options.show(getattr(DEFAULT, name))}; "
+            f"--quick {options.show(getattr(QUICK, name))})"
+        ),
+        metavar=_metavar,
+    )
     parser.set_defaults(func=_bench)
+
+
+#: tests/unit/test_bench_output.py checks the help texts with it.
+_show = options.show
 
 
 def _metavar(name: str, kind: str) -> str:
@@ -174,46 +169,13 @@ def _metavar(name: str, kind: str) -> str:
     return "S" if name.endswith("_s") else "MS" if name.endswith("_ms") else "N"
 
 
-def _show(value: object) -> str:
-    if isinstance(value, tuple):
-        return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, not {text!r}") from None
-
-
-def _float_list(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, not {text!r}") from None
-
-
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(Sizes)
-        if getattr(args, f.name, None) is not None
-    }
-
-
-def _sizes(args: argparse.Namespace) -> Sizes:
-    base = QUICK if args.quick else DEFAULT
-    return dataclasses.replace(base, **_overrides(args))
-
-
 def _bench(args: argparse.Namespace) -> int:
     missing = [name for name in ("pytest", "xdist", "matplotlib") if importlib.util.find_spec(name) is None]
     if missing:
         raise runner.BenchError(
             f"airflow-adrq bench needs {', '.join(missing)}: from the checkout, pip install '.[bench]'"
         )
-    sizes = _sizes(args)
+    sizes = options.sizes_from(args, QUICK if args.quick else DEFAULT)
     out = args.out or Path("bench-results") / f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
     say = _Progress()
     for url in args.db or ():
@@ -232,7 +194,9 @@ def _bench(args: argparse.Namespace) -> int:
                 say.line(f"{info.version}: {info.how_found}")
                 targets.append(runner.describe(info.url))
         deadlock_s = max(runner.deadlock_timeout_s(t.url) for t in targets)
-        sizes, notes = clear_of_deadlock_timeout(sizes, deadlock_s, keep=frozenset(_overrides(args)))
+        sizes, notes = clear_of_deadlock_timeout(
+            sizes, deadlock_s, keep=frozenset(options.given_sizes(args, Sizes))
+        )
         say.line(
             f"benchmarking {', '.join(t.version for t in targets)} on {os.cpu_count()} CPUs; "
             f"{sizes.producers} producers x {sizes.transactions} transactions per round, "

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import datetime as dt
 import json
 import sys
@@ -21,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow_adrq_bench import dataset, servers
+from airflow_adrq_bench import dataset, options, servers
 from airflow_adrq_bench.faults import FaultSizes, run_faults
 from airflow_adrq_bench.soak import SoakSizes, run_soak
 
@@ -89,36 +88,28 @@ def _parser(mode: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"airflow-adrq bench --{mode}", description=f"{spec['about']}. PostgreSQL and MySQL/MariaDB."
     )
-    parser.add_argument(
-        "--db",
-        action="append",
-        metavar="URL",
-        help="a server to run on (repeatable); a scratch database is created there and dropped "
+    options.add_server_options(
+        parser,
+        db_help="a server to run on (repeatable); a scratch database is created there and dropped "
         "(default: every PostgreSQL and MySQL/MariaDB server found, see airflow_adrq_bench.servers)",
     )
     parser.add_argument("--quick", action="store_true", help="small sizes: seconds per database")
     parser.add_argument(
         "--out", type=Path, default=None, help="output directory (default: ./bench-results/<mode>-<UTC time>)"
     )
-    group = parser.add_argument_group("sizes")
-    for field in dataclasses.fields(spec["sizes"]):
-        group.add_argument(
-            f"--{field.name.replace('_', '-')}",
-            type=type(field.default),
-            default=None,
-            help=f"default {field.default} (--quick: {getattr(spec['quick'], field.name)})",
-        )
+    defaults = spec["sizes"]()
+    options.add_size_options(
+        parser.add_argument_group("sizes"),
+        spec["sizes"],
+        lambda name: f"default {getattr(defaults, name)} (--quick: {getattr(spec['quick'], name)})",
+    )
     return parser
 
 
 def _run(mode: str, argv: list[str]) -> int:
     spec = _SPECS[mode]
     args = _parser(mode).parse_args(argv)
-    base = spec["quick"] if args.quick else spec["sizes"]()
-    overrides = {
-        f.name: getattr(args, f.name) for f in dataclasses.fields(base) if getattr(args, f.name) is not None
-    }
-    sizes = dataclasses.replace(base, **overrides)
+    sizes = options.sizes_from(args, spec["quick"] if args.quick else spec["sizes"]())
     out: Path = (
         args.out or Path("bench-results") / f"{mode}-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
     )

@@ -26,18 +26,16 @@ Modules: :mod:`.config` (sizes, names, targets), :mod:`.sorted_loop` (the
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import importlib.util
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from airflow_adrq.errors import AdrqError
-from airflow_adrq_bench import servers
+from airflow_adrq_bench import options, servers
 from airflow_adrq_bench.airflow_mode import report, run
 from airflow_adrq_bench.airflow_mode.config import DEFAULT, MANAGERS, QUICK, SCENARIOS, Sizes
 
@@ -65,18 +63,12 @@ def build_parser(prog: str = "airflow-adrq bench --airflow") -> argparse.Argumen
         help="instead: asset events no run consumes, stock vs plug-in, with Airflow's own scheduler method "
         "as the consumer (its own options: --accounting --help; see .accounting)",
     )
-    parser.add_argument(
-        "--db",
-        action="append",
-        metavar="URL",
-        help="benchmark this server (repeatable): a scratch database is created on it and dropped; "
+    options.add_server_options(
+        parser,
+        db_help="benchmark this server (repeatable): a scratch database is created on it and dropped; "
         "refused if the URL's own database has Airflow tables",
-    )
-    parser.add_argument(
-        "--backend",
-        action="append",
-        choices=_BACKENDS,
-        help="without --db: only these (repeatable; default: all found)",
+        backends=_BACKENDS,
+        backend_help="without --db: only these (repeatable; default: all found)",
     )
     parser.add_argument("--quick", action="store_true", help="small sizes: about a minute per database")
     parser.add_argument(
@@ -94,34 +86,21 @@ def build_parser(prog: str = "airflow-adrq bench --airflow") -> argparse.Argumen
         "default: the server's setting)",
     )
     sizes = parser.add_argument_group("sizes (defaults: a few minutes per database on 2 cores)")
-    kinds: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "tuple[int, ...]": _int_list}
-    for field in dataclasses.fields(Sizes):
-        sizes.add_argument(
-            f"--{field.name.replace('_', '-')}",
-            type=kinds[str(field.type)],
-            default=None,
-            dest=field.name,
-            help=f"default {getattr(DEFAULT, field.name)!r}, --quick {getattr(QUICK, field.name)!r}",
-        )
+    options.add_size_options(
+        sizes,
+        Sizes,
+        lambda name: f"default {getattr(DEFAULT, name)!r}, --quick {getattr(QUICK, name)!r}",
+        kinds={"tuple[int, ...]": _fanouts},
+    )
     return parser
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, not {text!r}") from None
+def _fanouts(text: str) -> tuple[int, ...]:
+    # Sizes checks no values: a fan-out of 0 would seed an asset without consumers.
+    values = options.int_list(text)
     if any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"fan-outs must be at least 1, not {text!r}")
     return values
-
-
-def _sizes(args: argparse.Namespace) -> Sizes:
-    base = QUICK if args.quick else DEFAULT
-    overrides = {
-        f.name: getattr(args, f.name) for f in dataclasses.fields(Sizes) if getattr(args, f.name) is not None
-    }
-    return dataclasses.replace(base, **overrides)
 
 
 def _say(message: str) -> None:
@@ -147,8 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return live.main(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.db and args.backend:
-        parser.error("--backend selects among the servers found without --db; give one or the other")
+    options.check_server_options(parser, args)
     missing = _missing_requirements()
     if missing:
         _say(
@@ -167,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    sizes = _sizes(args)
+    sizes = options.sizes_from(args, QUICK if args.quick else DEFAULT)
     stamp = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
     out: Path = args.out or Path("bench-results") / f"airflow-{stamp}"
     managers = [m for m in MANAGERS if not args.manager or m in args.manager]

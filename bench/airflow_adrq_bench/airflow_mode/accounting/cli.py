@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import datetime as dt
 import importlib.util
 import json
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from airflow_adrq.errors import AdrqError
+from airflow_adrq_bench import options
 from airflow_adrq_bench.airflow_mode import run as run_module
 from airflow_adrq_bench.airflow_mode.accounting.config import (
     _BACKENDS,
@@ -43,14 +42,10 @@ def build_parser(prog: str = "airflow-adrq bench --airflow --accounting") -> arg
     )
     parser.add_argument("--airflow", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--accounting", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--db",
-        action="append",
-        metavar="URL",
-        help="measure on this server (repeatable): a scratch database is created there and dropped",
-    )
-    parser.add_argument(
-        "--backend", action="append", choices=_BACKENDS, help="without --db: only these (repeatable)"
+    options.add_server_options(
+        parser,
+        db_help="measure on this server (repeatable): a scratch database is created there and dropped",
+        backends=_BACKENDS,
     )
     parser.add_argument("--quick", action="store_true", help="smaller cells")
     parser.add_argument(
@@ -59,35 +54,15 @@ def build_parser(prog: str = "airflow-adrq bench --airflow --accounting") -> arg
         default=None,
         help="output directory (default: bench-results/airflow-accounting-<UTC time>)",
     )
-    group = parser.add_argument_group("sizes")
-    for field in dataclasses.fields(AccountingSizes):
-        kind: Callable[[str], Any] = _float_list if field.name == "holds_ms" else _number(str(field.type))
-        group.add_argument(
-            f"--{field.name.replace('_', '-')}",
-            type=kind,
-            default=None,
-            dest=field.name,
-            help=f"{_SIZE_HELP[field.name]} (default {_show(getattr(DEFAULT, field.name))}, "
-            f"--quick {_show(getattr(QUICK, field.name))})",
-        )
+    options.add_size_options(
+        parser.add_argument_group("sizes"),
+        AccountingSizes,
+        lambda name: (
+            f"{_SIZE_HELP[name]} (default {options.show(getattr(DEFAULT, name))}, "
+            f"--quick {options.show(getattr(QUICK, name))})"
+        ),
+    )
     return parser
-
-
-def _number(kind: str) -> Callable[[str], Any]:
-    return int if kind == "int" else float
-
-
-def _show(value: object) -> str:
-    if isinstance(value, tuple):
-        return ",".join(f"{v:g}" for v in value)
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _float_list(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, not {text!r}") from None
 
 
 def _say(message: str) -> None:
@@ -99,22 +74,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the accounting mode; returns the exit status (1: a check failed or the plug-in lost more)."""
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
-    if args.db and args.backend:
-        parser.error("--backend selects among the servers found without --db; give one or the other")
+    options.check_server_options(parser, args)
     if importlib.util.find_spec("airflow") is None:
         _say(
             "airflow-adrq bench --airflow --accounting: error: needs apache-airflow-core 3.3 in this "
             "environment (from a checkout: tox -e airflow-bench)"
         )
         return 1
-    base = QUICK if args.quick else DEFAULT
-    overrides = {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(AccountingSizes)
-        if getattr(args, f.name) is not None
-    }
     try:
-        sizes = dataclasses.replace(base, **overrides)
+        sizes = options.sizes_from(args, QUICK if args.quick else DEFAULT)
     except ValueError as exc:
         parser.error(str(exc))
     stamp = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}"

@@ -46,7 +46,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from airflow_adrq.errors import AdrqError
-from airflow_adrq_bench import servers
+from airflow_adrq_bench import options, servers
 from airflow_adrq_bench.airflow_mode import rawinfo
 from airflow_adrq_bench.airflow_mode import run as run_module
 from airflow_adrq_bench.airflow_mode.live import report
@@ -104,18 +104,12 @@ def build_parser(prog: str = _PROG) -> argparse.ArgumentParser:
     )
     parser.add_argument("--airflow", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--live", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--db",
-        action="append",
-        metavar="URL",
-        help="use this server (repeatable): scratch databases are created on it and dropped; refused if "
+    options.add_server_options(
+        parser,
+        db_help="use this server (repeatable): scratch databases are created on it and dropped; refused if "
         "the URL's own database has Airflow tables",
-    )
-    parser.add_argument(
-        "--backend",
-        action="append",
-        choices=servers.BACKENDS,
-        help="without --db: only these (repeatable; default: every server found)",
+        backends=servers.BACKENDS,
+        backend_help="without --db: only these (repeatable; default: every server found)",
     )
     parser.add_argument("--manager", action="append", choices=MANAGERS, help="only these (repeatable)")
     parser.add_argument("--runs", type=int, default=1, help="repeat the side-by-side K times (default 1)")
@@ -153,32 +147,17 @@ def build_parser(prog: str = _PROG) -> argparse.ArgumentParser:
         action="store_true",
         help="also fail unless stock had failed producer tasks or stranded pairs somewhere (for CI)",
     )
-    sizes = parser.add_argument_group("sizes")
-    for f in dataclasses.fields(LiveSizes):
-        kind = int if str(f.type) == "int" else float
-        sizes.add_argument(
-            f"--{f.name.replace('_', '-')}",
-            type=kind,
-            default=None,
-            dest=f.name,
-            help=f"{_SIZE_HELP[f.name]} (default {getattr(DEFAULT, f.name)!r})",
-        )
+    options.add_size_options(
+        parser.add_argument_group("sizes"),
+        LiveSizes,
+        lambda name: f"{_SIZE_HELP[name]} (default {getattr(DEFAULT, name)!r})",
+    )
     return parser
 
 
 def _say(message: str) -> None:
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
-
-
-def _sizes(args: argparse.Namespace) -> LiveSizes:
-    base = SMALL if args.small else DEFAULT
-    overrides = {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(LiveSizes)
-        if getattr(args, f.name) is not None
-    }
-    return dataclasses.replace(base, **overrides)
 
 
 def _missing_requirements() -> list[str]:
@@ -289,12 +268,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the live mode; returns the exit status (see the parser's epilog)."""
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.db and args.backend:
-        parser.error("--backend selects among the servers found without --db; give one or the other")
+    options.check_server_options(parser, args)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     try:
-        sizes = _sizes(args)
+        sizes = options.sizes_from(args, SMALL if args.small else DEFAULT)
     except ValueError as exc:
         parser.error(str(exc))
     if args.plugin_kwargs is not None:
