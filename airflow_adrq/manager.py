@@ -22,7 +22,7 @@ import datetime as dt
 import functools
 import json
 import logging
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, cast
 
@@ -35,7 +35,7 @@ from airflow_adrq.dialects import ConflictPolicy, check_policy
 from airflow_adrq.listeners import AssetEventInfo
 from airflow_adrq.models import AssetActive, AssetEvent, AssetModel, utcnow
 from airflow_adrq.queue import defer_events, queue_events
-from airflow_adrq.retry import run_callbacks
+from airflow_adrq.retry import Callback, run_callbacks
 from airflow_adrq.txscope import TransactionScoped
 
 __all__ = [
@@ -50,7 +50,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 QueueMode = Literal["commit", "immediate"]
-Callback = Callable[[], object]
 
 
 class AssetLike(Protocol):
@@ -115,12 +114,10 @@ class AssetChange:
         object.__setattr__(self, "_alias_names", tuple(dict.fromkeys(names)))
 
 
-def _run_callbacks(_session: Session, callbacks: list[Callback]) -> None:
-    run_callbacks(callbacks)
-
-
 # Listener callbacks of sessions without a callback_sink: run after COMMIT.
-_AFTER_COMMIT: TransactionScoped[Callback] = TransactionScoped("after_commit", after_commit=_run_callbacks)
+_AFTER_COMMIT: TransactionScoped[Callback] = TransactionScoped(
+    "after_commit", after_commit=lambda _session, callbacks: run_callbacks(callbacks)
+)
 
 
 def register_asset_change(
