@@ -1,14 +1,12 @@
 """Per-transaction bookkeeping on a SQLAlchemy ``Session``, SAVEPOINT-aware.
 
-Commit-time queueing and post-commit callbacks both need "remember this
-until the outermost COMMIT, and forget it if the (nested) transaction it was
-recorded in is rolled back". This module is that one mechanism.
-
-SQLAlchemy reports a SAVEPOINT's end (``after_transaction_end``) *before* it
-says the SAVEPOINT was rolled back (``after_soft_rollback``), so a released
-and a rolled-back SAVEPOINT look alike when they end. Items therefore stay
-keyed by the transaction they were recorded in until the outermost
-transaction ends, and a rollback drops the items of the rolled-back
+The one mechanism commit-time queueing and post-commit callbacks share:
+remember an item until the outermost COMMIT; forget it if the (nested)
+transaction it was recorded in is rolled back. SQLAlchemy reports a
+SAVEPOINT's end (``after_transaction_end``) *before* its rollback
+(``after_soft_rollback``), so at its end a released and a rolled-back
+SAVEPOINT look alike: items stay keyed by their transaction until the
+outermost one ends, and a rollback drops the items of the rolled-back
 transaction and of every transaction nested inside it.
 """
 
