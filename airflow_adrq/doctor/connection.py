@@ -26,7 +26,7 @@ def read_only_connection(url: str | URL, schema: str | None = None) -> Iterator[
     A write attempted on it is refused by the server (PostgreSQL SQLSTATE
     25006, MySQL/MariaDB 1792, SQLite "attempt to write a readonly
     database"). Raises :class:`DoctorError` for a backend Airflow does not run
-    on, or a SQLite file that does not exist.
+    on, a SQLite file that does not exist, or a ``schema`` off PostgreSQL.
     """
     url = sa.make_url(url)
     probe = backends.get(url)
