@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 __all__ = [
+    "add_routing_flags",
     "add_server_options",
     "add_size_options",
     "check_server_options",
@@ -102,6 +103,12 @@ def given_sizes(args: argparse.Namespace, sizes: type[DataclassInstance]) -> dic
 def sizes_from(args: argparse.Namespace, base: _SizesT) -> _SizesT:
     """``base`` with the size options given; raises ``ValueError`` where the sizes refuse a value."""
     return dataclasses.replace(base, **given_sizes(args, type(base)))
+
+
+def add_routing_flags(parser: argparse.ArgumentParser, *flags: str) -> None:
+    """Accept, and hide, the flags that routed the command line to this mode (they are passed on)."""
+    for flag in flags:
+        parser.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
 
 
 def add_server_options(

@@ -56,7 +56,7 @@ def build_parser(prog: str = "airflow-adrq bench --airflow") -> argparse.Argumen
             "server found (see airflow_adrq_bench.servers)."
         ),
     )
-    parser.add_argument("--airflow", action="store_true", help=argparse.SUPPRESS)
+    options.add_routing_flags(parser, "--airflow")
     parser.add_argument(
         "--accounting",
         action="store_true",

@@ -50,6 +50,7 @@ __all__ = [
     "BenchError",
     "Target",
     "airflow_url",
+    "control_engine",
     "describe",
     "refuse_airflow_database",
     "run",
@@ -358,7 +359,8 @@ def _migrate(url: str, home: Path) -> None:
 # --- checks the controller makes (plain SQL, no Airflow) ----------------------
 
 
-def _control_engine(url: str) -> sa.Engine:
+def control_engine(url: str) -> sa.Engine:
+    """An engine for the controller's reads: no pool, READ COMMITTED on MySQL (each read sees the latest)."""
     kwargs: dict[str, Any] = {"poolclass": NullPool}
     if sa.make_url(url).get_backend_name() in ("mysql", "mariadb"):
         kwargs["isolation_level"] = "READ COMMITTED"
@@ -530,7 +532,7 @@ def _run_target(
         _migrate(url, workdir)
         lap("migrate_s")
         all_procs = list(workers.procs.values())
-        engine = _control_engine(url)
+        engine = control_engine(url)
         try:
             workers.broadcast(
                 all_procs, "target", url=url, pg_deadlock_timeout_ms=plan.pg_deadlock_timeout_ms

@@ -40,8 +40,7 @@ def build_parser(prog: str = "airflow-adrq bench --airflow --accounting") -> arg
             "found (see airflow_adrq_bench.servers)."
         ),
     )
-    parser.add_argument("--airflow", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--accounting", action="store_true", help=argparse.SUPPRESS)
+    options.add_routing_flags(parser, "--airflow", "--accounting")
     options.add_server_options(
         parser,
         db_help="measure on this server (repeatable): a scratch database is created there and dropped",

@@ -203,7 +203,7 @@ def _run_target(
     began = time.monotonic()
     sizes = plan.sizes
     all_procs = list(workers.procs.values())
-    engine = run_module._control_engine(url)
+    engine = run_module.control_engine(url)
     try:
         workers.broadcast(all_procs, "target", url=url)
         info = consumer.call("target", url=url)

@@ -102,8 +102,7 @@ def build_parser(prog: str = _PROG) -> argparse.ArgumentParser:
             "pairs anywhere."
         ),
     )
-    parser.add_argument("--airflow", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--live", action="store_true", help=argparse.SUPPRESS)
+    options.add_routing_flags(parser, "--airflow", "--live")
     options.add_server_options(
         parser,
         db_help="use this server (repeatable): scratch databases are created on it and dropped; refused if "

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import sqlalchemy as sa
-from sqlalchemy.pool import NullPool
 
+from airflow_adrq_bench.airflow_mode.run import control_engine
 from airflow_adrq_bench.stats import percentile
 
 __all__ = [
@@ -72,14 +72,6 @@ _IN_DAGS: sa.BindParameter[Any] = sa.bindparam("dag_ids", expanding=True)
 _IN_RUNS: sa.BindParameter[Any] = sa.bindparam("run_ids", expanding=True)
 
 
-def control_engine(url: str) -> sa.Engine:
-    """An engine for the controller's reads: no pool, READ COMMITTED on MySQL (each read sees the latest)."""
-    kwargs: dict[str, Any] = {"poolclass": NullPool}
-    if sa.make_url(url).get_backend_name() in ("mysql", "mariadb"):
-        kwargs["isolation_level"] = "READ COMMITTED"
-    return sa.create_engine(url, **kwargs)
-
-
 # --- progress probes ---------------------------------------------------------------
 
 
@@ -94,23 +86,28 @@ def run_count(conn: sa.Connection, dag_ids: Sequence[str]) -> int:
     return int(conn.execute(stmt, {"dag_ids": list(dag_ids)}).scalar_one())
 
 
+def _counts(
+    conn: sa.Connection, sql: str, dag_ids: Sequence[str], run_ids: Sequence[str]
+) -> list[tuple[Any, int]]:
+    """The ``(key, count)`` rows of ``sql``: a ``SELECT key, count(*)`` over ``:dag_ids`` and ``:run_ids``."""
+    stmt = sa.text(sql).bindparams(_IN_DAGS, _IN_RUNS)
+    rows = conn.execute(stmt, {"dag_ids": list(dag_ids), "run_ids": list(run_ids)})
+    return [(key, int(n)) for key, n in rows]
+
+
 def producer_runs(conn: sa.Connection, dag_ids: Sequence[str], run_ids: Sequence[str]) -> dict[str, int]:
     """States of these producer runs: ``{state: count}``."""
-    stmt = sa.text(
-        "SELECT state, count(*) FROM dag_run WHERE dag_id IN :dag_ids AND run_id IN :run_ids GROUP BY state"
-    ).bindparams(_IN_DAGS, _IN_RUNS)
-    rows = conn.execute(stmt, {"dag_ids": list(dag_ids), "run_ids": list(run_ids)})
-    return {str(state): int(n) for state, n in rows}
+    sql = "SELECT state, count(*) FROM dag_run WHERE dag_id IN :dag_ids AND run_id IN :run_ids GROUP BY state"
+    return {str(state): n for state, n in _counts(conn, sql, dag_ids, run_ids)}
 
 
 def task_states(conn: sa.Connection, dag_ids: Sequence[str], run_ids: Sequence[str]) -> dict[str, int]:
     """States of these runs' task instances: ``{state or "none": count}``."""
-    stmt = sa.text(
+    sql = (
         "SELECT state, count(*) FROM task_instance WHERE dag_id IN :dag_ids AND run_id IN :run_ids "
         "GROUP BY state"
-    ).bindparams(_IN_DAGS, _IN_RUNS)
-    rows = conn.execute(stmt, {"dag_ids": list(dag_ids), "run_ids": list(run_ids)})
-    return {str(state or "none"): int(n) for state, n in rows}
+    )
+    return {str(state or "none"): n for state, n in _counts(conn, sql, dag_ids, run_ids)}
 
 
 # --- the counts after a drain ------------------------------------------------------
@@ -179,12 +176,11 @@ def task_summary(tasks: Sequence[ProducerTask], run_ids: Sequence[str]) -> dict[
 
 def event_counts(conn: sa.Connection, dag_ids: Sequence[str], run_ids: Sequence[str]) -> dict[str, int]:
     """Asset events the producers' burst runs wrote, per run id."""
-    stmt = sa.text(
+    sql = (
         "SELECT source_run_id, count(*) FROM asset_event "
         "WHERE source_dag_id IN :dag_ids AND source_run_id IN :run_ids GROUP BY source_run_id"
-    ).bindparams(_IN_DAGS, _IN_RUNS)
-    rows = conn.execute(stmt, {"dag_ids": list(dag_ids), "run_ids": list(run_ids)})
-    found = {str(run_id): int(n) for run_id, n in rows}
+    )
+    found = {str(run_id): n for run_id, n in _counts(conn, sql, dag_ids, run_ids)}
     return {run_id: found.get(run_id, 0) for run_id in run_ids}
 
 
