@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from airflow_adrq_bench import plots
 from airflow_adrq_bench.config import DEFAULT_STRATEGY, NOT_STARTED, SCENARIOS, STRATEGIES
 from airflow_adrq_bench.stats import percentile
 
@@ -225,6 +226,20 @@ def _markdown(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def _row_notes(row: dict[str, Any], label: str) -> list[str]:
+    """The notes under a table for its row ``label``: why transactions gave up, counts that do not add up."""
+    notes = []
+    if row.get("gave_up_why"):
+        why = "; ".join(f"{n} {reason}" for reason, n in row["gave_up_why"].items())
+        notes.append(f"\n> gave up, {label}: {why}")
+    if not row.get("accounted", True):
+        notes.append(
+            f"\n> COUNTS DO NOT ADD UP, {label}: {row['committed']} ok + {row['abandoned']} gave up + "
+            f"{row['not_started']} not started != {row['planned']} planned"
+        )
+    return notes
+
+
 def format_table(raw: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     """The comparison table (Markdown), one section per database, then its legend."""
     out = []
@@ -238,14 +253,7 @@ def format_table(raw: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
         body = [[_cell_text(key, r) for _, key in _COLUMNS] for r in db_rows]
         out.append(_markdown([h for h, _ in _COLUMNS], body))
         for r in db_rows:
-            if r.get("gave_up_why"):
-                why = "; ".join(f"{n} {reason}" for reason, n in r["gave_up_why"].items())
-                out.append(f"\n> gave up, {r['scenario']}/{r['strategy']}: {why}")
-            if not r.get("accounted", True):
-                out.append(
-                    f"\n> COUNTS DO NOT ADD UP, {r['scenario']}/{r['strategy']}: {r['committed']} ok + "
-                    f"{r['abandoned']} gave up + {r['not_started']} not started != {r['planned']} planned"
-                )
+            out += _row_notes(r, f"{r['scenario']}/{r['strategy']}")
         for note in _skip_notes(raw, target["name"]):
             out.append(f"\n> {note}")
         out.append("")
@@ -462,15 +470,7 @@ def format_lost(raw: dict[str, Any], lost: Sequence[dict[str, Any]]) -> str:
         ]
         out.append(_markdown(header, body))
         for r in db_rows:
-            label = f"hold {r['hold_ms']:g} ms {r['strategy']}"
-            if r.get("gave_up_why"):
-                why = "; ".join(f"{n} {reason}" for reason, n in r["gave_up_why"].items())
-                out.append(f"\n> gave up, {label}: {why}")
-            if not r.get("accounted", True):
-                out.append(
-                    f"\n> COUNTS DO NOT ADD UP, {label}: {r['committed']} ok + {r['abandoned']} gave up + "
-                    f"{r['not_started']} not started != {r['planned']} planned"
-                )
+            out += _row_notes(r, f"hold {r['hold_ms']:g} ms {r['strategy']}")
         out.append("")
     if out:
         out.append(LOST_LEGEND)
@@ -614,11 +614,7 @@ def write_json(
 
 def plot(raw: dict[str, Any], rows: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     """One PNG per database: latency percentiles and deadlocks per strategy; latency vs fan-out."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plots.pyplot()
     paths = []
     for target in raw["targets"]:
         db = target["name"]
@@ -680,12 +676,7 @@ def plot(raw: dict[str, Any], rows: Sequence[dict[str, Any]], out_dir: Path) -> 
             ax.set_xticks(range(len(holds)), [f"hold {h:g} ms" for h in holds], fontsize=8)
             ax.set_title(f"unconsumed (event, DAG) pairs of {lost[0]['pairs']}")
             ax.legend(fontsize=7)
-        fig.suptitle(f"{target['version']}: {_subtitle(raw)}")
-        fig.tight_layout()
-        path = out_dir / f"bench-{db}.png"
-        fig.savefig(path)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(plots.save(fig, f"{target['version']}: {_subtitle(raw)}", out_dir / f"bench-{db}.png"))
     return paths
 
 

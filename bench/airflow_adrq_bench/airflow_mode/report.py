@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from airflow_adrq_bench import plots
 from airflow_adrq_bench.airflow_mode.config import MANAGERS, TARGETS
 from airflow_adrq_bench.stats import percentile
 
@@ -364,11 +365,7 @@ def write_json(raw: dict[str, Any], summary: dict[str, list[dict[str, Any]]], pa
 
 def plot(raw: dict[str, Any], summary: dict[str, list[dict[str, Any]]], out_dir: Path) -> list[Path]:
     """One PNG per database: one-caller latency vs fan-out; contention tx/s; contention latency."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plots.pyplot()
     paths = []
     colors = plt.get_cmap("tab10")
     order = _order(raw)
@@ -433,13 +430,9 @@ def plot(raw: dict[str, Any], summary: dict[str, list[dict[str, Any]]], out_dir:
             ax.legend(fontsize=7)
 
         s = raw["sizes"]
-        fig.suptitle(
+        title = (
             f"Airflow {raw.get('airflow_version', '?')} on {target['version']}: {s['producers']} producers, "
             f"fan-out {s['fanout']}, hold {s['hold_ms']:g} ms"
         )
-        fig.tight_layout()
-        path = out_dir / f"airflow-bench-{db}.png"
-        fig.savefig(path)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(plots.save(fig, title, out_dir / f"airflow-bench-{db}.png"))
     return paths

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from airflow_adrq_bench import plots
 from airflow_adrq_bench.airflow_mode.live.config import MANAGERS
 
 __all__ = ["LEGEND", "ROWS", "format_tables", "keeps_queue_rows", "notes", "plot", "problems", "write_json"]
@@ -282,11 +283,7 @@ def write_json(raw: dict[str, Any], path: Path) -> None:
 
 def plot(raw: dict[str, Any], path: Path) -> Path | None:
     """One PNG: per database and manager, failed tasks and stranded pairs (%), and PATCH latency."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plots.pyplot()
     cells = [c for c in raw["cells"] if not c.get("error")]
     if not cells:
         return None
@@ -338,11 +335,8 @@ def plot(raw: dict[str, Any], path: Path) -> Path | None:
     right.set_title("PATCH /execution/task-instances/{id}/state (api-server access log)")
     right.legend(fontsize=8)
     sizes = raw["sizes"]
-    fig.suptitle(
+    title = (
         f"airflow-adrq bench --airflow --live: {sizes['producer_dags']} x {sizes['instances']} instances x "
         f"{sizes['outlets']} outlets, {sizes['consumers']} consumers, {sizes['bursts']} bursts"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return plots.save(fig, title, path, dpi=110)
