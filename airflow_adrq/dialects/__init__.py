@@ -7,9 +7,10 @@ with :func:`register`; adding a backend means adding a module here.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from sqlalchemy import Column, Select, Table
 from sqlalchemy.engine import Connection, Dialect, Engine
@@ -23,6 +24,7 @@ __all__ = [
     "ConflictMode",
     "ConflictPolicy",
     "DialectSupport",
+    "Registry",
     "check_policy",
     "get",
     "register",
@@ -83,18 +85,56 @@ class DialectSupport:
     refresh_by_default: Callable[[Connection], bool] = field(default=lambda connection: True)
 
 
-_REGISTRY: dict[str, DialectSupport] = {}
+T = TypeVar("T")
 
 
-def register(*names: str) -> Callable[[DialectSupport], DialectSupport]:
-    """Register a :class:`DialectSupport` under one or more dialect names."""
+class Registry(Generic[T]):
+    """Backend name -> one entry per backend module of ``package``, which registers itself.
 
-    def decorate(support: DialectSupport) -> DialectSupport:
-        for name in names:
-            _REGISTRY[name] = support
-        return support
+    The modules are imported on the first lookup, not with the package: they
+    import the package (for :meth:`register`), and importing one backend's
+    SQLAlchemy extension should not import every other's.
+    """
 
-    return decorate
+    def __init__(
+        self, package: str, modules: Sequence[str], unknown: Callable[[str, list[str]], Exception]
+    ) -> None:
+        self._modules = [f"{package}.{module}" for module in modules]
+        self._unknown = unknown
+        self._entries: dict[str, T] = {}
+        self._loaded = False
+
+    def register(self, *names: str) -> Callable[[T], T]:
+        """Decorator: register an entry under one or more backend names."""
+
+        def decorate(entry: T) -> T:
+            for name in names:
+                self._entries[name] = entry
+            return entry
+
+        return decorate
+
+    def lookup(self, name: str) -> T:
+        """The entry for ``name``; ``unknown(name, known names)`` is raised if there is none."""
+        if not self._loaded:
+            for module in self._modules:
+                importlib.import_module(module)
+            self._loaded = True
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise self._unknown(name, sorted(self._entries)) from None
+
+
+_REGISTRY: Registry[DialectSupport] = Registry(
+    __name__,
+    ("mysql", "postgresql", "sqlite"),
+    lambda name, known: UnsupportedDialectError(
+        f"no airflow-adrq support for dialect {name!r} (supported: {', '.join(known)})"
+    ),
+)
+#: Register a :class:`DialectSupport` under one or more dialect names.
+register = _REGISTRY.register
 
 
 def get(bind: Session | Connection | Engine | Dialect | str) -> DialectSupport:
@@ -103,7 +143,6 @@ def get(bind: Session | Connection | Engine | Dialect | str) -> DialectSupport:
     Raises :class:`~airflow_adrq.errors.UnsupportedDialectError` for a backend
     without a registered module.
     """
-    _load_builtin()
     if isinstance(bind, str):
         name = bind
     elif isinstance(bind, Session):
@@ -112,12 +151,7 @@ def get(bind: Session | Connection | Engine | Dialect | str) -> DialectSupport:
         name = bind.name
     else:
         name = bind.dialect.name
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise UnsupportedDialectError(
-            f"no airflow-adrq support for dialect {name!r} (supported: {', '.join(sorted(_REGISTRY))})"
-        ) from None
+    return _REGISTRY.lookup(name)
 
 
 def check_policy(policy: object) -> ConflictPolicy:
@@ -135,9 +169,3 @@ def resolve(policy: ConflictPolicy, connection: Connection) -> ConflictMode:
     if policy == "auto":
         return "refresh" if get(connection).refresh_by_default(connection) else "ignore"
     return policy
-
-
-def _load_builtin() -> None:
-    # Imported lazily so importing the package never imports every dialect's
-    # SQLAlchemy extension up front (and to avoid an import cycle).
-    from airflow_adrq.dialects import mysql, postgresql, sqlite  # noqa: F401

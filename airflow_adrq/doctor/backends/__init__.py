@@ -15,6 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection
 
+from airflow_adrq.dialects import Registry
 from airflow_adrq.doctor.report import Compatibility, DoctorError, Exposure
 
 __all__ = [
@@ -76,33 +77,20 @@ class Probe:
     deadlock_counter: str | None = None
 
 
-_REGISTRY: dict[str, Probe] = {}
-
-
-def register(*names: str) -> Callable[[Probe], Probe]:
-    """Register a :class:`Probe` under one or more SQLAlchemy backend names."""
-
-    def decorate(probe: Probe) -> Probe:
-        for name in names:
-            _REGISTRY[name] = probe
-        return probe
-
-    return decorate
+_REGISTRY: Registry[Probe] = Registry(
+    __name__,
+    ("mysql", "postgresql", "sqlite"),
+    lambda name, known: DoctorError(
+        f"{name} is not a database Airflow 3 runs on: doctor reads PostgreSQL, MySQL/MariaDB and SQLite"
+    ),
+)
+#: Register a :class:`Probe` under one or more SQLAlchemy backend names.
+register = _REGISTRY.register
 
 
 def get(backend: str | URL) -> Probe:
-    """The :class:`Probe` for a backend name or a URL.
-
-    Raises :class:`DoctorError` for a backend Airflow does not run on.
-    """
-    _load_builtin()
-    name = backend if isinstance(backend, str) else backend.get_backend_name()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise DoctorError(
-            f"{name} is not a database Airflow 3 runs on: doctor reads PostgreSQL, MySQL/MariaDB and SQLite"
-        ) from None
+    """The :class:`Probe` of a backend name or URL (:class:`DoctorError` if Airflow does not run on it)."""
+    return _REGISTRY.lookup(backend if isinstance(backend, str) else backend.get_backend_name())
 
 
 def connect_timeout(*drivers: str) -> Callable[[URL], tuple[URL, dict[str, Any]]]:
@@ -131,8 +119,3 @@ def information_schema_collations(conn: Connection, schema: str, default: str | 
         if row is not None:
             out[f"{table}.{column}"] = row[0] or f"database default ({default})"
     return out
-
-
-def _load_builtin() -> None:
-    # Imported lazily: the backend modules import the connection helpers, which import this registry.
-    from airflow_adrq.doctor.backends import mysql, postgresql, sqlite  # noqa: F401
