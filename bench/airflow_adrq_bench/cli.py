@@ -159,10 +159,6 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     parser.set_defaults(func=_bench)
 
 
-#: tests/unit/test_bench_output.py checks the help texts with it.
-_show = options.show
-
-
 def _metavar(name: str, kind: str) -> str:
     if kind.startswith("tuple"):
         return "N,N,..."

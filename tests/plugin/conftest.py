@@ -38,8 +38,8 @@ import sqlalchemy as sa  # noqa: E402
 
 from tests.plugin.adrq_af_scenario import LINE, empty  # noqa: E402
 
-#: Tests of ``airflow-adrq bench --airflow`` (bench/airflow_adrq_bench/airflow_mode, another
-#: owner's), written for Airflow 3.3's AssetManager: skipped, visibly, on the other lines.
+#: Tests of ``airflow-adrq bench --airflow`` (bench/airflow_adrq_bench/airflow_mode): its
+#: baselines are Airflow 3.3's AssetManager, so on the other lines they skip, visibly.
 BENCH_MODULES = ("test_airflow_bench.py", "test_airflow_accounting.py")
 BENCH_LINE = (3, 3)
 

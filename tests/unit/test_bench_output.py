@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from airflow_adrq_bench import cli, config, engine, report, runner
+from airflow_adrq_bench import cli, config, engine, options, report, runner
 
 # --- every planned transaction is accounted for ------------------------------------
 
@@ -363,8 +363,8 @@ def test_every_size_option_says_what_it_is_its_default_and_its_quick_value():
     for field in dataclasses.fields(config.Sizes):
         text = by_dest[field.name].help
         assert text.startswith(config.SIZE_HELP[field.name]), field.name
-        assert f"(default {cli._show(getattr(config.DEFAULT, field.name))}; " in text, field.name
-        assert f"--quick {cli._show(getattr(config.QUICK, field.name))})" in text, field.name
+        assert f"(default {options.show(getattr(config.DEFAULT, field.name))}; " in text, field.name
+        assert f"--quick {options.show(getattr(config.QUICK, field.name))})" in text, field.name
     assert by_dest["round_timeout_s"].help.endswith("(default 8; --quick 5)")
 
 
