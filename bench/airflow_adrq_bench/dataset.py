@@ -34,6 +34,7 @@ from typing import Any, Final, cast
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 
+from airflow_adrq import queue
 from airflow_adrq.engine import create_engine
 from airflow_adrq.models import (
     AssetActive,
@@ -317,14 +318,13 @@ def sweep_asset_id(conn: Connection, fanout: int) -> int:
 
 
 def consumer_dags(conn: Connection, asset_ids: Sequence[int]) -> dict[int, frozenset[str]]:
-    """Unpaused DAGs scheduled on each asset: what one event of it must queue."""
-    ref = _t(DagScheduleAssetReference)
-    dag = _t(DagModel)
-    rows = conn.execute(
-        sa.select(ref.c.asset_id, ref.c.dag_id)
-        .join(dag, dag.c.dag_id == ref.c.dag_id)
-        .where(ref.c.asset_id.in_(asset_ids), dag.c.is_paused == sa.false())
-    )
+    """The DAGs one event of each asset must queue, as the queue statement defines them.
+
+    :func:`airflow_adrq.queue.queued_pairs`: the statement's references (but
+    aliases) and its ``dag`` filter, not a second copy of them.
+    """
+    pairs = queue.queued_pairs().subquery()
+    rows = conn.execute(sa.select(pairs.c.asset_id, pairs.c.dag_id).where(pairs.c.asset_id.in_(asset_ids)))
     out: dict[int, set[str]] = {a: set() for a in asset_ids}
     for asset_id, dag_name in rows:
         out[asset_id].add(dag_name)
