@@ -49,10 +49,11 @@ def build_parser(prog: str = "airflow-adrq bench --airflow") -> argparse.Argumen
     parser = argparse.ArgumentParser(
         prog=prog,
         description=(
-            "Airflow's own AssetManager (stock), the same with sorted rows (sorted_loop) and airflow-adrq's "
-            "plug-in, each enabled through [core] asset_manager_class, through Apache Airflow 3.3's code "
-            "paths on scratch databases made by `airflow db migrate`: one caller across fan-outs, then "
-            "concurrent producer processes. Without --db: SQLite plus every PostgreSQL and MySQL/MariaDB "
+            "Airflow's own AssetManager (stock), 3.3's with sorted rows (sorted_loop) and airflow-adrq's "
+            "plug-in, each enabled through [core] asset_manager_class, through the installed Airflow's "
+            "code paths (3.3 or 3.4) on scratch databases made by `airflow db migrate`: one caller across "
+            "fan-outs, then concurrent producer processes. Without --db: SQLite plus every PostgreSQL and "
+            "MySQL/MariaDB "
             "server found (see airflow_adrq_bench.servers)."
         ),
     )

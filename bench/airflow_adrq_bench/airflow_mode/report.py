@@ -27,11 +27,12 @@ _FAILURES = ("deadlock", "lock_timeout", "serialization", "busy", "connection_lo
 
 LEGEND = """\
 Legend
-* Managers: `stock` = Airflow 3.3's own `airflow.assets.manager.AssetManager`; `sorted_loop` =
-  the same with each event's DAGs sorted by dag_id before its queue rows are written (apache/airflow
-  PR #70128's idea, applied to 3.3.2); `plugin` = `airflow_adrq.airflow.AdrqAssetManager`, enabled by
-  `AIRFLOW__CORE__ASSET_MANAGER_CLASS`. Every manager runs in processes of its own, configured
-  through that option, against a scratch database made by `airflow db migrate`.
+* Managers: `stock` = the installed Airflow's own `airflow.assets.manager.AssetManager` (the
+  release in the heading); `sorted_loop` = 3.3's with each event's DAGs sorted by dag_id before
+  its queue rows are written (apache/airflow PR #70128's idea, applied to 3.3.2); `plugin` =
+  `airflow_adrq.airflow.AdrqAssetManager`, enabled by `AIRFLOW__CORE__ASSET_MANAGER_CLASS`. Every
+  manager runs in processes of its own, configured through that option, against a scratch
+  database made by `airflow db migrate`.
 * One caller: `asset_manager.register_asset_change(...)` for one asset, then COMMIT, on an empty
   queue, no other activity; calls interleaved between managers. `calls`: measured calls (after one
   warm-up call each). `p50 ms` / `p95 ms`: median and 95th percentile (nearest rank) of the call
