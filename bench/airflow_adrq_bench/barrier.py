@@ -13,14 +13,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from airflow_adrq.errors import AdrqError
+from airflow_adrq_bench.errors import BenchError
 
 __all__ = ["BarrierTimeoutError", "arrive", "arrived", "wait"]
 
 _POLL_S = 0.001
 
 
-class BarrierTimeoutError(AdrqError):
+class BarrierTimeoutError(BenchError):
     """Another benchmark process did not reach the barrier in time."""
 
 
