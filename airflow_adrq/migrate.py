@@ -28,6 +28,7 @@ from alembic.runtime.migration import MigrationContext, MigrationInfo
 from alembic.script import Script, ScriptDirectory
 from sqlalchemy.engine import URL, Connection, Engine
 
+from airflow_adrq import dialects
 from airflow_adrq.engine import create_engine
 from airflow_adrq.errors import AdrqError, AirflowSchemaError
 from airflow_adrq.models import metadata
@@ -178,11 +179,11 @@ def refuse_existing_tables(connection: Connection, existing: set[str] | None = N
 
 
 def _undo_partial_upgrade(connection: Connection, tables_before: set[str]) -> None:
-    """After a failed upgrade on MySQL/MariaDB, whose DDL commits, drop what it created.
+    """After a failed upgrade where DDL commits (MySQL/MariaDB), drop what it created.
 
     Elsewhere the rollback undoes the DDL.
     """
-    if connection.dialect.name not in ("mysql", "mariadb"):
+    if dialects.get(connection).transactional_ddl:
         return
     created = set(sa.inspect(connection).get_table_names()) - tables_before
     ours = [t for t in reversed(metadata.sorted_tables) if t.name in created]

@@ -83,6 +83,12 @@ class DialectSupport:
     #: so the events are stamped by the queue statement itself.
     stamp_in_statement: bool = False
     refresh_by_default: Callable[[Connection], bool] = field(default=lambda connection: True)
+    #: DDL is transactional: a failed migration's rollback undoes it (not MySQL/MariaDB,
+    #: where each DDL statement commits; :mod:`airflow_adrq.migrate` cleans up there).
+    transactional_ddl: bool = True
+    #: Raises :class:`~airflow_adrq.errors.AdrqError` before any DDL of airflow-adrq's
+    #: migrations on a server whose settings would make the tables differ from Airflow's.
+    check_before_ddl: Callable[[Connection], None] = field(default=lambda connection: None)
 
 
 T = TypeVar("T")

@@ -37,7 +37,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.dml import Insert
 
 from airflow_adrq.dialects import ConflictMode, DialectSupport, register
-from airflow_adrq.errors import IsolationLevelError
+from airflow_adrq.errors import AdrqError, IsolationLevelError
 
 #: Execution option that lets a connection write the queue at any isolation level.
 ALLOW_ISOLATION_OPTION = "adrq_allow_isolation"
@@ -104,6 +104,21 @@ def _insert_ignore(table: Table) -> Insert:
     return mysql.insert(table).on_duplicate_key_update({first.name: first})
 
 
+def _require_explicit_timestamp_defaults(connection: Connection) -> None:
+    # Off, the server gives the first TIMESTAMP NOT NULL column of a table
+    # DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP, so
+    # asset_dag_run_queue.created_at would move on every UPDATE of its row
+    # (Airflow refuses such servers too). On by default since MySQL 8.0 and
+    # MariaDB 10.10.
+    value = connection.exec_driver_sql("SELECT @@SESSION.explicit_defaults_for_timestamp").scalar()
+    if not value:
+        raise AdrqError(
+            "airflow-adrq migrations need explicit_defaults_for_timestamp=ON on MySQL/MariaDB "
+            "(set it in the server configuration); otherwise TIMESTAMP NOT NULL columns get an "
+            "implicit DEFAULT/ON UPDATE CURRENT_TIMESTAMP. Nothing was changed."
+        )
+
+
 def _scheduler_locks_queue_rows(connection: Connection) -> bool:
     # Airflow's with_row_locks adds FOR UPDATE ... SKIP LOCKED only where the
     # dialect supports FOR UPDATE OF (MySQL 8; not MariaDB, MDEV-13115).
@@ -122,5 +137,7 @@ SUPPORT = register("mysql", "mariadb")(
         # MySQL 8's scheduler locks the rows it consumes: refresh waits for it.
         # MariaDB's does not, and deletes DAG by DAG: refresh would deadlock.
         refresh_by_default=_scheduler_locks_queue_rows,
+        transactional_ddl=False,
+        check_before_ddl=_require_explicit_timestamp_defaults,
     )
 )

@@ -7,10 +7,8 @@ configures Alembic in code and passes a connection already in a transaction.
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy.engine import Connection
 
-from airflow_adrq import migrate
-from airflow_adrq.errors import AdrqError
+from airflow_adrq import dialects, migrate
 from airflow_adrq.models import metadata
 
 
@@ -31,29 +29,9 @@ def run_migrations_online() -> None:
         transaction_per_migration=False,
         **migrate.comparison_options(),
     )
-    _require_explicit_timestamp_defaults(connection)
+    dialects.get(connection).check_before_ddl(connection)
     with context.begin_transaction():
         context.run_migrations()
-
-
-def _require_explicit_timestamp_defaults(connection: Connection) -> None:
-    """Refuse MySQL/MariaDB with ``explicit_defaults_for_timestamp`` off, before any DDL.
-
-    Off, the server gives the first ``TIMESTAMP NOT NULL`` column of a table
-    ``DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP``, so
-    ``asset_dag_run_queue.created_at`` would move on every UPDATE of its row
-    (Airflow refuses such servers too). On by default since MySQL 8.0 and
-    MariaDB 10.10.
-    """
-    if connection.dialect.name not in ("mysql", "mariadb"):
-        return
-    value = connection.exec_driver_sql("SELECT @@SESSION.explicit_defaults_for_timestamp").scalar()
-    if not value:
-        raise AdrqError(
-            "airflow-adrq migrations need explicit_defaults_for_timestamp=ON on MySQL/MariaDB "
-            "(set it in the server configuration); otherwise TIMESTAMP NOT NULL columns get an "
-            "implicit DEFAULT/ON UPDATE CURRENT_TIMESTAMP. Nothing was changed."
-        )
 
 
 if context.is_offline_mode():
