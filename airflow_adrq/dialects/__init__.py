@@ -98,8 +98,8 @@ class Registry(Generic[T]):
     """Backend name -> one entry per backend module of ``package``, which registers itself.
 
     The modules are imported on the first lookup, not with the package: they
-    import the package (for :meth:`register`), and importing one backend's
-    SQLAlchemy extension should not import every other's.
+    import the package (for :meth:`register`), and importing the package
+    should not import every backend's SQLAlchemy extension up front.
     """
 
     def __init__(
