@@ -66,7 +66,7 @@ import datetime as dt
 import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, cast
+from typing import Any, Final, Literal, Protocol, cast
 
 from sqlalchemy import (
     Boolean,
@@ -87,9 +87,9 @@ from sqlalchemy.orm import Session, attributes
 from sqlalchemy.sql.dml import Insert, Update
 from sqlalchemy.sql.selectable import CTE, Select
 
-from airflow_adrq import dialects
+from airflow_adrq import dialects, refresh
 from airflow_adrq.aliases import AliasedEvent, write_alias_rows
-from airflow_adrq.dialects import ConflictMode, ConflictPolicy
+from airflow_adrq.dialects import ConflictMode, ConflictPolicy, ResolvedPolicy
 from airflow_adrq.models import (
     AssetDagRunQueue,
     AssetEvent,
@@ -165,23 +165,6 @@ def _assets_cte() -> CTE:
     )
 
 
-def _stamping_events_cte(shape: QueueShape) -> CTE:
-    """PostgreSQL: ``UPDATE asset_event ... RETURNING`` as the CTE, one round trip fewer.
-
-    Every event is stamped; keyed ones are filtered downstream.
-    """
-    returned = [_EVENT.c.id.label("event_id"), _EVENT.c.asset_id]
-    if shape.partitions:
-        returned.append(_EVENT.c.partition_key)
-    return (
-        update(_EVENT)
-        .where(_EVENT.c.id.in_(bindparam("ids", expanding=True)))
-        .values(timestamp=bindparam("created_at", type_=UtcDateTime()))
-        .returning(*returned)
-        .cte("ev")
-    )
-
-
 def _consumers(ev: CTE, *, with_aliases: bool, with_event_id: bool = False) -> Any:
     """UNION of (asset_id, dag_id) -- or (event_id, asset_id, dag_id) -- over every kind of reference."""
     asset = cast(Table, AssetModel.__table__)
@@ -206,9 +189,6 @@ def _consumers(ev: CTE, *, with_aliases: bool, with_event_id: bool = False) -> A
             .join(link, link.c.event_id == ev.c.event_id)
             .join(by_alias, by_alias.c.alias_id == link.c.alias_id)
         )
-    if "partition_key" in ev.c:
-        # Only the stamping CTE returns it: keyed events are not queued here.
-        parts = [part.where(ev.c.partition_key.is_(None)) for part in parts]
     return union(*parts).subquery("src")
 
 
@@ -246,23 +226,32 @@ class _Form:
     shape: QueueShape = PARTITIONED
     #: Multi-team: events in ``:restricted_ids`` queue only their ``:allowed`` pairs.
     restricted: bool = False
-    #: PostgreSQL: the events' UPDATE ... RETURNING is the statement's CTE.
-    stamping: bool = False
+
+
+def _wanted(form: _Form) -> Select[Any]:
+    """``SELECT asset_id, dag_id`` (3.4: ``, event_id``): the rows ``form``'s statement queues, unordered."""
+    source, shape, restricted = form.source, form.shape, form.restricted
+    if shape.event_keyed and source != "events":
+        raise ValueError(f"{shape.name}'s queue is keyed by event: it can only be driven by events")
+    ev = _events_cte(shape) if source == "events" else _assets_cte()
+    src = _consumers(ev, with_aliases=source == "events", with_event_id=restricted or shape.event_keyed)
+    picked = [src.c.asset_id, src.c.dag_id, *([src.c.event_id] if shape.event_keyed else [])]
+    rows = select(*picked).join(_DAG, _DAG.c.dag_id == src.c.dag_id).where(*shape.consumer_filter(_DAG.c))
+    if restricted:
+        # Events listed in :restricted_ids queue only their (event_id, dag_id)
+        # pairs in :allowed (Airflow's multi-team filter, computed by the
+        # caller); the others queue every consumer. One row per (asset, DAG).
+        allowed = tuple_(src.c.event_id, src.c.dag_id).in_(bindparam("allowed", expanding=True))
+        unrestricted = src.c.event_id.not_in(bindparam("restricted_ids", expanding=True))
+        rows = rows.where(or_(unrestricted, allowed)).distinct()
+    return rows
 
 
 @functools.cache
 def _statement(dialect_name: str, form: _Form) -> Insert:
-    source, on_conflict, shape = form.source, form.on_conflict, form.shape
-    restricted, stamping = form.restricted, form.stamping
-    if shape.event_keyed and source != "events":
-        raise ValueError(f"{shape.name}'s queue is keyed by event: it can only be driven by events")
-    if stamping:
-        ev = _stamping_events_cte(shape)
-    else:
-        ev = _events_cte(shape) if source == "events" else _assets_cte()
-    src = _consumers(ev, with_aliases=source == "events", with_event_id=restricted or shape.event_keyed)
-    conditions = shape.consumer_filter(_DAG.c)
-    created_at = bindparam("created_at", type_=UtcDateTime())
+    on_conflict, shape = form.on_conflict, form.shape
+    rows = _wanted(form).add_columns(bindparam("created_at", type_=UtcDateTime()))
+    src = rows.selected_columns
     target: Any
     if shape.event_keyed:
         # One row per (consumer, event), in the queue's key order. No row is
@@ -271,23 +260,28 @@ def _statement(dialect_name: str, form: _Form) -> Insert:
         on_conflict = "ignore"
         target = _ADRQ_BY_EVENT
         columns = [target.c.asset_id, target.c.target_dag_id, target.c.asset_event_id, target.c.created_at]
-        picked = [src.c.asset_id, src.c.dag_id, src.c.event_id, created_at]
-        order = [src.c.dag_id, src.c.event_id]
+        order = [src.dag_id, src.event_id]
     else:
         target = _ADRQ
         columns = [target.c.asset_id, target.c.target_dag_id, target.c.created_at]
-        picked = [src.c.asset_id, src.c.dag_id, created_at]
-        order = [src.c.asset_id, src.c.dag_id]
-    rows = select(*picked).join(_DAG, _DAG.c.dag_id == src.c.dag_id).where(*conditions).order_by(*order)
-    if restricted:
-        # Events listed in :restricted_ids queue only their (event_id, dag_id)
-        # pairs in :allowed (Airflow's multi-team filter, computed by the
-        # caller); the others queue every consumer. One row per (asset, DAG).
-        allowed = tuple_(src.c.event_id, src.c.dag_id).in_(bindparam("allowed", expanding=True))
-        unrestricted = src.c.event_id.not_in(bindparam("restricted_ids", expanding=True))
-        rows = rows.where(or_(unrestricted, allowed)).distinct()
+        order = [src.asset_id, src.dag_id]
     return dialects.get(dialect_name).insert_from_select(
-        target, columns, rows, shape.queue_key, on_conflict, "created_at"
+        target, columns, rows.order_by(*order), shape.queue_key, on_conflict, "created_at"
+    )
+
+
+@functools.cache
+def _older_rows(form: _Form) -> Select[Any]:
+    """``SELECT target_dag_id, asset_id``: existing rows ``form``'s statement queues, older than ``:stamp``.
+
+    In DAG order, for :mod:`airflow_adrq.refresh`. Locks nothing.
+    """
+    wanted = _wanted(form).subquery("wanted")
+    return (
+        select(_ADRQ.c.target_dag_id, _ADRQ.c.asset_id)
+        .join(wanted, (wanted.c.asset_id == _ADRQ.c.asset_id) & (wanted.c.dag_id == _ADRQ.c.target_dag_id))
+        .where(_ADRQ.c.created_at < bindparam("stamp", type_=UtcDateTime()))
+        .order_by(_ADRQ.c.target_dag_id, _ADRQ.c.asset_id)
     )
 
 
@@ -361,11 +355,66 @@ def build_queue_statement(
     return _statement(dialects.get(dialect).name, _Form(source, on_conflict, shape))
 
 
-_STAMP: Update = (
-    update(_EVENT)
-    .where(_EVENT.c.id.in_(bindparam("ids", expanding=True)))
-    .values(timestamp=bindparam("stamp", type_=UtcDateTime()))
-)
+#: The ``created_at`` of a queue row between the two steps of :func:`queue_events`:
+#: later than any real stamp, so that the refresh (``greatest``) takes every
+#: existing row it meets, yet inside every backend's range (MySQL's TIMESTAMP
+#: ends in January 2038). Step 2 replaces it with the stamp in the same
+#: transaction, before COMMIT can be sent: no other transaction ever reads it.
+PENDING: Final = dt.datetime(2038, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def _pending_rows(stamp: Any) -> Update:
+    # The rows step 1 inserted or took, and no one else's: another
+    # transaction's PENDING rows are uncommitted, so invisible here (READ
+    # COMMITTED reads their committed version, which carries a real stamp).
+    return (
+        update(_ADRQ)
+        .where(
+            _ADRQ.c.asset_id.in_(bindparam("asset_ids", expanding=True)),
+            _ADRQ.c.created_at == bindparam("pending", type_=UtcDateTime()),
+        )
+        .values(created_at=stamp)
+    )
+
+
+def _stamped_events(stamp: Any) -> Update:
+    return update(_EVENT).where(_EVENT.c.id.in_(bindparam("ids", expanding=True))).values(timestamp=stamp)
+
+
+_BOUND_STAMP = bindparam("stamp", type_=UtcDateTime())
+_STAMP_EVENTS: Update = _stamped_events(_BOUND_STAMP)
+_STAMP_ROWS: Update = _pending_rows(_BOUND_STAMP)
+
+
+@functools.cache
+def _stamp_in_one_statement(dialect_name: str) -> Select[Any]:
+    """``WITH e AS (UPDATE asset_event ...), q AS (UPDATE asset_dag_run_queue ...) SELECT <clock>``.
+
+    For backends with data-modifying CTEs (PostgreSQL): both updates and the
+    stamp in one round trip. The clock is the statement's, so one value.
+    """
+    clock = dialects.get(dialect_name).clock
+    assert clock is not None
+    now = clock()
+    events = _stamped_events(now).cte("stamped_events")
+    rows = _pending_rows(now).cte("stamped_rows")
+    return select(now).add_cte(events, rows)
+
+
+def _stamp(conn: Connection, ids: list[int], asset_ids: list[int], options: Mapping[str, Any]) -> dt.datetime:
+    """Step 2: read the clock, put its value on the events and on this transaction's PENDING rows."""
+    support = dialects.get(conn)
+    params: dict[str, Any] = {"ids": ids, "asset_ids": asset_ids, "pending": PENDING}
+    if support.stamp_in_one_statement:
+        stamp: dt.datetime = conn.execute(
+            _stamp_in_one_statement(support.name), params, execution_options=options
+        ).scalar_one()
+        return stamp
+    clock = support.clock
+    params["stamp"] = conn.execute(select(clock())).scalar_one() if clock is not None else utcnow()
+    conn.execute(_STAMP_EVENTS, params, execution_options=options)
+    conn.execute(_STAMP_ROWS, params, execution_options=options)
+    return cast(dt.datetime, params["stamp"])
 
 
 def _connection(bind: Session | Connection) -> Connection:
@@ -397,70 +446,95 @@ def queue_events(
     events: Iterable[EventLike],
     *,
     on_conflict: ConflictPolicy = "auto",
-    stamp: dt.datetime | None = None,
     allowed: Mapping[int, Iterable[str]] | None = None,
     shape: QueueShape = PARTITIONED,
     schema: str | None = None,
 ) -> dt.datetime | None:
-    """Stamp ``events`` and queue their consumers now, with ONE statement; return the stamp.
+    """Queue the consumers of ``events`` now and stamp them; return the stamp.
 
-    The events' ``timestamp`` (in the database and on mapped objects) and
-    their new rows' ``created_at`` get one value, ``stamp`` (default now); on
-    PostgreSQL in the statement itself (a data-modifying CTE), elsewhere by
-    an UPDATE just before. Past :data:`IDS_PER_STATEMENT` events, several
-    statements in one global order. Pass only the caller's own uncommitted
-    events. Runs in the caller's transaction, does not commit; no events:
-    does nothing and returns ``None``.
+    Two steps, in the caller's transaction, without committing:
 
-    ``on_conflict``: ``"refresh"`` moves an existing row's ``created_at``
-    forwards to the stamp, ``"ignore"`` leaves it, ``"auto"`` refreshes where
-    the scheduler locks the rows it consumes (:func:`airflow_adrq.dialects.resolve`).
-    ``allowed``: event id -> the only DAG ids it may queue (Airflow's
-    multi-team rules); other events queue every consumer. ``shape``: the
-    schema written (:mod:`airflow_adrq.shapes`); ``schema``: the database
-    schema of the tables (``[database] sql_alchemy_schema``).
+    1. **Lock.** ONE ordered ``INSERT ... SELECT`` (past
+       :data:`IDS_PER_STATEMENT` events, several in one global order) writes
+       the queue rows with ``created_at =`` :data:`PENDING`; with
+       ``"refresh"`` it takes every existing row too. This is where it may
+       wait: for producers and schedulers holding the same rows.
+    2. **Stamp.** Then the database's clock (``statement_timestamp()``,
+       ``UTC_TIMESTAMP(6)``; SQLite: Python's, one host) is read, and its one
+       value becomes the events' ``timestamp`` (in the database and on mapped
+       objects) and the PENDING rows' ``created_at``. Nothing waits after it:
+       the caller should COMMIT now, as the commit-time write does.
 
-    Locks: the given ``asset_event`` rows (the caller's own), then the queue
-    rows it inserts and, with ``"refresh"``, the ones it moves forwards, in
-    ``(asset_id, target_dag_id)`` order until the transaction ends, waiting
-    for rows another transaction holds; on MySQL/MariaDB existing rows that
-    need no write are skipped by a lock-free ``NOT EXISTS`` probe. FK checks
-    share-lock the ``asset`` and ``dag`` parents (PostgreSQL ``FOR KEY
-    SHARE``). Reads the reference tables, ``asset``,
-    ``asset_alias_asset_event`` and ``dag`` without locks (READ COMMITTED;
-    MySQL/MariaDB refuse other levels: :mod:`airflow_adrq.dialects.mysql`).
+    Stamping after the locks keeps stamp order and commit order the same for
+    transactions sharing a row: one that waited for another's row is stamped
+    after that COMMIT. Why that matters, and what is left: the README's
+    "Timing". Pass only the caller's own uncommitted events. No events: does
+    nothing and returns ``None``.
+
+    ``on_conflict``: ``"refresh"`` takes an existing row (it gets the stamp),
+    ``"ignore"`` leaves it, ``"refresh_after_commit"`` leaves it here (only a
+    Session's commit-time write refreshes it after COMMIT, see
+    :func:`defer_events`), ``"auto"`` is the backend's safe choice
+    (:func:`airflow_adrq.dialects.resolve`). ``allowed``: event id -> the
+    only DAG ids it may queue (Airflow's multi-team rules); other events
+    queue every consumer. ``shape``: the schema written
+    (:mod:`airflow_adrq.shapes`); ``schema``: the database schema of the
+    tables (``[database] sql_alchemy_schema``).
+
+    Locks: the queue rows it inserts and, with ``"refresh"``, the existing
+    ones, in ``(asset_id, target_dag_id)`` order (3.4: ``(target_dag_id,
+    asset_event_id)``) until the transaction ends, waiting for rows another
+    transaction holds; on MySQL/MariaDB existing rows that need no write are
+    skipped by a lock-free ``NOT EXISTS`` probe. Then the given
+    ``asset_event`` rows (the caller's own). FK checks share-lock the
+    ``asset`` and ``dag`` parents (PostgreSQL ``FOR KEY SHARE``). Reads the
+    reference tables, ``asset``, ``asset_alias_asset_event`` and ``dag``
+    without locks (READ COMMITTED; MySQL/MariaDB refuse other levels:
+    :mod:`airflow_adrq.dialects.mysql`).
 
     Does not promise: no deadlock with earlier statements of the same
     transaction that locked queue rows (use :func:`defer_events`), or with
     writers locking these rows in another order. On a deadlock, retry the
-    whole transaction (:func:`airflow_adrq.retry.run_in_transaction`).
+    whole transaction (:func:`airflow_adrq.retry.run_in_transaction`). An
+    existing row takes the stamp even if it carried a later one (written by
+    a host whose clock runs ahead of the database's).
     """
     events = list(events)
     chunks = list(_chunks(events))
     if not chunks:
         return None
-    stamp = stamp or utcnow()
     conn = _connection(bind)
     support = dialects.get(conn)
     support.check_connection(conn)
     mode = dialects.resolve(on_conflict, conn)
     restricted = allowed is not None and bool(allowed)
-    stamping = support.stamp_in_statement
-    stmt = _statement(support.name, _Form("events", mode, shape, restricted, stamping))
+    stmt = _statement(support.name, _Form("events", _in_statement(mode), shape, restricted))
     options = in_schema(schema)
+    chunk_params: list[dict[str, Any]] = []
     for ids in chunks:
-        if not stamping:
-            conn.execute(_STAMP, {"ids": ids, "stamp": stamp}, execution_options=options)
-        params: dict[str, Any] = {"ids": ids, "created_at": stamp}
+        params: dict[str, Any] = {"ids": ids}
         if allowed:
             mine = [event_id for event_id in ids if event_id in allowed]
             params["restricted_ids"] = mine
             params["allowed"] = [(event_id, dag_id) for event_id in mine for dag_id in allowed[event_id]]
-        conn.execute(stmt, params, execution_options=options)
+        conn.execute(stmt, {**params, "created_at": PENDING}, execution_options=options)
+        chunk_params.append(params)
+    ids = [event_id for chunk in chunks for event_id in chunk]
+    asset_ids = sorted({event.asset_id for event in events})
+    stamp = _stamp(conn, ids, asset_ids, options)
     for event in events:
         if _is_mapped(event):
             _set_loaded_timestamp(event, stamp)
+    if mode == "refresh_after_commit" and not shape.event_keyed and isinstance(bind, Session):
+        older = _older_rows(_Form("events", "ignore", shape, restricted))
+        for params in chunk_params:
+            refresh.after_commit(bind, refresh.Planned(conn, older, params, stamp, options))
     return stamp
+
+
+def _in_statement(mode: ResolvedPolicy) -> ConflictMode:
+    """What the statement itself does with an existing row (a refresh after COMMIT leaves it here)."""
+    return "refresh" if mode == "refresh" else "ignore"
 
 
 def in_schema(schema: str | None) -> dict[str, Any]:
@@ -492,7 +566,7 @@ def queue_dagruns(
     support = dialects.get(conn)
     support.check_connection(conn)
     stmt = build_queue_statement(
-        conn.dialect, source="assets", on_conflict=dialects.resolve(on_conflict, conn)
+        conn.dialect, source="assets", on_conflict=_in_statement(dialects.resolve(on_conflict, conn))
     )
     for start in range(0, len(ids), IDS_PER_STATEMENT):
         conn.execute(
@@ -524,7 +598,8 @@ class _Deferred:
 def _queue_deferred(session: Session, entries: list[_Deferred]) -> None:
     # One statement for all: the strongest policy asked for wins.
     policies = {entry.on_conflict for entry in entries}
-    on_conflict: ConflictPolicy = next(p for p in ("refresh", "auto", "ignore") if p in policies)
+    strongest: tuple[ConflictPolicy, ...] = ("refresh", "auto", "refresh_after_commit", "ignore")
+    on_conflict = next(p for p in strongest if p in policies)
     allowed = {entry.id: entry.allowed for entry in entries if entry.allowed is not None}
     shapes = {entry.shape for entry in entries}
     if len(shapes) != 1:

@@ -172,16 +172,18 @@ class ReleaseLine:
         raise NotImplementedError(f"Airflow {self.name} has no multi-team filter")
 
     def conflict_policy(self) -> ConflictPolicy:
-        """The ``on_conflict`` the plug-in passes: ``"ignore"`` if the scheduler locks no rows, or ``"auto"``.
+        """The ``on_conflict`` the plug-in passes: ``"auto"``; ``"refresh_after_commit"`` without row locks.
 
-        ``"auto"`` refreshes an existing row where the scheduler locks the
-        rows it consumes (:func:`airflow_adrq.dialects.resolve`); with
-        ``[scheduler] use_row_level_locking = False`` it locks none on any
-        backend, and refreshing would deadlock with its deletes.
+        ``"auto"`` refreshes an existing row in the statement where the
+        scheduler locks the rows it consumes, after COMMIT where it does not
+        (:func:`airflow_adrq.dialects.resolve`); with ``[scheduler]
+        use_row_level_locking = False`` it locks none on any backend, and a
+        refresh inside the transaction would deadlock with its deletes.
         """
         from airflow.configuration import conf
 
-        return "auto" if conf.getboolean("scheduler", "use_row_level_locking", fallback=True) else "ignore"
+        locking = conf.getboolean("scheduler", "use_row_level_locking", fallback=True)
+        return "auto" if locking else "refresh_after_commit"
 
     def metadata_schema(self) -> str | None:
         """The database schema of Airflow's tables (``[database] sql_alchemy_schema``), or ``None``.

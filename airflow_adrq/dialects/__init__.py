@@ -7,12 +7,13 @@ with :func:`register`; adding a backend means adding a module here.
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
-from sqlalchemy import Column, Select, Table
+from sqlalchemy import Column, ColumnElement, Select, Table
 from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Insert
@@ -25,6 +26,7 @@ __all__ = [
     "ConflictPolicy",
     "DialectSupport",
     "Registry",
+    "ResolvedPolicy",
     "check_policy",
     "get",
     "register",
@@ -33,9 +35,13 @@ __all__ = [
 
 #: What the statement does with an existing queue row (see DialectSupport).
 ConflictMode = Literal["ignore", "refresh"]
-#: What a caller asks for: a mode, or ``"auto"``, the backend's safe default (:func:`resolve`).
-ConflictPolicy = Literal["auto", "ignore", "refresh"]
-CONFLICT_POLICIES: tuple[ConflictPolicy, ...] = ("auto", "ignore", "refresh")
+#: What a caller asks for: ``"refresh"`` in the statement, ``"ignore"``, ``"refresh_after_commit"``
+#: (the statement ignores, separate statements refresh after COMMIT: :mod:`airflow_adrq.refresh`),
+#: or ``"auto"``, the backend's safe choice (:func:`resolve`).
+ConflictPolicy = Literal["auto", "ignore", "refresh", "refresh_after_commit"]
+#: A policy with ``"auto"`` resolved.
+ResolvedPolicy = Literal["ignore", "refresh", "refresh_after_commit"]
+CONFLICT_POLICIES: tuple[ConflictPolicy, ...] = ("auto", "ignore", "refresh", "refresh_after_commit")
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,15 @@ class DialectSupport:
     so that a producer refreshing a row only ever waits for the scheduler,
     never the other way round. Where it takes no row locks (MariaDB), it
     deletes the rows DAG by DAG in Python-set order while a refresh locks them
-    in key order: the two deadlock, so ``"auto"`` is ``"ignore"`` there.
+    in key order: the two deadlock, so ``"auto"`` is ``"refresh_after_commit"``
+    there (one DAG per statement, after COMMIT: :mod:`airflow_adrq.refresh`).
+
+    ``clock()`` is the database's clock as a SQL expression with one value
+    per statement (``None``: Python's, for a database on the caller's host);
+    the queue's stamp is read from it once the rows are locked
+    (:func:`airflow_adrq.queue.queue_events`). ``stamp_in_one_statement``:
+    the backend runs data-modifying CTEs, so the stamp goes on the events
+    and the rows in the statement that reads it.
     """
 
     name: str
@@ -79,9 +93,8 @@ class DialectSupport:
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
     configure_engine: Callable[[Engine], None] = field(default=lambda engine: None)
     check_connection: Callable[[Connection], None] = field(default=lambda connection: None)
-    #: The backend runs an UPDATE ... RETURNING as a CTE of the INSERT (PostgreSQL),
-    #: so the events are stamped by the queue statement itself.
-    stamp_in_statement: bool = False
+    clock: Callable[[], ColumnElement[dt.datetime]] | None = None
+    stamp_in_one_statement: bool = False
     refresh_by_default: Callable[[Connection], bool] = field(default=lambda connection: True)
     #: DDL is transactional: a failed migration's rollback undoes it (not MySQL/MariaDB,
     #: where each DDL statement commits; :mod:`airflow_adrq.migrate` cleans up there).
@@ -169,9 +182,9 @@ def check_policy(policy: object) -> ConflictPolicy:
     return policy
 
 
-def resolve(policy: ConflictPolicy, connection: Connection) -> ConflictMode:
-    """The conflict mode ``policy`` means on ``connection`` (``"auto"``: the backend's safe default)."""
+def resolve(policy: ConflictPolicy, connection: Connection) -> ResolvedPolicy:
+    """What ``policy`` means on ``connection`` (``"auto"``: the backend's safe choice)."""
     policy = check_policy(policy)
     if policy == "auto":
-        return "refresh" if get(connection).refresh_by_default(connection) else "ignore"
+        return "refresh" if get(connection).refresh_by_default(connection) else "refresh_after_commit"
     return policy

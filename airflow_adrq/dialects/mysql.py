@@ -38,6 +38,7 @@ from sqlalchemy.sql.dml import Insert
 
 from airflow_adrq.dialects import ConflictMode, DialectSupport, register
 from airflow_adrq.errors import AdrqError, IsolationLevelError
+from airflow_adrq.models import UtcDateTime
 
 #: Execution option that lets a connection write the queue at any isolation level.
 ALLOW_ISOLATION_OPTION = "adrq_allow_isolation"
@@ -137,6 +138,9 @@ SUPPORT = register("mysql", "mariadb")(
         # MySQL 8's scheduler locks the rows it consumes: refresh waits for it.
         # MariaDB's does not, and deletes DAG by DAG: refresh would deadlock.
         refresh_by_default=_scheduler_locks_queue_rows,
+        # UTC wall time, as the naive UTC values sent for TIMESTAMP columns
+        # (models.UtcDateTime); evaluated once per statement.
+        clock=lambda: func.utc_timestamp(6, type_=UtcDateTime()),
         transactional_ddl=False,
         check_before_ddl=_require_explicit_timestamp_defaults,
     )

@@ -10,17 +10,22 @@ concurrent producers share.
 
 from __future__ import annotations
 
+from sqlalchemy import func
 from sqlalchemy.dialects import postgresql
 
 from airflow_adrq.dialects import DialectSupport, _on_conflict, register
+from airflow_adrq.models import UtcDateTime
 
 SUPPORT = register("postgresql")(
     DialectSupport(
         name="postgresql",
         insert_from_select=_on_conflict.insert_from_select(postgresql.insert, "greatest"),
         insert_ignore=_on_conflict.insert_ignore(postgresql.insert),
-        # WITH ev AS (UPDATE asset_event ... RETURNING ...) INSERT ...: one round trip.
-        stamp_in_statement=True,
+        # The start of the statement that reads it, which runs once the rows
+        # are locked: one value for the whole statement.
+        clock=lambda: func.statement_timestamp(type_=UtcDateTime()),
+        # WITH e AS (UPDATE asset_event ...), q AS (UPDATE ...) SELECT ...: one round trip.
+        stamp_in_one_statement=True,
         # PostgreSQL's default READ COMMITTED is what the guarantees assume:
         # no engine settings.
     )

@@ -72,10 +72,9 @@ def test_each_transaction_has_its_own_stamp(engine):
     events, rows = _stamps(engine)
     first, second = sorted(events.values())
     assert first < second
-    # The queue row stands for the newest event ("auto" refreshes it), except
-    # on MariaDB, where "auto" keeps Airflow's DO NOTHING.
-    mariadb = engine.dialect.name == "mysql" and engine.dialect.is_mariadb
-    assert list(rows.values()) == [first if mariadb else second]
+    # The queue row stands for the newest event ("auto" refreshes it: on
+    # MariaDB after COMMIT).
+    assert list(rows.values()) == [second]
 
 
 def test_deferral_from_a_flush_hook_is_written(engine):

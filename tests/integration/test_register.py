@@ -20,7 +20,7 @@ from airflow_adrq import (
     register_asset_changes,
     remove_listener,
 )
-from airflow_adrq.models import AssetDagRunQueue, AssetEvent
+from airflow_adrq.models import AssetDagRunQueue, AssetEvent, UtcDateTime, utcnow
 from airflow_adrq.queue import pending_events, queue_events
 from tests.factories import (
     add_alias,
@@ -146,30 +146,51 @@ def test_refresh_moves_created_at_forward_only(engine):
     with Session(engine) as session:
         register_asset_change(asset=asset_ref("a"), session=session)  # the default, "auto"
         session.commit()
-    # "auto" refreshes where Airflow's scheduler locks the rows it consumes;
-    # MariaDB's locks none (refreshing would deadlock with its deletes).
-    if engine.dialect.name == "mysql" and engine.dialect.is_mariadb:
-        assert created_at() == first
-    else:
-        assert created_at() > first
+    # "auto" refreshes in the statement where Airflow's scheduler locks the
+    # rows it consumes, after COMMIT where it does not (MariaDB).
+    assert created_at() > first
+    assert created_at() == max(e.timestamp for e in events(engine))
     first = created_at()
     with Session(engine) as session:
         register_asset_change(asset=asset_ref("a"), session=session, on_conflict="ignore")
         session.commit()
     assert created_at() == first  # "ignore" keeps the older timestamp (Airflow 3.3 behaviour)
-    with Session(engine) as session:
-        register_asset_change(asset=asset_ref("a"), session=session, on_conflict="refresh")
+    for policy in ("refresh", "refresh_after_commit"):
+        with Session(engine) as session:
+            register_asset_change(asset=asset_ref("a"), session=session, on_conflict=policy)
+            session.commit()
+        refreshed = created_at()
+        assert refreshed > first, policy
+        assert refreshed == max(e.timestamp for e in events(engine)), policy
+        first = refreshed
+
+
+def test_the_stamp_is_the_database_clock_read_after_the_rows_are_locked(engine):
+    """One value on the event and its row, from the server's clock (SQLite: this host's), at the commit."""
+    asset_id = _fan(engine, {"a": ["c"]})["a"]
+    clock = {"postgresql": "SELECT statement_timestamp()", "mysql": "SELECT UTC_TIMESTAMP(6)"}
+    column = sa.Column("now", UtcDateTime())
+
+    def now():
+        if engine.dialect.name not in clock:
+            return utcnow()
+        with engine.connect() as conn:
+            return conn.execute(sa.text(clock[engine.dialect.name]).columns(column)).scalar_one()
+
+    with Session(engine, expire_on_commit=False) as session:
+        event = register_asset_change(asset=asset_ref("a"), session=session)
+        flushed = event.timestamp
+        before = now()
         session.commit()
-    refreshed = created_at()
-    assert refreshed > first
-    newest_event = max(e.timestamp for e in events(engine))
-    assert refreshed == newest_event
-    # Never backwards: an older stamp leaves the newer created_at.
-    some_event = events(engine)[0]
-    with Session(engine) as session:
-        queue_events(session, [some_event], stamp=refreshed - dt.timedelta(hours=1))
-        session.commit()
-    assert created_at() == refreshed
+        after = now()
+        loaded = event.timestamp
+    (stored,) = events(engine)
+    assert before <= stored.timestamp <= after
+    assert stored.timestamp > flushed
+    assert loaded == stored.timestamp  # the loaded object carries it too
+    with Session(engine) as s:
+        assert s.scalar(sa.select(AssetDagRunQueue.created_at)) == stored.timestamp
+    assert asset_id
 
 
 def test_unknown_asset_warns_and_writes_nothing(engine, caplog, listener_calls):
