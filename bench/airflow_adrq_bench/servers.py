@@ -45,6 +45,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ from sqlalchemy.pool import NullPool
 from airflow_adrq.errors import AdrqError
 
 __all__ = [
+    "ASYNCPG_CONNECT_ARGS",
     "BACKENDS",
     "ENV_NO_LOCAL",
     "ServerBackend",
@@ -67,6 +69,7 @@ __all__ = [
     "drop_database",
     "env_var",
     "pgbouncer",
+    "require_pgbouncer",
     "server_version",
 ]
 
@@ -523,6 +526,35 @@ def _safe(url: str) -> str:
 ENV_PGBOUNCER = "ADRQ_TEST_PGBOUNCER_URL"
 
 
+def require_pgbouncer() -> str:
+    """The ``pgbouncer`` binary :func:`pgbouncer` would start; raises :class:`ServerNotFoundError`
+    naming the Debian package when there is none (or mirakuru, which drives it, is missing)."""
+    binary = _which("pgbouncer", extra_dirs=("/usr/sbin", "/usr/local/bin"))
+    if binary is None:
+        raise ServerNotFoundError(
+            f"no pgbouncer binary: install the Debian package 'pgbouncer' (it need not be running), "
+            f"or set {ENV_PGBOUNCER}"
+        )
+    _require_mirakuru("PgBouncer")
+    return binary
+
+
+def _unique_statement_name() -> str:
+    return f"__asyncpg_{uuid.uuid4().hex}__"
+
+
+#: ``connect_args`` of an asyncpg engine behind this PgBouncer (1.18: no prepared statements in
+#: transaction pooling): no statement caches, and a name of its own for every prepared statement,
+#: so that two clients sharing one server connection never clash on asyncpg's numbered names
+#: (SQLAlchemy's asyncpg dialect docs, "Prepared Statement Name with PGBouncer"). An import path
+#: to it is what Airflow's ``[database] sql_alchemy_connect_args_async`` takes.
+ASYNCPG_CONNECT_ARGS: dict[str, Any] = {
+    "prepared_statement_cache_size": 0,
+    "statement_cache_size": 0,
+    "prepared_statement_name_func": _unique_statement_name,
+}
+
+
 @contextlib.contextmanager
 def pgbouncer(
     server_url: str | URL, *, pool_mode: str = "transaction", stats_users: Sequence[str] = ()
@@ -548,13 +580,7 @@ def pgbouncer(
         given = sa.make_url(explicit)
         yield upstream.set(host=given.host, port=given.port).render_as_string(hide_password=False)
         return
-    binary = _which("pgbouncer", extra_dirs=("/usr/sbin", "/usr/local/bin"))
-    if binary is None:
-        raise ServerNotFoundError(
-            f"no pgbouncer binary: install the Debian package 'pgbouncer' (it need not be running), "
-            f"or set {ENV_PGBOUNCER}"
-        )
-    _require_mirakuru("PgBouncer")
+    binary = require_pgbouncer()
     as_user = _unprivileged_account("postgres")
     tmp = Path(tempfile.mkdtemp(prefix="adrq-pgbouncer-"))
     try:

@@ -5,6 +5,7 @@
     airflow-adrq bench --airflow --live                         # every PostgreSQL / MariaDB server found
     airflow-adrq bench --airflow --live --backend mysql --producer-dags 4
     airflow-adrq bench --airflow --live --db postgresql://root@127.0.0.1/postgres --schedulers 2
+    airflow-adrq bench --airflow --live --backend postgresql --schedulers 2 --pgbouncer --executor celery
 
 The command builds the deployment itself, on scratch databases, from the
 Airflow installed in its own environment: per manager (``stock``: Airflow's
@@ -12,7 +13,10 @@ Airflow installed in its own environment: per manager (``stock``: Airflow's
 backend, a database ``adrq_live_<manager>_<random>`` made by ``airflow db
 migrate``, and ``airflow api-server``, ``airflow scheduler --skip-serve-logs``
 (one, or two in HA mode on PostgreSQL) and ``airflow dag-processor`` as child
-processes on ``127.0.0.1`` (LocalExecutor). It writes the DAG files (producer
+processes on ``127.0.0.1``, with LocalExecutor, or CeleryExecutor and ``airflow
+celery worker`` processes on a Redis broker (``--executor celery``), directly
+on the database or each through a throwaway PgBouncer in transaction pooling
+mode (``--pgbouncer``, PostgreSQL only). It writes the DAG files (producer
 DAGs with a mapped task whose instances finish together, each with the same
 outlet assets; consumer DAGs on the OR of them), warms the api-server up,
 triggers the bursts through the REST API, waits for the queue to drain, sends
@@ -20,8 +24,9 @@ one more event per asset, drains again, and counts on the database what every
 event became. The deployments run one after another (stock, then plug-in, per
 backend and run), each stopped before the next starts.
 
-Modules: :mod:`.config` (sizes, names, limits), :mod:`.dags` (the DAG files),
-:mod:`.deployment` (settings, components, stopping them), :mod:`.driver`
+Modules: :mod:`.config` (sizes, shape, names, limits), :mod:`.dags` (the DAG files),
+:mod:`.deployment` (settings, components, stopping them), :mod:`.scaleout`
+(the Celery and PgBouncer checks, the PgBouncer, the broker), :mod:`.driver`
 (REST calls, waits, progress), :mod:`.measure` (SQL counts, deadlock
 counters, log parsing), :mod:`.runner` (one deployment end to end),
 :mod:`.report` (table, JSON, PNG, exit status).
@@ -49,18 +54,20 @@ from airflow_adrq.errors import AdrqError
 from airflow_adrq_bench import options, servers
 from airflow_adrq_bench.airflow_mode import rawinfo
 from airflow_adrq_bench.airflow_mode import run as run_module
-from airflow_adrq_bench.airflow_mode.live import report
+from airflow_adrq_bench.airflow_mode.live import report, scaleout
 from airflow_adrq_bench.airflow_mode.live.config import (
     DEFAULT,
+    EXECUTORS,
     MANAGERS,
     SMALL,
+    LiveShape,
     LiveSizes,
     default_time_limit,
 )
 from airflow_adrq_bench.airflow_mode.live.deployment import airflow_command
 from airflow_adrq_bench.airflow_mode.live.runner import run_cell
 
-__all__ = ["build_parser", "main", "run"]
+__all__ = ["build_parser", "main", "run", "shape_from"]
 
 _PROG = "airflow-adrq bench --airflow --live"
 
@@ -87,7 +94,8 @@ def build_parser(prog: str = _PROG) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
             "A real Apache Airflow deployment (the Airflow installed here: api-server, scheduler(s), "
-            "dag-processor, LocalExecutor, on 127.0.0.1) built on scratch databases, once per asset "
+            "dag-processor, LocalExecutor or CeleryExecutor and its workers, optionally PgBouncer, on "
+            "127.0.0.1) built on scratch databases, once per asset "
             "manager: stock AssetManager and airflow-adrq's plug-in side by side. Bursts of mapped "
             "producer tasks finishing together; per manager: failed / retried producer tasks, deadlocks, "
             "events written, consumer runs, stranded and double-consumed (event, consumer) pairs, the "
@@ -146,12 +154,69 @@ def build_parser(prog: str = _PROG) -> argparse.ArgumentParser:
         action="store_true",
         help="also fail unless stock had failed producer tasks or stranded pairs somewhere (for CI)",
     )
+    _add_shape_options(parser.add_argument_group("deployment shape (every manager gets the same)"))
     options.add_size_options(
         parser.add_argument_group("sizes"),
         LiveSizes,
         lambda name: f"{_SIZE_HELP[name]} (default {getattr(DEFAULT, name)!r})",
     )
     return parser
+
+
+def _add_shape_options(group: argparse._ActionsContainer) -> None:
+    """The options of :class:`LiveShape` (``--schedulers`` is a size: it is among the sizes)."""
+    default = LiveShape()
+    group.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default=default.executor,
+        help="local: LocalExecutor; celery: CeleryExecutor with --celery-workers `airflow celery worker` "
+        f"processes, results in the scratch database (needs: {scaleout.CELERY_INSTALL}) "
+        f"(default {default.executor})",
+    )
+    group.add_argument(
+        "--celery-workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"Celery workers, each running a share of a burst at once (default {default.celery_workers})",
+    )
+    group.add_argument(
+        "--broker-url",
+        default=None,
+        metavar="URL",
+        help=f"the Celery broker (default: the Redis at {scaleout.DEFAULT_REDIS}, a database number "
+        "per deployment; every deployment has a queue of its own)",
+    )
+    group.add_argument(
+        "--pgbouncer",
+        action="store_true",
+        help="every component (api-server, schedulers, dag-processor, Celery workers) reaches PostgreSQL "
+        "through a throwaway PgBouncer in transaction pooling mode, one per deployment (Debian package "
+        "pgbouncer; PostgreSQL only); airflow db migrate goes directly",
+    )
+    group.add_argument(
+        "--api-workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"[api] workers of the api-server (default {default.api_workers})",
+    )
+
+
+def shape_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> LiveShape:
+    """The shape the options give; exits with a usage error when they contradict each other."""
+    if args.executor != "celery" and (args.celery_workers is not None or args.broker_url is not None):
+        parser.error("--celery-workers and --broker-url need --executor celery")
+    given = {
+        name: getattr(args, name)
+        for name in ("celery_workers", "broker_url", "api_workers")
+        if getattr(args, name) is not None
+    }
+    try:
+        return LiveShape(executor=args.executor, pgbouncer=args.pgbouncer, **given)
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 def _say(message: str) -> None:
@@ -185,8 +250,15 @@ def run(
     time_limit_s: float | None = None,
     keep_scratch: bool = False,
     plugin_kwargs: str | None = None,
+    shape: LiveShape | None = None,
 ) -> dict[str, Any]:
-    """Every (run, target, manager) deployment, one after the other; returns the raw results."""
+    """Every (run, target, manager) deployment, one after the other; returns the raw results.
+
+    Raises :class:`~.config.LiveError` before the first deployment when this
+    environment cannot run ``shape`` (:func:`.scaleout.check`).
+    """
+    shape = shape or LiveShape()
+    scaleout.check(shape, targets)
     limit = time_limit_s or default_time_limit(sizes)
     started = time.monotonic()
     raw: dict[str, Any] = {
@@ -198,6 +270,9 @@ def run(
         "extra_events": "one per outlet asset, through POST /api/v2/assets/events",
         "plugin_source": _plugin_source(),
         "plugin_kwargs": plugin_kwargs,
+        # The cells name each deployment's own (its schedulers, its broker database).
+        "shape": dataclasses.asdict(shape)
+        | {"broker_url": shape.broker_url and scaleout.redacted(shape.broker_url)},
         "cells": [],
     }
     for run_index in range(runs):
@@ -214,6 +289,7 @@ def run(
                         time_limit_s=limit,
                         keep_scratch=keep_scratch,
                         manager_kwargs=plugin_kwargs if manager == "plugin" else None,
+                        shape=shape,
                         say=_say,
                     )
                 )
@@ -274,6 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sizes = options.sizes_from(args, SMALL if args.small else DEFAULT)
     except ValueError as exc:
         parser.error(str(exc))
+    shape = shape_from(parser, args)
     if args.plugin_kwargs is not None:
         try:
             kwargs = json.loads(args.plugin_kwargs)
@@ -301,6 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 time_limit_s=args.time_limit,
                 keep_scratch=args.keep_scratch,
                 plugin_kwargs=args.plugin_kwargs,
+                shape=shape,
             )
     except (AdrqError, SQLAlchemyError) as exc:
         _say(f"{_PROG}: error: {exc}")

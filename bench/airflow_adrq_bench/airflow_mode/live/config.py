@@ -1,8 +1,9 @@
 """Sizes, names and limits of ``airflow-adrq bench --airflow --live``.
 
 Everything the other modules of the live mode agree on lives here: how big a
-run is (:class:`LiveSizes`), which asset manager class each manager name
-selects, the DAG, asset and run ids the DAG files, the driver and the counting
+run is (:class:`LiveSizes`), how its deployments are laid out
+(:class:`LiveShape`: executor, PgBouncer, api-server workers), which asset
+manager class each manager name selects, the DAG, asset and run ids the DAG files, the driver and the counting
 SQL share, and how long a deployment may take before it is stopped.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from airflow_adrq_bench.errors import BenchError
 
@@ -19,6 +20,7 @@ __all__ = [
     "ASSET_PREFIX",
     "CONSUMER_PREFIX",
     "DEFAULT",
+    "EXECUTORS",
     "MANAGERS",
     "MANAGER_CLASSES",
     "PRODUCER_PREFIX",
@@ -27,6 +29,7 @@ __all__ = [
     "WARM_DAG",
     "Deadline",
     "LiveError",
+    "LiveShape",
     "LiveSizes",
     "TimeLimitError",
     "asset_names",
@@ -154,6 +157,50 @@ class LiveSizes:
 DEFAULT: Final = LiveSizes()
 #: The size of the test suite's run (tests/plugin/test_live.py).
 SMALL: Final = LiveSizes(instances=4, outlets=2, consumers=8, bursts=2, producer_dags=2, settle_s=4.0)
+
+
+#: ``AIRFLOW__CORE__EXECUTOR`` per ``--executor``.
+EXECUTORS: Final[dict[str, str]] = {"local": "LocalExecutor", "celery": "CeleryExecutor"}
+
+
+@dataclass(frozen=True)
+class LiveShape:
+    """How every deployment of a run is laid out (besides ``LiveSizes.schedulers``); stock and the
+    plug-in get the same, so a run compares the managers in one shape."""
+
+    #: ``local`` (LocalExecutor) or ``celery`` (CeleryExecutor with its own workers).
+    executor: str = "local"
+    #: ``airflow celery worker`` processes (``celery`` only).
+    celery_workers: int = 2
+    #: The Celery broker (``celery`` only); None: the local Redis, a database number per deployment.
+    broker_url: str | None = None
+    #: A throwaway PgBouncer (transaction pooling) in front of PostgreSQL for every component.
+    pgbouncer: bool = False
+    #: ``[api] workers``: the api-server's worker processes.
+    api_workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, not {self.executor!r}")
+        if min(self.celery_workers, self.api_workers) < 1:
+            raise ValueError("celery workers and api workers must be at least 1")
+        if self.broker_url is not None and self.executor != "celery":
+            raise ValueError("a broker URL needs the celery executor")
+
+    @property
+    def celery(self) -> bool:
+        """Whether the deployments run CeleryExecutor (and start workers)."""
+        return self.executor == "celery"
+
+    def describe(self, schedulers: int) -> dict[str, Any]:
+        """What a report names a deployment's shape by (``schedulers``: the deployment's own count)."""
+        return {
+            "executor": EXECUTORS[self.executor],
+            "celery_workers": self.celery_workers if self.celery else 0,
+            "pgbouncer": self.pgbouncer,
+            "schedulers": schedulers,
+            "api_workers": self.api_workers,
+        }
 
 
 def default_time_limit(sizes: LiveSizes) -> float:

@@ -8,7 +8,12 @@ environment (``Path(sys.executable).parent / "airflow"``), so the controller
 never imports Airflow. Every component gets the same settings through
 environment variables (nothing from the caller's ``AIRFLOW_*`` variables is
 passed on): one JWT secret, API secret key and Fernet key per deployment,
-LocalExecutor, ``dags_are_paused_at_creation`` off.
+``dags_are_paused_at_creation`` off, and the run's :class:`~.config.LiveShape`:
+LocalExecutor, or CeleryExecutor with ``airflow celery worker`` components on
+a broker database and a queue of the deployment's own (its results in the
+scratch database); the api-server's worker count; with PgBouncer, every
+component reaches the database through the deployment's own throwaway
+PgBouncer (transaction pooling), ``airflow db migrate`` directly.
 
 Each component starts in a session of its own (``start_new_session``), so
 :meth:`Deployment.stop` can end its whole process group: SIGTERM (Airflow
@@ -36,7 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Final
 
-from airflow_adrq_bench.airflow_mode.live.config import LiveError, LiveSizes
+from airflow_adrq_bench.airflow_mode.live import scaleout
+from airflow_adrq_bench.airflow_mode.live.config import EXECUTORS, LiveError, LiveShape, LiveSizes
 
 __all__ = ["MARKER", "Component", "Deployment", "airflow_command", "free_port"]
 
@@ -45,6 +51,11 @@ MARKER: Final = "ADRQ_LIVE_DEPLOYMENT"
 
 # Seconds a process group gets between SIGTERM and SIGKILL.
 _GRACE_S: Final = 30.0
+# The import path of the asyncpg connect_args behind PgBouncer ([database] sql_alchemy_connect_args_async).
+_ASYNC_CONNECT_ARGS: Final = "airflow_adrq_bench.servers.ASYNCPG_CONNECT_ARGS"
+# Stop order: schedulers first (no new task starts), then the Celery workers (their running tasks
+# still report to the api-server), the DAG processor, the api-server last.
+_STOP_ORDER: Final = {"celery-worker": 1, "dag-processor": 2, "api-server": 3}
 
 
 def airflow_command() -> list[str]:
@@ -79,9 +90,10 @@ class Deployment:
     """One manager's Airflow on one scratch database (see the module docstring).
 
     ``url`` is the scratch database's SQLAlchemy URL with the sync driver
-    Airflow uses (``postgresql+psycopg2``, ``mysql+mysqldb``); ``home`` the
-    scratch ``AIRFLOW_HOME`` (DAG files, task logs); ``log_dir`` where the
-    components' own output goes.
+    Airflow uses (``postgresql+psycopg2``, ``mysql+mysqldb``); ``server_url``
+    its server's (where a PgBouncer points); ``home`` the scratch
+    ``AIRFLOW_HOME`` (DAG files, task logs); ``log_dir`` where the components'
+    own output goes.
     """
 
     def __init__(
@@ -95,11 +107,15 @@ class Deployment:
         home: Path,
         log_dir: Path,
         manager_kwargs: str | None = None,
+        shape: LiveShape | None = None,
+        server_url: str = "",
     ) -> None:
         self.name = name
         self.backend = backend
         self.url = url
+        self.server_url = server_url
         self.sizes = sizes
+        self.shape = shape or LiveShape()
         self.home = home
         self.log_dir = log_dir
         self.dags_folder = home / "dags"
@@ -107,9 +123,14 @@ class Deployment:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.id = uuid.uuid4().hex
+        self.broker_url = scaleout.broker_url(self.shape) if self.shape.celery else None
         self.components: list[Component] = []
         self.env = self._environment(manager_class, manager_kwargs)
+        #: The URL the components use (the PgBouncer's, once started with one).
+        self.pooled_url = url
         self.stopped = False
+        # What stop() ends after the components: the PgBouncer.
+        self._servers = contextlib.ExitStack()
 
     # --- settings ---------------------------------------------------------------------
 
@@ -119,8 +140,8 @@ class Deployment:
         sizes = self.sizes
         settings = {
             "AIRFLOW_HOME": str(self.home),
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.url,
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            **self._database(self.url),
+            "AIRFLOW__CORE__EXECUTOR": EXECUTORS[self.shape.executor],
             # Every producer task of a burst runs at once (plus nothing else: the
             # consumers' EmptyOperator never reaches the executor).
             "AIRFLOW__CORE__PARALLELISM": str(max(sizes.tasks_per_burst, 4)),
@@ -135,7 +156,7 @@ class Deployment:
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(self.port),
             "AIRFLOW__API__BASE_URL": f"{self.base_url}/",
-            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API__WORKERS": str(self.shape.api_workers),
             "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
             # >= 64 bytes, or PyJWT warns InsecureKeyLengthWarning on every token.
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(64),
@@ -148,12 +169,43 @@ class Deployment:
         }
         if manager_kwargs is not None:
             settings["AIRFLOW__CORE__ASSET_MANAGER_KWARGS"] = manager_kwargs
+        if self.broker_url is not None:
+            settings.update(self._celery(self.broker_url))
+        if self.shape.pgbouncer:
+            # asyncpg's numbered prepared statements clash behind transaction pooling.
+            settings["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC"] = _ASYNC_CONNECT_ARGS
         if self.backend == "mysql":
             # 3.3.2's scheduler exits on MariaDB at its first orphan clean-up (60 s):
             # _update_asset_orphanage sends WITH ... DELETE ... RETURNING (error 1064).
             settings["AIRFLOW__SCHEDULER__PARSING_CLEANUP_INTERVAL"] = "86400"
         env.update(settings)
         return env
+
+    def _database(self, url: str) -> dict[str, str]:
+        """The settings that name the database: Airflow's, and Celery's result backend there."""
+        settings = {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url}
+        if self.shape.celery:
+            # With the driver named: SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3.
+            settings["AIRFLOW__CELERY__RESULT_BACKEND"] = f"db+{url}"
+        return settings
+
+    def _celery(self, broker_url: str) -> dict[str, str]:
+        """CeleryExecutor's settings: the broker, and a queue of this deployment's own on it."""
+        workers = self.shape.celery_workers
+        return {
+            "AIRFLOW__CELERY__BROKER_URL": broker_url,
+            # The tasks' queue and the one the workers consume (a stale message of another
+            # deployment on the same broker database never reaches these workers).
+            "AIRFLOW__OPERATORS__DEFAULT_QUEUE": f"adrq-live-{self.id[:12]}",
+            # Every producer task of a burst runs at once, as with LocalExecutor.
+            "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(max(1, -(-self.sizes.tasks_per_burst // workers))),
+        }
+
+    @property
+    def shape_info(self) -> dict[str, object]:
+        """The deployment's shape as the report names it (its own scheduler count, its broker)."""
+        broker = None if self.broker_url is None else scaleout.redacted(self.broker_url)
+        return {**self.shape.describe(self.schedulers), "broker_url": broker}
 
     # --- processes --------------------------------------------------------------------
 
@@ -166,7 +218,9 @@ class Deployment:
             try:
                 result = subprocess.run(
                     [*airflow_command(), "db", "migrate"],
-                    env=self.env,
+                    # Directly: the migration's advisory lock is session state, which PgBouncer's
+                    # transaction pooling does not keep.
+                    env={**self.env, **self._database(self.url)},
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     timeout=max(timeout, 1.0),
@@ -182,12 +236,22 @@ class Deployment:
             raise LiveError(f"airflow db migrate failed (exit {result.returncode}, log: {log}):\n{tail}")
 
     def start(self) -> None:
-        """Start the api-server, the scheduler(s) and the DAG processor (in that order)."""
+        """Start the PgBouncer (with one), the api-server, the scheduler(s), the DAG processor and the
+        Celery workers (with CeleryExecutor), in that order."""
+        pooled = self._servers.enter_context(scaleout.pooled(self.shape, self.url, self.server_url))
+        self.env.update(self._database(pooled))
+        self.pooled_url = pooled
         self._start("api-server", ["api-server", "--host", "127.0.0.1", "--port", str(self.port)])
         for index in range(self.schedulers):
             suffix = f"-{index + 1}" if self.schedulers > 1 else ""
             self._start(f"scheduler{suffix}", ["scheduler", "--skip-serve-logs"])
         self._start("dag-processor", ["dag-processor"])
+        for index in range(self.shape.celery_workers if self.shape.celery else 0):
+            hostname = f"w{index + 1}@{self.id}"
+            self._start(
+                f"celery-worker-{index + 1}",
+                ["celery", "worker", "--skip-serve-logs", "--celery-hostname", hostname],
+            )
 
     @property
     def schedulers(self) -> int:
@@ -231,16 +295,17 @@ class Deployment:
     def stop(self) -> list[str]:
         """Stop everything this deployment started; returns what needed SIGKILL (empty: nothing did).
 
-        Schedulers first (no new task starts), then the DAG processor, then the
-        api-server (running tasks still report to it): SIGTERM to each process
-        group, then SIGKILL to the groups still there after the grace period,
-        then a sweep of processes carrying the deployment's marker.
+        Schedulers first (no new task starts), then the Celery workers, the
+        DAG processor, the api-server (running tasks still report to it):
+        SIGTERM to each process group, then SIGKILL to the groups still there
+        after the grace period, then a sweep of processes carrying the
+        deployment's marker; the PgBouncer last.
         """
         if self.stopped:
             return []
         self.stopped = True
         killed: list[str] = []
-        order = sorted(self.components, key=lambda c: {"api-server": 2, "dag-processor": 1}.get(c.name, 0))
+        order = sorted(self.components, key=_stop_rank)
         for component in order:
             _signal_group(component.process.pid, signal.SIGTERM)
         deadline = time.monotonic() + _GRACE_S
@@ -261,6 +326,7 @@ class Deployment:
                 os.kill(pid, signal.SIGKILL)
         if leftovers:
             killed.append(f"{len(leftovers)} task process(es) by pid")
+        self._servers.close()
         return killed
 
     def __enter__(self) -> Deployment:
@@ -268,6 +334,10 @@ class Deployment:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _stop_rank(component: Component) -> int:
+    return next((rank for prefix, rank in _STOP_ORDER.items() if component.name.startswith(prefix)), 0)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -2,7 +2,9 @@
 
 One table per database: a row per measured quantity, a column per manager
 (``stock`` beside ``plugin``); with ``--runs K`` a cell lists the K runs'
-values separated by ``;``. The legend says what each row counts.
+values separated by ``;``. Each table's heading names the deployments' shape
+(executor and workers, PgBouncer, schedulers, api-server workers), as each
+cell's ``shape`` does in the JSON. The legend says what each row counts.
 """
 
 from __future__ import annotations
@@ -16,7 +18,17 @@ from typing import Any
 from airflow_adrq_bench import plots
 from airflow_adrq_bench.airflow_mode.live.config import MANAGERS
 
-__all__ = ["LEGEND", "ROWS", "format_tables", "keeps_queue_rows", "notes", "plot", "problems", "write_json"]
+__all__ = [
+    "LEGEND",
+    "ROWS",
+    "format_tables",
+    "keeps_queue_rows",
+    "notes",
+    "plot",
+    "problems",
+    "shape_label",
+    "write_json",
+]
 
 Cell = dict[str, Any]
 
@@ -25,7 +37,12 @@ Legend (per deployment: one manager on its own scratch database; see `--help` fo
 several runs a cell lists each run's value, separated by `;`)
 * `stock`: Airflow's own `airflow.assets.manager.AssetManager`; `plugin`:
   `airflow_adrq.airflow.AdrqAssetManager`; set through `AIRFLOW__CORE__ASSET_MANAGER_CLASS` on every
-  component (api-server, scheduler(s), DAG processor), LocalExecutor, on 127.0.0.1.
+  component (api-server, scheduler(s), DAG processor, Celery workers), on 127.0.0.1.
+* shape (each table's heading): the executor (LocalExecutor; or CeleryExecutor, its workers on a
+  Redis database and a queue of the deployment's own, results in the scratch database); `PgBouncer`:
+  every component reaches PostgreSQL through a throwaway PgBouncer in transaction pooling mode
+  (`airflow db migrate` directly), `direct` without; the schedulers (2: Airflow's HA mode); the
+  api-server's worker processes.
 * producer tasks failed: producer task instances of the bursts in state `failed` at the end (Airflow
   3.3's task-success endpoint sets a task whose success transaction deadlocked FAILED directly, whatever
   its retries). retried: those with `try_number` > 1.
@@ -159,7 +176,7 @@ def format_tables(raw: dict[str, Any]) -> str:
         f"{sizes['outlets']} outlets, {sizes['consumers']} consumer DAGs on the OR of the outlets, "
         f"{sizes['bursts']} bursts (a burst's instances finish together, each a random 0 to "
         f"{sizes.get('spread_s', 0):g} s after a common deadline), {raw.get('runs', 1)} run(s); "
-        f"LocalExecutor; {raw.get('cpus')} CPUs.",
+        f"{raw.get('cpus')} CPUs.",
     ]
     source = raw.get("plugin_source") or {}
     if source.get("commit"):
@@ -182,10 +199,9 @@ def format_tables(raw: dict[str, Any]) -> str:
         mine = [c for c in cells if c["db"] == db]
         managers = [m for m in MANAGERS if any(c["manager"] == m for c in mine)]
         first = mine[0]
-        schedulers = first.get("schedulers", 1)
         lines += [
             "",
-            f"### {db}: {first['version']}, {schedulers} scheduler{'s' if schedulers > 1 else ''}",
+            f"### {db}: {first['version']}; {shape_label(_shape(first))}",
             "",
             "| | " + " | ".join(managers) + " |",
             "|---|" + "---:|" * len(managers),
@@ -207,6 +223,32 @@ def format_tables(raw: dict[str, Any]) -> str:
         lines += ["Problems:", *[f"* {p}" for p in raw["problems"]], ""]
     lines.append(f"Took {raw.get('duration_s', math.nan):.0f} s.")
     return "\n".join(lines) + "\n"
+
+
+def _shape(cell: Cell) -> dict[str, Any]:
+    """A cell's shape (results written before shapes were recorded: one LocalExecutor, direct)."""
+    return cell.get("shape") or {
+        "executor": "LocalExecutor",
+        "celery_workers": 0,
+        "pgbouncer": False,
+        "schedulers": cell.get("schedulers", 1),
+        "api_workers": 1,
+    }
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def shape_label(shape: dict[str, Any]) -> str:
+    """``CeleryExecutor, 2 Celery workers, PgBouncer, 2 schedulers, 1 api-server worker`` and the like."""
+    parts = [str(shape["executor"])]
+    if shape.get("celery_workers"):
+        parts.append(_count(shape["celery_workers"], "Celery worker"))
+    parts.append("PgBouncer (transaction pooling)" if shape.get("pgbouncer") else "direct")
+    parts.append(_count(shape["schedulers"], "scheduler"))
+    parts.append(_count(shape["api_workers"], "api-server worker"))
+    return ", ".join(parts)
 
 
 def keeps_queue_rows(cell: Cell) -> bool:

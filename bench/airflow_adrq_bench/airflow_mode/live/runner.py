@@ -30,6 +30,7 @@ from airflow_adrq_bench.airflow_mode.live.config import (
     MANAGER_CLASSES,
     Deadline,
     LiveError,
+    LiveShape,
     LiveSizes,
     burst_run_id,
     consumer_dag_ids,
@@ -52,6 +53,7 @@ def run_cell(
     time_limit_s: float,
     keep_scratch: bool = False,
     manager_kwargs: str | None = None,
+    shape: LiveShape | None = None,
     say: Callable[[str], None] = lambda _m: None,
 ) -> dict[str, Any]:
     """Run and measure one deployment; returns its raw results (``error`` set when it failed)."""
@@ -91,8 +93,11 @@ def run_cell(
         home=home,
         log_dir=log_dir,
         manager_kwargs=manager_kwargs,
+        shape=shape,
+        server_url=target.server_url,
     )
     result["schedulers"] = deployment.schedulers
+    result["shape"] = deployment.shape_info
     result["api_server_log"] = str(deployment.log_of("api-server"))
     failed = True
     try:
