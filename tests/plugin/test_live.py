@@ -8,28 +8,34 @@ environments of tests/plugin install the core alone, so there the live tests
 skip themselves with the reason shown. Run them from an environment with the
 full distribution::
 
-    pip install "apache-airflow==3.3.2" asyncpg aiomysql matplotlib psycopg2-binary mysqlclient
+    pip install "apache-airflow==3.3.2" asyncpg aiomysql matplotlib psycopg2-binary mysqlclient \
+        apache-airflow-providers-celery 'celery[redis]<5.7'
     pip install -e . --no-deps
     pytest -p no:cacheprovider tests/plugin/test_live.py -s
 
 Per backend (PostgreSQL, MariaDB/MySQL): one run at the CI size (``--small``:
 2 producer DAGs x 4 mapped instances x 2 outlets, 8 consumer DAGs, 2 bursts),
-stock then plug-in, each on its own scratch database; about 3 minutes per
-backend on 2 cores. Asserted for the plug-in: no failed producer task, no
-deadlock (server counter of the scratch database on PostgreSQL; log lines on
-both), no stranded and no double-consumed (event, consumer) pair, exactly the
-expected asset events, an empty queue (on MariaDB, where the plug-in's default
-``on_conflict=auto`` keeps an existing queue row as Airflow does, stranded
-pairs after the bursts are a note with the reason, not a failure; none may be
-left after one more event); for both managers: the deployment completed, and
-the report and JSON carry every row. And ``--expect-stock-worse``: the same
-harness must show stock failing producer tasks or stranding events, so it can
-tell the two apart. At this size stock stranded 6-43 % of the pairs in every
-run but one, which showed neither failed tasks nor stranded pairs, so a clean
-stock deployment is run again, alone, up to :data:`STOCK_ATTEMPTS`
-deployments in all. Plus checks of the pieces that need no deployment: the
-access-log parser, the pair counting rules, the exit-status rules, the
-DAG files (compiled).
+stock then plug-in, each on its own scratch database; about 2-3 minutes per
+backend on 2 cores. PostgreSQL's deployments have the shape bigger
+installations run (:data:`SHAPES`): two schedulers (HA mode), CeleryExecutor
+with two workers on the local Redis (``redis-server`` must answer on
+127.0.0.1:6379: the run refuses to start otherwise, naming the fix), and every
+component through a throwaway PgBouncer in transaction pooling mode (the
+``pgbouncer`` binary); MariaDB's one scheduler with LocalExecutor, directly.
+Asserted for the plug-in: no failed producer task, no deadlock (server counter
+of the scratch database on PostgreSQL; log lines on both), no stranded and no
+double-consumed (event, consumer) pair, exactly the expected asset events, an
+empty queue (on MariaDB, where the plug-in's default ``on_conflict=auto``
+keeps an existing queue row as Airflow does, stranded pairs after the bursts
+are a note with the reason, not a failure; none may be left after one more
+event); for both managers: the deployment completed, and the report and JSON
+carry every row. And ``--expect-stock-worse``: the same harness must show
+stock failing producer tasks or stranding events, so it can tell the two
+apart. At this size stock stranded 6-43 % of the pairs in every run but one,
+which showed neither failed tasks nor stranded pairs, so a clean stock
+deployment is run again, alone, up to :data:`STOCK_ATTEMPTS` deployments in
+all. Plus checks of the pieces that need no deployment: the access-log parser,
+the pair counting rules, the exit-status rules, the DAG files (compiled).
 """
 
 from __future__ import annotations
@@ -47,6 +53,17 @@ from airflow_adrq_bench.airflow_mode import main as airflow_mode_main
 from airflow_adrq_bench.airflow_mode.live import config, dags, measure, report
 
 LIVE_LINE = "3.3.2"
+
+#: Each backend's deployment shape (HA schedulers and PgBouncer are PostgreSQL's).
+SHAPES = {
+    "postgresql": ("--schedulers", "2", "--pgbouncer", "--executor", "celery", "--celery-workers", "2"),
+    "mysql": (),
+}
+#: What the report names each shape by (its ``shape`` in live.json).
+SHAPE_INFO = {
+    "postgresql": {"executor": "CeleryExecutor", "celery_workers": 2, "pgbouncer": True, "schedulers": 2},
+    "mysql": {"executor": "LocalExecutor", "celery_workers": 0, "pgbouncer": False, "schedulers": 1},
+}
 
 
 def _live_unavailable() -> str | None:
@@ -85,7 +102,8 @@ live_only = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"live Airflow r
 
 
 def _live_run(server, out, *extra):
-    """One ``--live --small --expect-stock-worse`` run; its exit status, stdout and raw results."""
+    """One ``--live --small --expect-stock-worse`` run; its exit status and raw results (None: the
+    run did not start, e.g. no Redis: the reason is on stderr)."""
     status = airflow_mode_main(
         [
             "--airflow",
@@ -102,7 +120,8 @@ def _live_run(server, out, *extra):
             *extra,
         ]
     )
-    return status, json.loads((out / "live.json").read_text())
+    path = out / "live.json"
+    return status, json.loads(path.read_text()) if path.exists() else None
 
 
 #: Stock deployments the negative control may take (see the module docstring).
@@ -116,15 +135,17 @@ _STOCK_BLIND = "--expect-stock-worse"
 @pytest.mark.airflow_backends("postgresql", "mysql")
 def test_small_live_run_plugin_is_clean(af_backend, af_server, tmp_path, capsys):
     out = tmp_path / "live"
-    status, raw = _live_run(af_server, out)
+    shape = SHAPES[af_backend]
+    status, raw = _live_run(af_server, out, *shape)
     captured = capsys.readouterr()
     print(captured.out)  # the table, shown with -s or on failure
+    assert raw is not None, f"the live run did not start (exit {status}): {captured.err[-3000:]}"
     first_blind = any(p.startswith(_STOCK_BLIND) for p in raw["problems"])
     others = [p for p in raw["problems"] if not p.startswith(_STOCK_BLIND)]
     blind, attempts = first_blind, 1
     while blind and attempts < STOCK_ATTEMPTS:
         attempts += 1
-        again, again_raw = _live_run(af_server, tmp_path / f"stock-{attempts}", "--manager", "stock")
+        again, again_raw = _live_run(af_server, tmp_path / f"stock-{attempts}", *shape, "--manager", "stock")
         blind = again != 0
         print(f"stock deployment {attempts} of {STOCK_ATTEMPTS}: problems {again_raw['problems']}")
     assert not blind, f"stock looked clean in {attempts} deployment(s): the harness cannot tell them apart"
@@ -132,6 +153,7 @@ def test_small_live_run_plugin_is_clean(af_backend, af_server, tmp_path, capsys)
     assert set(cells) == {"stock", "plugin"}
     for manager, cell in cells.items():
         assert cell["error"] is None, f"{manager}: {cell['error']} (api-server log: {cell['api_server_log']})"
+        assert cell["shape"].items() >= SHAPE_INFO[af_backend].items(), cell["shape"]
 
     sizes = config.SMALL
     plugin = cells["plugin"]
@@ -152,6 +174,7 @@ def test_small_live_run_plugin_is_clean(af_backend, af_server, tmp_path, capsys)
     assert not server_errors, plugin["patch_state"]
 
     text = (out / "live.md").read_text()
+    assert f"; {report.shape_label(cells['plugin']['shape'])}\n" in text
     for label, _ in report.ROWS:
         assert f"| {label} |" in text
     assert "Legend" in text
