@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import math
 import os
 import secrets
 import signal
@@ -126,8 +127,6 @@ class Deployment:
         self.broker_url = scaleout.broker_url(self.shape) if self.shape.celery else None
         self.components: list[Component] = []
         self.env = self._environment(manager_class, manager_kwargs)
-        #: The URL the components use (the PgBouncer's, once started with one).
-        self.pooled_url = url
         self.stopped = False
         # What stop() ends after the components: the PgBouncer.
         self._servers = contextlib.ExitStack()
@@ -198,7 +197,7 @@ class Deployment:
             # deployment on the same broker database never reaches these workers).
             "AIRFLOW__OPERATORS__DEFAULT_QUEUE": f"adrq-live-{self.id[:12]}",
             # Every producer task of a burst runs at once, as with LocalExecutor.
-            "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(max(1, -(-self.sizes.tasks_per_burst // workers))),
+            "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(math.ceil(self.sizes.tasks_per_burst / workers)),
         }
 
     @property
@@ -240,7 +239,6 @@ class Deployment:
         Celery workers (with CeleryExecutor), in that order."""
         pooled = self._servers.enter_context(scaleout.pooled(self.shape, self.url, self.server_url))
         self.env.update(self._database(pooled))
-        self.pooled_url = pooled
         self._start("api-server", ["api-server", "--host", "127.0.0.1", "--port", str(self.port)])
         for index in range(self.schedulers):
             suffix = f"-{index + 1}" if self.schedulers > 1 else ""
