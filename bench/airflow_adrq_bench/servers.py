@@ -69,6 +69,7 @@ __all__ = [
     "drop_database",
     "env_var",
     "pgbouncer",
+    "redis",
     "require_pgbouncer",
     "server_version",
 ]
@@ -624,6 +625,43 @@ def pgbouncer(
             log_path=tmp / "pgbouncer.log",
         ):
             yield upstream.set(host="127.0.0.1", port=port).render_as_string(hide_password=False)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- Redis -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def redis() -> Iterator[str]:
+    """Yield the URL (``redis://127.0.0.1:<port>``) of a throwaway Redis server, stopped on leaving.
+
+    Loopback only, no persistence, its files in a temporary directory; run
+    as the ``redis`` account (or ``nobody``) when started by root. Raises
+    :class:`ServerNotFoundError` naming the Debian package when the
+    ``redis-server`` binary is missing.
+    """
+    binary = _which("redis-server", extra_dirs=("/usr/bin", "/usr/local/bin"))
+    if binary is None:
+        raise ServerNotFoundError("no redis-server binary: install the Debian package 'redis-server'")
+    _require_mirakuru("a throwaway Redis")
+    as_user = _unprivileged_account("redis")
+    tmp = Path(tempfile.mkdtemp(prefix="adrq-redis-"))
+    try:
+        if as_user is not None:
+            os.chown(tmp, as_user.pw_uid, as_user.pw_gid)
+        port = _free_port()
+        command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        with _listening(
+            [*command, "--dir", str(tmp), "--logfile", str(tmp / "redis.log")],
+            port,
+            stop_signal=signal.SIGTERM,
+            output=subprocess.DEVNULL,
+            as_user=as_user,
+            what="the throwaway Redis",
+            log_path=tmp / "redis.log",
+        ):
+            yield f"redis://127.0.0.1:{port}"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -18,8 +18,8 @@ Per backend (PostgreSQL, MariaDB/MySQL): one run at the CI size (``--small``:
 stock then plug-in, each on its own scratch database; about 2-3 minutes per
 backend on 2 cores. PostgreSQL's deployments have the shape bigger
 installations run (:data:`SHAPES`): two schedulers (HA mode), CeleryExecutor
-with two workers on the local Redis (``redis-server`` must answer on
-127.0.0.1:6379: the run refuses to start otherwise, naming the fix), and every
+with two workers on the local Redis (127.0.0.1:6379; when none answers, a
+throwaway ``redis-server`` the test starts, :func:`broker`), and every
 component through a throwaway PgBouncer in transaction pooling mode (the
 ``pgbouncer`` binary); MariaDB's one scheduler with LocalExecutor, directly.
 Asserted for the plug-in: no failed producer task, no deadlock (server counter
@@ -49,8 +49,9 @@ from pathlib import Path
 
 import pytest
 
+from airflow_adrq_bench import servers
 from airflow_adrq_bench.airflow_mode import main as airflow_mode_main
-from airflow_adrq_bench.airflow_mode.live import config, dags, measure, report
+from airflow_adrq_bench.airflow_mode.live import config, dags, measure, report, scaleout
 
 LIVE_LINE = "3.3.2"
 
@@ -124,6 +125,30 @@ def _live_run(server, out, *extra):
     return status, json.loads(path.read_text()) if path.exists() else None
 
 
+@pytest.fixture
+def broker(af_backend):
+    """``--broker-url`` for the PostgreSQL shape: none while the local Redis answers (the run's
+    default), else a throwaway ``redis-server``'s; nothing for the other backends."""
+    if af_backend != "postgresql":
+        yield ()
+        return
+    try:
+        scaleout.check_broker(f"{scaleout.DEFAULT_REDIS}/0")
+    except config.LiveError:
+        pass
+    else:
+        yield ()
+        return
+    try:
+        with servers.redis() as url:
+            yield ("--broker-url", f"{url}/1")
+    except servers.ServerNotFoundError as exc:
+        message = f"no Redis for the CeleryExecutor deployment: none on 127.0.0.1:6379, and {exc}"
+        if os.environ.get("CI", "").lower() == "true" or os.environ.get("ADRQ_REQUIRE_LIVE"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
 #: Stock deployments the negative control may take (see the module docstring).
 STOCK_ATTEMPTS = 3
 # The start of report.problems()'s line for a stock that looked clean.
@@ -133,9 +158,9 @@ _STOCK_BLIND = "--expect-stock-worse"
 @live_only
 @pytest.mark.slow
 @pytest.mark.airflow_backends("postgresql", "mysql")
-def test_small_live_run_plugin_is_clean(af_backend, af_server, tmp_path, capsys):
+def test_small_live_run_plugin_is_clean(af_backend, af_server, broker, tmp_path, capsys):
     out = tmp_path / "live"
-    shape = SHAPES[af_backend]
+    shape = (*SHAPES[af_backend], *broker)
     status, raw = _live_run(af_server, out, *shape)
     captured = capsys.readouterr()
     print(captured.out)  # the table, shown with -s or on failure

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import shutil
 import socket
 import socketserver
 import threading
@@ -197,3 +198,11 @@ def test_missing_pgbouncer_is_a_clear_error(monkeypatch):
 def test_pgbouncer_is_refused_with_mysql():
     with pytest.raises(LiveError, match=r"PostgreSQL only .* not mysql: add --backend postgresql"):
         scaleout.check(LiveShape(pgbouncer=True), [POSTGRESQL, MARIADB])
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server (Debian: redis-server)")
+def test_throwaway_redis_answers_ping_and_is_gone_after():
+    with servers.redis() as url:
+        scaleout.check_broker(f"{url}/1")
+    with pytest.raises(LiveError, match="unreachable"):
+        scaleout.check_broker(f"{url}/1")

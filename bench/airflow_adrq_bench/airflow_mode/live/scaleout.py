@@ -102,8 +102,8 @@ def check_broker(url: str) -> None:
         raise LiveError(f"--broker-url {redacted(url)}: no port, and none known for {scheme!r}")
     host = parts.hostname or "127.0.0.1"
     fix = (
-        "start it (Debian package redis-server: redis-server --port 6379 --daemonize yes), or name a "
-        "broker that runs with --broker-url"
+        "start Redis (Debian package redis-server; `redis-server --daemonize yes` listens on "
+        "127.0.0.1:6379), or name a running broker with --broker-url"
     )
     try:
         with socket.create_connection((host, port), timeout=_CONNECT_TIMEOUT_S) as sock:
