@@ -104,6 +104,8 @@ def check_broker(url: str) -> None:
     fix = (
         "start Redis (Debian package redis-server; `redis-server --daemonize yes` listens on "
         "127.0.0.1:6379), or name a running broker with --broker-url"
+        if scheme.startswith("redis")
+        else "start it, or name a running broker with --broker-url"
     )
     try:
         with socket.create_connection((host, port), timeout=_CONNECT_TIMEOUT_S) as sock:
