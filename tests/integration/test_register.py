@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections import Counter
 
@@ -21,7 +20,7 @@ from airflow_adrq import (
     remove_listener,
 )
 from airflow_adrq.models import AssetDagRunQueue, AssetEvent, UtcDateTime, utcnow
-from airflow_adrq.queue import pending_events, queue_events
+from airflow_adrq.queue import pending_events
 from tests.factories import (
     add_alias,
     add_asset,
