@@ -2,7 +2,7 @@
 """Which run consumes an event, when producers wait for each other's rows and two schedulers read.
 
 Airflow 3.3's scheduler (``_create_dag_runs_asset_triggered``, copied step by
-step in :func:`_scheduler_pass`) takes a DAG's queue rows (``FOR UPDATE SKIP
+step in :func:`airflow_adrq_bench.residual.scheduler_pass`) takes a DAG's queue rows (``FOR UPDATE SKIP
 LOCKED`` where it uses row locks), sets ``triggered_date`` to their newest
 ``created_at``, attaches the committed events with ``floor < timestamp <=
 triggered_date`` (floor: the newest earlier run's ``run_after`` below
@@ -46,37 +46,22 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from airflow_adrq import create_engine, register_asset_change
-from airflow_adrq.models import AssetDagRunQueue, AssetEvent, DagScheduleAssetReference, utcnow
-from airflow_adrq.queue import build_queue_statement
+from airflow_adrq.models import AssetDagRunQueue, AssetEvent, utcnow
+from airflow_adrq_bench.residual import scheduler_pass, stamp_first
 from tests.factories import add_asset, add_dags, asset_ref, schedule_on_asset
 
 DAG = "d"
 ASSETS = ["a1", "a2", "a3", "a4"]
 _ADRQ = AssetDagRunQueue.__table__
 _EVENT = AssetEvent.__table__
-_REF = DagScheduleAssetReference.__table__
 
 
 # --- the two producer protocols ------------------------------------------------------
 
 
 def _stamp_first(session: Session, names: list[str], assets: dict[str, int]) -> None:
-    """The protocol before the fix: the events, Python's clock, then the one ordered statement, COMMIT."""
-    conn = session.connection()
-    ids = [
-        conn.execute(
-            sa.insert(_EVENT)
-            .values(asset_id=assets[name], extra={}, timestamp=utcnow())
-            .returning(_EVENT.c.id)
-        ).scalar_one()
-        for name in names
-    ]
-    stamp = utcnow()
-    conn.execute(sa.update(_EVENT).where(_EVENT.c.id.in_(ids)).values(timestamp=stamp))
-    conn.execute(
-        build_queue_statement(conn.dialect, on_conflict="refresh"), {"ids": ids, "created_at": stamp}
-    )
-    session.commit()
+    """The protocol before the fix: Python's clock on the events, then the one ordered statement, COMMIT."""
+    stamp_first(session, [assets[name] for name in names])
 
 
 def _ours(session: Session, names: list[str], _assets: dict[str, int]) -> None:
@@ -133,7 +118,7 @@ class World:
     def schedule(self, *, locks: bool) -> None:
         """One pass of Airflow 3.3.2's scheduler over DAG, committed."""
         with self.engine.begin() as conn:
-            run = _scheduler_pass(conn, locks=locks, runs=self.runs)
+            run = scheduler_pass(conn, DAG, locks=locks, runs=self.runs)
         if run is not None:
             self.runs.append(run)
 
@@ -150,34 +135,6 @@ class World:
     def all_events(self) -> list[int]:
         with self.engine.connect() as conn:
             return list(conn.execute(sa.select(_EVENT.c.id).order_by(_EVENT.c.id)).scalars())
-
-
-def _scheduler_pass(conn, *, locks, runs):
-    """``_create_dag_runs_asset_triggered`` for DAG (3.3.2), on a connection in a transaction."""
-    query = sa.select(_ADRQ.c.asset_id, _ADRQ.c.created_at).where(_ADRQ.c.target_dag_id == DAG)
-    query = query.order_by(_ADRQ.c.created_at.desc())
-    if locks:
-        query = query.with_for_update(skip_locked=True)
-    queued = conn.execute(query).all()
-    if not queued:
-        return None
-    triggered = queued[0].created_at
-    earlier = [run_after for run_after, _ in runs if run_after < triggered]
-    window = [_EVENT.c.timestamp <= triggered]
-    if earlier:
-        window.append(_EVENT.c.timestamp > max(earlier))
-    consumed = conn.execute(
-        sa.select(_EVENT.c.id)
-        .where(_EVENT.c.asset_id.in_(sa.select(_REF.c.asset_id).where(_REF.c.dag_id == DAG)), *window)
-        .order_by(_EVENT.c.timestamp, _EVENT.c.id)
-    ).scalars()
-    consumed = list(consumed)
-    conn.execute(
-        sa.delete(_ADRQ).where(
-            _ADRQ.c.target_dag_id == DAG, _ADRQ.c.asset_id.in_([r.asset_id for r in queued])
-        )
-    )
-    return triggered, consumed
 
 
 def _backend_id(conn) -> object:
