@@ -8,7 +8,7 @@ The statement is driven by the transaction's own ``asset_event`` rows
          WHERE e.id IN (:event_ids) AND e.partition_key IS NULL
     )
     INSERT INTO asset_dag_run_queue (asset_id, target_dag_id, created_at)
-    SELECT src.asset_id, src.dag_id, :created_at
+    SELECT src.asset_id, src.dag_id, :pending   -- PENDING: replaced by the stamp below
     FROM (
         -- DAGs scheduled directly on the event's asset
         SELECT ev.asset_id, r.dag_id FROM ev
@@ -31,6 +31,18 @@ The statement is driven by the transaction's own ``asset_event`` rows
         SET created_at = greatest(asset_dag_run_queue.created_at, excluded.created_at)
         WHERE asset_dag_run_queue.created_at < excluded.created_at
 
+and, once it holds its rows, the stamp from the database's clock, one value
+for the events and the rows (PostgreSQL: one statement; elsewhere the clock
+is read first)::
+
+    WITH stamped_events AS (
+        UPDATE asset_event SET timestamp = statement_timestamp() WHERE id IN (:ids)
+    ), stamped_rows AS (
+        UPDATE asset_dag_run_queue SET created_at = statement_timestamp()
+         WHERE asset_id IN (:asset_ids) AND created_at = :pending
+    )
+    SELECT statement_timestamp()
+
 Why this shape:
 
 * **Lock order.** Rows are inserted, and so locked, in primary-key order as
@@ -50,9 +62,10 @@ Why this shape:
   ``asset_alias_asset_event`` rows the transaction wrote. The statement is
   built once per dialect and compiled once.
 * **Timing.** The events' ``timestamp`` and their rows' ``created_at`` are one
-  value taken at COMMIT, and an existing row moves forwards to it
-  (``on_conflict``); why, in the README's "Timing: which events a run
-  consumes".
+  value of the database's clock, read once every row is locked and just
+  before COMMIT, and an existing row moves forwards to it (``on_conflict``;
+  where the scheduler locks no rows, after COMMIT: :mod:`airflow_adrq.refresh`);
+  why, in the README's "Timing: which events a run consumes".
 * **Same rows as Airflow 3.3.** Direct, alias, name and URI references;
   unpaused DAGs only; each (asset, DAG) once; partitioned DAGs and events
   with a ``partition_key`` go to Airflow's ``asset_partition_dag_run``
@@ -651,7 +664,10 @@ def defer_events(
     The session's ``before_commit`` hook (after a final flush) passes every
     event deferred in the transaction to one :func:`queue_events` call, with
     the strongest ``on_conflict`` deferred (``"refresh"`` > ``"auto"`` >
-    ``"ignore"``): one lock order for all of them, held only for the commit.
+    ``"refresh_after_commit"`` > ``"ignore"``): one lock order for all of
+    them, held only for the commit; the stamp is read last, then COMMIT.
+    With ``"refresh_after_commit"``, existing rows are moved forwards after
+    the COMMIT (:mod:`airflow_adrq.refresh`).
     ``events``: flushed ``asset_event`` objects, or anything with integer
     ``id`` and ``asset_id``. ``allowed_dags``, ``shape`` and ``schema`` as in
     :func:`queue_events`. ``alias_names`` (event id -> the aliases it was
@@ -701,5 +717,9 @@ def flush_queue(session: Session) -> int:
     current (possibly nested) transaction: if that SAVEPOINT rolls back, the
     surviving events are queued again at commit. Locks as
     :func:`queue_events`, from now until the transaction ends.
+
+    Does not promise the commit-time timing: the stamp is read now, so the
+    longer the transaction goes on, the longer its events carry a stamp
+    no other transaction can see yet (README, "Timing").
     """
     return len({entry.id for entry in _DEFERRED.flush(session)})
