@@ -36,6 +36,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from airflow_adrq import create_engine, migrate, register_asset_change
+from airflow_adrq.dialects import ConflictPolicy
 from airflow_adrq.models import (
     AssetActive,
     AssetDagRunQueue,
@@ -47,27 +48,40 @@ from airflow_adrq.models import (
     utcnow,
 )
 from airflow_adrq.queue import build_queue_statement
+from airflow_adrq.retry import RetryableKind, classify
 from airflow_adrq_bench import servers
 
-__all__ = ["Run", "main", "scheduler_pass", "stamp_first"]
+__all__ = ["Outcome", "Run", "main", "measure", "scheduler_pass", "stamp_first"]
 
 _ADRQ = cast(sa.Table, AssetDagRunQueue.__table__)
 _EVENT = cast(sa.Table, AssetEvent.__table__)
 _REF = cast(sa.Table, DagScheduleAssetReference.__table__)
+_DAG = cast(sa.Table, DagModel.__table__)
 
 #: The ``(run_after, consumed event ids)`` of one DAG run.
 Run = tuple[dt.datetime, list[int]]
 
 
-def scheduler_pass(conn: sa.Connection, dag_id: str, *, locks: bool, runs: Sequence[Run]) -> Run | None:
-    """Airflow 3.3.2's ``_create_dag_runs_asset_triggered`` for one DAG, on ``conn``'s open transaction.
+def scheduler_pass(
+    conn: sa.Connection, dag_id: str, *, locks: bool, runs: Sequence[Run], lock_dag: bool = True
+) -> Run | None:
+    """Airflow 3.3.2's scheduler for one DAG, on ``conn``'s open transaction; the run it would create.
 
-    Take the DAG's queue rows (``FOR UPDATE SKIP LOCKED`` with ``locks``),
+    ``dags_needing_dagruns`` first takes the DAG's ``dag`` row (``FOR NO
+    KEY UPDATE SKIP LOCKED``; MySQL ``FOR UPDATE SKIP LOCKED``) with
+    ``locks`` and ``lock_dag``: a DAG whose row another transaction holds
+    is skipped this pass (on InnoDB that includes a producer whose insert's
+    FK check share-locked it). Then ``_create_dag_runs_asset_triggered``:
+    take the DAG's queue rows (``FOR UPDATE SKIP LOCKED`` with ``locks``),
     ``triggered_date`` = their newest ``created_at``, the events of the DAG's
     assets with ``floor < timestamp <= triggered_date`` (floor: the newest
     earlier run's ``run_after`` below it), delete exactly the rows taken.
-    Returns the run it would create (the caller records it once committed).
+    The caller records the run once the transaction committed.
     """
+    if locks and lock_dag:
+        dag = sa.select(_DAG.c.dag_id).where(_DAG.c.dag_id == dag_id)
+        if conn.execute(dag.with_for_update(skip_locked=True, key_share=True)).first() is None:
+            return None
     query = sa.select(_ADRQ.c.asset_id, _ADRQ.c.created_at).where(_ADRQ.c.target_dag_id == dag_id)
     query = query.order_by(_ADRQ.c.created_at.desc())
     if locks:
@@ -106,9 +120,9 @@ def stamp_first(session: Session, asset_ids: Sequence[int]) -> list[int]:
     return ids
 
 
-def _ours(session: Session, asset_ids: Sequence[int]) -> list[int]:
+def _ours(session: Session, asset_ids: Sequence[int], policy: ConflictPolicy) -> list[int]:
     names = session.execute(sa.select(AssetModel.name, AssetModel.uri).where(AssetModel.id.in_(asset_ids)))
-    events = [register_asset_change(asset=_Ref(n, u), session=session) for n, u in names]
+    events = [register_asset_change(asset=_Ref(n, u), session=session, on_conflict=policy) for n, u in names]
     ids = [e.id for e in events if e is not None]
     session.commit()
     return ids
@@ -120,10 +134,13 @@ class _Ref:
     uri: str
 
 
-PROTOCOLS: dict[str, Callable[[Session, Sequence[int]], list[int]]] = {
-    "ours": _ours,
-    "stamp_first": stamp_first,
-}
+def _protocol(name: str, *, locks: bool) -> Callable[[Session, Sequence[int]], list[int]]:
+    """``stamp_first``, or ours with the plug-in's choice where the scheduler does (not) lock rows."""
+    if name == "stamp_first":
+        return stamp_first
+    # "auto" where the scheduler locks rows: "refresh" (PostgreSQL, MySQL 8; MariaDB stands in).
+    policy: ConflictPolicy = "refresh" if locks else "refresh_after_commit"
+    return lambda session, asset_ids: _ours(session, asset_ids, policy)
 
 
 @dataclass
@@ -133,6 +150,8 @@ class Outcome:
     lost: int = 0
     twice: int = 0
     runs: int = 0
+    #: Deadlocks (the victim's transaction is dropped, not retried: it wrote nothing).
+    deadlocks: int = 0
     #: Seconds from each event's stamp to its commit being visible to another connection.
     windows: list[float] = field(default_factory=list)
 
@@ -140,8 +159,8 @@ class Outcome:
         ms = sorted(w * 1000 for w in self.windows) or [0.0]
         p99 = ms[min(len(ms) - 1, int(len(ms) * 0.99))]
         return (
-            f"| {self.protocol} | {self.events} | {self.runs} | {self.lost} | {self.twice} | "
-            f"{statistics.median(ms):.2f} | {p99:.2f} |"
+            f"| {self.protocol} | {self.events} | {self.runs} | {self.deadlocks} | {self.lost} "
+            f"| {self.twice} | {statistics.median(ms):.1f} / {p99:.1f} |"
         )
 
 
@@ -174,11 +193,16 @@ def measure(url: str, protocol: str, *, producers: int, seconds: float, locks: b
     stop = threading.Event()
     lock = threading.Lock()
     clock = _clock(engine)
+    write = _protocol(protocol, locks=locks)
 
     def produce(asset_id: int) -> None:
         while not stop.is_set():
-            with Session(engine) as session:
-                PROTOCOLS[protocol](session, [asset_id])
+            try:
+                with Session(engine) as session:
+                    write(session, [asset_id])
+            except sa.exc.DBAPIError as exc:
+                _count_deadlock(exc, out, lock)
+                continue
             seen = clock()
             with lock, Session(engine) as s:
                 stamp = s.scalar(
@@ -189,7 +213,10 @@ def measure(url: str, protocol: str, *, producers: int, seconds: float, locks: b
 
     def schedule() -> None:
         while not stop.is_set():
-            _one_pass(engine, locks, runs, lock)
+            try:
+                _one_pass(engine, locks, runs, lock)
+            except sa.exc.DBAPIError as exc:
+                _count_deadlock(exc, out, lock)
 
     threads = [threading.Thread(target=produce, args=(a,)) for a in asset_ids]
     threads.append(threading.Thread(target=schedule))
@@ -209,6 +236,14 @@ def measure(url: str, protocol: str, *, producers: int, seconds: float, locks: b
     out.twice = sum(1 for e in every if counts[e] > 1)
     engine.dispose()
     return out
+
+
+def _count_deadlock(exc: sa.exc.DBAPIError, out: Outcome, lock: threading.Lock) -> None:
+    found = classify(exc)
+    if found is None or found.kind is not RetryableKind.DEADLOCK:
+        raise exc
+    with lock:
+        out.deadlocks += 1
 
 
 def _one_pass(engine: sa.Engine, locks: bool, runs: list[Run], lock: threading.Lock) -> bool:
@@ -248,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--no-row-locks", action="store_true", help="a scheduler without row locks (MariaDB's)"
     )
     args = parser.parse_args(argv)
-    print("| protocol | events | runs | lost | consumed twice | stamp to visible p50 ms | p99 ms |")
+    print("| protocol | events | runs | deadlocks | lost | consumed twice | stamp to visible p50 / p99 ms |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for protocol in ("stamp_first", "ours"):
         name = f"adrq_residual_{protocol}_{int(time.time())}"
