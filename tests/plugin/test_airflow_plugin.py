@@ -516,6 +516,24 @@ def test_asset_manager_kwargs_choose_on_conflict(af_engine, monkeypatch):
     assert after == rows
 
 
+@pytest.mark.airflow_backends("postgresql")
+def test_without_row_level_locking_the_refresh_runs_after_commit(af_engine, monkeypatch):
+    """``[scheduler] use_row_level_locking = False``: the scheduler locks no rows on any backend."""
+    monkeypatch.setenv("AIRFLOW__SCHEDULER__USE_ROW_LEVEL_LOCKING", "False")
+    assert compat.current().conflict_policy() == "refresh_after_commit"
+    with Session(af_engine) as session:
+        scenario.seed(session, assets=["a1"], consumers={"a1": ["c1"]})
+    with Session(af_engine) as session:
+        for _ in range(2):
+            _register(session, "a1")
+            session.commit()
+        rows = session.execute(sa.text("SELECT created_at FROM asset_dag_run_queue ORDER BY created_at")).all()
+        newest = session.execute(sa.text("SELECT max(timestamp) FROM asset_event")).scalar_one()
+    assert rows[-1] == (newest,)
+    monkeypatch.delenv("AIRFLOW__SCHEDULER__USE_ROW_LEVEL_LOCKING")
+    assert compat.current().conflict_policy() == "auto"
+
+
 @pytest.mark.airflow_backends("sqlite", "postgresql")
 def test_triggerer_patch_routes_submit_event(af_engine):
     from airflow.models.asset import AssetModel
