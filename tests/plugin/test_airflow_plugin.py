@@ -527,7 +527,8 @@ def test_without_row_level_locking_the_refresh_runs_after_commit(af_engine, monk
         for _ in range(2):
             _register(session, "a1")
             session.commit()
-        rows = session.execute(sa.text("SELECT created_at FROM asset_dag_run_queue ORDER BY created_at")).all()
+        query = sa.text("SELECT created_at FROM asset_dag_run_queue ORDER BY created_at")
+        rows = session.execute(query).all()
         newest = session.execute(sa.text("SELECT max(timestamp) FROM asset_event")).scalar_one()
     assert rows[-1] == (newest,)
     monkeypatch.delenv("AIRFLOW__SCHEDULER__USE_ROW_LEVEL_LOCKING")
