@@ -486,6 +486,20 @@ def test_existing_queue_row_stands_for_its_newest_event(af_engine):
         assert rows == [(newest,)]
 
 
+def _two_events(af_engine):
+    """Two committed events of a1 (one consumer): the queue rows' created_at in order, the newest stamp."""
+    with Session(af_engine) as session:
+        scenario.seed(session, assets=["a1"], consumers={"a1": ["c1"]})
+    with Session(af_engine) as session:
+        for _ in range(2):
+            _register(session, "a1")
+            session.commit()
+        query = sa.text("SELECT created_at FROM asset_dag_run_queue ORDER BY created_at")
+        rows = session.execute(query).all()
+        newest = session.execute(sa.text("SELECT max(timestamp) FROM asset_event")).scalar_one()
+    return rows, newest
+
+
 def test_asset_manager_kwargs_choose_on_conflict(af_engine, monkeypatch):
     """``[core] asset_manager_kwargs = {"on_conflict": "refresh"}`` refreshes on MariaDB too.
 
@@ -497,14 +511,7 @@ def test_asset_manager_kwargs_choose_on_conflict(af_engine, monkeypatch):
     assert AdrqAssetManager.on_conflict is None
     AdrqAssetManager(on_conflict="refresh")  # what resolve_asset_manager does with the kwargs
     assert AdrqAssetManager.on_conflict == "refresh"
-    with Session(af_engine) as session:
-        scenario.seed(session, assets=["a1"], consumers={"a1": ["c1"]})
-    with Session(af_engine) as session:
-        for _ in range(2):
-            _register(session, "a1")
-            session.commit()
-        rows = session.execute(sa.text("SELECT created_at FROM asset_dag_run_queue")).all()
-        newest = session.execute(sa.text("SELECT max(timestamp) FROM asset_event")).scalar_one()
+    rows, newest = _two_events(af_engine)
     assert rows[-1] == (newest,)
     if LINE.shape.event_keyed:
         return  # 3.4: one row per event, nothing to keep or refresh
@@ -521,15 +528,7 @@ def test_without_row_level_locking_the_refresh_runs_after_commit(af_engine, monk
     """``[scheduler] use_row_level_locking = False``: the scheduler locks no rows on any backend."""
     monkeypatch.setenv("AIRFLOW__SCHEDULER__USE_ROW_LEVEL_LOCKING", "False")
     assert compat.current().conflict_policy() == "refresh_after_commit"
-    with Session(af_engine) as session:
-        scenario.seed(session, assets=["a1"], consumers={"a1": ["c1"]})
-    with Session(af_engine) as session:
-        for _ in range(2):
-            _register(session, "a1")
-            session.commit()
-        query = sa.text("SELECT created_at FROM asset_dag_run_queue ORDER BY created_at")
-        rows = session.execute(query).all()
-        newest = session.execute(sa.text("SELECT max(timestamp) FROM asset_event")).scalar_one()
+    rows, newest = _two_events(af_engine)
     assert rows[-1] == (newest,)
     monkeypatch.delenv("AIRFLOW__SCHEDULER__USE_ROW_LEVEL_LOCKING")
     assert compat.current().conflict_policy() == "auto"
