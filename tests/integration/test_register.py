@@ -164,8 +164,11 @@ def test_refresh_moves_created_at_forward_only(engine):
         first = refreshed
 
 
-def test_the_stamp_is_the_database_clock_read_after_the_rows_are_locked(engine):
-    """One value on the event and its row, from the server's clock (SQLite: this host's), at the commit."""
+def test_the_stamp_is_the_database_clock_at_commit(engine):
+    """One value on the event and its row, from the server's clock (SQLite: this host's), at the commit.
+
+    That it is read after the rows are locked: tests/concurrency/test_stamp_order.py.
+    """
     asset_id = _fan(engine, {"a": ["c"]})["a"]
     clock = {"postgresql": "SELECT statement_timestamp()", "mysql": "SELECT UTC_TIMESTAMP(6)"}
     column = sa.Column("now", UtcDateTime())
