@@ -37,7 +37,8 @@ if int(_sqlalchemy.__version__.split(".")[0]) < 2:
         "SQLAlchemy < 2.0: the Airflow plug-in supports Airflow 3.1 and later)"
     )
 
-from airflow_adrq.engine import create_engine
+from typing import TYPE_CHECKING, Any
+
 from airflow_adrq.errors import (
     AdrqError,
     AirflowSchemaError,
@@ -48,16 +49,56 @@ from airflow_adrq.errors import (
     UnsupportedDialectError,
     UnsupportedSchemaError,
 )
-from airflow_adrq.listeners import AssetEventInfo, add_listener, remove_listener
-from airflow_adrq.manager import AssetChange, register_asset_change, register_asset_changes
-from airflow_adrq.queue import (
-    build_queue_statement,
-    defer_events,
-    flush_queue,
-    queue_dagruns,
-    queue_events,
-)
-from airflow_adrq.retry import classify, run_in_transaction
+
+if TYPE_CHECKING:
+    from airflow_adrq.engine import create_engine
+    from airflow_adrq.errorcodes import classify
+    from airflow_adrq.listeners import AssetEventInfo, add_listener, remove_listener
+    from airflow_adrq.manager import AssetChange, register_asset_change, register_asset_changes
+    from airflow_adrq.queue import (
+        build_queue_statement,
+        defer_events,
+        flush_queue,
+        queue_dagruns,
+        queue_events,
+    )
+    from airflow_adrq.retry import run_in_transaction
+
+# Loaded on first access (PEP 562), so that importing a submodule -- the
+# Airflow plug-in, airflow_adrq.airflow, in every Airflow process -- loads
+# only what that submodule needs (no tenacity, no standalone manager).
+_LAZY = {
+    "create_engine": "airflow_adrq.engine",
+    "classify": "airflow_adrq.errorcodes",
+    "AssetEventInfo": "airflow_adrq.listeners",
+    "add_listener": "airflow_adrq.listeners",
+    "remove_listener": "airflow_adrq.listeners",
+    "AssetChange": "airflow_adrq.manager",
+    "register_asset_change": "airflow_adrq.manager",
+    "register_asset_changes": "airflow_adrq.manager",
+    "build_queue_statement": "airflow_adrq.queue",
+    "defer_events": "airflow_adrq.queue",
+    "flush_queue": "airflow_adrq.queue",
+    "queue_dagruns": "airflow_adrq.queue",
+    "queue_events": "airflow_adrq.queue",
+    "run_in_transaction": "airflow_adrq.retry",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __version__ = "0.1.0"
 

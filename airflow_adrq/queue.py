@@ -43,6 +43,26 @@ is read first)::
     )
     SELECT statement_timestamp()
 
+The route from the entry point to that SQL, the one place it is written down:
+
+1. ``register_asset_change`` (:mod:`airflow_adrq.manager`, or the plug-in's
+   ``AdrqAssetManager.register_asset_change``) flushes the ``asset_event``
+   row and calls :func:`defer_events`, which records it on the session
+   (``_DEFERRED``, a :class:`~airflow_adrq.txscope.DeferredWrites`). No SQL.
+2. ``Session.commit()`` fires the ``before_commit`` listener that
+   :mod:`airflow_adrq.txscope` installs on the ``Session`` class the first
+   time an event is deferred; it runs ``DeferredWrites._before_commit``: a
+   final flush, then one :func:`_queue_deferred` call with every event
+   still alive in the transaction (rolled-back SAVEPOINTs' events dropped).
+3. :func:`_queue_deferred` writes the alias rows
+   (:func:`airflow_adrq.aliases.write_alias_rows`), then calls
+   :func:`queue_events` once: step 1, the statement above (``_statement``,
+   built once per dialect and ``_Form``; keyed events are filtered in
+   ``_events_cte``, partitioned and paused DAGs by the shape's
+   ``consumer_filter``); step 2, ``_stamp``. Then the COMMIT itself.
+4. With ``on_conflict="refresh_after_commit"``, the ``after_commit``
+   listener runs :mod:`airflow_adrq.refresh` on the same connection.
+
 Why this shape:
 
 * **Lock order.** Rows are inserted, and so locked, in primary-key order as

@@ -48,6 +48,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from airflow_adrq.errorcodes import RetryableKind, classify
 from airflow_adrq.models import AssetDagRunQueue, UtcDateTime
 from airflow_adrq.txscope import TransactionScoped
 
@@ -133,8 +134,5 @@ def _one_dag(conn: Connection, dag_id: str, asset_ids: list[int], item: Planned)
 
 
 def _transient(exc: SQLAlchemyError) -> bool:
-    # Imported here: the classification lives with the whole-transaction retry.
-    from airflow_adrq.retry import RetryableKind, classify
-
     found = classify(exc)
     return found is not None and found.kind in (RetryableKind.DEADLOCK, RetryableKind.LOCK_TIMEOUT)

@@ -11,20 +11,17 @@ callbacks, metrics, messages) runs once, after the COMMIT that succeeded.
 from __future__ import annotations
 
 import contextvars
-import enum
 import logging
-import sqlite3
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from typing import TypeVar, cast
 
 from sqlalchemy import Table, event, func, select
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from airflow_adrq import queue
+from airflow_adrq.errorcodes import Retryable, RetryableKind, classify, is_retryable
 from airflow_adrq.errors import CommitOutcomeUnknownError, RetriesExhaustedError
 from airflow_adrq.models import AssetEvent
 
@@ -44,137 +41,6 @@ T = TypeVar("T")
 Callback = Callable[[], object]
 
 
-class RetryableKind(enum.Enum):
-    DEADLOCK = "deadlock"
-    SERIALIZATION = "serialization"
-    LOCK_TIMEOUT = "lock_timeout"
-    BUSY = "busy"
-    #: The connection was lost. Retryable only if COMMIT had not been sent:
-    #: :func:`run_in_transaction` raises CommitOutcomeUnknownError otherwise.
-    CONNECTION_LOST = "connection_lost"
-
-
-@dataclass(frozen=True)
-class Retryable:
-    """A database error after which the whole transaction may be retried."""
-
-    kind: RetryableKind
-    code: str  # SQLSTATE, MySQL error number or SQLite result code, as text
-
-
-# PostgreSQL SQLSTATEs (Appendix A, "PostgreSQL Error Codes").
-_PG_SQLSTATES = {
-    "40P01": RetryableKind.DEADLOCK,  # deadlock_detected
-    "40001": RetryableKind.SERIALIZATION,  # serialization_failure
-    "55P03": RetryableKind.LOCK_TIMEOUT,  # lock_not_available (lock_timeout / NOWAIT)
-    "57P01": RetryableKind.CONNECTION_LOST,  # admin_shutdown (pg_terminate_backend, server stop)
-    "57P02": RetryableKind.CONNECTION_LOST,  # crash_shutdown
-    "57P03": RetryableKind.CONNECTION_LOST,  # cannot_connect_now (server starting up)
-}
-# SQLSTATE class 08: connection exceptions (PgBouncer reports lost server connections so).
-_PG_CONNECTION_CLASS = "08"
-# MySQL / MariaDB server error numbers.
-_MYSQL_ERRNOS = {
-    1213: RetryableKind.DEADLOCK,  # ER_LOCK_DEADLOCK: InnoDB rolled the transaction back
-    1205: RetryableKind.LOCK_TIMEOUT,  # ER_LOCK_WAIT_TIMEOUT: only the statement was rolled back
-    1927: RetryableKind.CONNECTION_LOST,  # ER_CONNECTION_KILLED (MariaDB: KILL CONNECTION)
-    2006: RetryableKind.CONNECTION_LOST,  # CR_SERVER_GONE_ERROR
-    2013: RetryableKind.CONNECTION_LOST,  # CR_SERVER_LOST (during a query)
-    4031: RetryableKind.CONNECTION_LOST,  # ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8)
-}
-# SQLite primary result codes (the low byte of extended codes such as
-# SQLITE_BUSY_SNAPSHOT = 517).
-_SQLITE_CODES = {
-    5: RetryableKind.BUSY,  # SQLITE_BUSY
-    6: RetryableKind.BUSY,  # SQLITE_LOCKED
-}
-# Python 3.10's sqlite3 exposes no result code, only the message, which for
-# these results is SQLite's fixed sqlite3_errstr() text of the code. The one
-# place we read text: exact, whole strings that stand for a result code.
-_SQLITE_ERRSTR = {
-    "database is locked": 5,  # sqlite3_errstr(SQLITE_BUSY)
-    "database table is locked": 6,  # sqlite3_errstr(SQLITE_LOCKED)
-}
-
-
-# DBAPI drivers whose exceptions count as database errors (besides SQLAlchemy's own).
-_DRIVER_MODULES = frozenset({"psycopg2", "psycopg", "MySQLdb", "pymysql", "sqlite3", "_sqlite3"})
-
-
-def _is_database_error(exc: BaseException) -> bool:
-    # RetriesExhaustedError only wraps the last database error (raised from it).
-    if isinstance(exc, (SQLAlchemyError, sqlite3.Error, RetriesExhaustedError)):
-        return True
-    return type(exc).__module__.split(".")[0] in _DRIVER_MODULES
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc``, the DBAPI error it wraps and what they were raised from or while handling.
-
-    Database errors only: a ``ValueError`` raised by user code while handling
-    a deadlock is the user's error, not a deadlock, and ends the walk.
-    """
-    if not _is_database_error(exc):
-        return
-    seen: set[int] = set()
-    todo: list[BaseException] = [exc]
-    while todo:
-        current = todo.pop(0)
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield current
-        for linked in (getattr(current, "orig", None), current.__cause__, current.__context__):
-            if isinstance(linked, BaseException) and _is_database_error(linked):
-                todo.append(linked)
-
-
-def _classify_one(exc: BaseException) -> Retryable | None:
-    # SQLAlchemy asked the dialect (is_disconnect) and invalidated the
-    # connection: the pool will not hand it out again.
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-        return Retryable(RetryableKind.CONNECTION_LOST, "invalidated")
-    # psycopg2 exposes .pgcode, psycopg 3 .sqlstate.
-    sqlstate = getattr(exc, "pgcode", None) or getattr(exc, "sqlstate", None)
-    if isinstance(sqlstate, str) and sqlstate in _PG_SQLSTATES:
-        return Retryable(_PG_SQLSTATES[sqlstate], sqlstate)
-    if isinstance(sqlstate, str) and sqlstate.startswith(_PG_CONNECTION_CLASS):
-        return Retryable(RetryableKind.CONNECTION_LOST, sqlstate)
-    # sqlite3 (Python >= 3.11) exposes the extended result code.
-    sqlite_code = getattr(exc, "sqlite_errorcode", None)
-    if sqlite_code is None and isinstance(exc, sqlite3.OperationalError) and exc.args:
-        sqlite_code = _SQLITE_ERRSTR.get(exc.args[0])
-    if isinstance(sqlite_code, int):
-        kind = _SQLITE_CODES.get(sqlite_code & 0xFF)
-        return Retryable(kind, str(sqlite_code)) if kind else None
-    # mysqlclient and PyMySQL: args[0] is the server's error number.
-    if type(exc).__module__.split(".")[0] in ("MySQLdb", "pymysql") and exc.args:
-        errno = exc.args[0]
-        if isinstance(errno, int) and errno in _MYSQL_ERRNOS:
-            return Retryable(_MYSQL_ERRNOS[errno], str(errno))
-    return None
-
-
-def classify(exc: BaseException) -> Retryable | None:
-    """The retryable database error anywhere in ``exc``'s chain of database errors, or ``None``.
-
-    Walks ``.orig``, ``__cause__`` and ``__context__`` through database errors
-    only (MariaDB reports a deadlock inside a SAVEPOINT as 1305 with the 1213
-    in ``__context__``) and reads driver error codes, never message text
-    (except SQLite's fixed result-code strings on Python 3.10).
-    """
-    for linked in _chain(exc):
-        found = _classify_one(linked)
-        if found is not None:
-            return found
-    return None
-
-
-def is_retryable(exc: BaseException) -> bool:
-    """Whether :func:`classify` finds a retryable error; a lost connection counts."""
-    return classify(exc) is not None
-
-
 # Set by run_in_transaction around each attempt; the engine-wide "commit"
 # listener flips it when a COMMIT is about to go to the server (SQLAlchemy
 # emits ConnectionEvents.commit just before calling the DBAPI commit()).
@@ -183,11 +49,20 @@ _COMMIT_SENT: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar
 )
 
 
-@event.listens_for(Engine, "commit")
 def _on_commit(_conn: Connection) -> None:
     sent = _COMMIT_SENT.get()
     if sent is not None:
         sent[0] = True
+
+
+def _listen_for_commits() -> None:
+    """Install :func:`_on_commit` on every ``Engine`` once, at the first :func:`run_in_transaction`.
+
+    Not at import: an Airflow process that imports the package without
+    retrying transactions gets no listener on its engines.
+    """
+    if not event.contains(Engine, "commit", _on_commit):
+        event.listen(Engine, "commit", _on_commit)
 
 
 def run_in_transaction(
@@ -226,6 +101,7 @@ def run_in_transaction(
     """
     if max_attempts < 1:
         raise ValueError("max_attempts must be at least 1")
+    _listen_for_commits()
 
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None

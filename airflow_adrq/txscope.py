@@ -8,10 +8,16 @@ SAVEPOINT's end (``after_transaction_end``) *before* its rollback
 SAVEPOINT look alike: items stay keyed by their transaction until the
 outermost one ends, and a rollback drops the items of the rolled-back
 transaction and of every transaction nested inside it.
+
+Installs four listeners on the ``Session`` class (``before_commit``,
+``after_commit``, ``after_soft_rollback``, ``after_transaction_end``), once
+per process, when a scope first records an item; importing the module
+installs nothing.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -109,6 +115,7 @@ class TransactionScoped(Generic[T]):
 
 
 def _install(session: Session, scope: TransactionScoped[T]) -> None:
+    _listen()
     scopes: list[TransactionScoped[object]] = session.info.setdefault(_SCOPES_KEY, [])
     if scope not in scopes:
         scopes.append(scope)  # type: ignore[arg-type]
@@ -118,39 +125,59 @@ def _scopes(session: Session) -> list[TransactionScoped[object]]:
     return list(session.info.get(_SCOPES_KEY, ()))
 
 
-# Registered once, on the Session class (so for every session and subclass):
-# four listeners per session cost more than the rest of a one-event
-# transaction's bookkeeping. A session without scopes returns at once.
-# before_commit and after_commit also fire when a SAVEPOINT is released; only
-# the outermost COMMIT counts (a released SAVEPOINT's items stay until then).
+# Registered once, on the Session class (so for every session and subclass),
+# the first time a scope records an item (_listen): four listeners per session
+# cost more than the rest of a one-event transaction's bookkeeping, and a
+# process that imports the package without using a scope gets none. A session
+# without scopes returns at once. before_commit and after_commit also fire
+# when a SAVEPOINT is released; only the outermost COMMIT counts (a released
+# SAVEPOINT's items stay until then).
 
 
-@event.listens_for(Session, "before_commit")
 def _on_before_commit(session: Session) -> None:
     if _SCOPES_KEY in session.info and session.get_nested_transaction() is None:
         for scope in _scopes(session):
             scope._before_commit(session)
 
 
-@event.listens_for(Session, "after_commit")
 def _on_after_commit(session: Session) -> None:
     if _SCOPES_KEY in session.info and session.get_nested_transaction() is None:
         for scope in _scopes(session):
             scope._after_commit(session)
 
 
-@event.listens_for(Session, "after_soft_rollback")
 def _on_soft_rollback(session: Session, previous_transaction: SessionTransaction) -> None:
     for scope in _scopes(session):
         scope._rolled_back(session, previous_transaction)
 
 
-@event.listens_for(Session, "after_transaction_end")
 def _on_transaction_end(session: Session, transaction: SessionTransaction) -> None:
     if transaction.parent is None and _SCOPES_KEY in session.info:
         # Outermost transaction over: committed (handled) or rolled back.
         for scope in _scopes(session):
             scope.clear(session)
+
+
+_LISTENERS = (
+    ("before_commit", _on_before_commit),
+    ("after_commit", _on_after_commit),
+    ("after_soft_rollback", _on_soft_rollback),
+    ("after_transaction_end", _on_transaction_end),
+)
+_listening = threading.Lock()
+_installed = False
+
+
+def _listen() -> None:
+    """The four ``Session`` class listeners above, installed once per process."""
+    global _installed
+    if _installed:  # the common case: one flag read per recorded item
+        return
+    with _listening:
+        for name, listener in _LISTENERS:
+            if not event.contains(Session, name, listener):
+                event.listen(Session, name, listener)
+        _installed = True
 
 
 @dataclass
