@@ -32,8 +32,6 @@ __all__ = ["COMMANDS_GROUP", "URL_ENV", "build_parser", "main", "one_line"]
 URL_ENV = "AIRFLOW_ADRQ_DATABASE_URL"
 #: Entry-point group of commands other distributions add (see the module docstring).
 COMMANDS_GROUP = "airflow_adrq.commands"
-#: Commands this repository's other distributions provide, and where they come from.
-_KNOWN_EXTERNAL = {"bench": "airflow-adrq-bench (from a checkout: pip install ./bench)"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,8 +59,6 @@ def _main(argv: Sequence[str] | None) -> int:
         # The command parses its own options (and imports its own code).
         status: int = external[argv[0]].load()(argv[1:])
         return status
-    if argv[:1] and argv[0] in _KNOWN_EXTERNAL:
-        return _not_installed(argv[0], _KNOWN_EXTERNAL[argv[0]])
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
@@ -85,7 +81,9 @@ def one_line(exc: BaseException) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The ``airflow-adrq`` argument parser with every subcommand registered."""
     parser = argparse.ArgumentParser(
-        prog="airflow-adrq", description="Deadlock-free asset_dag_run_queue writes for Apache Airflow."
+        prog="airflow-adrq",
+        description="Deadlock-free asset_dag_run_queue writes for Apache Airflow.",
+        epilog=f"Other installed distributions may add commands (entry-point group {COMMANDS_GROUP}).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
@@ -96,16 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         dist = ep.dist.name if ep.dist else "another distribution"
         command = subparsers.add_parser(name, help=f"see `airflow-adrq {name} --help` (from {dist})")
         command.set_defaults(func=lambda _args: 2)
-    for name, where in _KNOWN_EXTERNAL.items():
-        if name not in external:
-            missing = subparsers.add_parser(name, help=f"not installed: {where}")
-            missing.set_defaults(func=lambda _args, name=name, where=where: _not_installed(name, where))
     return parser
-
-
-def _not_installed(name: str, where: str) -> int:
-    print(f"airflow-adrq: `{name}` is not installed here; it comes with {where}", file=sys.stderr)
-    return 2
 
 
 def add_db_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
