@@ -1,4 +1,4 @@
-"""Airflow-identical tables for the asset-queueing path (Airflow 3.0-3.3 shape).
+"""Airflow-identical tables for the asset-queueing path (Airflow 3.3's, as 3.2's).
 
 Every table, column, key, foreign key (with its ON DELETE) and index name
 here matches ``apache-airflow-core==3.3.2``, with the same types, lengths
@@ -319,7 +319,7 @@ class DagScheduleAssetReference(Base):
 
 
 class AssetDagRunQueue(Base):
-    """``asset_dag_run_queue``: one row per (asset, consumer DAG) awaiting a run (3.0-3.3 key)."""
+    """``asset_dag_run_queue``: one row per (asset, consumer DAG) awaiting a run (the 3.0-3.3 key)."""
 
     __tablename__ = "asset_dag_run_queue"
 

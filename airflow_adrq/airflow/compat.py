@@ -450,8 +450,11 @@ def _supported_names() -> str:
 def _adapter(version: str) -> ReleaseLine:
     line = release_line(version)
     remedy = "Remove [core] asset_manager_class to use Airflow's own AssetManager."
-    # (REFUSED's lines never get here: `import airflow_adrq` already refused
-    # their SQLAlchemy; doctor reads REFUSED to explain their schemas.)
+    # (`import airflow_adrq` usually refuses REFUSED's lines first, on their
+    # SQLAlchemy; this is for an environment forced past that.)
+    if line in REFUSED:
+        reason = REFUSED[line]
+        raise ImportError(f"airflow_adrq.airflow does not support Airflow {version}: {reason}. {remedy}")
     adapter = ADAPTERS.get(line) if line is not None else None
     if adapter is None:
         raise ImportError(

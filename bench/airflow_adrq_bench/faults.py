@@ -51,7 +51,7 @@ __all__ = ["FaultRun", "FaultSizes", "run_faults"]
 
 @dataclass(frozen=True)
 class FaultSizes:
-    """How big a fault run is (the issue's figure: 8 producers, 3 outlets, a kill every ~150 ms)."""
+    """How big a fault run is (default: 8 producers, 3 outlets, a kill every ~150 ms)."""
 
     producers: int = 8
     transactions: int = 25

@@ -43,7 +43,7 @@ __all__ = ["SoakRun", "SoakSizes", "run_soak"]
 
 @dataclass(frozen=True)
 class SoakSizes:
-    """The issue's figure: 32 producers x 1,000 transactions, 3 outlets each."""
+    """The default: 32 producers x 1,000 transactions, 3 outlets each."""
 
     producers: int = 32
     transactions: int = 1000

@@ -153,7 +153,7 @@ class LiveSizes:
         return 60.0 + 3.0 * self.tasks_per_burst
 
 
-#: The issue's defaults: 16 instances x 3 outlets x 64 consumers x 4 bursts, 1 producer DAG.
+#: The defaults: 16 instances x 3 outlets x 64 consumers x 4 bursts, 1 producer DAG.
 DEFAULT: Final = LiveSizes()
 #: The size of the test suite's run (tests/plugin/test_live.py).
 SMALL: Final = LiveSizes(instances=4, outlets=2, consumers=8, bursts=2, producer_dags=2, settle_s=4.0)
