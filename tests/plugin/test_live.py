@@ -25,10 +25,10 @@ component through a throwaway PgBouncer in transaction pooling mode (the
 Asserted for the plug-in: no failed producer task, no deadlock (server counter
 of the scratch database on PostgreSQL; log lines on both), no stranded and no
 double-consumed (event, consumer) pair, exactly the expected asset events, an
-empty queue (on MariaDB, where the plug-in's default ``on_conflict=auto``
-keeps an existing queue row as Airflow does, stranded pairs after the bursts
-are a note with the reason, not a failure; none may be left after one more
-event); for both managers: the deployment completed, and the report and JSON
+empty queue (on MariaDB, whose scheduler takes no row locks and where the
+plug-in's default refreshes existing rows after COMMIT, at most 1 % of the
+pairs may wait for the next event, with a note; none may be left after one
+more event); for both managers: the deployment completed, and the report and JSON
 carry every row. And ``--expect-stock-worse``: the same harness must show
 stock failing producer tasks or stranding events, so it can tell the two
 apart. At this size stock stranded 6-43 % of the pairs in every run but one,
@@ -207,15 +207,10 @@ def test_small_live_run_plugin_is_clean(af_backend, af_server, broker, tmp_path,
     for key in ("tasks", "deadlocks", "events", "after_bursts", "after_extra", "bursts", "patch_state"):
         assert key in cells["stock"] and key in plugin
     stranded = plugin["after_bursts"]["stranded"]
-    if report.keeps_queue_rows(plugin):
-        # MariaDB, on_conflict=auto: the plug-in keeps Airflow's DO NOTHING there (a refresh
-        # deadlocks with the scheduler's unlocked deletes), so a burst's events stamped after the
-        # row's first committer wait for the next event: late, never lost (asserted above), and
-        # reported as a note with the reason, not a problem.
-        print(f"MariaDB, Airflow's DO NOTHING: {stranded} of {pairs} pairs waited for the next event")
-        assert raw["notes"] == report.notes(raw["cells"])
-        stranded = 0
-    assert stranded == 0, plugin["after_bursts"]
+    # 0 on PostgreSQL; on MariaDB, whose scheduler takes no row locks and where the
+    # plug-in refreshes after COMMIT, at most 1 % (README, "Timing"), with a note.
+    assert stranded <= report.stranded_allowed(plugin) <= pairs // 100, plugin["after_bursts"]
+    assert raw["notes"] == report.notes(raw["cells"])
     assert others == []
     # 1 only for the negative control, met by a later stock deployment (above).
     assert status == 0 or (first_blind and not others), captured.err[-3000:]
@@ -334,3 +329,17 @@ def test_default_time_limit_grows_with_the_burst():
     small, big = config.default_time_limit(config.SMALL), config.default_time_limit(config.DEFAULT)
     assert 300 < small < big
     assert config.default_time_limit(config.LiveSizes(producer_dags=4)) > big
+
+
+def test_stranded_pairs_allowed_follow_the_plugins_policy_and_backend():
+    def cell(version, policy):
+        start_up = f"airflow-adrq: ... sorted by (asset_id, dag_id), on_conflict={policy}"
+        return {"version": version, "plugin_start_up": start_up, "after_bursts": {"pairs": 49152}}
+
+    assert report.plugin_policy(cell("MariaDB 10.11", "refresh_after_commit")) == "refresh_after_commit"
+    assert report.plugin_policy({"plugin_start_up": None}) == "auto"
+    assert report.stranded_allowed(cell("PostgreSQL 15.20", "auto")) == 0
+    assert report.stranded_allowed(cell("MariaDB 10.11", "auto")) == 491  # 1 %
+    assert report.stranded_allowed(cell("MariaDB 10.11", "refresh_after_commit")) == 491
+    assert report.stranded_allowed(cell("MariaDB 10.11", "refresh")) == 0
+    assert report.stranded_allowed(cell("PostgreSQL 15.20", "ignore")) == 49152

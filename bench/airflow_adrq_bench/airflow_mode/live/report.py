@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,12 @@ __all__ = [
     "LEGEND",
     "ROWS",
     "format_tables",
-    "keeps_queue_rows",
     "notes",
     "plot",
+    "plugin_policy",
     "problems",
     "shape_label",
+    "stranded_allowed",
     "write_json",
 ]
 
@@ -251,30 +253,45 @@ def shape_label(shape: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def keeps_queue_rows(cell: Cell) -> bool:
-    """Whether the plug-in ran with Airflow's DO NOTHING: ``on_conflict="auto"`` on MariaDB.
+#: Share of the pairs that may still wait for the next event after the bursts where Airflow's
+#: scheduler takes no row locks (MariaDB) and the plug-in refreshes after COMMIT: that scheduler
+#: reads a DAG's rows and deletes them later, so a refresh landing in between goes with them
+#: (README, "Timing"). The issue's target; measured 0 of 49,152.
+UNLOCKED_STRANDED_SHARE = 0.01
 
-    There the scheduler takes no row locks, a refresh would deadlock with its
-    deletes, and the plug-in keeps an existing row's ``created_at`` as Airflow
-    does (README, "Timing"); a burst's later events then wait for the next
-    event. Its stranded pairs are reported as a note, not a problem; pairs
-    still unconsumed after one more event stay a problem.
+
+def plugin_policy(cell: Cell) -> str:
+    """The ``on_conflict`` the plug-in's start-up line names (``auto`` if it names none)."""
+    found = re.search(r"on_conflict=(\w+)", str(cell.get("plugin_start_up") or ""))
+    return found.group(1) if found else "auto"
+
+
+def stranded_allowed(cell: Cell) -> int:
+    """Stranded pairs after the bursts that are not a problem (README, "Timing").
+
+    All of them with ``on_conflict=ignore`` (Airflow's ``DO NOTHING``: a
+    burst's later events wait for the next event by design); on MariaDB with
+    the refresh after COMMIT (``auto`` there) up to :data:`UNLOCKED_STRANDED_SHARE`;
+    none elsewhere. Pairs still unconsumed after one more event stay a problem.
     """
-    policy = cell.get("plugin_start_up") or ""
-    return str(cell.get("version", "")).startswith("MariaDB") and "on_conflict=refresh" not in policy
+    policy = plugin_policy(cell)
+    pairs = int(cell["after_bursts"]["pairs"])
+    if policy == "ignore":
+        return pairs
+    if str(cell.get("version", "")).startswith("MariaDB") and policy in ("auto", "refresh_after_commit"):
+        return int(pairs * UNLOCKED_STRANDED_SHARE)
+    return 0
 
 
 def notes(cells: Sequence[Cell]) -> list[str]:
     """What the table shows that is by design, with why (printed, exit status unchanged)."""
     return [
         f"{c['db']} plugin run {c['run']}: {c['after_bursts']['stranded']} pairs waited for the next "
-        "event: on MariaDB on_conflict=auto keeps Airflow's DO NOTHING (a refresh deadlocks with its "
-        'unlocked scheduler; opt in with --plugin-kwargs \'{"on_conflict": "refresh"}\')'
+        f"event, within the {stranded_allowed(c)} on_conflict={plugin_policy(c)} allows here (README, Timing)"
         for c in cells
         if c["manager"] == "plugin"
         and not c.get("error")
-        and keeps_queue_rows(c)
-        and c["after_bursts"]["stranded"]
+        and 0 < c["after_bursts"]["stranded"] <= stranded_allowed(c)
     ]
 
 
@@ -295,7 +312,9 @@ def problems(cells: Sequence[Cell], *, expect_stock_worse: bool = False) -> list
             if d["server_scope"] == "database" or d["latest_names_database"]
             else 0,
             "deadlock lines in logs": d["log_lines_components"] + d["log_lines_tasks"],
-            "stranded pairs after the bursts": 0 if keeps_queue_rows(c) else c["after_bursts"]["stranded"],
+            "stranded pairs after the bursts": 0
+            if c["after_bursts"]["stranded"] <= stranded_allowed(c)
+            else c["after_bursts"]["stranded"],
             "pairs still unconsumed after one more event": c["after_extra"]["stranded"],
             "pairs consumed twice": c["after_extra"]["consumed_twice"],
             "queue rows left": c["after_bursts"]["queue_rows"] + c["after_extra"]["queue_rows"],
