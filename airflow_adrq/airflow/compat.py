@@ -50,13 +50,14 @@ nothing in Airflow passes it, so the hooks run inline there as in Airflow.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_adrq import shapes
-from airflow_adrq.dialects import ConflictPolicy
+from airflow_adrq.dialects import ConflictPolicy, check_policy
 from airflow_adrq.errors import UnsupportedSchemaError
 
 if TYPE_CHECKING:
@@ -172,18 +173,22 @@ class ReleaseLine:
         raise NotImplementedError(f"Airflow {self.name} has no multi-team filter")
 
     def conflict_policy(self) -> ConflictPolicy:
-        """The ``on_conflict`` the plug-in passes: ``"auto"``; ``"refresh_after_commit"`` without row locks.
+        """The ``on_conflict`` the plug-in passes, from Airflow's configuration.
 
-        ``"auto"`` refreshes an existing row in the statement where the
-        scheduler locks the rows it consumes, after COMMIT where it does not
-        (:func:`airflow_adrq.dialects.resolve`); with ``[scheduler]
-        use_row_level_locking = False`` it locks none on any backend, and a
-        refresh inside the transaction would deadlock with its deletes.
+        ``[core] asset_manager_kwargs = {"on_conflict": ...}`` when set
+        (validated: :class:`ValueError` naming the setting); otherwise
+        ``"auto"``, which refreshes an existing row in the statement where the
+        scheduler locks the rows it consumes and after COMMIT where it does
+        not (:func:`airflow_adrq.dialects.resolve`); with ``[scheduler]
+        use_row_level_locking = False`` the scheduler locks none on any
+        backend: ``"refresh_after_commit"``. Two config reads per call; the
+        rest is resolved once per pair of values.
         """
         from airflow.configuration import conf
 
+        kwargs = conf.get("core", "asset_manager_kwargs", fallback="") or ""
         locking = conf.getboolean("scheduler", "use_row_level_locking", fallback=True)
-        return "auto" if locking else "refresh_after_commit"
+        return _policy(kwargs, locking)
 
     def metadata_schema(self) -> str | None:
         """The database schema of Airflow's tables (``[database] sql_alchemy_schema``), or ``None``.
@@ -444,6 +449,17 @@ def _patch(version: str) -> int:
 
 def _supported_names() -> str:
     return ", ".join(adapter.name for adapter in ADAPTERS.values())
+
+
+@functools.lru_cache(maxsize=8)
+def _policy(asset_manager_kwargs: str, row_locking: bool) -> ConflictPolicy:
+    chosen = json.loads(asset_manager_kwargs).get("on_conflict") if asset_manager_kwargs.strip() else None
+    if chosen is not None:
+        try:
+            return check_policy(chosen)
+        except ValueError as exc:
+            raise ValueError(f"[core] asset_manager_kwargs: {exc}") from None
+    return "auto" if row_locking else "refresh_after_commit"
 
 
 @functools.lru_cache(maxsize=8)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import insert, select
 from sqlalchemy.orm import joinedload
@@ -80,16 +80,14 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
     the COMMIT, and so the whole transaction, not the registration call.
     """
 
-    #: ``[core] asset_manager_kwargs = {"on_conflict": ...}``: what to do with an
-    #: existing queue row; ``None`` is the line's default (``"auto"``, or
-    #: ``"ignore"`` with ``[scheduler] use_row_level_locking`` off).
-    on_conflict: ClassVar[ConflictPolicy | None] = None
-
     def __init__(self, *, on_conflict: ConflictPolicy | None = None, **kwargs: Any) -> None:
-        """``on_conflict`` comes from ``[core] asset_manager_kwargs``; see :attr:`on_conflict`.
+        """Airflow passes ``[core] asset_manager_kwargs`` here (``resolve_asset_manager``).
 
-        Airflow builds one instance per process (``resolve_asset_manager``) and
-        calls the class methods through it, so the choice is kept on the class.
+        ``on_conflict`` is validated now, so a bad value stops the component
+        at start-up; the registrations read it from the same setting
+        (:meth:`compat.ReleaseLine.conflict_policy`), since Airflow calls
+        ``register_asset_change`` on the class too (the triggerer). Nothing
+        is stored on the class.
         """
         if on_conflict is not None:
             try:
@@ -97,15 +95,13 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
             except ValueError as exc:
                 raise ValueError(f"[core] asset_manager_kwargs: {exc}") from None
         super().__init__(**kwargs)  # type: ignore[no-untyped-call,unused-ignore]
-        if on_conflict is not None:
-            type(self).on_conflict = on_conflict
         # The line lets an operator confirm in any component's log that it is used.
         log.info(
             "airflow-adrq: %s.%s queues asset-triggered runs at commit, sorted by %s, on_conflict=%s",
             type(self).__module__,
             type(self).__qualname__,
             compat.current().queue_order,
-            type(self).on_conflict or compat.current().conflict_policy(),
+            on_conflict or compat.current().conflict_policy(),
         )
 
     @classmethod
@@ -203,7 +199,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
                 allowed_dags=None if allowed is None else {asset_event.id: allowed},
                 # The row keeps the newest stamp of the events it stands for
                 # where the scheduler locks the rows it consumes (README, Timing).
-                on_conflict=cls.on_conflict or line.conflict_policy(),
+                on_conflict=line.conflict_policy(),
                 shape=shape,
                 schema=line.metadata_schema(),
             )

@@ -501,26 +501,37 @@ def _two_events(af_engine):
 
 
 def test_asset_manager_kwargs_choose_on_conflict(af_engine, monkeypatch):
-    """``[core] asset_manager_kwargs = {"on_conflict": "refresh"}`` refreshes on MariaDB too.
+    """``[core] asset_manager_kwargs = {"on_conflict": ...}`` is what registrations use, on MariaDB too.
 
-    Bad values are refused when Airflow builds the manager.
+    Bad values are refused when Airflow builds the manager, and by the
+    registrations; nothing is kept on the class.
     """
-    monkeypatch.setattr(AdrqAssetManager, "on_conflict", None)
     with pytest.raises(ValueError, match="on_conflict must be one of"):
         AdrqAssetManager(on_conflict="newest")
-    assert AdrqAssetManager.on_conflict is None
+    monkeypatch.setenv("AIRFLOW__CORE__ASSET_MANAGER_KWARGS", '{"on_conflict": "newest"}')
+    with pytest.raises(ValueError, match=r"\[core\] asset_manager_kwargs: on_conflict must be one of"):
+        compat.current().conflict_policy()
+    monkeypatch.setenv("AIRFLOW__CORE__ASSET_MANAGER_KWARGS", '{"on_conflict": "refresh"}')
     AdrqAssetManager(on_conflict="refresh")  # what resolve_asset_manager does with the kwargs
-    assert AdrqAssetManager.on_conflict == "refresh"
+    assert compat.current().conflict_policy() == "refresh"
     rows, newest = _two_events(af_engine)
     assert rows[-1] == (newest,)
     if LINE.shape.event_keyed:
         return  # 3.4: one row per event, nothing to keep or refresh
-    monkeypatch.setattr(AdrqAssetManager, "on_conflict", "ignore")
+    # "refresh" moves the row inside the transaction (MariaDB's default does so after COMMIT).
+    with Session(af_engine) as session:
+        _register(session, "a1")
+        flush_queue(session)
+        inside = session.execute(sa.text("SELECT created_at FROM asset_dag_run_queue")).all()
+        stamp = session.execute(sa.text("SELECT max(timestamp) FROM asset_event")).scalar_one()
+        session.commit()
+    assert inside == [(stamp,)]
+    monkeypatch.setenv("AIRFLOW__CORE__ASSET_MANAGER_KWARGS", '{"on_conflict": "ignore"}')
     with Session(af_engine) as session:
         _register(session, "a1")
         session.commit()
         after = session.execute(sa.text("SELECT created_at FROM asset_dag_run_queue")).all()
-    assert after == rows
+    assert after == [(stamp,)]
 
 
 @pytest.mark.airflow_backends("postgresql")
