@@ -437,17 +437,23 @@ def _stamp_in_one_statement(dialect_name: str) -> Select[Any]:
 def _stamp(conn: Connection, ids: list[int], asset_ids: list[int], options: Mapping[str, Any]) -> dt.datetime:
     """Step 2: read the clock, put its value on the events and on this transaction's PENDING rows."""
     support = dialects.get(conn)
-    params: dict[str, Any] = {"ids": ids, "asset_ids": asset_ids, "pending": PENDING}
-    if support.stamp_in_one_statement:
+    if support.stamp_in_one_statement and len(ids) <= IDS_PER_STATEMENT:
+        params = {"ids": ids, "asset_ids": asset_ids, "pending": PENDING}
         stamp: dt.datetime = conn.execute(
             _stamp_in_one_statement(support.name), params, execution_options=options
         ).scalar_one()
         return stamp
+    # One clock reading, then as many statements as the bound-parameter limits need.
     clock = support.clock
-    params["stamp"] = conn.execute(select(clock())).scalar_one() if clock is not None else utcnow()
-    conn.execute(_STAMP_EVENTS, params, execution_options=options)
-    conn.execute(_STAMP_ROWS, params, execution_options=options)
-    return cast(dt.datetime, params["stamp"])
+    stamp = conn.execute(select(clock())).scalar_one() if clock is not None else utcnow()
+    for start in range(0, len(ids), IDS_PER_STATEMENT):
+        chunk = ids[start : start + IDS_PER_STATEMENT]
+        conn.execute(_STAMP_EVENTS, {"ids": chunk, "stamp": stamp}, execution_options=options)
+    for start in range(0, len(asset_ids), IDS_PER_STATEMENT):
+        chunk = asset_ids[start : start + IDS_PER_STATEMENT]
+        params = {"asset_ids": chunk, "stamp": stamp, "pending": PENDING}
+        conn.execute(_STAMP_ROWS, params, execution_options=options)
+    return stamp
 
 
 def _connection(bind: Session | Connection) -> Connection:
@@ -505,9 +511,10 @@ def queue_events(
     nothing and returns ``None``.
 
     ``on_conflict``: ``"refresh"`` takes an existing row (it gets the stamp),
-    ``"ignore"`` leaves it, ``"refresh_after_commit"`` leaves it here (only a
-    Session's commit-time write refreshes it after COMMIT, see
-    :func:`defer_events`), ``"auto"`` is the backend's safe choice
+    ``"ignore"`` leaves it, ``"refresh_after_commit"`` leaves it here and,
+    when ``bind`` is a Session, moves it forwards after that Session's
+    COMMIT (:mod:`airflow_adrq.refresh`; on a bare Connection it is
+    ``"ignore"``), ``"auto"`` is the backend's safe choice
     (:func:`airflow_adrq.dialects.resolve`). ``allowed``: event id -> the
     only DAG ids it may queue (Airflow's multi-team rules); other events
     queue every consumer. ``shape``: the schema written

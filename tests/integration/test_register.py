@@ -429,3 +429,21 @@ def test_event_rows_and_queue_rows_share_the_callers_transaction(engine):
     with Session(engine) as session:
         assert session.scalar(sa.select(sa.func.count()).select_from(AssetEvent)) == 0
     assert queued(engine) == set()
+
+
+def test_one_stamp_across_statements_past_the_parameter_limit(engine, monkeypatch):
+    """Past IDS_PER_STATEMENT events the write takes several statements, and still one clock reading."""
+    from airflow_adrq import queue
+
+    monkeypatch.setattr(queue, "IDS_PER_STATEMENT", 2)
+    names = [f"a{i}" for i in range(5)]
+    ids = _fan(engine, {name: ["c"] for name in names})
+    with Session(engine) as session:
+        for name in names:
+            register_asset_change(asset=asset_ref(name), session=session)
+        session.commit()
+    stamps = {e.timestamp for e in events(engine)}
+    assert len(stamps) == 1
+    with Session(engine) as s:
+        rows = s.execute(sa.select(AssetDagRunQueue.asset_id, AssetDagRunQueue.created_at)).all()
+    assert sorted(rows) == sorted((ids[name], *stamps) for name in names)
