@@ -117,7 +117,10 @@ def _refresh(item: Planned) -> None:
         for dag_id, asset_id in older:
             by_dag.setdefault(dag_id, []).append(asset_id)
     for dag_id, asset_ids in by_dag.items():  # in the database's order of dag_id
-        _one_dag(conn, dag_id, asset_ids, item)
+        try:
+            _one_dag(conn, dag_id, asset_ids, item)
+        except DBAPIError:  # this DAG's rows wait for the next event; the others still get theirs
+            log.warning("airflow-adrq: refreshing %s's queue rows after COMMIT failed", dag_id, exc_info=True)
 
 
 def _one_dag(conn: Connection, dag_id: str, asset_ids: list[int], item: Planned) -> None:
