@@ -57,6 +57,8 @@ _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 if _REPO_ROOT not in sys.path:
     sys.path.append(_REPO_ROOT)
 
+from tests.support.ci import in_ci  # noqa: E402
+
 BACKENDS = ("sqlite", "postgresql", "mysql")
 
 # tests/plugin drives a real Apache Airflow: without one installed (the py
@@ -76,10 +78,6 @@ _CLEANUP_LOCK_TIMEOUT = {
     "postgresql": "SET LOCAL lock_timeout = '30s'",
     "mysql": "SET SESSION innodb_lock_wait_timeout = 30",
 }
-
-
-def _ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
 # --- options, server discovery, report header --------------------------------
@@ -121,7 +119,7 @@ def _discover_servers(config) -> dict:
         try:
             info = stack.enter_context(servers.discover(backend))
         except servers.ServerNotFoundError as exc:
-            if _ci():
+            if in_ci():
                 raise pytest.UsageError(f"CI is set and the {backend} backend is unavailable: {exc}") from exc
             found[backend] = {"error": str(exc)}
         else:
@@ -276,7 +274,7 @@ def pgbouncer_db_url(backend, db_url, _pgbouncer):
     if backend != "postgresql":
         raise RuntimeError("pgbouncer_db_url is for PostgreSQL: mark the test backends('postgresql')")
     if isinstance(_pgbouncer, Exception):
-        if _ci():
+        if in_ci():
             raise _pgbouncer
         pytest.skip(f"PgBouncer unavailable (CI=true makes this an error): {_pgbouncer}")
     return (

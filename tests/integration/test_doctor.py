@@ -37,6 +37,7 @@ from tests.factories import (
     schedule_on_name,
     schedule_on_uri,
 )
+from tests.support.ci import in_ci
 from tests.support.recording import recorded
 
 #: The last migration of Airflow 3.3.0 (the head of 3.3.x).
@@ -393,7 +394,7 @@ def _pgbouncer(server_url, **kwargs):
         with servers.pgbouncer(server_url, **kwargs) as url:
             yield url
     except servers.ServerNotFoundError as exc:
-        if os.environ.get("CI", "").lower() == "true":
+        if in_ci():
             raise
         pytest.skip(f"PgBouncer unavailable (CI=true makes this an error): {exc}")
 

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from airflow_adrq_bench import servers
+from tests.support.ci import in_ci
 
 # Nothing listens on port 1 of the loopback: connections are refused at once.
 DEAD_URLS = {
@@ -94,7 +95,7 @@ def test_throwaway_server_starts_serves_and_stops(backend_name):
             servers.create_database(info.url, name)
             servers.drop_database(info.url, name)
     except servers.ServerNotFoundError as exc:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        if in_ci():
             raise
         pytest.skip(f"cannot start a throwaway {backend_name} server here: {exc}")
     with socket.socket() as sock, pytest.raises(ConnectionRefusedError):

@@ -37,6 +37,7 @@ os.environ.pop("AIRFLOW__CORE__ASSET_MANAGER_CLASS", None)
 import sqlalchemy as sa  # noqa: E402
 
 from tests.plugin.adrq_af_scenario import LINE, empty  # noqa: E402
+from tests.support.ci import in_ci  # noqa: E402
 
 # refused/ checks that Airflow 3.0 is refused: it runs in its own env (tox -e
 # airflow30, with --noconftest, so this line does not apply there), never
@@ -96,7 +97,7 @@ def af_server(af_backend):
             yield url.set(drivername=_AIRFLOW_DRIVERS[af_backend])
     except servers.ServerNotFoundError as exc:
         message = f"{af_backend} server not available for the Airflow plug-in tests: {exc}"
-        if os.environ.get("CI", "").lower() == "true":
+        if in_ci():
             pytest.fail(message)
         pytest.skip(message)
 
@@ -113,7 +114,7 @@ def af_pgbouncer(af_backend, af_server):
             yield url
     except servers.ServerNotFoundError as exc:
         message = f"PgBouncer not available for the Airflow plug-in tests: {exc}"
-        if os.environ.get("CI", "").lower() == "true":
+        if in_ci():
             pytest.fail(message)
         pytest.skip(message)
 

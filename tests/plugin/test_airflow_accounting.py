@@ -25,7 +25,6 @@ printed, not asserted. Plus unit tests of the classification.
 from __future__ import annotations
 
 import contextlib
-import os
 
 import pytest
 
@@ -33,6 +32,7 @@ from airflow_adrq_bench import servers
 from airflow_adrq_bench.airflow_mode import accounting
 from airflow_adrq_bench.airflow_mode import main as airflow_mode_main
 from airflow_adrq_bench.airflow_mode import run as run_module
+from tests.support.ci import in_ci
 
 SIZES = accounting.AccountingSizes(producers=3, transactions=12, consumers=3, holds_ms=(30.0,), budget_s=30.0)
 DAGS = ["d0", "d1", "d2"]
@@ -108,7 +108,7 @@ def test_stock_vs_plugin_through_airflows_scheduler():
         try:
             info = stack.enter_context(servers.discover("postgresql"))
         except servers.ServerNotFoundError as exc:
-            if os.environ.get("CI", "").lower() == "true":
+            if in_ci():
                 pytest.fail(f"postgresql server not available: {exc}")
             print(f"PostgreSQL not measured: {exc}")
         else:

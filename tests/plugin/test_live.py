@@ -52,6 +52,7 @@ import pytest
 from airflow_adrq_bench import servers
 from airflow_adrq_bench.airflow_mode import main as airflow_mode_main
 from airflow_adrq_bench.airflow_mode.live import config, dags, measure, report, scaleout
+from tests.support.ci import in_ci
 
 LIVE_LINE = "3.3.2"
 
@@ -144,7 +145,7 @@ def broker(af_backend):
             yield ("--broker-url", f"{url}/1")
     except servers.ServerNotFoundError as exc:
         message = f"no Redis for the CeleryExecutor deployment: none on 127.0.0.1:6379, and {exc}"
-        if os.environ.get("CI", "").lower() == "true" or os.environ.get("ADRQ_REQUIRE_LIVE"):
+        if in_ci() or os.environ.get("ADRQ_REQUIRE_LIVE"):
             pytest.fail(message)
         pytest.skip(message)
 
