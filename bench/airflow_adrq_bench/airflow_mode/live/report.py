@@ -272,14 +272,19 @@ def stranded_allowed(cell: Cell) -> int:
     All of them with ``on_conflict=ignore`` (Airflow's ``DO NOTHING``: a
     burst's later events wait for the next event by design); on MariaDB with
     the refresh after COMMIT (``auto`` there) up to :data:`UNLOCKED_STRANDED_SHARE`;
-    none elsewhere. Pairs still unconsumed after one more event stay a problem.
+    none elsewhere (the share is at least two events' pairs, for small
+    runs). Pairs still unconsumed after one more event stay a problem.
     """
     policy = plugin_policy(cell)
     pairs = int(cell["after_bursts"]["pairs"])
     if policy == "ignore":
         return pairs
     if str(cell.get("version", "")).startswith("MariaDB") and policy in ("auto", "refresh_after_commit"):
-        return int(pairs * UNLOCKED_STRANDED_SHARE)
+        # One refresh that lands between the scheduler's read and its delete
+        # strands that event's pairs: a small run (the test suite's: 8 pairs an
+        # event, 256 in all) tolerates two such events; a large one 1 %.
+        events = sum(cell.get("events", {}).get("written", {}).values()) or 1
+        return max(int(pairs * UNLOCKED_STRANDED_SHARE), 2 * (pairs // events))
     return 0
 
 
