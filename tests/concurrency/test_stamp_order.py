@@ -111,8 +111,13 @@ class World:
             return None
         thread = threading.Thread(target=run, daemon=True)
         thread.errors = errors
+        thread.waiter = started
         thread.start()
-        _wait_until_waiting(self.engine, started, thread)
+        deadline = time.monotonic() + 20
+        while not started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        waiter = [started[0] if started else None]
+        _wait_until_blocked(self.engine, waiter, _backend_id(waits_on), thread)
         return thread
 
     def schedule(self, *, locks: bool) -> None:
@@ -145,32 +150,32 @@ def _backend_id(conn) -> object:
     return conn.exec_driver_sql(query).scalar_one()
 
 
-def _wait_until_waiting(engine, started, thread=None, timeout=20.0) -> None:
-    """Poll until the producer's connection waits for a lock (deterministic, not a sleep)."""
+def _wait_until_blocked(engine, waiter, blocker, thread=None, timeout=20.0) -> None:
+    """Poll until connection ``waiter`` waits for a lock that connection ``blocker`` holds (not a sleep)."""
     if engine.dialect.name == "postgresql":
-        query = sa.text("SELECT count(*) FROM pg_locks WHERE pid = :id AND NOT granted")
+        query = sa.text("SELECT CAST(:blocker AS int) = ANY(pg_blocking_pids(:waiter))")
     else:
         query = sa.text(
-            "SELECT count(*) FROM information_schema.innodb_trx "
-            "WHERE trx_mysql_thread_id = :id AND trx_state = 'LOCK WAIT'"
+            "SELECT count(*) > 0 FROM information_schema.innodb_lock_waits w "
+            "JOIN information_schema.innodb_trx r ON r.trx_id = w.requesting_trx_id "
+            "JOIN information_schema.innodb_trx b ON b.trx_id = w.blocking_trx_id "
+            "WHERE r.trx_mysql_thread_id = :waiter AND b.trx_mysql_thread_id = :blocker"
         )
     deadline = time.monotonic() + timeout
     with engine.connect() as conn:
         while time.monotonic() < deadline:
             if thread is not None and not thread.is_alive():
                 raise AssertionError(f"the producer finished instead of waiting: {thread.errors}")
-            if started and conn.execute(query, {"id": started[0]}).scalar_one():
+            if (
+                waiter[0] is not None
+                and conn.execute(query, {"waiter": waiter[0], "blocker": blocker}).scalar()
+            ):
                 return
             conn.rollback()
             # InnoDB refreshes its INFORMATION_SCHEMA transaction cache only
             # when it was not read for 0.1 s: poll slower than that.
             time.sleep(0.15)
-        everyone = conn.exec_driver_sql(
-            "SELECT * FROM pg_stat_activity WHERE datname = current_database()"
-            if engine.dialect.name == "postgresql"
-            else "SELECT trx_mysql_thread_id, trx_state, trx_query FROM information_schema.innodb_trx"
-        ).all()
-    raise AssertionError(f"the producer {started} never waited for the blocker's row: {everyone}")
+    raise AssertionError(f"the producer {waiter} never waited for blocker {blocker}")
 
 
 def _release(blocker: sa.Connection) -> None:
@@ -224,30 +229,13 @@ def _twice(world: World, protocol: str) -> Counter:
     p1 = world.produce(protocol, ["a1", "a2", "a3"], waits_on=first)  # waits on (a1, d)
     world.produce(protocol, ["a2", "a4"])  # Q at T
     _release(first)
-    _wait_until_waiting(world.engine, [_waiting_backend(world.engine)])  # P1 now waits on (a3, d)
+    _wait_until_blocked(world.engine, p1.waiter, _backend_id(second), p1)  # P1 now waits on (a3, d)
     world.schedule(locks=True)  # scheduler 1: skips P1's rows, consumes up to T
     _release(second)
     _join(p1)
     world.schedule(locks=True)  # scheduler 2
     world.schedule(locks=True)
     return _counts(world)
-
-
-def _waiting_backend(engine) -> object:
-    """The one connection waiting for a lock (P1's), found the way _wait_until_waiting looks."""
-    if engine.dialect.name == "postgresql":
-        query = "SELECT pid FROM pg_locks WHERE NOT granted"
-    else:
-        query = "SELECT trx_mysql_thread_id FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
-    deadline = time.monotonic() + 20
-    with engine.connect() as conn:
-        while time.monotonic() < deadline:
-            found = conn.exec_driver_sql(query).scalars().all()
-            if found:
-                return found[0]
-            conn.rollback()
-            time.sleep(0.15)  # see _wait_until_waiting
-    raise AssertionError("P1 never waited for the second blocker")
 
 
 def _counts(world: World) -> Counter:
