@@ -102,12 +102,18 @@ class CheckResult:
 
 
 def script_location() -> Path:
-    """The Alembic script directory (``env.py``, ``versions/``), inside the package."""
-    installed = importlib.resources.files("airflow_adrq").joinpath("migrations")
-    if not isinstance(installed, Path) or not (installed / "env.py").is_file():
+    """The Alembic script directory (``env.py``, ``versions/``).
+
+    A wheel ships it inside the package (``airflow_adrq/migrations``); a
+    checkout (an editable install) keeps it at the top level, next to the
+    package (``migrations/``).
+    """
+    package = importlib.resources.files("airflow_adrq")
+    for location in (package.joinpath("migrations"), package.joinpath("..", "migrations")):
         # Alembic imports env.py and the revisions from real files.
-        raise AdrqError(f"airflow-adrq migrations must be on the file system, not in {installed!r}")
-    return installed
+        if isinstance(location, Path) and (location / "env.py").is_file():
+            return location.resolve()
+    raise AdrqError(f"airflow-adrq's migrations are not on the file system next to {package!r}")
 
 
 def alembic_config(connection: Connection | None = None) -> Config:

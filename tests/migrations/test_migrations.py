@@ -15,9 +15,9 @@ import datetime as dt
 import importlib.metadata
 import os
 import re
-import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -81,28 +81,34 @@ def test_single_head_and_linear_numbered_history():
         assert re.fullmatch(rf"{number:04d}_\d+_\d+_\d+_[a-z0-9_]+\.py", filename), filename
 
 
-def test_migrations_are_inside_the_package():
-    """The migrations live in the package, so the wheel ships them as any module."""
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_script_location_is_inside_the_package_or_at_the_checkouts_top_level():
+    """A wheel ships the migrations inside the package; a checkout keeps them at its top level."""
     location = migrate.script_location()
-    assert location == Path(airflow_adrq.__file__).resolve().parent / "migrations"
+    package = Path(airflow_adrq.__file__).resolve().parent
+    assert location in (package / "migrations", package.parent / "migrations")
     assert (location / "env.py").is_file()
     assert (location / "versions").is_dir()
 
 
-def test_installed_layout_uses_the_packaged_migrations(tmp_path):
-    """Laid out as the wheel installs it (migrations inside the package), from a process
-    whose working directory is not the checkout, ``db upgrade`` uses the packaged copy."""
+@pytest.mark.slow
+def test_db_upgrade_from_the_built_wheel(tmp_path):
+    """Build the wheel from this checkout, unpack it as an install would, run ``db upgrade`` from it."""
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels), str(REPO_ROOT)],
+        check=True,
+        timeout=300,
+    )
+    (wheel,) = wheels.glob("airflow_adrq-*.whl")
     site = tmp_path / "site"
-    package = Path(airflow_adrq.__file__).resolve().parent
-    # Works from a checkout and from an installed wheel (tox) alike.
-    shutil.copytree(
-        package, site / "airflow_adrq", ignore=shutil.ignore_patterns("__pycache__", "migrations")
-    )
-    shutil.copytree(
-        migrate.script_location(),
-        site / "airflow_adrq" / "migrations",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        archive.extractall(site)
+    assert "airflow_adrq/migrations/env.py" in names
+    assert not any(name.startswith("migrations/") for name in names), "migrations outside the package"
     url = f"sqlite:///{tmp_path / 'installed.db'}"
     code = (
         "import sys; from airflow_adrq import cli, migrate; print(migrate.script_location()); "
@@ -112,7 +118,7 @@ def test_installed_layout_uses_the_packaged_migrations(tmp_path):
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        cwd=tmp_path,
+        cwd=tmp_path,  # not the checkout: nothing may come from the source tree
         env={**os.environ, "PYTHONPATH": str(site)},
         check=False,
         timeout=120,
