@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Test harness: every backend-aware test runs on SQLite, PostgreSQL and MySQL/MariaDB.
 
 Fixtures (all function-scoped):

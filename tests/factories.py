@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Rows for tests: DAGs, assets and schedule references, inserted set-based."""
 
 from __future__ import annotations

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Concurrent producer transactions in threads, with the benchmark's building blocks.
 
 Producers run in waves: all threads start a transaction together (a

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Aliases lock nothing they don't create, on PostgreSQL and MariaDB/MySQL.
 
 8 producers (threads, each with its own connection) register two assets in

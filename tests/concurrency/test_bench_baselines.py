@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """The benchmark's baselines are Airflow 3.3.2's whole ``register_asset_change``, on every backend.
 
 * Statements per call, empty queue, no aliases: PostgreSQL 5 (lookup, alias

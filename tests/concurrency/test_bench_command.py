@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """``airflow-adrq bench`` end to end on SQLite (small), and the report's arithmetic."""
 
 from __future__ import annotations

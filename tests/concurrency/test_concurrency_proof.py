@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """The deadlock proof, small enough for the default suite (PostgreSQL and MariaDB/MySQL).
 
 Every test runs concurrent producer transactions (threads with their own

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Bounded random-kill run (the full one is ``airflow-adrq bench --faults``).
 
 Producers commit through ``run_in_transaction`` while a killer terminates

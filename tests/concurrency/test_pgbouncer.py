@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Through PgBouncer in transaction pooling mode (the Helm chart's default in front of Airflow).
 
 A client holds a server connection only for one transaction, so nothing may

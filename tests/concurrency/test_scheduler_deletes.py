@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Producers against Airflow 3.3's scheduler deleting the queue rows it consumed.
 
 The scheduler (``_create_dag_runs_asset_triggered``) goes through the DAGs

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """A few seconds of the soak (the full one is ``airflow-adrq bench --soak``), so it cannot rot."""
 
 from __future__ import annotations

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Which run consumes an event, when producers wait for each other's rows and two schedulers read.
 
 Airflow 3.3's scheduler (``_create_dag_runs_asset_triggered``, copied step by

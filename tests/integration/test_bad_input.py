@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Bad and awkward input: a clear exception before any write, or Airflow's documented behaviour.
 
 Each test is one line of the "Bad input" table in RELIABILITY.md.

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """One order for every writer of ours: the database's collation, never Python's code-point sort.
 
 On a PostgreSQL database whose default collation is ICU ``en-US``, dag ids

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """What the commit-time write promises beyond the rows: stamps, late deferrals, isolation."""
 
 from __future__ import annotations

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Connections killed by the server, at each point of a producer transaction.
 
 Another connection terminates the producer's backend (``pg_terminate_backend``

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Differential test: the rows ``register_asset_change`` writes, against a pure-Python oracle.
 
 Each seed generates a random reference graph (assets, DAGs, aliases; direct,

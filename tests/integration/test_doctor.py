@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """``airflow-adrq doctor`` without Airflow: refusals, read-only-ness, exposure, PgBouncer, pg_stat_statements.
 
 An "Airflow-like" database here is the library's own tables (the Airflow 3.3

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """No size limit: 10,000 assets, each through its own alias, in ONE transaction.
 
 Every asset is emitted through its own alias; each alias has one consumer

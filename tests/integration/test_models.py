@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """The models behave like Airflow's tables on every backend.
 
 Round trips of every column with hostile values (within each column's MySQL

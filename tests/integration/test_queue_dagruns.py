@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """``queue_dagruns``: the statement driven by asset ids (``source="assets"``), for callers without events."""
 
 from __future__ import annotations

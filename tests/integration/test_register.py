@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """register_asset_change on every backend, mirroring Airflow's own tests
 (airflow-core/tests/unit/assets/test_manager.py) plus what commit-time queueing adds."""
 

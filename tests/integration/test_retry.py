@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Whole-transaction retry against real deadlocks and real SQLite lock contention."""
 
 from __future__ import annotations

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Reading an Airflow schema's shape off the catalog, and writing each shape's queue."""
 
 from __future__ import annotations

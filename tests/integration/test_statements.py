@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Regression: one INSERT into asset_dag_run_queue per call / per transaction, whatever the fan-out."""
 
 from __future__ import annotations

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Every command-line error is one clear line on stderr and a non-zero exit, never a traceback."""
 
 from __future__ import annotations

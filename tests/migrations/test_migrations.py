@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Migrations are tested, not trusted.
 
 The pytest-alembic defaults (single head, up/down round trip, autogenerate

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """A half-built database: refused before any DDL, and a failed upgrade leaves nothing behind."""
 
 from __future__ import annotations

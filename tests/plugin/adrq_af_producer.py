@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Producer processes of the concurrency tests (started with multiprocessing "spawn").
 
 A producer runs task-success-like transactions through Airflow's own code:

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """A seeded Airflow metadata scenario, and snapshots of what asset events leave behind.
 
 Everything is written with the installed Airflow's own ORM models. Task

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Fixtures for the Airflow plug-in tests (tox -e airflow31 ... airflow34; needs apache-airflow-core).
 
 Each backend gets its own database, migrated once per test session by

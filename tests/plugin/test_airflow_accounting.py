@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """``airflow-adrq bench --airflow --accounting``: events no run consumes, stock vs plug-in, through Airflow.
 
 One bounded run of :func:`airflow_adrq_bench.airflow_mode.accounting.run` on

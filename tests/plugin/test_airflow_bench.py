@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """``airflow-adrq bench --airflow`` end to end, small, on SQLite.
 
 One run of the Airflow mode (``airflow_adrq_bench.airflow_mode.main``) with

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Producers through Airflow's own models (PostgreSQL, MariaDB): stock deadlocks, ours does not.
 
 The negative control is forced, not left to timing (a flaky control reddens

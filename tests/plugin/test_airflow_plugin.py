@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """AdrqAssetManager against real apache-airflow-core (the env's release line) on a database Airflow migrated.
 
 Differences between release lines are taken from the plug-in's adapter for

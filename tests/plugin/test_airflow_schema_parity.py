@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Our tables and our statement against the installed Airflow's schema.
 
 On every release line (scoped to what the plug-in writes there):

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """``airflow-adrq doctor`` on databases made by ``airflow db migrate``, seeded through Airflow's models.
 
 Runs in every tox -e airflowNN environment: the expected release line is the

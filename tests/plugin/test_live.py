@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """``airflow-adrq bench --airflow --live``: a real Airflow 3.3.2 deployment per manager, small.
 
 The live run needs the full ``apache-airflow`` 3.3.2 distribution (the

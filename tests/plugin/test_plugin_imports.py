@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """What ``asset_manager_class = airflow_adrq.airflow.AdrqAssetManager`` loads into every Airflow process.
 
 The plug-in path alone: the statement, the commit-time bookkeeping, the

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """``POST /api/v2/assets/events`` through Airflow's own REST app: the response is what is stored.
 
 Airflow's route (``airflow.api_fastapi.core_api.routes.public.assets.create_asset_event``)

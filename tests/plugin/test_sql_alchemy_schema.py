@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """``[database] sql_alchemy_schema``: Airflow's metadata in a PostgreSQL schema other than ``public``.
 
 A scratch PostgreSQL database gets a schema ``airflow_meta`` and is migrated

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """The ``airflow`` extra and the plug-in's accepted release lines say the same thing."""
 
 from __future__ import annotations

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """What ``airflow-adrq bench`` prints, without a database: counts that add up, the progress
 counter, timeouts clear of ``deadlock_timeout``, legends, and the help text."""
 

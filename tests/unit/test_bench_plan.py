@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """The benchmark's plan, report arithmetic and raw-SQL reference, without a database."""
 
 from __future__ import annotations

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Error classification along the exception chain, with the drivers' own exception classes."""
 
 from __future__ import annotations

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """What importing the package costs a process: modules loaded, listeners installed.
 
 Every Airflow component imports what ``[core] asset_manager_class`` names;

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """``bench --airflow --live``'s deployment shapes without a deployment: the options, the settings
 every component gets, the report's naming, and the clear errors before the first deployment."""
 

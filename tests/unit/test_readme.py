@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """The README's Python examples run as written, so they cannot rot."""
 
 from __future__ import annotations

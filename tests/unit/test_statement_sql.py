@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """The queue statement as each dialect renders it (no database needed)."""
 
 from __future__ import annotations

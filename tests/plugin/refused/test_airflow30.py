@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """Airflow 3.0 is refused (tox -e airflow30): apache-airflow-core 3.0 requires SQLAlchemy < 2.0.
 
 airflow-adrq is built on SQLAlchemy 2 (``SQLAlchemy>=2.0.36``), so the two
