@@ -61,7 +61,8 @@ The route from the entry point to that SQL, the one place it is written down:
    ``_events_cte``, partitioned and paused DAGs by the shape's
    ``consumer_filter``); step 2, ``_stamp``. Then the COMMIT itself.
 4. With ``on_conflict="refresh_after_commit"``, the ``after_commit``
-   listener runs :mod:`airflow_adrq.refresh` on the same connection.
+   listener runs :mod:`airflow_adrq.refresh` on the same connection (loaded
+   the first time it is needed: on PostgreSQL it never is).
 
 Why this shape:
 
@@ -120,7 +121,7 @@ from sqlalchemy.orm import Session, attributes
 from sqlalchemy.sql.dml import Insert, Update
 from sqlalchemy.sql.selectable import CTE, Select
 
-from airflow_adrq import dialects, refresh
+from airflow_adrq import dialects
 from airflow_adrq.aliases import AliasedEvent, write_alias_rows
 from airflow_adrq.dialects import ConflictMode, ConflictPolicy, ResolvedPolicy
 from airflow_adrq.models import (
@@ -566,6 +567,10 @@ def queue_events(
         if _is_mapped(event):
             _set_loaded_timestamp(event, stamp)
     if mode == "refresh_after_commit" and not shape.event_keyed and isinstance(bind, Session):
+        # Imported here: only backends whose scheduler locks no rows (MariaDB)
+        # refresh after COMMIT; elsewhere no Airflow process loads it.
+        from airflow_adrq import refresh
+
         older = _older_rows(_Form("events", "ignore", shape, restricted))
         for params in chunk_params:
             refresh.after_commit(bind, refresh.Planned(conn, older, params, stamp, options))

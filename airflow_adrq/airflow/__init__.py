@@ -5,24 +5,25 @@ Configure Airflow with::
     [core]
     asset_manager_class = airflow_adrq.airflow.AdrqAssetManager
 
-``AdrqAssetManager`` and ``flush_queue`` are loaded on first access (PEP 562),
-so ``import airflow_adrq.airflow`` itself needs no Airflow, and
-:func:`install_triggerer_patch` can be called from ``airflow_local_settings.py``
-while Airflow is still initialising.
+Every name is loaded on first access (PEP 562): ``import airflow_adrq.airflow``
+itself needs no Airflow; ``AdrqAssetManager`` loads the plug-in path
+(:mod:`airflow_adrq.airflow.manager`), and the opt-in triggerer patch
+(:mod:`airflow_adrq.airflow.triggerer`) loads only where it is used, from
+``airflow_local_settings.py`` while Airflow is still initialising.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
-
-from airflow_adrq.airflow.triggerer import (
-    install_triggerer_patch,
-    is_triggerer_patched,
-    uninstall_triggerer_patch,
-)
 
 if TYPE_CHECKING:
     from airflow_adrq.airflow.manager import AdrqAssetManager, flush_queue
+    from airflow_adrq.airflow.triggerer import (
+        install_triggerer_patch,
+        is_triggerer_patched,
+        uninstall_triggerer_patch,
+    )
 
 __all__ = [
     "AdrqAssetManager",
@@ -32,12 +33,16 @@ __all__ = [
     "uninstall_triggerer_patch",
 ]
 
-_LAZY = {"AdrqAssetManager", "flush_queue"}
+_LAZY = {
+    "AdrqAssetManager": "manager",
+    "flush_queue": "manager",
+    "install_triggerer_patch": "triggerer",
+    "is_triggerer_patched": "triggerer",
+    "uninstall_triggerer_patch": "triggerer",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        from airflow_adrq.airflow import manager
-
-        return getattr(manager, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
