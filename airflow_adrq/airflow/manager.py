@@ -252,7 +252,7 @@ def _consumer_ids(partitioned: bool) -> Any:
 
 
 def flush_queue(session: Session) -> int:
-    """Write the queue rows of the events registered on ``session`` now, not at COMMIT; return their count.
+    """Queue the events registered on ``session`` now, not at COMMIT; return how many events it queued.
 
     Same statement and locks as the write at COMMIT; for code that reads
     ``asset_dag_run_queue`` in the producing transaction.
