@@ -36,7 +36,7 @@ from tests.factories import (
     schedule_on_name,
     schedule_on_uri,
 )
-from tests.support.ci import in_ci
+from tests.support.ci import skip_or_fail
 from tests.support.recording import recorded
 
 #: The last migration of Airflow 3.3.0 (the head of 3.3.x).
@@ -391,9 +391,7 @@ def _pgbouncer(server_url, **kwargs):
         with servers.pgbouncer(server_url, **kwargs) as url:
             yield url
     except servers.ServerNotFoundError as exc:
-        if in_ci():
-            raise
-        pytest.skip(f"PgBouncer unavailable (CI=true makes this an error): {exc}")
+        skip_or_fail(f"PgBouncer unavailable (Debian package pgbouncer): {exc}")
 
 
 def _through(bouncer_url, db_url):
@@ -458,10 +456,7 @@ def _throwaway_postgresql_database(name, **settings):
             # The port opens before the server accepts connections: the start-up check may be refused.
             info = _when_accepting(lambda: stack.enter_context(servers.start_postgresql(settings=settings)))
         except servers.ServerNotFoundError as exc:
-            message = f"no throwaway PostgreSQL (Debian package postgresql): {exc}"
-            if in_ci():
-                pytest.fail(message)
-            pytest.skip(message)
+            skip_or_fail(f"no throwaway PostgreSQL (Debian package postgresql): {exc}")
         yield _when_accepting(lambda: servers.create_database(info.url, name))
 
 
@@ -475,10 +470,7 @@ def _airflow_like_with_pg_stat_statements(url):
         try:
             conn.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         except DBAPIError as exc:
-            message = f"cannot create pg_stat_statements (PostgreSQL's contrib modules): {exc.orig}"
-            if in_ci():
-                pytest.fail(message)
-            pytest.skip(message)
+            skip_or_fail(f"cannot create pg_stat_statements (PostgreSQL's contrib modules): {exc.orig}")
     return engine
 
 

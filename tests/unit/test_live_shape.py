@@ -17,6 +17,7 @@ from airflow_adrq_bench.airflow_mode import run as run_module
 from airflow_adrq_bench.airflow_mode.live import build_parser, main, report, scaleout, shape_from
 from airflow_adrq_bench.airflow_mode.live.config import MANAGER_CLASSES, SMALL, LiveError, LiveShape
 from airflow_adrq_bench.airflow_mode.live.deployment import Deployment
+from tests.support.ci import skip_or_fail
 
 POSTGRESQL = run_module.Target(
     "postgresql", "postgresql", "postgresql://root@127.0.0.1/postgres", "PostgreSQL 15"
@@ -199,8 +200,9 @@ def test_pgbouncer_is_refused_with_mysql():
         scaleout.check(LiveShape(pgbouncer=True), [POSTGRESQL, MARIADB])
 
 
-@pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server (Debian: redis-server)")
 def test_throwaway_redis_answers_ping_and_is_gone_after():
+    if shutil.which("redis-server") is None:
+        skip_or_fail("no redis-server (Debian package redis-server)")
     with servers.redis() as url:
         scaleout.check_broker(f"{url}/1")
     with pytest.raises(LiveError, match="unreachable"):
