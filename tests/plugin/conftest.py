@@ -36,7 +36,7 @@ os.environ.pop("AIRFLOW__CORE__ASSET_MANAGER_CLASS", None)
 import sqlalchemy as sa  # noqa: E402
 
 from tests.plugin.adrq_af_scenario import LINE, empty  # noqa: E402
-from tests.support.ci import in_ci  # noqa: E402
+from tests.support.ci import skip_or_fail  # noqa: E402
 
 # refused/ checks that Airflow 3.0 is refused: it runs in its own env (tox -e
 # airflow30, with --noconftest, so this line does not apply there), never
@@ -95,10 +95,7 @@ def af_server(af_backend):
             # Airflow needs its sync drivers here (plus asyncpg/aiomysql, installed by tox).
             yield url.set(drivername=_AIRFLOW_DRIVERS[af_backend])
     except servers.ServerNotFoundError as exc:
-        message = f"{af_backend} server not available for the Airflow plug-in tests: {exc}"
-        if in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
+        skip_or_fail(f"{af_backend} server not available for the Airflow plug-in tests: {exc}")
 
 
 @pytest.fixture(scope="session")
@@ -112,10 +109,7 @@ def af_pgbouncer(af_backend, af_server):
         with servers.pgbouncer(af_server) as url:
             yield url
     except servers.ServerNotFoundError as exc:
-        message = f"PgBouncer not available for the Airflow plug-in tests: {exc}"
-        if in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
+        skip_or_fail(f"PgBouncer not available for the Airflow plug-in tests: {exc}")
 
 
 class AirflowDatabase:
