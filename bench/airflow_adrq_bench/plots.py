@@ -1,11 +1,15 @@
-"""The matplotlib set-up every report's PNG shares: a backend without a display, and saving a figure."""
+"""The matplotlib set-up every report's PNG shares: a backend without a display, grouped bars, saving."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["pyplot", "save"]
+__all__ = ["bars", "pyplot", "save"]
+
+#: One series of grouped bars: its label, a value per group, and matplotlib's bar() keywords.
+Series = tuple[str, Sequence[float], dict[str, Any]]
 
 
 def pyplot() -> Any:
@@ -19,6 +23,17 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def bars(ax: Any, groups: Sequence[str], series: Sequence[Series], **ticks: Any) -> list[Any]:
+    """One group of bars per ``groups`` label, one bar per series side by side; the bar containers."""
+    width = 0.8 / max(1, len(series))
+    drawn = []
+    for k, (label, values, style) in enumerate(series):
+        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(groups))]
+        drawn.append(ax.bar(xs, values, width, label=label, **style))
+    ax.set_xticks(range(len(groups)), groups, **ticks)
+    return drawn
 
 
 def save(fig: Any, title: str, path: Path, **savefig: Any) -> Path:

@@ -1,11 +1,12 @@
-"""The benchmark's one statistics helper: nearest-rank percentiles (what its tables report)."""
+"""The benchmark's statistics: nearest-rank percentiles (what its tables report), medians, latency columns."""
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
-__all__ = ["percentile"]
+__all__ = ["latency", "median", "percentile"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -15,3 +16,16 @@ def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return float(ordered[rank - 1])
+
+
+def median(values: Sequence[float]) -> float:
+    """The median; NaN for no values."""
+    return statistics.median(values) if values else math.nan
+
+
+def latency(values_ms: Sequence[float]) -> dict[str, float]:
+    """A summary row's latency columns: ``p50_ms``, ``p95_ms``, ``p99_ms`` (nearest rank) and ``max_ms``."""
+    return {
+        **{f"p{q}_ms": percentile(values_ms, q) for q in (50, 95, 99)},
+        "max_ms": max(values_ms, default=math.nan),
+    }

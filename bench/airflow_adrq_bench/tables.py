@@ -1,0 +1,101 @@
+"""What every report of the benchmark writes its text and JSON with: Markdown tables on ``tabulate``.
+
+One way to show a number (``fmt``), a ratio (``times``), a table
+(``table``) and the legend under it (``legend``, from ``legends.md``): the
+four report modules' tables then read alike, and JSON files hold ``null``
+where a measurement is missing (NaN) or unbounded.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+import string
+from collections.abc import Callable, Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+__all__ = ["Columns", "fmt", "legend", "markdown", "ratio", "table", "times", "write_json"]
+
+#: A table's columns: header -> the row's key (shown with ``fmt``) or what shows the row's cell.
+Columns = Mapping[str, str | Callable[[dict[str, Any]], str]]
+
+
+def fmt(value: Any, digits: int = 1) -> str:
+    """A cell: ``-`` for nothing measured (None, NaN), ``yes``/``NO`` for a check, numbers with commas."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        return "inf" if math.isinf(value) else f"{value:,.{digits}f}"
+    return value if isinstance(value, str) else f"{value:,}"
+
+
+def times(value: float) -> str:
+    """A ratio cell: ``1.50x``; ``-`` when either side was not measured."""
+    if math.isnan(value):
+        return "-"
+    return "inf" if math.isinf(value) else f"{value:.2f}x"
+
+
+def ratio(a: float, b: float) -> float:
+    """``a / b``: NaN if either is NaN or both are 0, inf for something over 0."""
+    if math.isnan(a) or math.isnan(b) or (a == 0 and b == 0):
+        return math.nan
+    return math.inf if b == 0 else a / b
+
+
+def markdown(header: Sequence[str], body: Sequence[Sequence[str]], left: int = 2) -> str:
+    """A Markdown table of text cells: the first ``left`` columns flush left, the rest (numbers) right."""
+    align = ["left" if i < left else "right" for i in range(len(header))]
+    return str(tabulate(body, headers=header, tablefmt="pipe", colalign=align, disable_numparse=True))
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Columns, left: int = 2) -> str:
+    """``markdown`` of ``rows``, one column per entry of ``columns``."""
+    body = [[show(r) if callable(show) else fmt(r[show]) for show in columns.values()] for r in rows]
+    return markdown(list(columns), body, left)
+
+
+def write_json(path: Path, data: Any, indent: int = 1) -> None:
+    """``data`` as JSON: NaN and infinities as ``null`` (JSON has neither), anything else as text."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [clean(v) for v in value]
+        return value
+
+    path.write_text(json.dumps(clean(data), indent=indent, default=str) + "\n")
+
+
+@functools.cache
+def _legends() -> dict[str, str]:
+    text = resources.files(__package__).joinpath("legends.md").read_text(encoding="utf-8")
+    parts = re.split(r"^## (\w+)\n", text, flags=re.M)
+    return {name: body.rstrip("\n") + "\n" for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+class _Fields(dict[str, str]):
+    """A legend's ``$field``: the value given, else another legend (``$rule``), else the name quoted."""
+
+    def __missing__(self, key: str) -> str:
+        return _legends()[key].rstrip("\n") if key in _legends() else f"`{key}`"
+
+
+def legend(name: str, **fields: Any) -> str:
+    """The legend ``name`` of ``legends.md``, its ``$fields`` filled in (numbers as ``:g``)."""
+    values = {
+        k: f"{v:g}" if isinstance(v, int | float) and not isinstance(v, bool) else str(v)
+        for k, v in fields.items()
+    }
+    return string.Template(_legends()[name]).substitute(_Fields(values))
