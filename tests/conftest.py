@@ -10,6 +10,11 @@ Fixtures (all function-scoped):
   test, so a test starts from empty tables (sequences are not reset: never
   assume an id value).
 * ``engine`` -- ``airflow_adrq.engine.create_engine(db_url)``, disposed after the test.
+* ``committed`` -- ``committed(build)`` runs ``build(session)`` in a Session on ``engine``,
+  commits, and returns what ``build`` returned.
+* ``fan`` -- ``fan({"a": ["c1", "c2"]}, paused=...)``: assets by name, each
+  scheduled directly by its DAGs (``tests.factories.add_scheduled_assets``),
+  committed; returns name -> asset id.
 * ``fresh_db_url`` -- a brand-new empty database (no tables), dropped after the
   test: for migration tests.
 * ``server_info`` -- the ``airflow_adrq_bench.servers.ServerInfo`` of the backend's
@@ -43,6 +48,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
 import airflow_adrq
 from airflow_adrq.engine import create_engine
@@ -56,6 +62,7 @@ _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 if _REPO_ROOT not in sys.path:
     sys.path.append(_REPO_ROOT)
 
+from tests.factories import add_scheduled_assets  # noqa: E402
 from tests.support.ci import in_ci, skip_or_fail  # noqa: E402
 
 BACKENDS = ("sqlite", "postgresql", "mysql")
@@ -308,3 +315,25 @@ def server_info(backend, request):
             f"{backend} has no server: mark the test @pytest.mark.backends('postgresql', 'mysql')"
         )
     return servers.ServerInfo(**request.config.stash[_SERVERS][backend]["info"])
+
+
+# --- rows ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def committed(engine):
+    """``committed(build)``: ``build(session)`` in a Session on ``engine``, then COMMIT; its result."""
+
+    def committed(build):
+        with Session(engine) as session:
+            result = build(session)
+            session.commit()
+        return result
+
+    return committed
+
+
+@pytest.fixture
+def fan(committed):
+    """``fan(assets, **kw)``: :func:`tests.factories.add_scheduled_assets`, committed; name -> asset id."""
+    return lambda assets, **kw: committed(lambda session: add_scheduled_assets(session, assets, **kw))

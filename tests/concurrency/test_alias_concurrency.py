@@ -95,23 +95,21 @@ class World:
         }
 
 
-def _setup(engine, *, links_exist: bool) -> World:
+def _world(s, *, links_exist: bool) -> World:
     """Aliases a, b (with their DAGs); assets x, y with links (links_exist), or x0.., y0.. without."""
     names = ["x", "y"] if links_exist else [f"{k}{r}" for r in range(ROUNDS) for k in "xy"]
     keys = {n: (n, asset_ref(n).uri) for n in names}
-    with Session(engine) as s:
-        ids, alias_ids = add_graph(
-            s,
-            dags=[DIRECT, *ON_ALIAS.values()],
-            assets=keys.values(),
-            aliases=ALIASES,
-            direct=[(k, DIRECT) for k in keys.values()],
-            by_alias=ON_ALIAS.items(),
-        )
-        world = World({n: ids[k] for n, k in keys.items()}, alias_ids, per_round=not links_exist)
-        if links_exist:
-            link_aliases(s, sorted((alias_ids[a], world.asset_ids[n]) for n, a in world.calls(0)))
-        s.commit()
+    ids, alias_ids = add_graph(
+        s,
+        dags=[DIRECT, *ON_ALIAS.values()],
+        assets=keys.values(),
+        aliases=ALIASES,
+        direct=[(k, DIRECT) for k in keys.values()],
+        by_alias=ON_ALIAS.items(),
+    )
+    world = World({n: ids[k] for n, k in keys.items()}, alias_ids, per_round=not links_exist)
+    if links_exist:
+        link_aliases(s, sorted((alias_ids[a], world.asset_ids[n]) for n, a in world.calls(0)))
     return world
 
 
@@ -309,7 +307,7 @@ def _check_rows(engine, world, outcome, *, aliases_before):
 
 
 @pytest.mark.parametrize("links_exist", [True, False], ids=["links-exist", "links-missing"])
-def test_aliases_in_opposite_orders_never_deadlock(backend, db_url, links_exist):
+def test_aliases_in_opposite_orders_never_deadlock(backend, db_url, committed, links_exist):
     """Through register_asset_change: 0 deadlocks, exact rows, no asset_alias row or id touched.
 
     links-exist: the asset-alias links exist too (the steady state, the
@@ -319,7 +317,7 @@ def test_aliases_in_opposite_orders_never_deadlock(backend, db_url, links_exist)
     """
     engine = _engine(db_url, backend)
     try:
-        world = _setup(engine, links_exist=links_exist)
+        world = committed(lambda s: _world(s, links_exist=links_exist))
         aliases_before = _aliases(engine)
         next_id_before = max(i for i, _ in aliases_before) + 1
         # Stops at the first deadlock (the test has failed then; on PostgreSQL
@@ -335,7 +333,7 @@ def test_aliases_in_opposite_orders_never_deadlock(backend, db_url, links_exist)
         engine.dispose()
 
 
-def test_same_harness_catches_todays_shape(backend, db_url):
+def test_same_harness_catches_todays_shape(backend, db_url, committed):
     """The pre-rewrite shape deadlocks on MariaDB/MySQL in this harness.
 
     On InnoDB the no-op ``ON DUPLICATE KEY UPDATE`` takes an exclusive lock on
@@ -346,7 +344,7 @@ def test_same_harness_catches_todays_shape(backend, db_url):
     """
     engine = _engine(db_url, backend)
     try:
-        world = _setup(engine, links_exist=True)
+        world = committed(lambda s: _world(s, links_exist=True))
         aliases_before = _aliases(engine)
         outcome = run_rounds(
             engine, world, todays_shape, expect_queue=False, stop_after_deadlock=True, rounds=ROUNDS, seed=2

@@ -15,18 +15,7 @@ from airflow_adrq import (
     register_asset_changes,
 )
 from airflow_adrq.models import AssetDagRunQueue, AssetEvent
-from tests.factories import add_asset, add_dags, asset_ref, queued, schedule_on_asset
-
-
-def _fan(engine, assets):
-    with Session(engine) as s:
-        add_dags(s, sorted({d for ds in assets.values() for d in ds}))
-        ids = {}
-        for name, dag_ids in assets.items():
-            ids[name] = add_asset(s, name)
-            schedule_on_asset(s, ids[name], dag_ids)
-        s.commit()
-    return ids
+from tests.factories import asset_ref, queued
 
 
 def _stamps(engine):
@@ -41,8 +30,8 @@ def _stamps(engine):
 
 
 @pytest.mark.parametrize("queue_mode", ["commit", "immediate"])
-def test_events_and_their_rows_are_stamped_together(engine, queue_mode):
-    ids = _fan(engine, {"a": ["c1", "c2"], "b": ["c2", "c3"]})
+def test_events_and_their_rows_are_stamped_together(engine, queue_mode, fan):
+    ids = fan({"a": ["c1", "c2"], "b": ["c2", "c3"]})
     with Session(engine, expire_on_commit=False) as session:
         results = register_asset_changes(
             session=session,
@@ -62,8 +51,8 @@ def test_events_and_their_rows_are_stamped_together(engine, queue_mode):
     assert {ids["a"], ids["b"]} == {a for a, _ in rows}
 
 
-def test_each_transaction_has_its_own_stamp(engine):
-    _fan(engine, {"a": ["c1"]})
+def test_each_transaction_has_its_own_stamp(engine, fan):
+    fan({"a": ["c1"]})
     with Session(engine) as session:
         for _ in range(2):
             register_asset_change(asset=asset_ref("a"), session=session)
@@ -76,9 +65,9 @@ def test_each_transaction_has_its_own_stamp(engine):
     assert list(rows.values()) == [second]
 
 
-def test_deferral_from_a_flush_hook_is_written(engine):
+def test_deferral_from_a_flush_hook_is_written(engine, fan):
     """An event registered by a before_flush hook during COMMIT's final flush is queued."""
-    ids = _fan(engine, {"a": ["c1"], "b": ["c2"]})
+    ids = fan({"a": ["c1"], "b": ["c2"]})
     with Session(engine) as session:
         register_asset_change(asset=asset_ref("a"), session=session)
         fired = []
@@ -95,9 +84,9 @@ def test_deferral_from_a_flush_hook_is_written(engine):
     assert queued(engine) == {(ids["a"], "c1"), (ids["b"], "c2")}
 
 
-def test_deferral_after_the_commit_time_write_raises(engine):
+def test_deferral_after_the_commit_time_write_raises(engine, fan):
     """A before_commit listener registered after ours is too late to be written: a clear error, not a loss."""
-    _fan(engine, {"a": ["c1"], "b": ["c2"]})
+    fan({"a": ["c1"], "b": ["c2"]})
     with Session(engine) as session:
         register_asset_change(asset=asset_ref("a"), session=session)  # installs our hooks first
 
@@ -115,8 +104,8 @@ def test_deferral_after_the_commit_time_write_raises(engine):
 
 
 @pytest.mark.backends("mysql")
-def test_mysql_repeatable_read_is_refused_unless_allowed(db_url, engine):
-    _fan(engine, {"a": ["c1"]})
+def test_mysql_repeatable_read_is_refused_unless_allowed(db_url, engine, fan):
+    fan({"a": ["c1"]})
     rr = create_engine(db_url, isolation_level="REPEATABLE READ")
     try:
         with Session(rr) as session:
@@ -139,8 +128,8 @@ def test_mysql_repeatable_read_is_refused_unless_allowed(db_url, engine):
 
 
 @pytest.mark.backends("mysql")
-def test_mysql_isolation_is_read_per_connection_option(engine):
-    ids = _fan(engine, {"a": ["c1"]})
+def test_mysql_isolation_is_read_per_connection_option(engine, fan):
+    ids = fan({"a": ["c1"]})
     with engine.connect() as conn:
         rr = conn.execution_options(isolation_level="REPEATABLE READ")
         with Session(bind=rr) as session:

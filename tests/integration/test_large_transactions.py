@@ -55,18 +55,16 @@ def _consumer(i):
     return f"alias_consumer_{i:05d}"
 
 
-def _setup(engine, n):
+def _aliased_assets(s, n):
     """n assets, n aliases (one consumer DAG each), one DAG on all the assets; set-based."""
-    with Session(engine) as s:
-        add_dags(s, [SHARED, *(_consumer(i) for i in range(n))])
-        asset_ids = add_assets(s, [(_name(i), _uri(i)) for i in range(n)])
-        alias_ids = add_aliases(s, [_alias(i) for i in range(n)])
-        add_schedule_refs(
-            s,
-            direct=[(asset_ids[(_name(i), _uri(i))], SHARED) for i in range(n)],
-            by_alias=[(alias_ids[_alias(i)], _consumer(i)) for i in range(n)],
-        )
-        s.commit()
+    add_dags(s, [SHARED, *(_consumer(i) for i in range(n))])
+    asset_ids = add_assets(s, [(_name(i), _uri(i)) for i in range(n)])
+    alias_ids = add_aliases(s, [_alias(i) for i in range(n)])
+    add_schedule_refs(
+        s,
+        direct=[(asset_ids[(_name(i), _uri(i))], SHARED) for i in range(n)],
+        by_alias=[(alias_ids[_alias(i)], _consumer(i)) for i in range(n)],
+    )
     asset_of = {i: asset_ids[(_name(i), _uri(i))] for i in range(n)}
     alias_of = {i: alias_ids[_alias(i)] for i in range(n)}
     return asset_of, alias_of
@@ -76,14 +74,14 @@ def _alias_state(conn):
     return conn.execute(sa.select(sa.func.count(), sa.func.max(AssetAliasModel.id))).one()
 
 
-def _register_all(engine, n, *, one_call):
+def _register_all(engine, committed, n, *, one_call):
     """Register assets 0..n-1 (shuffled), each through its own alias, in ONE transaction.
 
     Returns (asset_of, alias_of, event_of, timings).
     """
     timings = {}
     t0 = time.perf_counter()
-    asset_of, alias_of = _setup(engine, n)
+    asset_of, alias_of = committed(lambda s: _aliased_assets(s, n))
     timings["setup"] = time.perf_counter() - t0
     order = list(range(n))
     random.Random(8).shuffle(order)
@@ -128,16 +126,16 @@ def _check_exact(engine, n, asset_of, alias_of, event_of):
     assert tuple(aliases) == (n, max(alias_of.values()))
 
 
-def test_ten_thousand_aliased_assets_in_one_transaction(engine, backend):
-    asset_of, alias_of, event_of, timings = _register_all(engine, N, one_call=True)
+def test_ten_thousand_aliased_assets_in_one_transaction(engine, committed, backend):
+    asset_of, alias_of, event_of, timings = _register_all(engine, committed, N, one_call=True)
     t0 = time.perf_counter()
     _check_exact(engine, N, asset_of, alias_of, event_of)
     timings["check"] = time.perf_counter() - t0
     print(f"\n{backend}, {N} assets in one call: " + ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
 
 
-def test_a_thousand_separate_calls_in_one_transaction(engine, backend):
+def test_a_thousand_separate_calls_in_one_transaction(engine, committed, backend):
     n = 1_000
-    asset_of, alias_of, event_of, timings = _register_all(engine, n, one_call=False)
+    asset_of, alias_of, event_of, timings = _register_all(engine, committed, n, one_call=False)
     _check_exact(engine, n, asset_of, alias_of, event_of)
     print(f"\n{backend}, {n} calls: " + ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))

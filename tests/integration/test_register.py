@@ -24,7 +24,6 @@ from tests.factories import (
     add_alias,
     add_asset,
     add_dags,
-    add_scheduled_assets,
     alias_event_links,
     alias_links,
     asset_ref,
@@ -47,20 +46,8 @@ def listener_calls():
     remove_listener(calls.append)
 
 
-def _setup(engine, build):
-    with Session(engine) as session:
-        result = build(session)
-        session.commit()
-        return result
-
-
-def _fan(engine, assets: dict[str, list[str]], **kw):
-    """Assets by name, each scheduled directly by its DAGs (committed); returns name -> asset id."""
-    return _setup(engine, lambda s: add_scheduled_assets(s, assets, **kw))
-
-
-def test_queues_direct_references_and_skips_paused(engine):
-    asset_id = _fan(engine, {"a": ["c1", "c2", "paused"]}, paused={"paused"})["a"]
+def test_queues_direct_references_and_skips_paused(engine, fan):
+    asset_id = fan({"a": ["c1", "c2", "paused"]}, paused={"paused"})["a"]
     with Session(engine) as session:
         event = register_asset_change(
             task_instance=task_instance(), asset=asset_ref("a"), extra={"k": "v"}, session=session
@@ -80,7 +67,7 @@ def test_queues_direct_references_and_skips_paused(engine):
     assert stored.timestamp.tzinfo is not None
 
 
-def test_queues_name_uri_and_alias_references(engine):
+def test_queues_name_uri_and_alias_references(engine, committed):
     def build(s):
         add_dags(
             s, ["by_name", "by_uri", "by_alias", "by_other_alias", "paused_alias"], paused={"paused_alias"}
@@ -92,7 +79,7 @@ def test_queues_name_uri_and_alias_references(engine):
         schedule_on_alias(s, add_alias(s, "other"), ["by_other_alias"])
         return aid
 
-    asset_id = _setup(engine, build)
+    asset_id = committed(build)
     with Session(engine) as session:
         event = register_asset_change(
             asset=asset_ref("a", "s3://b/a"), source_alias_names=["al"], session=session
@@ -105,8 +92,8 @@ def test_queues_name_uri_and_alias_references(engine):
     assert alias_links(engine) == [(alias_id, asset_id)]
 
 
-def test_unknown_alias_is_created_and_linked(engine):
-    asset_id = _setup(engine, lambda s: add_asset(s, "a"))
+def test_unknown_alias_is_created_and_linked(engine, committed):
+    asset_id = committed(lambda s: add_asset(s, "a"))
     with Session(engine) as session:
         register_asset_change(asset=asset_ref("a"), source_alias_names=["new-alias"], session=session)
         session.commit()
@@ -115,8 +102,8 @@ def test_unknown_alias_is_created_and_linked(engine):
     assert alias_links(engine) == [(alias_id, asset_id)]
 
 
-def test_duplicates_are_ignored_and_created_at_kept(engine):
-    asset_id = _fan(engine, {"a": ["c"]})["a"]
+def test_duplicates_are_ignored_and_created_at_kept(engine, fan):
+    asset_id = fan({"a": ["c"]})["a"]
     for _ in range(2):
         with Session(engine) as session:
             register_asset_change(asset=asset_ref("a"), session=session)
@@ -128,8 +115,8 @@ def test_duplicates_are_ignored_and_created_at_kept(engine):
     assert len(events(engine)) == 4
 
 
-def test_refresh_moves_created_at_forward_only(engine):
-    asset_id = _fan(engine, {"a": ["c"]})["a"]
+def test_refresh_moves_created_at_forward_only(engine, fan):
+    asset_id = fan({"a": ["c"]})["a"]
 
     def created_at():
         with Session(engine) as s:
@@ -163,12 +150,12 @@ def test_refresh_moves_created_at_forward_only(engine):
         first = refreshed
 
 
-def test_the_stamp_is_the_database_clock_at_commit(engine):
+def test_the_stamp_is_the_database_clock_at_commit(engine, fan):
     """One value on the event and its row, from the server's clock (SQLite: this host's), at the commit.
 
     That it is read after the rows are locked: tests/concurrency/test_stamp_order.py.
     """
-    asset_id = _fan(engine, {"a": ["c"]})["a"]
+    asset_id = fan({"a": ["c"]})["a"]
     clock = {"postgresql": "SELECT statement_timestamp()", "mysql": "SELECT UTC_TIMESTAMP(6)"}
     column = sa.Column("now", UtcDateTime())
 
@@ -205,8 +192,8 @@ def test_unknown_asset_warns_and_writes_nothing(engine, caplog, listener_calls):
     assert "not found; cannot create asset event" in caplog.records[0].getMessage()
 
 
-def test_inactive_asset_warns_and_continues(engine, caplog):
-    asset_id = _fan(engine, {"a": ["c"]}, active=False)["a"]
+def test_inactive_asset_warns_and_continues(engine, caplog, fan):
+    asset_id = fan({"a": ["c"]}, active=False)["a"]
     with Session(engine) as session, caplog.at_level(logging.WARNING, logger="airflow_adrq.manager"):
         assert register_asset_change(asset=asset_ref("a"), session=session) is not None
         session.commit()
@@ -216,8 +203,8 @@ def test_inactive_asset_warns_and_continues(engine, caplog):
     assert queued(engine) == {(asset_id, "c")}
 
 
-def test_partition_key_queues_no_non_partitioned_dag(engine):
-    asset_id = _fan(engine, {"a": ["plain", "partitioned"]}, partitioned={"partitioned"})["a"]
+def test_partition_key_queues_no_non_partitioned_dag(engine, fan):
+    asset_id = fan({"a": ["plain", "partitioned"]}, partitioned={"partitioned"})["a"]
     with Session(engine) as session:
         event = register_asset_change(asset=asset_ref("a"), partition_key="2026-11-29", session=session)
         session.commit()
@@ -231,8 +218,8 @@ def test_partition_key_queues_no_non_partitioned_dag(engine):
     assert queued(engine) == {(asset_id, "plain")}
 
 
-def test_unknown_keyword_arguments_are_ignored(engine):
-    _setup(engine, lambda s: add_asset(s, "a"))
+def test_unknown_keyword_arguments_are_ignored(engine, committed):
+    committed(lambda s: add_asset(s, "a"))
     with Session(engine) as session:
         event = register_asset_change(asset=asset_ref("a"), session=session, timestamp="ignored", whatever=1)
         session.commit()
@@ -249,15 +236,15 @@ def test_unknown_keyword_arguments_are_ignored(engine):
         ({"asset": asset_ref("a"), "on_conflict": "replace"}, ValueError),
     ],
 )
-def test_bad_input_is_rejected_before_any_write(engine, kwargs, error):
-    _setup(engine, lambda s: add_asset(s, "a"))
+def test_bad_input_is_rejected_before_any_write(engine, kwargs, error, committed):
+    committed(lambda s: add_asset(s, "a"))
     with Session(engine) as session, pytest.raises(error):
         register_asset_change(session=session, **kwargs)
     assert events(engine) == []
 
 
-def test_listeners_run_after_commit_only(engine, listener_calls):
-    _setup(engine, lambda s: add_asset(s, "a"))
+def test_listeners_run_after_commit_only(engine, listener_calls, committed):
+    committed(lambda s: add_asset(s, "a"))
     with Session(engine) as session:
         register_asset_change(asset=asset_ref("a"), session=session)
         assert listener_calls == []  # not inside the transaction
@@ -273,8 +260,8 @@ def test_listeners_run_after_commit_only(engine, listener_calls):
     ]
 
 
-def test_callback_sink_receives_the_listener_calls(engine, listener_calls):
-    _setup(engine, lambda s: add_asset(s, "a"))
+def test_callback_sink_receives_the_listener_calls(engine, listener_calls, committed):
+    committed(lambda s: add_asset(s, "a"))
     sink = []
     with Session(engine) as session:
         register_asset_change(asset=asset_ref("a"), session=session, callback_sink=sink)
@@ -288,8 +275,8 @@ def test_callback_sink_receives_the_listener_calls(engine, listener_calls):
 # --- commit-time queueing --------------------------------------------------
 
 
-def test_rows_appear_at_commit_not_before(engine):
-    ids = _fan(engine, {"a": ["c1", "c2"]})
+def test_rows_appear_at_commit_not_before(engine, fan):
+    ids = fan({"a": ["c1", "c2"]})
     with Session(engine) as session:
         register_asset_change(asset=asset_ref("a"), session=session)
         assert queued(session) == set()
@@ -298,8 +285,8 @@ def test_rows_appear_at_commit_not_before(engine):
     assert queued(engine) == {(ids["a"], "c1"), (ids["a"], "c2")}
 
 
-def test_flush_queue_makes_rows_visible_in_the_transaction(engine):
-    ids = _fan(engine, {"a": ["c1"]})
+def test_flush_queue_makes_rows_visible_in_the_transaction(engine, fan):
+    ids = fan({"a": ["c1"]})
     with Session(engine) as session:
         register_asset_change(asset=asset_ref("a"), session=session)
         flush_queue(session)
@@ -309,8 +296,8 @@ def test_flush_queue_makes_rows_visible_in_the_transaction(engine):
     assert queued(engine) == {(ids["a"], "c1")}
 
 
-def test_rollback_queues_nothing(engine):
-    _fan(engine, {"a": ["c1"], "b": ["c2"]})
+def test_rollback_queues_nothing(engine, fan):
+    fan({"a": ["c1"], "b": ["c2"]})
     with Session(engine) as session:
         register_asset_change(asset=asset_ref("a"), session=session)
         register_asset_change(asset=asset_ref("b"), session=session)
@@ -321,8 +308,8 @@ def test_rollback_queues_nothing(engine):
     assert events(engine) == []
 
 
-def test_two_commits_queue_exactly_the_union(engine):
-    ids = _fan(engine, {"a": ["c1", "shared"], "b": ["c2", "shared"]})
+def test_two_commits_queue_exactly_the_union(engine, fan):
+    ids = fan({"a": ["c1", "shared"], "b": ["c2", "shared"]})
     with Session(engine) as session:
         register_asset_change(asset=asset_ref("a"), session=session)
         session.commit()
@@ -332,8 +319,8 @@ def test_two_commits_queue_exactly_the_union(engine):
     assert queued(engine) == {(a, "c1"), (a, "shared"), (b, "c2"), (b, "shared")}
 
 
-def test_savepoint_rollback_drops_its_assets_and_release_keeps_them(engine):
-    ids = _fan(engine, {"a": ["c1"], "b": ["c2"], "c": ["c3"]})
+def test_savepoint_rollback_drops_its_assets_and_release_keeps_them(engine, fan):
+    ids = fan({"a": ["c1"], "b": ["c2"], "c": ["c3"]})
     with Session(engine) as session:
         register_asset_change(asset=asset_ref("a"), session=session)
         with session.begin_nested():
@@ -349,8 +336,8 @@ def test_savepoint_rollback_drops_its_assets_and_release_keeps_them(engine):
     assert sorted(e.asset_id for e in events(engine)) == sorted([ids["a"], ids["b"]])
 
 
-def test_flush_inside_rolled_back_savepoint_is_queued_again_at_commit(engine):
-    ids = _fan(engine, {"a": ["c1"]})
+def test_flush_inside_rolled_back_savepoint_is_queued_again_at_commit(engine, fan):
+    ids = fan({"a": ["c1"]})
     with Session(engine) as session:
         register_asset_change(asset=asset_ref("a"), session=session)
         nested = session.begin_nested()
@@ -361,8 +348,8 @@ def test_flush_inside_rolled_back_savepoint_is_queued_again_at_commit(engine):
     assert queued(engine) == {(ids["a"], "c1")}
 
 
-def test_batch_api_registers_every_change(engine):
-    ids = _fan(engine, {"a": ["c1"], "b": ["c2"]})
+def test_batch_api_registers_every_change(engine, fan):
+    ids = fan({"a": ["c1"], "b": ["c2"]})
     with Session(engine) as session:
         results = register_asset_changes(
             session=session,
@@ -378,8 +365,8 @@ def test_batch_api_registers_every_change(engine):
     assert queued(engine) == {(ids["a"], "c1"), (ids["b"], "c2")}
 
 
-def test_immediate_mode_writes_before_commit(engine):
-    ids = _fan(engine, {"a": ["c1"]})
+def test_immediate_mode_writes_before_commit(engine, fan):
+    ids = fan({"a": ["c1"]})
     with Session(engine) as session:
         register_asset_change(asset=asset_ref("a"), session=session, queue_mode="immediate")
         assert queued(session) == {(ids["a"], "c1")}
@@ -387,7 +374,7 @@ def test_immediate_mode_writes_before_commit(engine):
         session.commit()
 
 
-def test_hostile_strings_are_stored_verbatim(engine, backend):
+def test_hostile_strings_are_stored_verbatim(engine, backend, committed):
     # ids are utf8mb3 on MySQL (3-byte characters at most); names/URIs are
     # latin1 there, as in Airflow, so they stay within latin1.
     dag_ids = ["q'uote\"d; DROP TABLE dag;--", "ünï-çødé ✓ 中文", "x" * 250, "back\\slash%_"]
@@ -404,7 +391,7 @@ def test_hostile_strings_are_stored_verbatim(engine, backend):
         schedule_on_alias(s, add_alias(s, alias), [dag_ids[3]])
         return aid
 
-    asset_id = _setup(engine, build)
+    asset_id = committed(build)
     with Session(engine) as session:
         register_asset_change(
             task_instance=task_instance(dag_id=dag_ids[0], run_id=dag_ids[1]),
@@ -420,8 +407,8 @@ def test_hostile_strings_are_stored_verbatim(engine, backend):
     assert list(stored_aliases(engine)) == [alias]
 
 
-def test_event_rows_and_queue_rows_share_the_callers_transaction(engine):
-    _fan(engine, {"a": ["c1"]})
+def test_event_rows_and_queue_rows_share_the_callers_transaction(engine, fan):
+    fan({"a": ["c1"]})
     with Session(engine) as session:
         register_asset_change(asset=asset_ref("a"), session=session, queue_mode="immediate")
         session.rollback()
@@ -430,13 +417,13 @@ def test_event_rows_and_queue_rows_share_the_callers_transaction(engine):
     assert queued(engine) == set()
 
 
-def test_one_stamp_across_statements_past_the_parameter_limit(engine, monkeypatch):
+def test_one_stamp_across_statements_past_the_parameter_limit(engine, monkeypatch, fan):
     """Past IDS_PER_STATEMENT events the write takes several statements, and still one clock reading."""
     from airflow_adrq import queue
 
     monkeypatch.setattr(queue, "IDS_PER_STATEMENT", 2)
     names = [f"a{i}" for i in range(5)]
-    ids = _fan(engine, {name: ["c"] for name in names})
+    ids = fan({name: ["c"] for name in names})
     with Session(engine) as session:
         for name in names:
             register_asset_change(asset=asset_ref(name), session=session)

@@ -8,27 +8,21 @@ import pytest
 from sqlalchemy.orm import Session
 
 from airflow_adrq import AssetChange, register_asset_change, register_asset_changes
-from tests.factories import add_asset, add_dags, asset_ref, queued, schedule_on_asset
-from tests.support.recording import recorded
+from airflow_adrq_testing.recording import recorded
+from tests.factories import asset_ref, queued
 
 _SAVEPOINT = re.compile(r"\bSAVEPOINT\b", re.IGNORECASE)
 
 
-def _setup(engine, fanout, assets=("a", "b", "c")):
-    with Session(engine) as session:
-        dag_ids = [f"dag_{i:05d}" for i in range(fanout)]
-        add_dags(session, dag_ids)
-        ids = {}
-        for name in assets:
-            ids[name] = add_asset(session, name)
-            schedule_on_asset(session, ids[name], dag_ids)
-        session.commit()
-    return ids, dag_ids
+def _dags(fanout):
+    """The consumer DAGs of every asset of a test: ``fanout`` of them."""
+    return [f"dag_{i:05d}" for i in range(fanout)]
 
 
 @pytest.mark.parametrize("fanout", [1, 300])
-def test_commit_mode_one_insert_per_transaction(engine, fanout):
-    ids, dag_ids = _setup(engine, fanout)
+def test_commit_mode_one_insert_per_transaction(engine, fan, fanout):
+    dag_ids = _dags(fanout)
+    ids = fan(dict.fromkeys("abc", dag_ids))
     with recorded(engine) as seen, Session(engine) as session:
         for name in ("c", "a", "b"):  # a multi-outlet task, outlets in arbitrary order
             register_asset_change(asset=asset_ref(name), session=session, source_alias_names=["al"])
@@ -48,8 +42,8 @@ def test_commit_mode_one_insert_per_transaction(engine, fanout):
 
 
 @pytest.mark.parametrize("fanout", [1, 300])
-def test_immediate_mode_one_insert_per_call(engine, fanout):
-    _ids, _dag_ids = _setup(engine, fanout)
+def test_immediate_mode_one_insert_per_call(engine, fan, fanout):
+    fan(dict.fromkeys("abc", _dags(fanout)))
     with recorded(engine) as seen, Session(engine) as session:
         for name in ("c", "a"):
             register_asset_change(asset=asset_ref(name), session=session, queue_mode="immediate")
@@ -59,8 +53,8 @@ def test_immediate_mode_one_insert_per_call(engine, fanout):
     assert not [s for s in seen.statements if _SAVEPOINT.search(s)]
 
 
-def test_batch_api_one_insert(engine):
-    _ids, _dag_ids = _setup(engine, 50)
+def test_batch_api_one_insert(engine, fan):
+    fan(dict.fromkeys("abc", _dags(50)))
     with recorded(engine) as seen, Session(engine) as session:
         register_asset_changes(
             session=session,
@@ -72,8 +66,9 @@ def test_batch_api_one_insert(engine):
 
 
 @pytest.mark.slow
-def test_fanout_10000_in_one_call(engine):
-    ids, dag_ids = _setup(engine, 10_000, assets=("wide",))
+def test_fanout_10000_in_one_call(engine, fan):
+    dag_ids = _dags(10_000)
+    ids = fan({"wide": dag_ids})
     with recorded(engine) as seen, Session(engine) as session:
         register_asset_change(asset=asset_ref("wide"), session=session)
         session.commit()
