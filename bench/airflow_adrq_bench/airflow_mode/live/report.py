@@ -9,18 +9,16 @@ cell's ``shape`` does in the JSON. The legend says what each row counts.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow_adrq_bench import plots
+from airflow_adrq_bench import plots, tables
 from airflow_adrq_bench.airflow_mode.live.config import MANAGERS
 
 __all__ = [
-    "LEGEND",
     "ROWS",
     "format_tables",
     "notes",
@@ -34,59 +32,15 @@ __all__ = [
 
 Cell = dict[str, Any]
 
-LEGEND = """\
-Legend (per deployment: one manager on its own scratch database; see `--help` for the sizes; with
-several runs a cell lists each run's value, separated by `;`)
-* `stock`: Airflow's own `airflow.assets.manager.AssetManager`; `plugin`:
-  `airflow_adrq.airflow.AdrqAssetManager`; set through `AIRFLOW__CORE__ASSET_MANAGER_CLASS` on every
-  component (api-server, scheduler(s), DAG processor, Celery workers), on 127.0.0.1.
-* shape (each table's heading): the executor (LocalExecutor; or CeleryExecutor, its workers on a
-  Redis database and a queue of the deployment's own, results in the scratch database); `PgBouncer`:
-  every component reaches PostgreSQL through a throwaway PgBouncer in transaction pooling mode
-  (`airflow db migrate` directly), `direct` without; the schedulers (2: Airflow's HA mode); the
-  api-server's worker processes.
-* producer tasks failed: producer task instances of the bursts in state `failed` at the end (Airflow
-  3.3's task-success endpoint sets a task whose success transaction deadlocked FAILED directly, whatever
-  its retries). retried: those with `try_number` > 1.
-* deadlocks, server counter: PostgreSQL `pg_stat_database.deadlocks` of the scratch database (only this
-  deployment uses it), difference from before the components started to after they stopped.
-  MariaDB/MySQL: `Innodb_deadlocks` of the whole server (other clients' deadlocks count too; `ours?`
-  tells whether InnoDB's latest detected deadlock names the scratch database).
-* deadlock lines in logs: lines with `deadlock detected`, `Deadlock found`, `40P01` or `(1213,` in the
-  components' logs / in the task logs (a traceback holds about 2 such lines per deadlock). Only the
-  errors Airflow logs with their message: a database error that escapes the task-success endpoint
-  (e.g. at its COMMIT) goes to the api-server's generic handler, which logs the statement and the
-  stack under an error id but not the error itself, and answers 500: see the next row.
-* task-success calls answered 5xx: `PATCH .../state` calls of the bursts' producer tasks answered
-  with a server error (from the access log): the success transaction failed on a database error the
-  endpoint did not handle; the task SDK retries the call, so the task may still succeed.
-* asset events written / expected: `asset_event` rows with a producer DAG's burst run as source /
-  instances x outlets x producer DAGs x bursts.
-* consumer runs: runs of the consumer DAGs after the bursts' drain / at the end (after one more event).
-* pairs: (event, consumer DAG) pairs, every producer event times every consumer DAG scheduled on its
-  asset. A pair is consumed when `dagrun_asset_event` links the event to a run of that DAG.
-* stranded after the bursts: pairs no run consumed once the queue drained after the last burst (no
-  queue row left, no new consumer run for a few seconds); of the last burst alone: its events' pairs.
-* still unconsumed after one more event: the same after one more event of every outlet asset was sent
-  through `POST /api/v2/assets/events` (the extra events themselves are not counted) and drained: a
-  stranded pair that the next event picks up was late; one still unconsumed was lost to its consumer.
-* pairs consumed twice: (event, DAG) consumed by more than one run of that DAG, at the end.
-* queue rows left: `asset_dag_run_queue` rows after the bursts' drain / at the end.
-* trigger to done: seconds from the burst's first `POST /api/v2/dags/{id}/dagRuns` to the answer of
-  its last producer task's success call (the access log's line; a task's `end_date` is stamped by the
-  task SDK before that call), per burst.
-* PATCH .../state: server-side duration of the task-success call `PATCH
-  /execution/task-instances/{id}/state` of the bursts' producer tasks, from the api-server's own
-  access log (Airflow 3.3's `HttpAccessLogMiddleware` logs `duration_us` per request, arrival to end
-  of response): nearest-rank p50 / p99 in ms over every call, the task SDK's retries included (it
-  retries after its 5 s `execution_api_timeout`); not 2xx: answers like 409 (the task was set FAILED
-  meanwhile); the status codes are in live.json.
-* deployment: seconds from `airflow db migrate` to the last component stopped.
-"""
+
+def _pct(c: Cell, of: str, part: str, whole: str) -> float:
+    """``c[of][part]`` as a percentage of ``c[of][whole]`` (0 of nothing)."""
+    return 100 * c[of][part] / c[of][whole] if c[of][whole] else 0.0
 
 
-def _fmt_pct(part: int, whole: int) -> str:
-    return f"{part} ({100 * part / whole:.0f}%)" if whole else str(part)
+def _share(of: str, part: str, whole: str) -> Callable[[Cell], str]:
+    """A row's cell ``12 (3%)``: ``c[of][part]`` and its share of ``c[of][whole]``."""
+    return lambda c: f"{c[of][part]} ({_pct(c, of, part, whole):.0f}%)" if c[of][whole] else str(c[of][part])
 
 
 def _bursts(c: Cell) -> str:
@@ -120,50 +74,42 @@ def _events(c: Cell) -> str:
     return f"{written} / {c['events']['expected']}"
 
 
-#: (row label, value of one cell). A cell with an error shows "error" on every row.
-ROWS: list[tuple[str, Callable[[Cell], str]]] = [
-    ("producer tasks failed", lambda c: _fmt_pct(c["tasks"]["failed"], c["tasks"]["tasks"])),
-    ("producer tasks retried", lambda c: str(c["tasks"]["retried"])),
+#: (row label, value of one cell: a format of the cell's fields or a function of it). A cell with an
+#: error shows "error" on every row.
+ROWS: list[tuple[str, str | Callable[[Cell], str]]] = [
+    ("producer tasks failed", _share("tasks", "failed", "tasks")),
+    ("producer tasks retried", "{tasks[retried]}"),
     ("deadlocks, server counter", _deadlock_server),
     (
         "deadlock lines in logs (components / tasks)",
-        lambda c: f"{c['deadlocks']['log_lines_components']} / {c['deadlocks']['log_lines_tasks']}",
+        "{deadlocks[log_lines_components]} / {deadlocks[log_lines_tasks]}",
     ),
     ("task-success calls answered 5xx", lambda c: str(_server_errors(c))),
     ("asset events written / expected", _events),
     (
         "consumer runs (after the bursts / at the end)",
-        lambda c: f"{c['after_bursts']['consumer_runs']} / {c['after_extra']['consumer_runs']}",
+        "{after_bursts[consumer_runs]} / {after_extra[consumer_runs]}",
     ),
-    ("(event, consumer) pairs", lambda c: str(c["after_bursts"]["pairs"])),
-    (
-        "stranded after the bursts",
-        lambda c: _fmt_pct(c["after_bursts"]["stranded"], c["after_bursts"]["pairs"]),
-    ),
-    (
-        "stranded, of the last burst alone",
-        lambda c: _fmt_pct(c["after_bursts"]["last_burst_stranded"], c["after_bursts"]["last_burst_pairs"]),
-    ),
-    (
-        "still unconsumed after one more event",
-        lambda c: _fmt_pct(c["after_extra"]["stranded"], c["after_extra"]["pairs"]),
-    ),
-    ("pairs consumed twice", lambda c: str(c["after_extra"]["consumed_twice"])),
+    ("(event, consumer) pairs", "{after_bursts[pairs]}"),
+    ("stranded after the bursts", _share("after_bursts", "stranded", "pairs")),
+    ("stranded, of the last burst alone", _share("after_bursts", "last_burst_stranded", "last_burst_pairs")),
+    ("still unconsumed after one more event", _share("after_extra", "stranded", "pairs")),
+    ("pairs consumed twice", "{after_extra[consumed_twice]}"),
     (
         "queue rows left (after the bursts / at the end)",
-        lambda c: f"{c['after_bursts']['queue_rows']} / {c['after_extra']['queue_rows']}",
+        "{after_bursts[queue_rows]} / {after_extra[queue_rows]}",
     ),
     ("trigger to done, s (per burst)", _bursts),
     ("PATCH .../state p50 / p99 ms", _latency),
-    ("deployment, s", lambda c: f"{c['duration_s']:.0f}"),
+    ("deployment, s", "{duration_s:.0f}"),
 ]
 
 
-def _value(cell: Cell, row: Callable[[Cell], str]) -> str:
+def _value(cell: Cell, row: str | Callable[[Cell], str]) -> str:
     if cell.get("error"):
         return "error"
     try:
-        return row(cell)
+        return row.format_map(cell) if isinstance(row, str) else row(cell)
     except (KeyError, TypeError, ZeroDivisionError):
         return "?"
 
@@ -198,27 +144,19 @@ def format_tables(raw: dict[str, Any]) -> str:
         ]
     cells: list[Cell] = raw["cells"]
     for db in dict.fromkeys(c["db"] for c in cells):
-        mine = [c for c in cells if c["db"] == db]
+        mine = sorted((c for c in cells if c["db"] == db), key=lambda c: c["run"])
         managers = [m for m in MANAGERS if any(c["manager"] == m for c in mine)]
-        first = mine[0]
-        lines += [
-            "",
-            f"### {db}: {first['version']}; {shape_label(_shape(first))}",
-            "",
-            "| | " + " | ".join(managers) + " |",
-            "|---|" + "---:|" * len(managers),
+        body = [
+            [label, *("; ".join(_value(c, row) for c in mine if c["manager"] == m) for m in managers)]
+            for label, row in ROWS
         ]
-        for label, row in ROWS:
-            values = []
-            for manager in managers:
-                runs = sorted((c for c in mine if c["manager"] == manager), key=lambda c: c["run"])
-                values.append("; ".join(_value(c, row) for c in runs))
-            lines.append(f"| {label} | " + " | ".join(values) + " |")
+        heading = f"### {db}: {mine[0]['version']}; {shape_label(_shape(mine[0]))}"
+        lines += ["", heading, "", tables.markdown(["", *managers], body, left=1)]
         errors = [c for c in mine if c.get("error")]
         for c in errors:
             lines += ["", f"* {c['manager']} run {c['run']} failed: {c['error'].splitlines()[0]}"]
             lines.append(f"  (api-server log: {c.get('api_server_log')})")
-    lines += ["", LEGEND]
+    lines += ["", tables.legend("live")]
     if raw.get("notes"):
         lines += ["Notes:", *[f"* {n}" for n in raw["notes"]], ""]
     if raw.get("problems"):
@@ -332,7 +270,7 @@ def problems(cells: Sequence[Cell], *, expect_stock_worse: bool = False) -> list
 
 def write_json(raw: dict[str, Any], path: Path) -> None:
     """The raw results (every cell, every count), indented."""
-    path.write_text(json.dumps(raw, indent=2, sort_keys=False, default=str) + "\n")
+    tables.write_json(path, raw, indent=2)
 
 
 def plot(raw: dict[str, Any], path: Path) -> Path | None:
@@ -346,48 +284,27 @@ def plot(raw: dict[str, Any], path: Path) -> Path | None:
     def mean(values: list[float]) -> float:
         return sum(values) / len(values) if values else math.nan
 
-    def share(c: Cell, part: float, whole: float) -> float:
-        return 100 * part / whole if whole else 0.0
-
-    metrics: list[tuple[str, Callable[[Cell], float]]] = [
-        ("producer tasks failed", lambda c: share(c, c["tasks"]["failed"], c["tasks"]["tasks"])),
-        (
-            "stranded after the bursts",
-            lambda c: share(c, c["after_bursts"]["stranded"], c["after_bursts"]["pairs"]),
-        ),
-        (
-            "unconsumed after one more event",
-            lambda c: share(c, c["after_extra"]["stranded"], c["after_extra"]["pairs"]),
-        ),
-    ]
+    metrics = {
+        "producer tasks failed": ("tasks", "failed", "tasks"),
+        "stranded after the bursts": ("after_bursts", "stranded", "pairs"),
+        "unconsumed after one more event": ("after_extra", "stranded", "pairs"),
+    }
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    width = 0.8 / len(metrics)
-    xs = range(len(groups))
-    for k, (label, metric) in enumerate(metrics):
-        values = [mean([metric(c) for c in cells if (c["db"], c["manager"]) == g]) for g in groups]
-        bars = left.bar([x + (k - (len(metrics) - 1) / 2) * width for x in xs], values, width, label=label)
+    ticks = [f"{db}\n{m}" for db, m in groups]
+    mine = [[c for c in cells if (c["db"], c["manager"]) == g] for g in groups]
+    series = [
+        (label, [mean([_pct(c, *m) for c in group]) for group in mine], {}) for label, m in metrics.items()
+    ]
+    for bars in plots.bars(left, ticks, series):
         left.bar_label(bars, fmt="%.3g", fontsize=7)
-    left.set_xticks(list(xs), [f"{db}\n{m}" for db, m in groups])
-    left.set_ylabel("% of producer tasks / of (event, consumer) pairs")
-    left.set_title("Failures and stranded events")
-    left.legend(fontsize=8)
-    for k, (label, key) in enumerate((("p50", "p50_ms"), ("p99", "p99_ms"))):
-        values = [
-            mean(
-                [
-                    c["patch_state"][key]
-                    for c in cells
-                    if (c["db"], c["manager"]) == g and c["patch_state"]["calls"]
-                ]
-            )
-            for g in groups
-        ]
-        bars = right.bar([x + (k - 0.5) * 0.4 for x in xs], values, 0.4, label=label)
+    left.set(ylabel="% of producer tasks / of (event, consumer) pairs", title="Failures and stranded events")
+    patches = [[c["patch_state"] for c in group if c["patch_state"]["calls"]] for group in mine]
+    series = [(q, [mean([p[f"{q}_ms"] for p in group]) for group in patches], {}) for q in ("p50", "p99")]
+    for bars in plots.bars(right, ticks, series):
         right.bar_label(bars, fmt="%.0f", fontsize=7)
-    right.set_xticks(list(xs), [f"{db}\n{m}" for db, m in groups])
-    right.set_ylabel("ms")
-    right.set_title("PATCH /execution/task-instances/{id}/state (api-server access log)")
-    right.legend(fontsize=8)
+    right.set(ylabel="ms", title="PATCH /execution/task-instances/{id}/state (api-server access log)")
+    for ax in (left, right):
+        ax.legend(fontsize=8)
     sizes = raw["sizes"]
     title = (
         f"airflow-adrq bench --airflow --live: {sizes['producer_dags']} x {sizes['instances']} instances x "
