@@ -19,6 +19,7 @@ def asset_ref(name: str, uri: str | None = None) -> SimpleNamespace:
 
 
 def task_instance(dag_id="producer", task_id="emit", run_id="run-1", map_index=-1) -> SimpleNamespace:
+    """What callers pass as ``task_instance=``: the attributes the event's source columns take."""
     return SimpleNamespace(dag_id=dag_id, task_id=task_id, run_id=run_id, map_index=map_index)
 
 

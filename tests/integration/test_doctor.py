@@ -36,7 +36,9 @@ from tests.factories import (
     schedule_on_name,
     schedule_on_uri,
 )
+from tests.support import exposure
 from tests.support.ci import skip_or_fail
+from tests.support.exposure import exposure_fields
 from tests.support.recording import recorded
 
 #: The last migration of Airflow 3.3.0 (the head of 3.3.x).
@@ -67,39 +69,27 @@ def airflow_like(url, revision=AIRFLOW_33):
 
 
 def seed_exposed(engine):
-    """Assets, consumers, producers and aliases whose counts the tests assert (see each comment)."""
+    """tests/support/exposure.py's world, in the library's tables."""
     with Session(engine) as s:
-        add_dags(s, ["p1", "p2", "c1", "c2", "c3", "c4", "off"], paused={"off"})
-        a = add_asset(s, "a")  # consumers c1, c2 (direct), c3 (name), c2 (URI, again); "off" is paused
-        schedule_on_asset(s, a, ["c1", "c2", "off"])
-        schedule_on_name(s, "a", ["c3"])
-        schedule_on_uri(s, asset_ref("a").uri, ["c2"])
-        b = add_asset(s, "b")  # consumer c4
-        schedule_on_asset(s, b, ["c4"])
-        e = add_asset(s, "e")  # consumer c1 (shared with a)
-        schedule_on_asset(s, e, ["c1"])
-        add_asset(s, "lonely")  # no consumer
-        old = add_asset(s, "old", active=False)  # inactive: not counted
-        schedule_on_asset(s, old, ["c1", "c2", "c3", "c4"])
-        x = add_alias(s, "x")  # two consumers
-        schedule_on_alias(s, x, ["c1", "c2"])
-        y = add_alias(s, "y")  # one consumer, linked to b (consumer c4): two rows per event
-        schedule_on_alias(s, y, ["c3"])
-        link_aliases(s, [(y, b)])
-        add_alias(s, "z")
+        add_dags(s, exposure.DAGS, paused=exposure.PAUSED)
+        assets = {
+            name: add_asset(s, name, active=name not in exposure.INACTIVE) for name in exposure.CONSUMERS
+        }
+        for name, dag_ids in exposure.CONSUMERS.items():
+            schedule_on_asset(s, assets[name], dag_ids)
+        for name, dag_ids in exposure.NAME_REF_CONSUMERS.items():
+            schedule_on_name(s, name, dag_ids)
+        for name, dag_ids in exposure.URI_REF_CONSUMERS.items():
+            schedule_on_uri(s, asset_ref(name).uri, dag_ids)
+        aliases = {name: add_alias(s, name) for name in exposure.ALIAS_CONSUMERS}
+        for name, dag_ids in exposure.ALIAS_CONSUMERS.items():
+            schedule_on_alias(s, aliases[name], dag_ids)
+        link_aliases(s, [(aliases[alias], assets[asset]) for alias, asset in exposure.ALIAS_LINKS])
         s.commit()
     with engine.begin() as conn:
         conn.execute(
             TOAR.insert(),
-            [
-                # a: produced by two tasks of two DAGs, three consumers -> races.
-                {"asset_id": a, "dag_id": "p1", "task_id": "t1"},
-                {"asset_id": a, "dag_id": "p2", "task_id": "t2"},
-                # p1.t1: outlets a, b -> 4 rows per success, no consumer shared.
-                {"asset_id": b, "dag_id": "p1", "task_id": "t1"},
-                # p2.t2: outlets a, e -> c1 under both: shared.
-                {"asset_id": e, "dag_id": "p2", "task_id": "t2"},
-            ],
+            [{"asset_id": assets[a], "dag_id": d, "task_id": t} for a, d, t in exposure.OUTLETS],
         )
 
 
@@ -272,12 +262,7 @@ def test_exposure_counts(fresh_db_url, backend, capsys):
     engine.dispose()
     report = doctor.check(fresh_db_url)
     e = report.exposure
-    assert (e.assets, e.assets_with_consumers) == (4, 3)
-    assert (e.fanout_max, e.fanout_p50, e.fanout_p99, e.fanout_over) == (3, 1, 3, {64: 0, 1024: 0})
-    assert e.multi_consumer_assets == 1
-    assert (e.several_producers, e.several_producer_dags, e.racing) == (1, 1, 1)
-    assert (e.multi_outlet_tasks, e.multi_outlet_multirow, e.multi_outlet_shared) == (2, 2, 1)
-    assert (e.aliases, e.alias_references, e.alias_links, e.alias_multirow) == (3, 3, 1, 2)
+    assert exposure_fields(e) == exposure.EXPOSURE
     c = report.compatibility
     assert c.schema == doctor.SchemaVersion(AIRFLOW_33, "3.3.0", (3, 3), True)
     assert c.queue_key == ("asset_id", "target_dag_id")

@@ -36,6 +36,7 @@ from airflow.models.dag import DagModel
 from airflow.models.dagbundle import DagBundleModel
 
 from airflow_adrq.airflow import compat
+from tests import factories
 
 BUNDLE = "adrq-bundle"
 #: The plug-in's adapter for the installed Airflow (its release line's differences).
@@ -185,16 +186,12 @@ def _serialize_partitioned_dag(session, dag_id: str, asset_names: list[str]) -> 
 
 
 def task_instance(task_id: str = "t", run_id: str = "run-1", *, partition_key=None, map_index: int = -1):
-    """A stand-in for the producing TaskInstance (only the attributes Airflow reads here)."""
-    ti = SimpleNamespace(
-        dag_id="producer",
-        task_id=task_id,
-        run_id=run_id,
-        map_index=map_index,
-        try_number=1,
-        dag_run=SimpleNamespace(partition_key=partition_key, partition_date=None),
-        log=logging.getLogger("adrq.test.ti"),
-    )
+    """A stand-in for the producing TaskInstance of DAG ``producer``: the library tests' one
+    (tests/factories.py) plus the other attributes Airflow reads here."""
+    ti = factories.task_instance(task_id=task_id, run_id=run_id, map_index=map_index)
+    ti.try_number = 1
+    ti.dag_run = SimpleNamespace(partition_key=partition_key, partition_date=None)
+    ti.log = logging.getLogger("adrq.test.ti")
     if LINE.line >= (3, 4):
         # 3.4 records the task instance's id and its public map index (from its region).
         from airflow.models.dynamic_region import SENTINEL_REGION_ID

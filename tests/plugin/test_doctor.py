@@ -21,6 +21,8 @@ from sqlalchemy.orm import Session
 from airflow_adrq import doctor
 from airflow_adrq.airflow import compat
 from tests.plugin import adrq_af_scenario as scenario
+from tests.support import exposure
+from tests.support.exposure import exposure_fields
 from tests.support.recording import recorded
 
 LINE = tuple(int(part) for part in airflow.__version__.split(".")[:2])
@@ -28,28 +30,28 @@ EVENT_KEYED = compat.SHAPES[LINE].event_keyed
 
 
 def seed_exposed(engine):
-    """``a``: 3 consumers (2 direct, 1 by name; ``off`` is paused); racing and multi-outlet producers."""
+    """tests/support/exposure.py's world, through Airflow's models."""
     with Session(engine) as session:
         seeded = scenario.seed(
             session,
-            assets=["a", "b", "e", "lonely"],
-            consumers={"a": ["c1", "c2", "off"], "b": ["c4"], "e": ["c1"]},
-            name_ref_consumers={"a": ["c3"]},
-            alias_consumers={"x": ["c1", "c2"]},
-            paused={"off"},
+            assets=list(exposure.CONSUMERS),
+            consumers=exposure.CONSUMERS,
+            name_ref_consumers=exposure.NAME_REF_CONSUMERS,
+            uri_ref_consumers=exposure.URI_REF_CONSUMERS,
+            alias_consumers=exposure.ALIAS_CONSUMERS,
+            paused=exposure.PAUSED,
+            inactive=exposure.INACTIVE,
         )
-        ids = seeded.asset_ids
-        session.add_all(
+        assets, aliases = seeded.asset_ids, seeded.alias_ids
+        session.execute(
+            sa.table("asset_alias_asset", sa.column("alias_id"), sa.column("asset_id")).insert(),
             [
-                # a: produced by tasks of two DAGs -> races (3 consumers).
-                TaskOutletAssetReference(asset_id=ids["a"], dag_id="producer", task_id="t1"),
-                TaskOutletAssetReference(asset_id=ids["a"], dag_id="c4", task_id="t9"),
-                # producer.t1: outlets a, b -> 4 queue rows per success.
-                TaskOutletAssetReference(asset_id=ids["b"], dag_id="producer", task_id="t1"),
-                # producer.t2: outlets a, e -> c1 under both.
-                TaskOutletAssetReference(asset_id=ids["a"], dag_id="producer", task_id="t2"),
-                TaskOutletAssetReference(asset_id=ids["e"], dag_id="producer", task_id="t2"),
-            ]
+                {"alias_id": aliases[alias], "asset_id": assets[asset]}
+                for alias, asset in exposure.ALIAS_LINKS
+            ],
+        )
+        session.add_all(
+            TaskOutletAssetReference(asset_id=assets[a], dag_id=d, task_id=t) for a, d, t in exposure.OUTLETS
         )
         session.commit()
 
@@ -77,12 +79,7 @@ def test_report_on_a_migrated_database(af_engine, airflow_db):
     if airflow_db.backend == "postgresql":
         assert c.pgbouncer.detected is False
 
-    e = report.exposure
-    assert (e.assets, e.assets_with_consumers) == (4, 3)
-    assert (e.fanout_max, e.fanout_p50, e.fanout_p99) == (3, 1, 3)
-    assert (e.several_producers, e.several_producer_dags, e.racing) == (1, 1, 1)
-    assert (e.multi_outlet_tasks, e.multi_outlet_multirow, e.multi_outlet_shared) == (2, 2, 1)
-    assert (e.aliases, e.alias_references, e.alias_multirow) == (1, 2, 1)
+    assert exposure_fields(report.exposure) == exposure.EXPOSURE
 
     assert report.verdict == expected_verdict(airflow_db.backend), report.reasons
     assert report.exit_code == doctor.EXIT_CODES[report.verdict]
