@@ -1,98 +1,131 @@
-"""Command-line pieces every ``airflow-adrq bench`` mode shares.
+"""What every ``airflow-adrq bench`` mode's command line shares: the modes differ only in what they run.
 
-Each mode's sizes are a frozen dataclass; its command line has one option per
-field (``--round-timeout-s`` for ``round_timeout_s``), typed from the field's
-annotation, and the sizes it runs with are a preset (``--quick`` or the
-defaults) with the options given replacing their fields. The modes differ
-only in their help texts. The ``--db`` / ``--backend`` pair says where to run.
+A mode's sizes are a frozen dataclass whose fields are declared with :func:`size`
+(default, help text, check) and checked when built (:class:`Checked`). Its command
+line (:func:`add_common`, :func:`add_fields`) has ``--db`` / ``--backend``, a preset
+flag (``--quick`` or ``--small``), ``--out`` and one option per field
+(``--round-timeout-s`` for ``round_timeout_s``), typed from the annotation; it runs
+with the preset or the defaults, the options given replacing their fields
+(:func:`sizes_from`). :func:`guarded` and :func:`publish` are what every mode does
+around its measurement: refuse a missing requirement, turn errors into one line,
+print and write the tables, exit 1 on a problem.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime as dt
+import importlib.util
+import operator
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from airflow_adrq.errors import AdrqError
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-__all__ = [
-    "add_routing_flags",
-    "add_server_options",
-    "add_size_options",
-    "check_server_options",
-    "float_list",
-    "given_sizes",
-    "int_list",
-    "show",
-    "sizes_from",
-]
 
+_T = TypeVar("_T")
 _SizesT = TypeVar("_SizesT", bound="DataclassInstance")
+_CHECKS = {">=": (operator.ge, "at least"), ">": (operator.gt, "above")}
 
 
-def int_list(text: str) -> tuple[int, ...]:
-    """``1,16,256`` -> ``(1, 16, 256)``."""
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, not {text!r}") from None
+def size(default: _T, text: str = "", check: str = "", **metadata: Any) -> _T:
+    """A sizes field: its default, its ``--help`` text and ``check`` (``">=1"``, ``">0"``) for every value."""
+    return dataclasses.field(default=default, metadata={"help": text, "check": check, **metadata})
 
 
-def float_list(text: str) -> tuple[float, ...]:
-    """``5,30`` -> ``(5.0, 30.0)``."""
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, not {text!r}") from None
+class Checked:
+    """A sizes dataclass that refuses (``ValueError``) a field failing its :func:`size` check."""
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(cast("DataclassInstance", self)):
+            check: str = field.metadata.get("check", "")
+            if not check:
+                continue
+            op = ">=" if check.startswith(">=") else ">"
+            bound = float(check[len(op) :])
+            value = getattr(self, field.name)
+            values = value if isinstance(value, tuple) else (value,)
+            compare, words = _CHECKS[op]
+            if not values or not all(compare(v, bound) for v in values):
+                raise ValueError(f"{field.name} must be {words} {bound:g}, not {show(value) or 'nothing'}")
+
+
+def _numbers(kind: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
+    def parse(text: str) -> tuple[Any, ...]:
+        try:
+            return tuple(kind(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, not {text!r}") from None
+
+    return parse
 
 
 #: The option type of each field annotation the sizes dataclasses use.
 _KINDS: Mapping[str, Callable[[str], Any]] = {
     "int": int,
     "float": float,
-    "tuple[int, ...]": int_list,
-    "tuple[float, ...]": float_list,
+    "str": str,
+    "str | None": str,
+    "tuple[int, ...]": _numbers(int),
+    "tuple[float, ...]": _numbers(float),
 }
 
 
 def show(value: object) -> str:
     """A size as the help texts show it: ``5``, ``0.5``, ``1,16,256``."""
     if isinstance(value, tuple):
-        return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+        return ",".join(map(show, value))
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def add_size_options(
-    group: argparse._ActionsContainer,
-    sizes: type[DataclassInstance],
-    describe: Callable[[str], str],
-    *,
-    kinds: Mapping[str, Callable[[str], Any]] | None = None,
-    metavar: Callable[[str, str], str] | None = None,
-) -> None:
-    """One option per field of ``sizes``; ``describe(field name)`` is its help text.
+def _metavar(name: str, kind: str) -> str:
+    if kind.startswith("tuple"):
+        return "N,N,..."
+    return "S" if name.endswith("_s") else "MS" if name.endswith("_ms") else "N" if kind == "int" else "X"
 
-    ``kinds`` replaces the option type of an annotation (a parser that also
-    checks the values); ``metavar(field name, annotation)`` names its value.
-    Every option defaults to ``None``: :func:`given_sizes` tells what was given.
+
+def add_fields(
+    group: argparse._ActionsContainer,
+    default: DataclassInstance,
+    preset: DataclassInstance | None = None,
+    flag: str = "--quick",
+) -> None:
+    """One option per field of ``default``'s dataclass: its help text, then its default and ``flag``'s.
+
+    Every option defaults to ``None``: :func:`given` tells what was given. A
+    ``bool`` field is a flag; ``choices`` in a field's metadata restrict its values.
     """
-    types = {**_KINDS, **(kinds or {})}
-    for field in dataclasses.fields(sizes):
-        extra: dict[str, Any] = {} if metavar is None else {"metavar": metavar(field.name, str(field.type))}
+    for field in dataclasses.fields(default):
+        kind, value = str(field.type), getattr(default, field.name)
+        shown = "" if value is None or kind == "bool" else f"default {show(value)}"
+        if preset is not None:
+            shown += f"; {flag} {show(getattr(preset, field.name))}"
+        text = " ".join(part for part in (field.metadata.get("help"), shown and f"({shown})") if part)
+        option = f"--{field.name.replace('_', '-')}"
+        if kind == "bool":
+            group.add_argument(option, action="store_true", default=None, dest=field.name, help=text)
+            continue
+        choices = field.metadata.get("choices")
         group.add_argument(
-            f"--{field.name.replace('_', '-')}",
-            type=types[str(field.type)],
+            option,
+            type=_KINDS[kind],
             default=None,
             dest=field.name,
-            help=describe(field.name),
-            **extra,
+            help=text,
+            **({"choices": choices} if choices else {"metavar": _metavar(field.name, kind)}),
         )
 
 
-def given_sizes(args: argparse.Namespace, sizes: type[DataclassInstance]) -> dict[str, Any]:
-    """The size options given on the command line: ``{field name: value}``."""
+def given(args: argparse.Namespace, sizes: type[DataclassInstance]) -> dict[str, Any]:
+    """The options of ``sizes``'s fields given on the command line: ``{field name: value}``."""
     return {
         f.name: getattr(args, f.name)
         for f in dataclasses.fields(sizes)
@@ -100,31 +133,103 @@ def given_sizes(args: argparse.Namespace, sizes: type[DataclassInstance]) -> dic
     }
 
 
-def sizes_from(args: argparse.Namespace, base: _SizesT) -> _SizesT:
-    """``base`` with the size options given; raises ``ValueError`` where the sizes refuse a value."""
-    return dataclasses.replace(base, **given_sizes(args, type(base)))
+def sizes_from(parser: argparse.ArgumentParser, args: argparse.Namespace, base: _SizesT) -> _SizesT:
+    """``base`` with the size options given; a usage error where the sizes refuse a value."""
+    try:
+        return dataclasses.replace(base, **given(args, type(base)))
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
-def add_routing_flags(parser: argparse.ArgumentParser, *flags: str) -> None:
-    """Accept, and hide, the flags that routed the command line to this mode (they are passed on)."""
-    for flag in flags:
-        parser.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
-
-
-def add_server_options(
+def add_common(
     parser: argparse.ArgumentParser,
     *,
     db_help: str,
+    preset: tuple[str, str],
+    out: str,
+    routing: Sequence[str] = (),
     backends: Sequence[str] | None = None,
-    backend_help: str = "without --db: only these (repeatable)",
 ) -> None:
-    """``--db URL`` (repeatable) and, with ``backends``, ``--backend`` to choose among the servers found."""
+    """``--db URL`` (repeatable), ``--backend`` among ``backends``, the ``preset`` flag (name, help) and
+    ``--out`` (default ``bench-results/<out><UTC timestamp>``).
+
+    ``routing``: the flags that routed the command line to this mode (accepted, hidden).
+    """
+    for flag in routing:
+        parser.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--db", action="append", metavar="URL", help=db_help)
     if backends is not None:
-        parser.add_argument("--backend", action="append", choices=backends, help=backend_help)
+        parser.add_argument(
+            "--backend", action="append", choices=backends, help="without --db: only these (repeatable)"
+        )
+    parser.add_argument(preset[0], dest="preset", action="store_true", help=preset[1])
+    parser.add_argument(
+        "--out", type=Path, help=f"output directory (default: ./bench-results/{out}<UTC time>)"
+    )
+    parser.set_defaults(out_prefix=out)
 
 
-def check_server_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Exit with a usage error when both ``--db`` and ``--backend`` are given."""
-    if args.db and args.backend:
+def out_dir(args: argparse.Namespace) -> Path:
+    """``--out``, or ``bench-results/<the mode's prefix><UTC timestamp>``."""
+    stamp = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
+    return cast(Path, args.out or Path("bench-results") / f"{args.out_prefix}{stamp}")
+
+
+def say(message: str) -> None:
+    """A line of progress or diagnosis on stderr (the tables go to stdout)."""
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+def guarded(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    measure: Callable[[], int],
+    *,
+    airflow: str = "",
+    prog: str = "",
+) -> int:
+    """``measure()``'s exit status; 1 with one line for an error, 130 on Ctrl-C.
+
+    Before it: a usage error for ``--db`` with ``--backend`` (the backend selects among the servers
+    found), and exit status 1 without Airflow when the mode needs it (``airflow``: what to install).
+    """
+    prog = prog or parser.prog
+    if getattr(args, "backend", None) and args.db:
         parser.error("--backend selects among the servers found without --db; give one or the other")
+    if airflow and importlib.util.find_spec("airflow") is None:
+        say(f"{prog}: error: needs {airflow} in this environment (from a checkout: tox -e airflow-bench)")
+        return 1
+    try:
+        return measure()
+    except (AdrqError, SQLAlchemyError) as exc:
+        # Imported here: the workers import this module for the sizes, not the runtime's CLI.
+        from airflow_adrq.cli import one_line
+
+        say(f"{prog}: error: {one_line(exc)}")
+        return 1
+    except KeyboardInterrupt:
+        say(f"{prog}: interrupted (every process stopped, scratch databases dropped)")
+        return 130
+
+
+def publish(
+    markdown: Path,
+    text: str,
+    written: Sequence[Path],
+    problems: Sequence[str],
+    *,
+    took: float | None = None,
+    notes: Sequence[str] = (),
+) -> int:
+    """Write ``text`` to ``markdown`` and print it, name the files, say each note and problem; 1 if there
+    is a problem."""
+    markdown.write_text(text)
+    print(text)
+    files = ", ".join(map(str, [*written[:1], markdown, *written[1:]]))
+    print(("" if took is None else f"took {took:.0f} s; ") + f"wrote {files}")
+    for note in notes:
+        say(f"note: {note}")
+    for problem in problems:
+        say(f"ERROR: {problem}")
+    return 1 if problems else 0

@@ -5,15 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = [
-    "DEFAULT",
-    "MANAGERS",
-    "MANAGER_CLASSES",
-    "QUICK",
-    "SCENARIOS",
-    "TARGETS",
-    "Sizes",
-]
+from airflow_adrq_bench.options import Checked, size
 
 #: The three asset managers, in report order.
 #:
@@ -41,32 +33,31 @@ SCENARIOS: Final = ("single", "multi_outlet")
 
 
 @dataclass(frozen=True)
-class Sizes:
+class Sizes(Checked):
     """How big a run is. The defaults take a few minutes per database on 2 cores."""
 
-    #: Fan-outs (consumer DAGs of the asset) of the single-caller sweep.
-    fanouts: tuple[int, ...] = (1, 64, 1024)
-    #: Measured calls per manager and fan-out (after one warm-up call) ...
-    sweep_calls: int = 21
-    #: ... unless this many seconds went by at one fan-out and every manager
-    #: has at least ``sweep_min_calls`` calls.
-    sweep_budget_s: float = 45.0
-    sweep_min_calls: int = 5
-    #: Producer processes per manager in the contention runs.
-    producers: int = 8
-    #: Consumer DAGs of every asset in the contention runs.
-    fanout: int = 64
-    #: Assets per transaction in ``multi_outlet``.
-    outlets: int = 3
-    #: Time a transaction stays open after registering (the rest of task success).
-    hold_ms: float = 5.0
-    #: Transactions per producer per round; every round starts from an empty queue.
-    transactions: int = 10
-    rounds: int = 3
-    #: A producer starts no new attempt after this many seconds of a round;
-    #: a manager whose round ran out of time runs no further rounds of that
-    #: scenario.
-    round_budget_s: float = 20.0
+    fanouts: tuple[int, ...] = size(
+        (1, 64, 1024), "fan-outs (consumer DAGs of the asset) of the one-caller sweep", ">=1"
+    )
+    sweep_calls: int = size(21, "measured calls per manager and fan-out (after one warm-up call) ...", ">=1")
+    sweep_budget_s: float = size(45.0, "... unless this many seconds went by at one fan-out", ">0")
+    sweep_min_calls: int = size(5, "... and every manager has at least this many calls", ">=1")
+    producers: int = size(8, "producer processes per manager in the contention runs", ">=1")
+    fanout: int = size(64, "consumer DAGs of every asset in the contention runs", ">=1")
+    outlets: int = size(3, "assets per transaction in multi_outlet", ">=1")
+    hold_ms: float = size(
+        5.0, "milliseconds a transaction stays open after registering (the rest of task success)", ">=0"
+    )
+    transactions: int = size(
+        10, "transactions per producer per round; every round starts from an empty queue", ">=1"
+    )
+    rounds: int = size(3, "rounds of every (scenario, manager)", ">=1")
+    round_budget_s: float = size(
+        20.0,
+        "seconds of a round after which a producer starts no new attempt; a manager whose round ran out "
+        "of time runs no further rounds of that scenario",
+        ">0",
+    )
 
 
 DEFAULT: Final = Sizes()

@@ -1,10 +1,8 @@
-"""Sizes, names and limits of ``airflow-adrq bench --airflow --live``.
+"""Sizes, names and limits of ``airflow-adrq bench --airflow --live``: what its other modules agree on.
 
-Everything the other modules of the live mode agree on lives here: how big a
-run is (:class:`LiveSizes`), how its deployments are laid out
-(:class:`LiveShape`: executor, PgBouncer, api-server workers), which asset
-manager class each manager name selects, the DAG, asset and run ids the DAG files, the driver and the counting
-SQL share, and how long a deployment may take before it is stopped.
+How big a run is (:class:`LiveSizes`), how its deployments are laid out (:class:`LiveShape`),
+which asset manager class each manager name selects, the DAG, asset and run ids the DAG files,
+the driver and the counting SQL share, and how long a deployment may take (:class:`Deadline`).
 """
 
 from __future__ import annotations
@@ -15,45 +13,18 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from airflow_adrq_bench.errors import BenchError
-
-__all__ = [
-    "ASSET_PREFIX",
-    "CONSUMER_PREFIX",
-    "DEFAULT",
-    "EXECUTORS",
-    "MANAGERS",
-    "MANAGER_CLASSES",
-    "PRODUCER_PREFIX",
-    "SMALL",
-    "WARM_ASSET",
-    "WARM_DAG",
-    "Deadline",
-    "LiveError",
-    "LiveShape",
-    "LiveSizes",
-    "TimeLimitError",
-    "asset_names",
-    "burst_run_id",
-    "consumer_dag_ids",
-    "default_time_limit",
-    "producer_dag_ids",
-]
+from airflow_adrq_bench.options import Checked, size
 
 
 class LiveError(BenchError):
-    """The live run could not go on (a component exited, an HTTP call failed ...)."""
-
-
-class TimeLimitError(LiveError):
-    """A deployment ran past its hard time limit."""
+    """The live run could not go on (a component exited, an HTTP call failed, the time limit passed ...)."""
 
 
 class Deadline:
     """The hard time limit of one deployment: every wait checks it."""
 
     def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.started = time.monotonic()
+        self.seconds, self.started = seconds, time.monotonic()
         self.at = self.started + seconds
 
     def left(self) -> float:
@@ -65,9 +36,9 @@ class Deadline:
         return time.monotonic() - self.started
 
     def check(self, doing: str) -> None:
-        """Raise :class:`TimeLimitError` naming what was being waited for, once the limit passed."""
+        """Raise :class:`LiveError` naming what was being waited for, once the limit passed."""
         if self.left() <= 0:
-            raise TimeLimitError(f"hard time limit of {self.seconds:.0f} s reached while {doing}")
+            raise LiveError(f"hard time limit of {self.seconds:.0f} s reached while {doing}")
 
 
 #: The managers compared, in report order.
@@ -81,11 +52,6 @@ MANAGER_CLASSES: Final[dict[str, str]] = {
     "plugin": "airflow_adrq.airflow.AdrqAssetManager",
 }
 
-PRODUCER_PREFIX: Final = "adrq_live_producer_"
-CONSUMER_PREFIX: Final = "adrq_live_consumer_"
-#: The asset names are short on purpose (``a0``, ``a1`` ...): they are what an
-#: operator sees in the UI of a kept deployment.
-ASSET_PREFIX: Final = "a"
 #: The warm-up DAG runs the task paths once before the first burst (the task
 #: SDK gives a cold api-server only 5 s per call); its asset has no consumers.
 WARM_DAG: Final = "adrq_live_warmup"
@@ -93,46 +59,40 @@ WARM_ASSET: Final = "adrq_live_warm"
 
 
 @dataclass(frozen=True)
-class LiveSizes:
+class LiveSizes(Checked):
     """How big one deployment's run is; every manager and backend gets the same."""
 
-    #: Mapped instances of each producer DAG's one task.
-    instances: int = 16
-    #: Assets every producer instance emits (shared by all producer DAGs).
-    outlets: int = 3
-    #: Consumer DAGs, each scheduled on the OR of every outlet asset.
-    consumers: int = 64
-    #: Bursts: every producer DAG triggered once, then waited for.
-    bursts: int = 4
-    #: Producer DAGs (several are needed for stock to deadlock on MySQL/MariaDB).
-    producer_dags: int = 1
-    #: Schedulers (2: Airflow's HA mode; PostgreSQL only).
-    schedulers: int = 1
-    #: ``retries`` of the producer task (Airflow marks a task whose success call
-    #: deadlocked FAILED directly, whatever this says).
-    retries: int = 1
-    #: Seconds without a queue row and without a new consumer run that count as drained.
-    settle_s: float = 5.0
-    #: Longest wait for a drain; the queue left behind is then reported, not waited for.
-    drain_timeout_s: float = 180.0
-    #: Seconds every producer instance of a burst waits for the others before it
-    #: goes on alone (normally they all arrive and finish together).
-    barrier_timeout_s: float = 0.0
-    #: Seconds between the last instance's arrival and the common finish.
-    lead_s: float = 0.5
-    #: Each instance finishes a random 0..spread_s seconds after the common deadline
-    #: (0: all at once; process scheduling alone then spreads them by ~30 ms).
-    spread_s: float = 0.3
+    instances: int = size(16, "mapped instances of each producer DAG's task (N)", ">=1")
+    outlets: int = size(
+        3, "outlet assets of every producer instance, a0, a1 ... (shared by all producer DAGs)", ">=1"
+    )
+    consumers: int = size(64, "consumer DAGs (F), each scheduled on a0 | a1 | ...", ">=1")
+    bursts: int = size(4, "bursts: every producer DAG triggered once, then waited for", ">=1")
+    producer_dags: int = size(
+        1, "producer DAGs (several are needed for stock to deadlock on MySQL/MariaDB)", ">=1"
+    )
+    schedulers: int = size(
+        1, "schedulers: 2 runs Airflow's HA mode (PostgreSQL only; MySQL/MariaDB get 1)", ">=1"
+    )
+    # Airflow marks a task whose success call deadlocked FAILED directly, whatever this says.
+    retries: int = size(1, "retries of the producer task", ">=0")
+    settle_s: float = size(
+        5.0, "seconds without queue rows and new consumer runs that count as drained", ">0"
+    )
+    drain_timeout_s: float = size(180.0, "longest wait for a drain (the queue left is then reported)", ">0")
+    barrier_timeout_s: float = size(
+        0.0, "seconds a producer instance waits for the rest of its burst (0: sized to it)", ">=0"
+    )
+    lead_s: float = size(0.5, "seconds from the last instance's arrival to the common finish", ">=0")
+    # 0: all at once; process scheduling alone then spreads them by ~30 ms.
+    spread_s: float = size(
+        0.3, "each instance finishes a random 0 to this many seconds after the common finish", ">=0"
+    )
 
     def __post_init__(self) -> None:
-        if min(self.instances, self.outlets, self.consumers, self.bursts, self.producer_dags) < 1:
-            raise ValueError("instances, outlets, consumers, bursts and producer dags must be at least 1")
-        if self.schedulers not in (1, 2):
+        super().__post_init__()
+        if self.schedulers > 2:
             raise ValueError("schedulers must be 1 or 2")
-        if min(self.retries, self.lead_s, self.spread_s) < 0 or min(self.settle_s, self.drain_timeout_s) <= 0:
-            raise ValueError("retries, lead and spread must be >= 0; settle and drain timeout > 0")
-        if self.barrier_timeout_s < 0:
-            raise ValueError("barrier timeout must be >= 0 (0: sized to the burst)")
 
     @property
     def tasks_per_burst(self) -> int:
@@ -164,26 +124,34 @@ EXECUTORS: Final[dict[str, str]] = {"local": "LocalExecutor", "celery": "CeleryE
 
 
 @dataclass(frozen=True)
-class LiveShape:
+class LiveShape(Checked):
     """How every deployment of a run is laid out (besides ``LiveSizes.schedulers``); stock and the
     plug-in get the same, so a run compares the managers in one shape."""
 
-    #: ``local`` (LocalExecutor) or ``celery`` (CeleryExecutor with its own workers).
-    executor: str = "local"
-    #: ``airflow celery worker`` processes (``celery`` only).
-    celery_workers: int = 2
-    #: The Celery broker (``celery`` only); None: the local Redis, a database number per deployment.
-    broker_url: str | None = None
-    #: A throwaway PgBouncer (transaction pooling) in front of PostgreSQL for every component.
-    pgbouncer: bool = False
-    #: ``[api] workers``: the api-server's worker processes.
-    api_workers: int = 1
+    executor: str = size(
+        "local",
+        "local: LocalExecutor; celery: CeleryExecutor with --celery-workers `airflow celery worker` "
+        "processes, results in the scratch database (needs apache-airflow-providers-celery, celery[redis])",
+        choices=tuple(EXECUTORS),
+    )
+    celery_workers: int = size(2, "Celery workers, each running a share of a burst at once", ">=1")
+    broker_url: str | None = size(
+        None,
+        "the Celery broker (default: the Redis on 127.0.0.1:6379, a database number per deployment; "
+        "every deployment has a queue of its own)",
+    )
+    pgbouncer: bool = size(
+        False,
+        "every component (api-server, schedulers, dag-processor, Celery workers) reaches PostgreSQL "
+        "through a throwaway PgBouncer in transaction pooling mode, one per deployment (Debian package "
+        "pgbouncer; PostgreSQL only); airflow db migrate goes directly",
+    )
+    api_workers: int = size(1, "[api] workers of the api-server", ">=1")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, not {self.executor!r}")
-        if min(self.celery_workers, self.api_workers) < 1:
-            raise ValueError("celery workers and api workers must be at least 1")
         if self.broker_url is not None and self.executor != "celery":
             raise ValueError("a broker URL needs the celery executor")
 
@@ -218,17 +186,18 @@ def default_time_limit(sizes: LiveSizes) -> float:
 
 def producer_dag_ids(sizes: LiveSizes) -> list[str]:
     """The producer DAGs' ids."""
-    return [f"{PRODUCER_PREFIX}{p}" for p in range(sizes.producer_dags)]
+    return [f"adrq_live_producer_{p}" for p in range(sizes.producer_dags)]
 
 
 def consumer_dag_ids(sizes: LiveSizes) -> list[str]:
     """The consumer DAGs' ids (zero-padded so they sort as they are numbered)."""
-    return [f"{CONSUMER_PREFIX}{i:03d}" for i in range(sizes.consumers)]
+    return [f"adrq_live_consumer_{i:03d}" for i in range(sizes.consumers)]
 
 
 def asset_names(sizes: LiveSizes) -> list[str]:
-    """The outlet assets every producer instance emits: ``a0``, ``a1`` ..."""
-    return [f"{ASSET_PREFIX}{j}" for j in range(sizes.outlets)]
+    """The outlet assets every producer instance emits: ``a0``, ``a1`` ... (short: an operator sees them
+    in the UI of a kept deployment)."""
+    return [f"a{j}" for j in range(sizes.outlets)]
 
 
 def burst_run_id(burst: int) -> str:
