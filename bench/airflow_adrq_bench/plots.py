@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["bars", "pyplot", "save"]
+__all__ = ["Series", "bars", "pyplot", "save"]
 
 #: One series of grouped bars: its label, a value per group, and matplotlib's bar() keywords.
 Series = tuple[str, Sequence[float], dict[str, Any]]

@@ -245,7 +245,9 @@ def plot(raw: dict[str, Any], summary: Summary, out_dir: Path) -> list[Path]:
 
         scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
         cells = {m: [_find(rows, scenario=s, manager=m) for s in scenarios] for m in managers}
-        series = [(m, [c.get("tx_per_s", math.nan) for c in cells[m]], {"color": color[m]}) for m in managers]
+        series: list[plots.Series] = [
+            (m, [c.get("tx_per_s", math.nan) for c in cells[m]], {"color": color[m]}) for m in managers
+        ]
         for bars, manager in zip(plots.bars(middle, scenarios, series), managers, strict=True):
             deadlocks = [c.get("deadlocks", 0) for c in cells[manager]]
             middle.bar_label(bars, labels=[f"{d:,} dl" for d in deadlocks], fontsize=7)

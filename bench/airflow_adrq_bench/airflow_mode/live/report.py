@@ -292,7 +292,7 @@ def plot(raw: dict[str, Any], path: Path) -> Path | None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     ticks = [f"{db}\n{m}" for db, m in groups]
     mine = [[c for c in cells if (c["db"], c["manager"]) == g] for g in groups]
-    series = [
+    series: list[plots.Series] = [
         (label, [mean([_pct(c, *m) for c in group]) for group in mine], {}) for label, m in metrics.items()
     ]
     for bars in plots.bars(left, ticks, series):
