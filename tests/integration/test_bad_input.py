@@ -18,12 +18,8 @@ from airflow_adrq import AssetChange, register_asset_change, register_asset_chan
 from tests import factories
 from tests.factories import asset_ref, events, queued, task_instance
 
-
-def _seed(engine, consumers=("c1", "c2"), name="a", uri=None, **kw):
-    with Session(engine) as s:
-        asset_id = factories.add_scheduled_assets(s, {name: consumers}, uris={name: uri}, **kw)[name]
-        s.commit()
-    return asset_id
+#: The asset most tests register: ``a``, two consumer DAGs.
+A = {"a": ["c1", "c2"]}
 
 
 def _nothing_written(engine):
@@ -35,8 +31,8 @@ def _nothing_written(engine):
     [{"when": dt.datetime(2026, 1, 1)}, {"s": {1, 2}}, {"x": object()}, {"nan": float("nan")}, {1j: 1}],
     ids=["datetime", "set", "object", "nan", "complex-key"],
 )
-def test_extra_that_is_not_json_is_a_type_error_before_any_write(engine, extra):
-    _seed(engine)
+def test_extra_that_is_not_json_is_a_type_error_before_any_write(engine, extra, fan):
+    fan(A)
     with Session(engine) as session:
         # An earlier registration in the same transaction is not disturbed.
         register_asset_change(asset=asset_ref("a"), session=session)
@@ -51,15 +47,15 @@ def test_extra_that_is_not_json_is_a_type_error_before_any_write(engine, extra):
     [None, "a", ("a", "s3://bucket/a"), {"name": "a", "uri": "s3://bucket/a"}],
     ids=["none", "str", "tuple", "dict"],
 )
-def test_asset_of_the_wrong_type_is_a_type_error(engine, asset):
-    _seed(engine)
+def test_asset_of_the_wrong_type_is_a_type_error(engine, asset, fan):
+    fan(A)
     with Session(engine) as session, pytest.raises(TypeError, match=r"name.*uri"):
         register_asset_change(asset=asset, session=session)
     _nothing_written(engine)
 
 
-def test_unknown_asset_warns_and_returns_none(engine, caplog):
-    _seed(engine)
+def test_unknown_asset_warns_and_returns_none(engine, caplog, fan):
+    fan(A)
     with Session(engine) as session, caplog.at_level(logging.WARNING):
         assert register_asset_change(asset=asset_ref("nope"), session=session) is None
         session.commit()
@@ -67,8 +63,8 @@ def test_unknown_asset_warns_and_returns_none(engine, caplog):
     _nothing_written(engine)
 
 
-def test_inactive_asset_warns_and_is_registered(engine, caplog):
-    _seed(engine, ["c1"], "gone", active=False)
+def test_inactive_asset_warns_and_is_registered(engine, caplog, fan):
+    fan({"gone": ["c1"]}, active=False)
     with Session(engine) as session, caplog.at_level(logging.WARNING):
         assert register_asset_change(asset=asset_ref("gone"), session=session) is not None
         session.commit()
@@ -76,8 +72,8 @@ def test_inactive_asset_warns_and_is_registered(engine, caplog):
     assert len(queued(engine)) == 1
 
 
-def test_duplicate_outlets_give_one_event_each_and_rows_once(engine):
-    asset_id = _seed(engine)
+def test_duplicate_outlets_give_one_event_each_and_rows_once(engine, fan):
+    asset_id = fan(A)["a"]
     with Session(engine) as session:
         results = register_asset_changes(
             session=session,
@@ -89,10 +85,10 @@ def test_duplicate_outlets_give_one_event_each_and_rows_once(engine):
     assert queued(engine) == {(asset_id, "c1"), (asset_id, "c2")}
 
 
-def test_partition_key_with_partitioned_and_plain_consumers_queues_nothing_here(engine):
+def test_partition_key_with_partitioned_and_plain_consumers_queues_nothing_here(engine, fan):
     # Airflow sends partitioned consumers to asset_partition_dag_run (its own
     # code; the plug-in keeps it) and queues no plain consumer for a keyed event.
-    _seed(engine, consumers=("plain", "part"), partitioned={"part"})
+    fan({"a": ["plain", "part"]}, partitioned={"part"})
     with Session(engine) as session:
         event = register_asset_change(asset=asset_ref("a"), partition_key="2026-01-01", session=session)
         session.commit()
@@ -101,9 +97,9 @@ def test_partition_key_with_partitioned_and_plain_consumers_queues_nothing_here(
     assert [e.partition_key for e in events(engine)] == ["2026-01-01"]
 
 
-def test_ten_thousand_alias_names_on_one_event(engine):
+def test_ten_thousand_alias_names_on_one_event(engine, fan):
     names = [f"alias-{i:05d}" for i in range(10_000)]
-    asset_id = _seed(engine, ["c1"])
+    asset_id = fan({"a": ["c1"]})["a"]
     with Session(engine) as s:
         factories.add_dags(s, ["via-alias"])
         factories.schedule_on_alias(s, factories.add_alias(s, names[-1]), ["via-alias"])
@@ -132,13 +128,13 @@ EDGE = {
 
 
 @pytest.mark.parametrize("case", sorted(EDGE))
-def test_edge_strings_in_asset_names(engine, backend, case):
+def test_edge_strings_in_asset_names(engine, backend, case, fan):
     name, refused_by = EDGE[case]
     if refused_by and backend in refused_by:
         with Session(engine) as s, pytest.raises((sa.exc.DBAPIError, sa.exc.StatementError, ValueError)):
             factories.add_asset(s, name, "s3://edge")
         return
-    asset_id = _seed(engine, name=name, uri="s3://edge")
+    asset_id = fan({name: ["c1", "c2"]}, uris={name: "s3://edge"})[name]
     with Session(engine) as session:
         register_asset_change(asset=asset_ref(name, "s3://edge"), session=session)
         session.commit()
@@ -146,10 +142,10 @@ def test_edge_strings_in_asset_names(engine, backend, case):
 
 
 @pytest.mark.parametrize("case", ["too-long-dag-id", "4-byte-utf8-dag-id"])
-def test_source_ids_the_database_refuses_write_nothing(engine, backend, case):
+def test_source_ids_the_database_refuses_write_nothing(engine, backend, case, fan):
     dag_id = {"too-long-dag-id": "d" * 251, "4-byte-utf8-dag-id": "dag \U0001f600"}[case]
     refused = {"too-long-dag-id": {"postgresql", "mysql"}, "4-byte-utf8-dag-id": {"mysql"}}[case]
-    _seed(engine)
+    fan(A)
     with Session(engine) as session:
         if backend in refused:
             with pytest.raises(sa.exc.DBAPIError):

@@ -24,24 +24,23 @@ from tests.factories import (
 )
 
 
-def _graph(engine):
-    with Session(engine) as s:
-        add_dags(s, ["direct", "by_name", "by_uri", "by_alias", "paused"], paused=["paused"])
-        a = add_asset(s, "a")
-        b = add_asset(s, "b")
-        schedule_on_asset(s, a, ["direct", "paused"])
-        schedule_on_name(s, "a", ["by_name"])
-        schedule_on_uri(s, asset_ref("a").uri, ["by_uri"])
-        alias = add_alias(s, "al")
-        link_aliases(s, [(alias, a)])
-        schedule_on_alias(s, alias, ["by_alias"])
-        schedule_on_asset(s, b, ["direct"])
-        s.commit()
+def _graph(s):
+    """Asset a: direct (one paused), by name, by URI, through an alias; asset b: direct."""
+    add_dags(s, ["direct", "by_name", "by_uri", "by_alias", "paused"], paused=["paused"])
+    a = add_asset(s, "a")
+    b = add_asset(s, "b")
+    schedule_on_asset(s, a, ["direct", "paused"])
+    schedule_on_name(s, "a", ["by_name"])
+    schedule_on_uri(s, asset_ref("a").uri, ["by_uri"])
+    alias = add_alias(s, "al")
+    link_aliases(s, [(alias, a)])
+    schedule_on_alias(s, alias, ["by_alias"])
+    schedule_on_asset(s, b, ["direct"])
     return a, b
 
 
-def test_queues_direct_name_and_uri_consumers_not_aliases_nor_paused(engine):
-    a, b = _graph(engine)
+def test_queues_direct_name_and_uri_consumers_not_aliases_nor_paused(engine, committed):
+    a, b = committed(_graph)
     stamp = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
     with Session(engine) as session:
         queue_dagruns(session, [b, a, a], created_at=stamp)
@@ -52,8 +51,8 @@ def test_queues_direct_name_and_uri_consumers_not_aliases_nor_paused(engine):
     assert {v.replace(tzinfo=dt.timezone.utc) if v.tzinfo is None else v for v in rows.values()} == {stamp}
 
 
-def test_an_existing_row_moves_forwards_only(engine):
-    a, _ = _graph(engine)
+def test_an_existing_row_moves_forwards_only(engine, committed):
+    a, _ = committed(_graph)
     early = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
     late = early + dt.timedelta(hours=1)
     for when in (early, late, early):
