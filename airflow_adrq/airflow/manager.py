@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import bindparam, exists, false, insert, select, union_all
 from sqlalchemy.orm import joinedload
 
 from airflow_adrq import queue
@@ -138,12 +138,20 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
             api_allow_global_consumers=api_allow_global_consumers,
         )
 
-        # Airflow's lookup without ``scheduled_dags -> dag``: no consumer is loaded.
-        asset_model = session.scalar(
-            select(AssetModel)
-            .where(AssetModel.name == asset.name, AssetModel.uri == asset.uri)
-            .options(joinedload(AssetModel.active), joinedload(AssetModel.aliases))
+        # Airflow's lookup without ``scheduled_dags -> dag``: no consumer is
+        # loaded. It also asks whether a partitioned consumer exists (3.2+),
+        # so that the usual event, with none, costs no round trip for them.
+        found = (
+            session.execute(
+                select(AssetModel, _partitioned_consumer_exists() if line.partitions else false())
+                .where(AssetModel.name == asset.name, AssetModel.uri == asset.uri)
+                .options(joinedload(AssetModel.active), joinedload(AssetModel.aliases)),
+                {"name": asset.name, "uri": asset.uri, "alias_names": list(source_alias_names)},
+            )
+            .unique()
+            .first()
         )
+        asset_model, any_partitioned = found if found is not None else (None, False)
         if not asset_model:
             line.warn_not_found(call, asset)
             return None
@@ -185,7 +193,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
             )
             partition_dags = [dag for dag in consumers if dag.timetable_partitioned is True]
             allowed = {dag.dag_id for dag in consumers} - {dag.dag_id for dag in partition_dags}
-        elif line.partitions:
+        elif any_partitioned:
             partition_dags = list(cls._consumer_dags(asset_event.id, session=session, partitioned=True))
 
         if partition_dags:
@@ -249,6 +257,51 @@ def _consumer_ids(partitioned: bool) -> Any:
     if partitioned:
         conditions.append(dag.c.timetable_partitioned.is_(True))
     return select(dag.c.dag_id).where(*conditions)
+
+
+@functools.cache
+def _partitioned_consumer_exists() -> Any:
+    """``EXISTS``: an unpaused partitioned DAG scheduled on asset ``:name``/``:uri`` or ``:alias_names``.
+
+    The consumers :meth:`AdrqAssetManager._consumer_dags` would find for the
+    event about to be written (its asset by id, name and URI; the aliases it
+    is emitted through), read before it is: the same reference tables, by
+    their primary keys, and ``dag`` by its own. Built once; locks nothing.
+    """
+    from airflow.models.asset import (
+        DagScheduleAssetAliasReference,
+        DagScheduleAssetNameReference,
+        DagScheduleAssetReference,
+        DagScheduleAssetUriReference,
+    )
+    from airflow.models.dag import DagModel
+
+    # Aliases of their own: nothing here correlates with the lookup's tables.
+    asset, alias = AssetModel.__table__.alias("p_asset"), AssetAliasModel.__table__.alias("p_alias")
+    direct, by_name = DagScheduleAssetReference.__table__, DagScheduleAssetNameReference.__table__
+    by_uri, by_alias = DagScheduleAssetUriReference.__table__, DagScheduleAssetAliasReference.__table__
+    name, uri = bindparam("name"), bindparam("uri")
+    consumers = union_all(
+        select(direct.c.dag_id)
+        .join(asset, asset.c.id == direct.c.asset_id)
+        .where(asset.c.name == name, asset.c.uri == uri),
+        select(by_name.c.dag_id).where(by_name.c.name == name),
+        select(by_uri.c.dag_id).where(by_uri.c.uri == uri),
+        select(by_alias.c.dag_id)
+        .join(alias, alias.c.id == by_alias.c.alias_id)
+        .where(alias.c.name.in_(bindparam("alias_names", expanding=True))),
+    )
+    dag = DagModel.__table__
+    return (
+        exists()
+        .where(
+            dag.c.dag_id.in_(consumers),
+            dag.c.timetable_partitioned.is_(True),
+            *compat.current().shape.consumer_filter(dag.c, partitioned=True),
+        )
+        .correlate(None)
+        .label("any_partitioned")
+    )
 
 
 def flush_queue(session: Session) -> int:
