@@ -25,13 +25,20 @@ def pyplot() -> Any:
     return plt
 
 
-def bars(ax: Any, groups: Sequence[str], series: Sequence[Series], **ticks: Any) -> list[Any]:
-    """One group of bars per ``groups`` label, one bar per series side by side; the bar containers."""
+def bars(
+    ax: Any, groups: Sequence[str], series: Sequence[Series], values: str | None = None, **ticks: Any
+) -> list[Any]:
+    """One group of bars per ``groups`` label, one bar per series side by side; the bar containers.
+
+    ``values``: a format (``"%g"``) to write each bar's value on it.
+    """
     width = 0.8 / max(1, len(series))
     drawn = []
-    for k, (label, values, style) in enumerate(series):
+    for k, (label, heights, style) in enumerate(series):
         xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(groups))]
-        drawn.append(ax.bar(xs, values, width, label=label, **style))
+        drawn.append(ax.bar(xs, heights, width, label=label, **style))
+        if values:
+            ax.bar_label(drawn[-1], fmt=values, fontsize=7)
     ax.set_xticks(range(len(groups)), groups, **ticks)
     return drawn
 

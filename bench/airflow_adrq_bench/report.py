@@ -363,6 +363,13 @@ def write_json(
     tables.write_json(path, {"summary": list(rows), "lost_events": list(lost), **raw})
 
 
+def _sizes(s: dict[str, Any]) -> str:
+    return (
+        f"{s['producers']} producers x {s['transactions']} tx, fan-out {s['fanout']}, "
+        f"{s['outlets']} outlets, hold {s['hold_ms']:g} ms, {s['rounds']} round(s)"
+    )
+
+
 def plot(raw: dict[str, Any], rows: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     """One PNG per database: latency and deadlocks per strategy, latency vs fan-out, lost pairs."""
     plt = plots.pyplot()
@@ -396,8 +403,7 @@ def plot(raw: dict[str, Any], rows: Sequence[dict[str, Any]], out_dir: Path) -> 
             )
             for i, scenario in enumerate(scenarios)
         ]
-        for bars in plots.bars(ax, strategies, series, fontsize=8):
-            ax.bar_label(bars, fontsize=7)
+        plots.bars(ax, strategies, series, "%g", fontsize=8)
         ax.set_title("deadlocks per strategy (all rounds)")
         ax.legend(fontsize=8)
         ax = fig.add_subplot(grid[1, 2])
@@ -415,14 +421,10 @@ def plot(raw: dict[str, Any], rows: Sequence[dict[str, Any]], out_dir: Path) -> 
             pairs = {(r["hold_ms"], r["strategy"]): r["lost_pairs"] for r in lost}
             shown = [s for s in STRATEGIES if any(r["strategy"] == s for r in lost)]
             series = [(_producer(s), [pairs.get((h, s), 0) for h in holds], {}) for s in shown]
-            for bars in plots.bars(ax, [f"hold {h:g} ms" for h in holds], series, fontsize=8):
-                ax.bar_label(bars, fontsize=7)
+            plots.bars(ax, [f"hold {h:g} ms" for h in holds], series, "%g", fontsize=8)
             ax.set_title(f"unconsumed (event, DAG) pairs of {lost[0]['pairs']}")
             ax.legend(fontsize=7)
-        s = raw["sizes"]
-        title = (
-            f"{target['version']}: {s['producers']} producers x {s['transactions']} tx, "
-            f"fan-out {s['fanout']}, {s['outlets']} outlets, hold {s['hold_ms']:g} ms, {s['rounds']} round(s)"
+        paths.append(
+            plots.save(fig, f"{target['version']}: {_sizes(raw['sizes'])}", out_dir / f"bench-{db}.png")
         )
-        paths.append(plots.save(fig, title, out_dir / f"bench-{db}.png"))
     return paths

@@ -295,13 +295,11 @@ def plot(raw: dict[str, Any], path: Path) -> Path | None:
     series: list[plots.Series] = [
         (label, [mean([_pct(c, *m) for c in group]) for group in mine], {}) for label, m in metrics.items()
     ]
-    for bars in plots.bars(left, ticks, series):
-        left.bar_label(bars, fmt="%.3g", fontsize=7)
+    plots.bars(left, ticks, series, "%.3g")
     left.set(ylabel="% of producer tasks / of (event, consumer) pairs", title="Failures and stranded events")
     patches = [[c["patch_state"] for c in group if c["patch_state"]["calls"]] for group in mine]
     series = [(q, [mean([p[f"{q}_ms"] for p in group]) for group in patches], {}) for q in ("p50", "p99")]
-    for bars in plots.bars(right, ticks, series):
-        right.bar_label(bars, fmt="%.0f", fontsize=7)
+    plots.bars(right, ticks, series, "%.0f")
     right.set(ylabel="ms", title="PATCH /execution/task-instances/{id}/state (api-server access log)")
     for ax in (left, right):
         ax.legend(fontsize=8)
