@@ -5,7 +5,6 @@ Modules, one job each:
 * :mod:`.config`     -- sizes, strategy and scenario names, the run plan (JSON);
 * :mod:`.strategies` -- what "a transaction emits these assets" means for each strategy
   (Airflow 3.3.2's whole path, :mod:`airflow_adrq_bench.baselines`, or ours);
-* :mod:`.counting`   -- statements per transaction;
 * :mod:`.dataset`    -- scratch database, schema, seed data, exact-rows check;
 * :mod:`.barrier`    -- the file barrier the producer processes start rounds on;
 * :mod:`.engine`     -- producer and consumer loops (Airflow 3.3.2's scheduler rule for
@@ -14,7 +13,7 @@ Modules, one job each:
 * :mod:`.report`     -- aggregation, table, JSON, PNG;
 * :mod:`.runner`     -- runs the pytest-xdist suite (:mod:`.suite`) and reports;
 * :mod:`.cli`        -- ``main(argv)``: ``airflow-adrq bench`` (an entry point of this distribution);
-* :mod:`.servers`    -- finds or starts the PostgreSQL and MariaDB servers (the tests use it too);
+* :mod:`.options`    -- what every mode's command line shares; :mod:`.modes`: ``--faults``, ``--soak``;
 * :mod:`.baselines`  -- the loop versions airflow-adrq replaces, kept faithfully.
 """
 

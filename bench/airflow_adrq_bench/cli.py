@@ -122,7 +122,7 @@ def _bench(args: argparse.Namespace) -> int:
         options.out_dir(args),
     )
     with contextlib.ExitStack() as stack:
-        urls = args.db or modes.servers_found(stack, options.say, sqlite=True)
+        urls = args.db or ["sqlite://", *options.servers_found(stack)]
         targets = [runner.describe(url) for url in urls]
         deadlock_s = max(runner.deadlock_timeout_s(t.url) for t in targets)
         sizes, notes = clear(sizes, deadlock_s, keep=frozenset(options.given(args, Sizes)))

@@ -20,7 +20,7 @@ from airflow_adrq_bench.faults import FaultSizes, run_faults
 from airflow_adrq_bench.soak import SoakSizes, run_soak
 from airflow_adrq_testing import servers
 
-__all__ = ["MODES", "route", "servers_found"]
+__all__ = ["MODES", "route"]
 
 #: The mode flags and their help, in the order ``airflow-adrq bench --help`` lists them.
 MODES = {
@@ -43,23 +43,6 @@ def route(argv: Sequence[str]) -> int | None:
         if f"--{mode}" in argv:
             return _run(mode, [a for a in argv if a != f"--{mode}"])
     return None
-
-
-def servers_found(
-    stack: contextlib.ExitStack, say: Callable[[str], None], *, sqlite: bool = False
-) -> list[str]:
-    """The URLs of SQLite (with ``sqlite``) and every server :func:`.servers.discover` finds or starts
-    (stopped when ``stack`` closes); each backend without one is said."""
-    urls = ["sqlite://"] if sqlite else []
-    for backend in servers.BACKENDS:
-        try:
-            info = stack.enter_context(servers.discover(backend))
-        except servers.ServerNotFoundError as exc:
-            say(f"not benchmarking {backend}: {exc}")
-            continue
-        say(f"{info.version}: {info.how_found}")
-        urls.append(info.url)
-    return urls
 
 
 def _pairs(counts: dict[str, int]) -> str:
@@ -85,32 +68,23 @@ _SPECS: dict[str, dict[str, Any]] = {
         "connection terminates one of theirs at random (pg_terminate_backend / KILL CONNECTION)",
         "ok": lambda r: (
             r["acceptable_errors_only"]
-            and not r["duplicate_events"] + r["half_written"]
+            and r["duplicate_events"] == r["half_written"] == 0
             and r["queue_rows_exact"]
         ),
         "columns": {
-            "server": lambda r: r["server"],
-            "transactions": lambda r: str(r["transactions"]),
+            "server": "server",
+            "transactions": "transactions",
             "completed": lambda r: f"{r['completed']} ({r['completed_share']:.1%})",
             "raised": lambda r: _pairs(r["raised"]),
             "unknown -> committed / not": lambda r: (
                 f"{r['unknown_committed']} / {r['unknown_not_committed']}"
             ),
-            "duplicates": lambda r: str(r["duplicate_events"]),
-            "half-written": lambda r: str(r["half_written"]),
+            "duplicates": "duplicate_events",
+            "half-written": "half_written",
             "retries": lambda r: _pairs(r["retries"]),
-            "kills": lambda r: str(r["kills"]),
-            "rows exact": lambda r: "yes" if r["queue_rows_exact"] else "NO",
+            "kills": "kills",
+            "rows exact": "queue_rows_exact",
         },
-        "legend": [
-            "completed: run_in_transaction returned (the transaction committed exactly once)",
-            "raised: exceptions the caller saw; only CommitOutcomeUnknownError (connection lost with COMMIT "
-            "in flight) and RetriesExhaustedError are acceptable",
-            "unknown -> committed / not: how those CommitOutcomeUnknownError transactions actually ended",
-            "duplicates: run ids with more events than outlets; half-written: some but not all of a "
-            "transaction's events, or a committed event with consumers not queued",
-            "retries: attempts replayed from BEGIN, by cause; kills: connections terminated",
-        ],
     },
     "soak": {
         "sizes": SoakSizes,
@@ -120,10 +94,10 @@ _SPECS: dict[str, dict[str, Any]] = {
         "queue rows; deadlocks, exact rows, and memory / connection growth",
         "ok": lambda r: r["deadlocks"] == 0 and r["rows_exact"] and not r["failed"],
         "columns": {
-            "server": lambda r: r["server"],
+            "server": "server",
             "committed": lambda r: f"{r['committed']}" + (f" (failed {r['failed']})" if r["failed"] else ""),
             "tx/s": lambda r: f"{r['tx_per_s']:.0f}",
-            "deadlocks": lambda r: str(r["deadlocks"]),
+            "deadlocks": "deadlocks",
             "other retries": lambda r: _pairs(
                 {
                     **{k: v for k, v in r["producer_retries"].items() if k != "deadlock"},
@@ -135,13 +109,6 @@ _SPECS: dict[str, dict[str, Any]] = {
             "pool out": _series(2),
             "server conns": _series(3),
         },
-        "legend": [
-            "committed: transactions that committed; tx/s over the whole run",
-            "deadlocks: retried deadlocks of producers and consumer (must be 0)",
-            "rows exact: every emitted (asset, DAG) pair queued or consumed, nothing else",
-            "RSS MiB / pool out / server conns: this process's resident memory, the pool's checked-out "
-            "connections and the server's connections to the database, before -> during -> after",
-        ],
     },
 }
 
@@ -168,7 +135,7 @@ def _measure(mode: str, prog: str, args: argparse.Namespace, sizes: Any) -> int:
     spec = _SPECS[mode]
     out, results = options.out_dir(args), []
     with contextlib.ExitStack() as stack:
-        urls = args.db or servers_found(stack, options.say)
+        urls = args.db or options.servers_found(stack)
         if not urls:
             options.say(f"{prog}: error: no PostgreSQL or MySQL/MariaDB server")
             return 1
@@ -179,9 +146,7 @@ def _measure(mode: str, prog: str, args: argparse.Namespace, sizes: Any) -> int:
                 results.append({"server": version, **spec["run"](scratch, sizes, log=options.say).as_dict()})
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{mode}.json").write_text(json.dumps(results, indent=2, default=str))
-    text = (
-        tables.table(results, spec["columns"], left=1) + "\n\n" + "".join(f"- {x}\n" for x in spec["legend"])
-    )
+    text = tables.table(results, spec["columns"], left=1) + "\n\n" + tables.legend(mode)
     failed = [
         f"{r['server']}: the {mode} checks failed (the table says which)"
         for r in results

@@ -14,6 +14,7 @@ print and write the tables, exit 1 on a problem.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as dt
 import importlib.util
@@ -175,6 +176,23 @@ def out_dir(args: argparse.Namespace) -> Path:
     return cast(Path, args.out or Path("bench-results") / f"{args.out_prefix}{stamp}")
 
 
+def servers_found(stack: contextlib.ExitStack, backends: Sequence[str] | None = None) -> list[str]:
+    """The URLs of the servers of ``backends`` (default: all) that :func:`servers.discover` finds or
+    starts (stopped when ``stack`` closes); says each, and each backend without one."""
+    from airflow_adrq_testing import servers  # here: the workers import this module for the sizes
+
+    urls = []
+    for backend in [b for b in servers.BACKENDS if not backends or b in backends]:
+        try:
+            info = stack.enter_context(servers.discover(backend))
+        except servers.ServerNotFoundError as exc:
+            say(f"not measuring {backend}: {exc}")
+            continue
+        say(f"{info.version}: {info.how_found}")
+        urls.append(info.url)
+    return urls
+
+
 def say(message: str) -> None:
     """A line of progress or diagnosis on stderr (the tables go to stdout)."""
     sys.stderr.write(message + "\n")
@@ -203,8 +221,7 @@ def guarded(
     try:
         return measure()
     except (AdrqError, SQLAlchemyError) as exc:
-        # Imported here: the workers import this module for the sizes, not the runtime's CLI.
-        from airflow_adrq.cli import one_line
+        from airflow_adrq.cli import one_line  # here: the workers import this module for the sizes
 
         say(f"{prog}: error: {one_line(exc)}")
         return 1

@@ -18,11 +18,6 @@ every event became: failed / retried producer tasks, deadlocks, events written, 
 stranded and double-consumed (event, consumer) pairs, the queue left, trigger-to-done time and the
 task-success call's latency. The deployments run one after another, each stopped before the next
 starts. SQLite is not measured: Airflow does not support the LocalExecutor on it.
-
-Modules: config (sizes, shape, names, limits), dags (the DAG files), deployment (settings,
-components, stopping them), scaleout (Celery, PgBouncer, the broker), driver (REST calls, waits,
-progress), measure (SQL counts, deadlock counters, log parsing), runner (one deployment end to
-end), report (table, JSON, PNG, exit status).
 """
 
 from __future__ import annotations
