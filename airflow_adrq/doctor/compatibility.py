@@ -1,39 +1,30 @@
 """The compatibility half of the report: Airflow's schema version, the queue's shape, the plug-in's support.
 
 ``alembic_version`` places the database in Airflow's migration history
-(:mod:`airflow_adrq._airflow_revisions`, then an installed Airflow's
-migration files); :func:`airflow_adrq.shapes.detect` reads the queue table;
-:mod:`airflow_adrq.airflow.compat` says which release lines the plug-in
-supports and which shape each makes.
+(:mod:`.airflow_revisions`); :func:`airflow_adrq.shapes.detect` reads the
+queue table; :mod:`airflow_adrq.airflow.compat` says which release lines the
+plug-in supports and which shape each makes.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Inspector
 
 from airflow_adrq import shapes
-from airflow_adrq._airflow_revisions import KNOWN_UP_TO, REVISIONS
 from airflow_adrq.airflow import compat
-from airflow_adrq.doctor.backends import Probe
-from airflow_adrq.doctor.connection import scalar
+from airflow_adrq.doctor.airflow_revisions import KNOWN_UP_TO, REVISIONS, schema_version
+from airflow_adrq.doctor.backends import Probe, scalar
 from airflow_adrq.doctor.report import Compatibility, DoctorError, SchemaVersion
 from airflow_adrq.errors import UnsupportedSchemaError
-
-__all__ = ["read", "schema_version"]
 
 
 def read(
     conn: Connection, probe: Probe, inspector: Inspector, tables: set[str], schema: str | None
 ) -> tuple[Compatibility, shapes.QueueShape | None, list[str]]:
-    """``(compatibility, the queue's shape or None, warnings)`` of the database ``conn`` reads.
-
-    Raises :class:`DoctorError` when it is no Airflow metadata database.
-    """
+    """``(compatibility, the queue's shape or None, warnings)``; :class:`DoctorError`: no Airflow database."""
     warnings = []
     revision = _alembic_revision(conn, tables)
     version = schema_version(revision)
@@ -43,8 +34,7 @@ def read(
             f"{version.airflow_version}: was `airflow db migrate` interrupted?"
         )
     found: shapes.QueueShape | None = None
-    shape_error = None
-    queue_key = None
+    shape_error = queue_key = None
     if "asset_dag_run_queue" in tables:
         pk = inspector.get_pk_constraint("asset_dag_run_queue", schema=schema)
         queue_key = tuple(pk.get("constrained_columns") or ())
@@ -71,46 +61,6 @@ def read(
     return compatibility, found, warnings
 
 
-def schema_version(revision: str) -> SchemaVersion:
-    """Place an ``alembic_version`` revision in Airflow's history (known releases, then an installed one)."""
-    for chain in (REVISIONS, None):
-        revisions = list(chain) if chain is not None else _installed_airflow_revisions()
-        versions = dict(revisions)
-        if revision not in versions:
-            continue
-        version = versions[revision]
-        last_of_version = [r for r, v in revisions if v == version][-1]
-        return SchemaVersion(revision, version, _line(version), revision == last_of_version)
-    return SchemaVersion(revision, None, None, False)
-
-
-def _line(version: str) -> tuple[int, int] | None:
-    match = re.match(r"(\d+)\.(\d+)", version)
-    return (int(match[1]), int(match[2])) if match else None
-
-
-def _installed_airflow_revisions() -> list[tuple[str, str]]:
-    """``(revision, airflow_version)`` from the migration files of an installed Airflow, read as text.
-
-    Finds the package without importing it (importing Airflow loads its configuration).
-    """
-    try:
-        spec = importlib.util.find_spec("airflow")
-    except (ImportError, ValueError):
-        return []
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    versions = Path(next(iter(spec.submodule_search_locations))) / "migrations" / "versions"
-    found = []
-    for path in sorted(versions.glob("[0-9][0-9][0-9][0-9]_*.py")):
-        text = path.read_text(errors="replace")
-        revision = re.search(r'^revision\s*=\s*["\'](\w+)["\']', text, re.M)
-        version = re.search(r'^airflow_version\s*=\s*["\']([^"\']+)["\']', text, re.M)
-        if revision and version:
-            found.append((revision[1], version[1]))
-    return found
-
-
 def _alembic_revision(conn: Connection, tables: set[str]) -> str:
     if "alembic_version" not in tables:
         if "airflow_adrq_version" in tables:
@@ -134,13 +84,12 @@ def _alembic_revision(conn: Connection, tables: set[str]) -> str:
             f"alembic_version holds {len(revisions)} revisions ({', '.join(revisions) or 'none'}): "
             "not an Airflow metadata database (Airflow's history has one head)"
         )
-    revision = revisions[0]
-    if "dag" not in tables and schema_version(revision).airflow_version is None:
+    if "dag" not in tables and schema_version(revisions[0]).airflow_version is None:
         raise DoctorError(
-            f"alembic_version {revision} is no Airflow migration and there is no dag table: "
+            f"alembic_version {revisions[0]} is no Airflow migration and there is no dag table: "
             "not an Airflow metadata database"
         )
-    return revision
+    return revisions[0]
 
 
 def _support(
@@ -162,17 +111,16 @@ def _support(
     if adapter is None:
         supported_lines = ", ".join(f"{a}.{b}" for a, b in compat.SUPPORTED)
         return False, f"Airflow {name} is not supported (supported: {supported_lines})", None
-    tested = adapter.tested
     if found is None:
-        return False, f"the queue table is not a shape airflow-adrq writes: {shape_error}", tested
+        return False, f"the queue table is not a shape airflow-adrq writes: {shape_error}", adapter.tested
     if found != adapter.shape:
         return (
             False,
             f"Airflow {name} makes the {adapter.shape.name} queue, this database has the {found.name} one "
             "(migrated by another Airflow?)",
-            tested,
+            adapter.tested,
         )
-    return True, f"Airflow {name}, tested with {tested}", tested
+    return True, f"Airflow {name}, tested with {adapter.tested}", adapter.tested
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -193,9 +141,8 @@ def _below_minimum(schema: SchemaVersion) -> list[str]:
         return []
     later = [v for _, v in REVISIONS if _version_tuple(v) > _version_tuple(version)]
     until = f" up to (not including) {later[0]}" if later else " and later"
-    first = ".".join(map(str, minimum))
     return [
         f"this is the schema of Airflow {version}{until}; the plug-in supports {line[0]}.{line[1]} "
-        f"from {first} on (see compat.py): check `airflow version`, older releases refuse to start "
-        "with the option set"
+        f"from {'.'.join(map(str, minimum))} on (see compat.py): check `airflow version`, older releases "
+        "refuse to start with the option set"
     ]

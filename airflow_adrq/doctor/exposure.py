@@ -15,24 +15,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Inspector
 
 from airflow_adrq import queue, shapes
-from airflow_adrq.doctor.connection import rows, scalar
+from airflow_adrq.doctor.backends import scalar
 from airflow_adrq.doctor.report import FANOUT_THRESHOLDS, Exposure
-
-__all__ = ["TABLES", "fallback_shape", "read"]
 
 #: The tables the exposure reads (``task_outlet_asset_reference`` is optional).
 TABLES = frozenset(
-    {
-        "asset",
-        "asset_active",
-        "dag",
-        "dag_schedule_asset_reference",
-        "dag_schedule_asset_name_reference",
-        "dag_schedule_asset_uri_reference",
-        "dag_schedule_asset_alias_reference",
-        "asset_alias",
-        "asset_alias_asset",
-    }
+    {"asset", "asset_active", "dag", "asset_alias", "asset_alias_asset"}
+    | {f"dag_schedule_asset_{kind}reference" for kind in ("", "name_", "uri_", "alias_")}
 )
 
 
@@ -49,20 +38,18 @@ def fallback_shape(inspector: Inspector, schema: str | None) -> shapes.QueueShap
 def read(conn: Connection, tables: set[str], shape: shapes.QueueShape) -> Exposure:
     """The exposure of the database ``conn`` reads, whose DAGs are filtered as ``shape`` filters them."""
     active = "asset a JOIN asset_active aa ON aa.name = a.name AND aa.uri = a.uri"
-    assets = [r[0] for r in conn.execute(sa.text(f"SELECT a.id FROM {active}"))]
-    pairs = {(int(a), str(d)) for a, d in conn.execute(queue.queued_pairs(shape))}
-    active_ids = set(assets)
+    assets = {int(a) for (a,) in conn.execute(sa.text(f"SELECT a.id FROM {active}"))}
     consumers: dict[int, set[str]] = defaultdict(set)
-    for asset_id, dag_id in pairs:
-        if asset_id in active_ids:
-            consumers[asset_id].add(dag_id)
+    for asset_id, dag_id in conn.execute(queue.queued_pairs(shape)):
+        if int(asset_id) in assets:
+            consumers[int(asset_id)].add(str(dag_id))
     counts = sorted(len(d) for d in consumers.values())
 
     producers: dict[int, set[tuple[str, str]]] = defaultdict(set)
     outlets: dict[tuple[str, str], set[int]] = defaultdict(set)
     if "task_outlet_asset_reference" in tables:
-        for asset_id, dag_id, task_id in rows(
-            conn, "SELECT asset_id, dag_id, task_id FROM task_outlet_asset_reference"
+        for asset_id, dag_id, task_id in conn.execute(
+            sa.text("SELECT asset_id, dag_id, task_id FROM task_outlet_asset_reference")
         ):
             producers[int(asset_id)].add((str(dag_id), str(task_id)))
             outlets[(str(dag_id), str(task_id))].add(int(asset_id))
@@ -81,7 +68,7 @@ def read(conn: Connection, tables: set[str], shape: shapes.QueueShape) -> Exposu
     alias_consumers: dict[int, set[str]] = defaultdict(set)
     for alias_id, dag_id in conn.execute(queue.alias_consumers(shape)):
         alias_consumers[int(alias_id)].add(str(dag_id))
-    links = rows(conn, "SELECT alias_id, asset_id FROM asset_alias_asset")
+    links = conn.execute(sa.text("SELECT alias_id, asset_id FROM asset_alias_asset")).all()
     alias_assets: dict[int, set[int]] = defaultdict(set)
     for alias_id, asset_id in links:
         alias_assets[int(alias_id)].add(int(asset_id))

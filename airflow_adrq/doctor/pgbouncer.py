@@ -1,9 +1,8 @@
 """Whether a PostgreSQL connection goes through PgBouncer, and in which pool mode.
 
-The server seeing this connection's own TCP ports rules it out with no other
-connection. Otherwise at most three more: PgBouncer's admin console
-(``SHOW`` commands only), then, when it does not say, two that each run
-``SELECT pg_backend_pid()``.
+The server seeing this connection's own TCP ports rules it out. Otherwise at
+most three more connections: PgBouncer's admin console (``SHOW`` only), then,
+when it does not tell the pool mode, two that run ``SELECT pg_backend_pid()``.
 """
 
 from __future__ import annotations
@@ -19,11 +18,8 @@ from sqlalchemy.engine import Connection, Engine
 from airflow_adrq.doctor.backends import CONNECT_TIMEOUT
 from airflow_adrq.doctor.report import PgBouncer, first_line
 
-__all__ = ["detect"]
-
 
 def detect(conn: Connection) -> PgBouncer:
-    """Tell whether ``conn`` (PostgreSQL) goes through PgBouncer."""
     ours = _socket_ports(conn)
     row = conn.execute(sa.text("SELECT inet_client_port(), inet_server_port()")).one()
     theirs = (row[0], row[1]) if row[0] is not None else None
@@ -61,16 +57,10 @@ def _socket_ports(conn: Connection) -> tuple[int, int] | None:
 
 
 def _admin_console(engine: Engine) -> tuple[bool | None, str, str | None]:
-    """Ask PgBouncer's admin console (database ``pgbouncer``, same host and user): ``SHOW`` only.
-
-    Returns ``(is PgBouncer, what was seen, pool mode)``.
-    """
-    url = engine.url.set(database="pgbouncer")
-    dialect = engine.dialect
-    cargs, cparams = dialect.create_connect_args(url)
-    cparams = {**cparams, "connect_timeout": CONNECT_TIMEOUT}
+    """``(is PgBouncer, what was seen, pool mode)`` from database ``pgbouncer``, same host and user."""
+    cargs, cparams = engine.dialect.create_connect_args(engine.url.set(database="pgbouncer"))
     try:
-        console: Any = dialect.connect(*cargs, **cparams)
+        console: Any = engine.dialect.connect(*cargs, **{**cparams, "connect_timeout": CONNECT_TIMEOUT})
     except Exception as exc:
         message = first_line(exc)
         if "not allowed" in message:
@@ -83,18 +73,16 @@ def _admin_console(engine: Engine) -> tuple[bool | None, str, str | None]:
         cursor = console.cursor()
         cursor.execute("SHOW VERSION")
         version = " ".join(str(v) for v in cursor.fetchone() or ())
-        mode = None
         cursor.execute("SHOW DATABASES")
         names = [d[0] for d in cursor.description]
-        for row in cursor.fetchall():
-            record = dict(zip(names, row, strict=False))
-            if record.get("name") == engine.url.database and record.get("pool_mode"):
-                mode = str(record["pool_mode"])
-        if mode is None:
+        records = [dict(zip(names, row, strict=False)) for row in cursor.fetchall()]
+        modes = [
+            r["pool_mode"] for r in records if r.get("name") == engine.url.database and r.get("pool_mode")
+        ]
+        if not modes:
             cursor.execute("SHOW CONFIG")
-            for row in cursor.fetchall():
-                if row[0] == "pool_mode":
-                    mode = str(row[1])
+            modes = [row[1] for row in cursor.fetchall() if row[0] == "pool_mode"]
+        mode = str(modes[-1]) if modes else None
         return True, f"its admin console answers SHOW VERSION: {version}", mode
     except Exception as exc:
         return None, f"database pgbouncer answered, but not as PgBouncer's console: {first_line(exc)}", None

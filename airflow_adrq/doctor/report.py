@@ -15,7 +15,6 @@ NOT_SUPPORTED = "not supported"
 EXIT_CODES = {ENABLE: 0, NOT_NEEDED: 1, NOT_SUPPORTED: 2}
 #: Exit status when there is no report: not an Airflow database, or unreadable.
 EXIT_NO_REPORT = 3
-
 #: Fan-out thresholds the report counts assets above.
 FANOUT_THRESHOLDS = (64, 1024)
 
@@ -29,19 +28,18 @@ class SchemaVersion:
     """Where ``alembic_version`` puts the database in Airflow's migration history."""
 
     revision: str
-    #: The Airflow release whose migration this revision is (``None``: unknown revision).
+    #: The Airflow release that added this migration (``None``: unknown revision).
     airflow_version: str | None
     #: ``(major, minor)`` of :attr:`airflow_version`.
     line: tuple[int, int] | None
-    #: The revision is the last migration of :attr:`airflow_version` (else: a migration stopped half-way).
+    #: The revision is that release's last migration (else: a migration stopped half-way).
     complete: bool
 
 
 @dataclass(frozen=True)
 class PgBouncer:
-    """Whether the connection goes through PgBouncer, and how that was decided."""
+    """Whether the connection goes through PgBouncer (``None``: cannot tell), and how that was decided."""
 
-    #: ``True``/``False``; ``None`` when it cannot be told.
     detected: bool | None
     how: str
     pool_mode: str | None = None
@@ -55,7 +53,7 @@ class Compatibility:
     schema: SchemaVersion
     #: The primary key of ``asset_dag_run_queue`` as found (``None``: no such table).
     queue_key: tuple[str, ...] | None
-    #: :class:`airflow_adrq.shapes.QueueShape` name, or ``None`` when :func:`shapes.detect` refused it.
+    #: :class:`airflow_adrq.shapes.QueueShape` name (``None``: :func:`shapes.detect` refused it).
     shape: str | None
     supported: bool
     #: Why (not) supported, one sentence.

@@ -1,112 +1,119 @@
-"""What doctor reads differently on each backend, behind one small registry.
+"""The one read-only transaction doctor reads in, and what it reads differently on each backend.
 
-Generic modules ask :func:`get` for the :class:`Probe` of a URL or backend
-name and never compare backend names themselves. Each backend module
-registers itself with :func:`register`; adding a backend means adding a
-module here (as in :mod:`airflow_adrq.dialects`).
+Generic modules ask :func:`get` for a backend's :class:`Probe` and never
+compare backend names; adding a backend means adding a module here that
+defines ``PROBE``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import importlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection
+from sqlalchemy.pool import NullPool
 
-from airflow_adrq.dialects import Registry
 from airflow_adrq.doctor.report import Compatibility, DoctorError, Exposure
-
-__all__ = [
-    "CONNECT_TIMEOUT",
-    "DAG_ID_COLUMNS",
-    "Probe",
-    "connect_timeout",
-    "get",
-    "information_schema_collations",
-    "register",
-]
 
 #: Seconds doctor waits for a server to accept a connection.
 CONNECT_TIMEOUT = 10
-
 #: The DAG id columns whose collation the report shows.
 DAG_ID_COLUMNS = (
     ("dag", "dag_id"),
     ("asset_dag_run_queue", "target_dag_id"),
     ("dag_schedule_asset_reference", "dag_id"),
 )
+# SQLAlchemy backend name -> the module of this package that reads it.
+_MODULES = {"mysql": "mysql", "mariadb": "mysql", "postgresql": "postgresql", "sqlite": "sqlite"}
+
+
+def _connect_timeout(url: URL) -> tuple[URL, dict[str, Any]]:
+    drivers = ("psycopg2", "psycopg", "mysqldb", "pymysql")  # the DBAPIs that take connect_timeout
+    return url, ({"connect_timeout": CONNECT_TIMEOUT} if url.get_driver_name() in drivers else {})
 
 
 @dataclass(frozen=True)
 class Probe:
-    """How doctor reads one backend.
+    """How doctor reads one backend; ``name`` is the report's backend (``"mysql"`` for MariaDB too).
 
-    ``name`` is the report's ``compatibility.backend`` (``"mysql"`` for MariaDB too).
-    ``engine_args(url)`` returns the URL and ``connect_args`` doctor's engine
-    opens: a connect timeout, or (SQLite) the file read-only, never created.
-    ``begin_read_only(connection)`` makes the connection's transaction
-    read-only before its first query; ``search_path(connection, schema)``
-    resolves unqualified names in ``schema`` first, for that transaction only
-    (``None``: the backend has no such setting to check).
-
-    ``server`` and ``collations`` fill the report's rows every backend has;
-    ``compatibility(connection, compatibility)`` fills the backend's own
-    fields (MySQL/MariaDB's isolation and storage engine, PostgreSQL's
-    PgBouncer) and ``stats(connection, exposure)`` its counters (deadlocks,
-    ``pg_stat_statements``); both return warnings.
-
-    For the verdict: ``cannot_deadlock`` is why two transactions never hold
-    queue-row locks together on this backend (SQLite's one writer), and
-    ``deadlock_counter`` who counts this database's own deadlocks, cited as a
-    reason to enable (``None``: no counter, or one that is not this database's).
+    ``begin_read_only``: the statements that make the transaction read-only
+    before its first query. ``engine_args(url)``: the URL and ``connect_args``
+    to open (by default, a connect timeout). ``search_path`` resolves
+    unqualified names in a schema first, for that transaction only (``None``:
+    not checked here). ``compatibility`` and ``stats`` fill the backend's own
+    fields and return warnings. ``cannot_deadlock``: why the verdict is "not
+    needed" whatever the exposure; ``deadlock_counter``: who counts this
+    database's own deadlocks, cited in the verdict (``None``: no counter, or a
+    server-wide one).
     """
 
     name: str
-    engine_args: Callable[[URL], tuple[URL, dict[str, Any]]]
-    begin_read_only: Callable[[Connection], None]
+    begin_read_only: tuple[str, ...]
     server: Callable[[Connection], str]
     collations: Callable[[Connection], dict[str, str]]
+    engine_args: Callable[[URL], tuple[URL, dict[str, Any]]] = field(default=_connect_timeout)
     search_path: Callable[[Connection, str], None] | None = None
-    compatibility: Callable[[Connection, Compatibility], list[str]] = field(
-        default=lambda connection, compatibility: []
-    )
-    stats: Callable[[Connection, Exposure], list[str]] = field(default=lambda connection, exposure: [])
+    compatibility: Callable[[Connection, Compatibility], list[str]] = field(default=lambda conn, c: [])
+    stats: Callable[[Connection, Exposure], list[str]] = field(default=lambda conn, e: [])
     cannot_deadlock: str | None = None
     deadlock_counter: str | None = None
 
 
-_REGISTRY: Registry[Probe] = Registry(
-    __name__,
-    ("mysql", "postgresql", "sqlite"),
-    lambda name, known: DoctorError(
-        f"{name} is not a database Airflow 3 runs on: doctor reads PostgreSQL, MySQL/MariaDB and SQLite"
-    ),
-)
-#: Register a :class:`Probe` under one or more SQLAlchemy backend names.
-register = _REGISTRY.register
-
-
 def get(backend: str | URL) -> Probe:
     """The :class:`Probe` of a backend name or URL (:class:`DoctorError` if Airflow does not run on it)."""
-    return _REGISTRY.lookup(backend if isinstance(backend, str) else backend.get_backend_name())
+    name = backend if isinstance(backend, str) else backend.get_backend_name()
+    if name not in _MODULES:
+        raise DoctorError(
+            f"{name} is not a database Airflow 3 runs on: doctor reads PostgreSQL, MySQL/MariaDB and SQLite"
+        )
+    probe: Probe = importlib.import_module(f"{__name__}.{_MODULES[name]}").PROBE
+    return probe
 
 
-def connect_timeout(*drivers: str) -> Callable[[URL], tuple[URL, dict[str, Any]]]:
-    """A :attr:`Probe.engine_args` that sets :data:`CONNECT_TIMEOUT` for the DBAPIs that take one."""
+@contextlib.contextmanager
+def read_only_connection(url: str | URL, schema: str | None = None) -> Iterator[Connection]:
+    """A connection to ``url`` in one read-only transaction, rolled back at the end.
 
-    def engine_args(url: URL) -> tuple[URL, dict[str, Any]]:
-        return url, ({"connect_timeout": CONNECT_TIMEOUT} if url.get_driver_name() in drivers else {})
+    Unqualified names resolve in ``schema`` first (PostgreSQL only; else
+    :class:`DoctorError`). The server refuses a write on it (SQLSTATE 25006,
+    MySQL 1792, SQLite "attempt to write a readonly database").
+    """
+    url = sa.make_url(url)
+    probe = get(url)
+    url, connect_args = probe.engine_args(url)
+    engine = sa.create_engine(url, poolclass=NullPool, connect_args=connect_args)
+    try:
+        with engine.connect() as conn:
+            # SQLAlchemy's first-connect checks ran in a transaction of their
+            # own; start from none, so the read-only one is the first.
+            conn.rollback()
+            for statement in probe.begin_read_only:
+                conn.exec_driver_sql(statement)
+            try:
+                if schema:
+                    if probe.search_path is None:
+                        raise DoctorError(
+                            f"[database] sql_alchemy_schema ({schema!r}) is only checked on PostgreSQL; on "
+                            "MySQL/MariaDB name Airflow's database in the URL instead"
+                        )
+                    probe.search_path(conn, schema)
+                yield conn
+            finally:
+                conn.rollback()
+    finally:
+        engine.dispose()
 
-    return engine_args
+
+def scalar(conn: Connection, sql: str) -> Any:
+    return conn.execute(sa.text(sql)).scalar()
 
 
 def information_schema_collations(conn: Connection, schema: str, default: str | None) -> dict[str, str]:
-    """The collation of each of :data:`DAG_ID_COLUMNS` in ``schema`` (an SQL expression) that exists.
-
-    A column without one of its own shows ``default``.
-    """
+    """The collation of each of :data:`DAG_ID_COLUMNS` in ``schema`` (SQL), else the ``default``."""
     out: dict[str, str] = {}
     for table, column in DAG_ID_COLUMNS:
         row = conn.execute(

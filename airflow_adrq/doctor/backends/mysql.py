@@ -11,16 +11,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from airflow_adrq.doctor.backends import Probe, connect_timeout, information_schema_collations, register
-from airflow_adrq.doctor.connection import scalar
+from airflow_adrq.doctor.backends import Probe, information_schema_collations, scalar
 from airflow_adrq.doctor.report import Compatibility, Exposure
-
-
-def _begin_read_only(conn: Connection) -> None:
-    # The DBAPI is not in autocommit mode and has not started a transaction
-    # yet: SET TRANSACTION applies to the next one, which START TRANSACTION opens.
-    conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-    conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
 
 
 def _server(conn: Connection) -> str:
@@ -28,19 +20,19 @@ def _server(conn: Connection) -> str:
     return f"{'MariaDB' if 'mariadb' in raw.lower() else 'MySQL'} {raw}"
 
 
-def _isolation(conn: Connection) -> tuple[str, list[str]]:
-    rows: dict[str, str] = dict(
+def _compatibility(conn: Connection, compatibility: Compatibility) -> list[str]:
+    variables: dict[str, str] = dict(
         conn.execute(
             sa.text("SHOW GLOBAL VARIABLES WHERE Variable_name IN ('transaction_isolation', 'tx_isolation')")
         ).all()
     )
-    level = str(rows.get("transaction_isolation") or rows.get("tx_isolation") or "unknown")
+    level = str(variables.get("transaction_isolation") or variables.get("tx_isolation") or "unknown")
     warnings = []
     drivername = conn.engine.url.drivername
     if drivername.startswith("mysql"):
-        text = f"server default {level}; Airflow's mysql connections use READ COMMITTED"
+        compatibility.isolation = f"server default {level}; Airflow's mysql connections use READ COMMITTED"
     else:
-        text = f"server default {level}"
+        compatibility.isolation = f"server default {level}"
         if level.replace("-", " ").upper() not in ("READ COMMITTED", "READ UNCOMMITTED"):
             warnings.append(
                 "Airflow sets READ COMMITTED only for URLs starting with mysql: with "
@@ -48,11 +40,6 @@ def _isolation(conn: Connection) -> tuple[str, list[str]]:
                 "refuses to write (IsolationLevelError). Use mysql+mysqldb:// or set "
                 "transaction_isolation=READ-COMMITTED"
             )
-    return text, warnings
-
-
-def _compatibility(conn: Connection, compatibility: Compatibility) -> list[str]:
-    compatibility.isolation, warnings = _isolation(conn)
     compatibility.storage_engine = scalar(
         conn,
         "SELECT engine FROM information_schema.tables WHERE table_schema = DATABASE() "
@@ -71,14 +58,15 @@ def _stats(conn: Connection, exposure: Exposure) -> list[str]:
     return []
 
 
-PROBE = register("mysql", "mariadb")(
-    Probe(
-        name="mysql",
-        engine_args=connect_timeout("mysqldb", "pymysql"),
-        begin_read_only=_begin_read_only,
-        server=_server,
-        collations=lambda conn: information_schema_collations(conn, "DATABASE()", None),
-        compatibility=_compatibility,
-        stats=_stats,
-    )
+PROBE = Probe(
+    name="mysql",
+    # No transaction is open yet: SET TRANSACTION applies to the one START TRANSACTION opens.
+    begin_read_only=(
+        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+        "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY",
+    ),
+    server=_server,
+    collations=lambda conn: information_schema_collations(conn, "DATABASE()", None),
+    compatibility=_compatibility,
+    stats=_stats,
 )

@@ -1,33 +1,24 @@
 """PostgreSQL: a ``READ ONLY`` snapshot; PgBouncer; ``pg_stat_database`` and ``pg_stat_statements``.
 
 Every setting is transaction-scoped (``SET TRANSACTION``, ``set_config(...,
-true)``), so nothing stays on a server connection PgBouncer hands to
-someone else. The deadlock counter is this database's own: the verdict cites it.
+true)``): nothing stays on a server connection PgBouncer hands to someone
+else. The deadlock counter is this database's own: the verdict cites it.
 """
 
 from __future__ import annotations
-
-import contextlib
-from collections.abc import Iterator
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from airflow_adrq.doctor import pgbouncer
-from airflow_adrq.doctor.backends import Probe, connect_timeout, information_schema_collations, register
-from airflow_adrq.doctor.connection import rows, scalar
+from airflow_adrq.doctor.backends import Probe, information_schema_collations, scalar
 from airflow_adrq.doctor.report import Compatibility, Exposure, QueueInsert, first_line
 
-
-def _begin_read_only(conn: Connection) -> None:
-    # Transaction-scoped: unlike default_transaction_read_only, nothing
-    # stays on a server connection PgBouncer hands to someone else.
-    conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+_HIDDEN = "<insufficient privilege>"
 
 
 def _search_path(conn: Connection, schema: str) -> None:
-    # set_config(..., true) is SET LOCAL: nothing stays on a pooled connection.
     # The old path stays after it: `airflow db migrate` leaves alembic_version
     # in the connection's default schema.
     conn.execute(
@@ -47,13 +38,6 @@ def _collations(conn: Connection) -> dict[str, str]:
 def _compatibility(conn: Connection, compatibility: Compatibility) -> list[str]:
     compatibility.pgbouncer = pgbouncer.detect(conn)
     return []
-
-
-@contextlib.contextmanager
-def _optional(conn: Connection) -> Iterator[None]:
-    """A probe that may fail (a view missing, a privilege lacking) without ending the transaction."""
-    with conn.begin_nested():
-        yield
 
 
 def _classify_insert(query: str) -> str:
@@ -87,47 +71,43 @@ def _stats(conn: Connection, exposure: Exposure) -> list[str]:
     quoted = conn.dialect.identifier_preparer.quote_identifier(str(schema))
     mean = "mean_exec_time" if int(scalar(conn, "SHOW server_version_num")) >= 130000 else "mean_time"
     try:
-        with _optional(conn):
-            found = rows(
-                conn,
-                f"SELECT query, calls, {mean} FROM {quoted}.pg_stat_statements WHERE dbid = "
-                "(SELECT oid FROM pg_database WHERE datname = current_database()) "
-                "AND (query ILIKE '%insert into asset_dag_run_queue%' OR query = '<insufficient privilege>')",
-            )
+        # A view missing or a privilege lacking must not end the transaction.
+        with conn.begin_nested():
+            found = conn.execute(
+                sa.text(
+                    f"SELECT query, calls, {mean} FROM {quoted}.pg_stat_statements WHERE dbid = "
+                    "(SELECT oid FROM pg_database WHERE datname = current_database()) AND "
+                    f"(query ILIKE '%insert into asset_dag_run_queue%' OR query = '{_HIDDEN}')"
+                )
+            ).all()
     except DBAPIError as exc:
         exposure.queue_inserts_note = f"pg_stat_statements unreadable: {first_line(exc)}"
         return []
-    warnings = []
-    if any(r[0] == "<insufficient privilege>" for r in found):
-        warnings.append(
-            "pg_stat_statements hides other users' queries from this user (grant pg_read_all_stats)"
-        )
     totals: dict[str, list[float]] = {}
     for query, calls, mean_ms in found:
-        if query == "<insufficient privilege>":
-            continue
-        total = totals.setdefault(_classify_insert(str(query)), [0, 0.0])
-        total[0] += int(calls)
-        total[1] += int(calls) * float(mean_ms)
+        if query != _HIDDEN:
+            total = totals.setdefault(_classify_insert(str(query)), [0, 0.0])
+            total[0] += int(calls)
+            total[1] += int(calls) * float(mean_ms)
     exposure.queue_inserts = [
         QueueInsert(kind, int(calls), (time / calls) if calls else 0.0)
         for kind, (calls, time) in totals.items()
     ]
     if not exposure.queue_inserts:
         exposure.queue_inserts_note = "pg_stat_statements has no insert into asset_dag_run_queue yet"
-    return warnings
+    if any(r[0] == _HIDDEN for r in found):
+        return ["pg_stat_statements hides other users' queries from this user (grant pg_read_all_stats)"]
+    return []
 
 
-PROBE = register("postgresql")(
-    Probe(
-        name="postgresql",
-        engine_args=connect_timeout("psycopg2", "psycopg"),
-        begin_read_only=_begin_read_only,
-        search_path=_search_path,
-        server=lambda conn: f"PostgreSQL {scalar(conn, 'SHOW server_version')}",
-        collations=_collations,
-        compatibility=_compatibility,
-        stats=_stats,
-        deadlock_counter="PostgreSQL",
-    )
+PROBE = Probe(
+    name="postgresql",
+    # Unlike default_transaction_read_only, nothing stays on the server connection.
+    begin_read_only=("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY",),
+    search_path=_search_path,
+    server=lambda conn: f"PostgreSQL {scalar(conn, 'SHOW server_version')}",
+    collations=_collations,
+    compatibility=_compatibility,
+    stats=_stats,
+    deadlock_counter="PostgreSQL",
 )

@@ -1,17 +1,24 @@
-"""Airflow's metadata-database migrations: alembic revision -> the Airflow release that added it.
+"""Where an ``alembic_version`` revision puts a database in Airflow's history: :func:`schema_version`.
 
-Generated from the ``airflow/migrations/versions/*.py`` files of the
-``apache-airflow-core`` wheels 3.0.6, 3.1.8, 3.2.2, 3.3.2 and 3.4.0b2 (each
-file's ``revision`` and ``airflow_version``; every older wheel's revisions are
-a prefix of 3.4.0b2's chain, which is linear). ``0000`` is Airflow 3's squash of
-every 2.x migration up to 2.6.2.
+:data:`REVISIONS` was generated from the ``airflow/migrations/versions/*.py``
+files of the ``apache-airflow-core`` wheels 3.0.6, 3.1.8, 3.2.2, 3.3.2 and
+3.4.0b2 (each file's ``revision`` and ``airflow_version``; every older wheel's
+revisions are a prefix of 3.4.0b2's chain, which is linear; ``0000`` is
+Airflow 3's squash of every 2.x migration up to 2.6.2). A revision it does not
+know is looked up in an installed Airflow's migration files.
 """
 
 from __future__ import annotations
 
-__all__ = ["KNOWN_UP_TO", "REVISIONS"]
+import importlib.util
+import re
+from pathlib import Path
 
-#: The newest release these revisions were read from.
+from airflow_adrq.doctor.report import SchemaVersion
+
+__all__ = ["KNOWN_UP_TO", "REVISIONS", "schema_version"]
+
+#: The newest release :data:`REVISIONS` was read from.
 KNOWN_UP_TO = "3.4.0b2"
 
 # One release a line (indented lines continue it), its revisions in file
@@ -62,3 +69,38 @@ def _parse(table: str) -> tuple[tuple[str, str], ...]:
 
 #: ``(revision, airflow_version)`` in migration order, oldest first.
 REVISIONS = _parse(_BY_RELEASE)
+
+
+def schema_version(revision: str) -> SchemaVersion:
+    """Place an ``alembic_version`` revision: in :data:`REVISIONS`, else in an installed Airflow's."""
+    revisions = REVISIONS if revision in dict(REVISIONS) else _installed_airflow_revisions()
+    version = dict(revisions).get(revision)
+    if version is None:
+        return SchemaVersion(revision, None, None, False)
+    match = re.match(r"(\d+)\.(\d+)", version)
+    last = [r for r, v in revisions if v == version][-1]
+    return SchemaVersion(
+        revision, version, (int(match[1]), int(match[2])) if match else None, revision == last
+    )
+
+
+def _installed_airflow_revisions() -> tuple[tuple[str, str], ...]:
+    """``(revision, airflow_version)`` of an installed Airflow's migration files, read as text.
+
+    Finds the package without importing it (importing Airflow loads its configuration).
+    """
+    try:
+        spec = importlib.util.find_spec("airflow")
+    except (ImportError, ValueError):
+        return ()
+    if spec is None or not spec.submodule_search_locations:
+        return ()
+    versions = Path(next(iter(spec.submodule_search_locations))) / "migrations" / "versions"
+    found = []
+    for path in sorted(versions.glob("[0-9][0-9][0-9][0-9]_*.py")):
+        text = path.read_text(errors="replace")
+        revision = re.search(r'^revision\s*=\s*["\'](\w+)["\']', text, re.M)
+        version = re.search(r'^airflow_version\s*=\s*["\']([^"\']+)["\']', text, re.M)
+        if revision and version:
+            found.append((revision[1], version[1]))
+    return tuple(found)
