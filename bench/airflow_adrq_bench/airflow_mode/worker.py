@@ -1,32 +1,26 @@
-"""The Airflow processes of the Airflow mode: producers, each bound to one asset manager.
+"""The producers of the Airflow modes: processes each bound to one asset manager, and their pool.
 
-Per producer index the controller spawns one *zygote* (:func:`zygote`) with
-its own ``PYTHONHASHSEED`` (Airflow iterates a task's outlets as a Python
-``set``, so processes differ in that order, as API-server workers do). The
-zygote replaces every ``AIRFLOW_*`` variable with the run's own (a private
-``AIRFLOW_HOME``, no ``[core] asset_manager_class``), runs ``import
-airflow`` (about 3 s of CPU, the bulk of a worker's start-up), and forks one
-worker per manager (:func:`main`). Airflow reads ``[core]
-asset_manager_class`` only when ``airflow.assets.manager`` is imported, which
-``import airflow`` does not do: each worker first sets
-``AIRFLOW__CORE__ASSET_MANAGER_CLASS`` to its manager's class (unset for
-``stock``), then imports it and checks that
+Per producer index the controller (:class:`Workers`) spawns one *zygote*
+(:func:`zygote`) with its own ``PYTHONHASHSEED`` (Airflow iterates a task's
+outlets as a Python ``set``, so processes differ in that order, as API-server
+workers do). The zygote runs ``import airflow`` (about 3 s of CPU, the bulk of
+a worker's start-up) and forks one worker per manager (:func:`main`). Airflow
+reads ``[core] asset_manager_class`` only when ``airflow.assets.manager`` is
+imported, which ``import airflow`` does not do: each worker first sets it to
+its manager's class (unset for ``stock``), then imports it and checks that
 ``airflow.assets.manager.asset_manager`` is an instance of exactly that class.
 
-A worker then answers commands from the controller over a pipe, one at a
-time: ``target`` points Airflow's own ORM (``airflow.settings.reconfigure_orm``:
-Airflow's engine arguments, event handlers and session maker) at a scratch
-database; ``seed`` writes DAGs, assets and references with Airflow's models;
-``sweep_call`` times one ``register_asset_change`` + COMMIT; ``warmup``
-commits one multi-outlet transaction; ``round`` waits at the manager's
-barrier and runs producer transactions through
-``TaskInstance.register_asset_changes_in_db``; ``release`` disposes the
-engine; ``close`` exits. Every reply is ``("ok", result)`` or ``("error",
-traceback)``.
+A worker's commands (:mod:`.processes` protocol): ``target`` points Airflow's
+ORM at a scratch database; ``seed`` writes DAGs, assets and references with
+Airflow's models; ``sweep_call`` times one ``register_asset_change`` + COMMIT;
+``warmup`` commits one multi-outlet transaction; ``round`` waits at the
+manager's barrier and runs producer transactions through
+``TaskInstance.register_asset_changes_in_db``; ``release`` disposes the engine.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -36,11 +30,25 @@ import time
 import traceback
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["BUNDLE", "PRODUCER_DAG", "asset_uri", "main", "zygote"]
+from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES
+from airflow_adrq_bench.airflow_mode.processes import (
+    START_TIMEOUT,
+    AirflowOrm,
+    Child,
+    Setup,
+    airflow_settings,
+    apply_environment,
+    end,
+    serve,
+)
+
+__all__ = ["BUNDLE", "PRODUCER_DAG", "Producer", "Workers", "asset_uri", "main", "zygote"]
 
 #: The DAG bundle, and the producing DAG the task-instance stand-ins belong to.
 BUNDLE = "adrq-bench-bundle"
@@ -54,42 +62,38 @@ def asset_uri(name: str) -> str:
 class _Counter:
     """Statements this process sent since the last reset (cursor executes; executemany per set)."""
 
-    def __init__(self) -> None:
-        self.value = 0
-
-    def reset(self) -> None:
-        self.value = 0
+    value = 0
 
     def __call__(
         self, _conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, executemany: bool
     ) -> None:
-        if statement.lstrip()[:5].upper() == "BEGIN":
-            return
-        self.value += len(parameters) if executemany and parameters else 1
+        if statement.lstrip()[:5].upper() != "BEGIN":
+            self.value += len(parameters) if executemany and parameters else 1
 
 
-class _Worker:
-    def __init__(self, manager: str, index: int, barrier: Any) -> None:
-        self.manager = manager
+def _tx(
+    ok: bool, latency: float | None, attempts: int, failures: Counter[str], statements: int
+) -> dict[str, Any]:
+    return {
+        "ok": ok,
+        "latency_s": latency,
+        "attempts": attempts,
+        "failures": dict(failures),
+        "statements": statements,
+    }
+
+
+class _Worker(AirflowOrm):
+    def __init__(self, index: int, barrier: Any) -> None:
         self.index = index
         self.barrier = barrier
         self.statements = _Counter()
-        self.session_factory: Any = None
-        self.engine: Any = None
-
-    # --- commands ---------------------------------------------------------
 
     def target(self, url: str, pg_deadlock_timeout_ms: int | None = None) -> dict[str, Any]:
-        """Point Airflow's ORM at ``url`` (Airflow's own engine set-up)."""
+        """Point Airflow's ORM at ``url``, counting statements (and setting ``deadlock_timeout``)."""
         import sqlalchemy as sa
-        from airflow import settings
 
-        self.release()
-        os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = url
-        settings.configure_vars()
-        settings.reconfigure_orm()
-        engine = settings.engine
-        assert engine is not None, "settings.reconfigure_orm() made no engine"
+        engine = self.point_at(url)
         sa.event.listen(engine, "before_cursor_execute", self.statements)
         if pg_deadlock_timeout_ms is not None and engine.dialect.name == "postgresql":
 
@@ -101,17 +105,7 @@ class _Worker:
                 dbapi_connection.commit()
 
             sa.event.listen(engine, "connect", _deadlock_timeout)
-        self.engine = engine
-        self.session_factory = settings.NonScopedSession
         return {"dialect": engine.dialect.name, "driver": engine.dialect.driver}
-
-    def release(self) -> None:
-        if self.engine is not None:
-            from airflow import settings
-
-            settings.dispose_orm(do_log=False)
-            self.engine = None
-            self.session_factory = None
 
     def seed(self, dag_ids: list[str], assets: dict[str, int]) -> dict[str, int]:
         """Bundle, DAGs (unpaused, not partitioned), active assets; ``assets[name]`` = its fan-out."""
@@ -151,21 +145,16 @@ class _Worker:
         from airflow.serialization.definitions.assets import SerializedAssetUniqueKey
 
         key = SerializedAssetUniqueKey(name=asset, uri=asset_uri(asset))
-        ti = _task_instance(f"sweep{self.index}", run_id)
-        session = self.session_factory()
-        try:
-            self.statements.reset()
+        # A stand-in task instance (the fields Airflow reads), not an ORM one.
+        ti: Any = _task_instance(f"sweep{self.index}", run_id)
+        with self.session_factory() as session:
+            self.statements.value = 0
             start = time.perf_counter()
-            # A stand-in task instance (the fields Airflow reads), not an ORM one.
-            stand_in: Any = ti
             event = airflow_manager.asset_manager.register_asset_change(
-                task_instance=stand_in, asset=key, session=session
+                task_instance=ti, asset=key, session=session
             )
             session.commit()
-            latency = time.perf_counter() - start
-            statements = self.statements.value
-        finally:
-            session.close()
+            latency, statements = time.perf_counter() - start, self.statements.value
         return {"latency_s": latency, "statements": statements, "event": event is not None}
 
     def warmup(self, assets: list[str], run_id: str) -> dict[str, Any]:
@@ -186,15 +175,13 @@ class _Worker:
         self.barrier.wait(timeout=barrier_timeout_s)
         start = time.monotonic()
         deadline = start + budget_s
-        txs: list[dict[str, Any]] = []
-        for n in range(transactions):
-            if time.monotonic() > deadline:
-                txs.append({"ok": False, "latency_s": None, "attempts": 0, "failures": {}, "statements": 0})
-                continue
-            txs.append(self._transaction(assets, f"{run_prefix}p{self.index}-t{n}", hold_s, deadline))
+        txs = [
+            self._transaction(assets, f"{run_prefix}p{self.index}-t{n}", hold_s, deadline)
+            if time.monotonic() <= deadline
+            else _tx(False, None, 0, Counter(), 0)
+            for n in range(transactions)
+        ]
         return {"start": start, "end": time.monotonic(), "transactions": txs}
-
-    # --- one producer transaction --------------------------------------------
 
     def _transaction(self, assets: list[str], run_id: str, hold_s: float, deadline: float) -> dict[str, Any]:
         """Task success as Airflow's Execution API runs it: register the outlets, hold, COMMIT, callbacks.
@@ -209,50 +196,34 @@ class _Worker:
         from airflow_adrq.retry import classify
 
         outlets = [AssetProfile(name=name, uri=asset_uri(name), type="Asset") for name in assets]
-        ti = _task_instance(f"t{self.index}", run_id)
+        ti: Any = _task_instance(f"t{self.index}", run_id)
         failures: Counter[str] = Counter()
-        attempts = 0
         start = time.monotonic()
+        attempts = 0
         while True:
             attempts += 1
-            self.statements.reset()
-            session = self.session_factory()
+            self.statements.value = 0
             try:
-                stand_in: Any = ti
-                callbacks: Any = TaskInstance.register_asset_changes_in_db(
-                    stand_in, outlets, [], session=session
-                )
-                if hold_s:
-                    time.sleep(hold_s)
-                session.commit()
-                latency = time.monotonic() - start
-                statements = self.statements.value
+                with self.session_factory() as session:
+                    callbacks: Any = TaskInstance.register_asset_changes_in_db(
+                        ti, outlets, [], session=session
+                    )
+                    if hold_s:
+                        time.sleep(hold_s)
+                    session.commit()
             except Exception as exc:
-                session.close()
                 found = classify(exc)
                 if found is None:
                     raise
                 failures[found.kind.value] += 1
                 if time.monotonic() > deadline:
-                    return {
-                        "ok": False,
-                        "latency_s": None,
-                        "attempts": attempts,
-                        "failures": dict(failures),
-                        "statements": 0,
-                    }
+                    return _tx(False, None, attempts, failures, 0)
                 time.sleep(random.uniform(0, 0.01 * 2 ** min(attempts, 5)))
                 continue
-            session.close()
+            latency, statements = time.monotonic() - start, self.statements.value
             for callback in callbacks:
                 callback()
-            return {
-                "ok": True,
-                "latency_s": latency,
-                "attempts": attempts,
-                "failures": dict(failures),
-                "statements": statements,
-            }
+            return _tx(True, latency, attempts, failures, statements)
 
 
 def _task_instance(task_id: str, run_id: str) -> SimpleNamespace:
@@ -274,53 +245,47 @@ def _task_instance(task_id: str, run_id: str) -> SimpleNamespace:
     )
 
 
-def _apply_environment(env: dict[str, str]) -> None:
-    for name in [n for n in os.environ if n.startswith("AIRFLOW_")]:
-        del os.environ[name]
-    os.environ.update(env)
-
-
 def _check_manager(manager: str) -> dict[str, Any]:
     """The manager Airflow resolved from ``[core] asset_manager_class`` must be this worker's."""
     import airflow
+    import airflow.models.taskinstance as taskinstance_module
     from airflow.assets import manager as airflow_manager
 
     resolved = airflow_manager.asset_manager
+    expected: type = airflow_manager.AssetManager
     if manager == "plugin":
         from airflow_adrq.airflow import AdrqAssetManager
 
-        expected: type = AdrqAssetManager
+        expected = AdrqAssetManager
     elif manager == "sorted_loop":
         from airflow_adrq_bench.airflow_mode.sorted_loop import SortedLoopAssetManager
 
         expected = SortedLoopAssetManager
-    else:
-        expected = airflow_manager.AssetManager
+    name = f"{type(resolved).__module__}.{type(resolved).__qualname__}"
     if type(resolved) is not expected:
         raise RuntimeError(
-            f"{manager}: airflow.assets.manager.asset_manager is {type(resolved).__module__}."
-            f"{type(resolved).__qualname__}, expected {expected.__module__}.{expected.__qualname__}"
+            f"{manager}: airflow.assets.manager.asset_manager is {name}, "
+            f"expected {expected.__module__}.{expected.__qualname__}"
         )
     # The same instance is the one TaskInstance.register_asset_changes_in_db calls.
-    import airflow.models.taskinstance as taskinstance_module
-
     airflow_ti: Any = taskinstance_module
     if airflow_ti.asset_manager is not resolved:
         raise RuntimeError(f"{manager}: airflow.models.taskinstance uses another asset manager")
+    hash_seed = os.environ.get("PYTHONHASHSEED")
     return {
         "manager": manager,
-        "class": f"{type(resolved).__module__}.{type(resolved).__qualname__}",
+        "class": name,
         "airflow": str(airflow.__version__),
         "pid": os.getpid(),
-        "hash_seed": os.environ.get("PYTHONHASHSEED"),
+        "hash_seed": hash_seed,
     }
 
 
 def zygote(index: int, env: dict[str, str], seats: list[tuple[str, Any, Any, dict[str, str]]]) -> None:
     """Import Airflow once, then fork one worker per ``(manager, conn, barrier, env)`` seat and wait."""
-    # The controller stops the workers (Ctrl-C reaches the whole process group).
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _apply_environment(env)
+    apply_environment(env)
     try:
         import airflow  # noqa: F401  (settings, logging, ORM set-up; not airflow.assets.manager)
     except BaseException:
@@ -334,8 +299,8 @@ def zygote(index: int, env: dict[str, str], seats: list[tuple[str, Any, Any, dic
             target=main,
             args=(conn, barrier, manager, index, worker_env),
             name=f"adrq-airflow-{manager}-{index}",
-            daemon=True,
         )
+        child.daemon = True
         child.start()
         children.append(child)
     for _, conn, _, _ in seats:
@@ -346,41 +311,104 @@ def zygote(index: int, env: dict[str, str], seats: list[tuple[str, Any, Any, dic
 
 def main(conn: Any, barrier: Any, manager: str, index: int, env: dict[str, str]) -> None:
     """Worker entry point: configure Airflow for ``manager``, then serve commands until ``close``."""
-    _apply_environment(env)
-    try:
+
+    def setup() -> Setup:
         info = _check_manager(manager)
-    except BaseException:
-        conn.send(("error", traceback.format_exc()))
-        return
-    worker = _Worker(manager, index, barrier)
-    conn.send(("ok", info))
-    commands: dict[str, Callable[..., Any]] = {
-        "target": worker.target,
-        "release": worker.release,
-        "seed": worker.seed,
-        "sweep_call": worker.sweep_call,
-        "warmup": worker.warmup,
-        "round": worker.round,
-    }
-    serve(conn, commands, close=worker.release)
+        worker = _Worker(index, barrier)
+        commands = {
+            "target": worker.target,
+            "release": worker.release,
+            "seed": worker.seed,
+            "sweep_call": worker.sweep_call,
+            "warmup": worker.warmup,
+            "round": worker.round,
+        }
+        return info, commands, worker.release
+
+    serve(conn, env, setup)
 
 
-def serve(conn: Any, commands: dict[str, Callable[..., Any]], *, close: Callable[[], Any]) -> None:
-    """A child process's command loop: ``(name, kwargs)`` in, ``("ok", result)`` or ``("error", tb)`` out.
+@dataclass
+class Producer(Child):
+    """The controller's handle on one worker (:class:`.processes.Child`; ``process`` is its zygote)."""
 
-    ``close`` (or the controller's end of the pipe closing) ends it. The Airflow
-    modes' producer workers and the accounting consumer both serve this way.
+    manager: str = ""
+    index: int = 0
+
+
+class Workers:
+    """The worker processes: ``producers`` per manager, each bound to its manager for life.
+
+    One spawned zygote per producer index (its own hash seed) imports Airflow
+    and forks that index's worker of every manager.
     """
-    while True:
+
+    def __init__(self, managers: Sequence[str], producers: int, home: Path) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.procs: dict[tuple[str, int], Producer] = {}
+        self.zygotes: list[Any] = []
+        self.closed = False
+        # Kept for the processes' lifetime: a barrier collected in this process
+        # is gone before a child that has not started yet can attach to it.
+        self.barriers = {manager: ctx.Barrier(producers) for manager in managers}
+        base = airflow_settings(home, f"sqlite:///{home}/unused.db")
+        saved = os.environ.get("PYTHONHASHSEED")
         try:
-            name, kwargs = conn.recv()
-        except EOFError:
-            break
-        if name == "close":
-            close()
-            conn.send(("ok", None))
-            break
+            for index in range(producers):
+                seats, ends = [], []
+                for manager in managers:
+                    env = dict(base)
+                    if MANAGER_CLASSES[manager]:
+                        env["AIRFLOW__CORE__ASSET_MANAGER_CLASS"] = MANAGER_CLASSES[manager]
+                    parent, child = ctx.Pipe()
+                    seats.append((manager, child, self.barriers[manager], env))
+                    ends.append((manager, parent, child))
+                # A hash seed per producer: Airflow iterates a task's outlets as a
+                # set, and production processes differ in that order.
+                os.environ["PYTHONHASHSEED"] = str(1000 + index)
+                process = ctx.Process(target=zygote, args=(index, base, seats), name=f"adrq-airflow-{index}")
+                process.start()
+                self.zygotes.append(process)
+                for manager, parent, child in ends:
+                    child.close()
+                    self.procs[(manager, index)] = Producer(
+                        f"worker {manager}/{index}", parent, process, {}, manager, index
+                    )
+        finally:
+            if saved is None:
+                os.environ.pop("PYTHONHASHSEED", None)
+            else:
+                os.environ["PYTHONHASHSEED"] = saved
         try:
-            conn.send(("ok", commands[name](**kwargs)))
+            for proc in self.procs.values():
+                proc.info = proc.receive(START_TIMEOUT)
         except BaseException:
-            conn.send(("error", traceback.format_exc()))
+            self.close()
+            raise
+
+    def group(self, manager: str) -> list[Producer]:
+        return [p for (m, _), p in sorted(self.procs.items()) if m == manager]
+
+    def broadcast(
+        self, procs: Sequence[Producer], name: str, timeout: float = 600, **kwargs: Any
+    ) -> list[Any]:
+        """Send ``name`` to every one of ``procs`` first, then collect their answers (they run at once)."""
+        for proc in procs:
+            proc.send(name, **kwargs)
+        return [proc.receive(timeout) for proc in procs]
+
+    def close(self) -> None:
+        """Ask every worker to exit; kill (by pid) the workers that do not answer, then the zygotes."""
+        if self.closed:
+            return
+        self.closed = True
+        for proc in self.procs.values():
+            with contextlib.suppress(Exception):
+                proc.send("close")
+        deadline = time.monotonic() + 30
+        for proc in self.procs.values():
+            if not proc.closed_by(deadline) and proc.info.get("pid"):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(proc.info["pid"], signal.SIGKILL)
+        for process in self.zygotes:
+            end(process, deadline)

@@ -2,57 +2,37 @@
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
 import os
 import statistics
 import time
-import traceback
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
 
-from airflow_adrq_bench.airflow_mode.accounting.config import (
-    _START_TIMEOUT,
-    BUNDLE,
-    PRODUCER_DAG,
-    AccountingError,
-)
-from airflow_adrq_bench.airflow_mode.worker import asset_uri, serve
-
-# --- the consumer process (imports Airflow) ---------------------------------------------
-
+from airflow_adrq_bench.airflow_mode.accounting.config import BUNDLE
+from airflow_adrq_bench.airflow_mode.processes import AirflowOrm, Child, Setup, serve, spawn
+from airflow_adrq_bench.airflow_mode.worker import PRODUCER_DAG, asset_uri
 
 _QUEUED = sa.text("SELECT count(*) FROM asset_dag_run_queue WHERE target_dag_id IN :dags")
 
 
-class _Consumer:
+class _Consumer(AirflowOrm):
     """Airflow's scheduler method on a ``SchedulerJobRunner`` whose loop never runs."""
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
-        self.session_factory: Any = None
         self.runner: Any = None
-        self.engine: Any = None
         #: Database errors the consumer's connections raised, including those
         #: ``@retry_db_transaction`` retried inside a pass (never seen otherwise).
         self.db_errors: Counter[str] = Counter()
 
     def target(self, url: str) -> dict[str, Any]:
         """Point Airflow's ORM at ``url`` (as :mod:`.worker` does); a new ``Job`` and runner there."""
-        from airflow import settings
         from airflow.jobs.job import Job
         from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
 
-        self.release()
-        os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = url
-        settings.configure_vars()
-        settings.reconfigure_orm()
-        self.engine = settings.engine
-        self.session_factory = settings.NonScopedSession
-        sa.event.listen(self.engine, "handle_error", self._count_error)
+        sa.event.listen(self.point_at(url), "handle_error", self._count_error)
         job = Job()
         self.runner = SchedulerJobRunner(job=job)
         with self.session_factory() as session:
@@ -66,15 +46,6 @@ class _Consumer:
 
         found = classify_error(context.sqlalchemy_exception or context.original_exception)
         self.db_errors[found.kind.value if found else type(context.original_exception).__name__] += 1
-
-    def release(self) -> None:
-        if self.engine is not None:
-            from airflow import settings
-
-            settings.dispose_orm(do_log=False)
-            self.engine = None
-            self.session_factory = None
-            self.runner = None
 
     def seed(self, assets: dict[str, list[str]]) -> dict[str, int]:
         """Serialize and write the DAGs with Airflow's DAG-processing code; return the asset ids.
@@ -205,85 +176,26 @@ class _Consumer:
         }
 
 
-def _apply_environment(env: dict[str, str]) -> None:
-    for name in [n for n in os.environ if n.startswith("AIRFLOW_")]:
-        del os.environ[name]
-    os.environ.update(env)
-
-
 def consumer_main(conn: Any, env: dict[str, str]) -> None:
     """Consumer process: import Airflow (its default asset manager), then serve commands until ``close``."""
-    import signal
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller stops it
-    _apply_environment(env)
-    try:
+    def setup() -> Setup:
         import airflow
         import airflow.jobs.scheduler_job_runner  # the slow import, done once here
-    except BaseException:
-        conn.send(("error", traceback.format_exc()))
-        return
-    consumer = _Consumer(conn)
-    conn.send(("ok", {"pid": os.getpid(), "airflow": str(airflow.__version__)}))
-    commands: dict[str, Callable[..., Any]] = {
-        "target": consumer.target,
-        "release": consumer.release,
-        "seed": consumer.seed,
-        "drain": consumer.drain,
-        "consume": consumer.consume,
-    }
-    serve(conn, commands, close=consumer.release)
+
+        consumer = _Consumer(conn)
+        commands = {
+            "target": consumer.target,
+            "release": consumer.release,
+            "seed": consumer.seed,
+            "drain": consumer.drain,
+            "consume": consumer.consume,
+        }
+        return {"pid": os.getpid(), "airflow": str(airflow.__version__)}, commands, consumer.release
+
+    serve(conn, env, setup)
 
 
-class _ConsumerProcess:
-    """The controller's handle on the consumer process."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=consumer_main, args=(child, env), name="adrq-accounting-consumer")
-        self.process.start()
-        child.close()
-        self.info: dict[str, Any] = {}
-        self.closed = False
-
-    def started(self) -> dict[str, Any]:
-        if not self.info:
-            self.info = self.receive(_START_TIMEOUT)
-        return self.info
-
-    def send(self, name: str, **kwargs: Any) -> None:
-        self.conn.send((name, kwargs))
-
-    def receive(self, timeout: float = 600) -> Any:
-        deadline = time.monotonic() + timeout
-        while not self.conn.poll(1.0):
-            if not self.process.is_alive():
-                raise AccountingError("the consumer process is gone; its output is above")
-            if time.monotonic() > deadline:
-                raise AccountingError(f"the consumer did not answer within {timeout:g} s")
-        try:
-            status, value = self.conn.recv()
-        except EOFError:
-            raise AccountingError("the consumer process exited; its output is above") from None
-        if status != "ok":
-            raise AccountingError(f"the consumer failed:\n{value}")
-        return value
-
-    def call(self, name: str, timeout: float = 600, **kwargs: Any) -> Any:
-        self.send(name, **kwargs)
-        return self.receive(timeout)
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        with contextlib.suppress(Exception):
-            self.conn.send(("close", {}))
-            self.conn.poll(30)
-        self.process.join(timeout=30)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(timeout=5)
-        with contextlib.suppress(Exception):
-            self.conn.close()
+def start_consumer(env: dict[str, str]) -> Child:
+    """Spawn the consumer process (:func:`consumer_main`); its start-up info is its first answer."""
+    return spawn("the consumer", consumer_main, env)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import shutil
-import subprocess
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -18,7 +16,6 @@ from typing import Any
 import sqlalchemy as sa
 
 from airflow_adrq_bench.airflow_mode import rawinfo
-from airflow_adrq_bench.airflow_mode import run as run_module
 from airflow_adrq_bench.airflow_mode.accounting.classify import classify
 from airflow_adrq_bench.airflow_mode.accounting.config import (
     MANAGERS,
@@ -26,9 +23,28 @@ from airflow_adrq_bench.airflow_mode.accounting.config import (
     AccountingError,
     AccountingSizes,
 )
-from airflow_adrq_bench.airflow_mode.accounting.consumer import _ConsumerProcess
-
-# --- the controller ------------------------------------------------------------------
+from airflow_adrq_bench.airflow_mode.accounting.consumer import start_consumer
+from airflow_adrq_bench.airflow_mode.databases import (
+    Target,
+    analyze,
+    clear_queue,
+    control_engine,
+    fetch,
+    latest_deadlock,
+    rotate,
+    scratch_database,
+    server_settings,
+)
+from airflow_adrq_bench.airflow_mode.processes import (
+    START_TIMEOUT,
+    Child,
+    airflow_settings,
+    clean_environ,
+    start_migrate,
+    wait_migrate,
+)
+from airflow_adrq_bench.airflow_mode.worker import Workers
+from airflow_adrq_bench.errors import BenchError
 
 
 def _cell_asset(hold_index: int, manager: str) -> str:
@@ -37,82 +53,6 @@ def _cell_asset(hold_index: int, manager: str) -> str:
 
 def _consumer_dags(asset: str, consumers: int) -> list[str]:
     return [f"{asset}_c{k}" for k in range(consumers)]
-
-
-def _start_migrate(url: str, home: Path) -> subprocess.Popen[str]:
-    """``airflow db migrate`` on ``url`` in the background (as :func:`.run` runs it, but not waited for)."""
-    env = {name: value for name, value in os.environ.items() if not name.startswith("AIRFLOW_")}
-    env.update(
-        {
-            "AIRFLOW_HOME": str(home),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url,
-        }
-    )
-    return subprocess.Popen(
-        [*run_module._airflow_command(), "db", "migrate"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def _wait_migrate(proc: subprocess.Popen[str], target: run_module.Target) -> None:
-    try:
-        output, _ = proc.communicate(timeout=900)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        raise AccountingError(f"{target.version}: airflow db migrate took more than 900 s") from None
-    if proc.returncode != 0:
-        raise AccountingError(
-            f"{target.version}: airflow db migrate failed (exit {proc.returncode}):\n{output[-3000:]}"
-        )
-
-
-def _fetch_consumed(engine: sa.Engine, dags: Sequence[str]) -> list[tuple[int, str, int]]:
-    stmt = sa.text(
-        "SELECT r.id, r.dag_id, e.event_id FROM dag_run r "
-        "JOIN dagrun_asset_event e ON e.dag_run_id = r.id WHERE r.dag_id IN :dags"
-    ).bindparams(sa.bindparam("dags", expanding=True))
-    with engine.connect() as conn:
-        return [(int(r[0]), str(r[1]), int(r[2])) for r in conn.execute(stmt, {"dags": list(dags)})]
-
-
-def _runs(engine: sa.Engine, dags: Sequence[str]) -> list[tuple[int, str]]:
-    stmt = sa.text("SELECT id, run_type FROM dag_run WHERE dag_id IN :dags").bindparams(
-        sa.bindparam("dags", expanding=True)
-    )
-    with engine.connect() as conn:
-        return [(int(r[0]), str(r[1])) for r in conn.execute(stmt, {"dags": list(dags)})]
-
-
-def _max_run_id(engine: sa.Engine) -> int:
-    with engine.connect() as conn:
-        return int(conn.execute(sa.text("SELECT coalesce(max(id), 0) FROM dag_run")).scalar_one())
-
-
-def _latest_deadlock(engine: sa.Engine) -> str | None:
-    """MySQL/MariaDB: InnoDB's LATEST DETECTED DEADLOCK section (who waited for what), if any."""
-    if engine.dialect.name != "mysql":
-        return None
-    try:
-        with engine.connect() as conn:
-            status = str(conn.exec_driver_sql("SHOW ENGINE INNODB STATUS").fetchone()[2])  # type: ignore[index]
-    except sa.exc.DBAPIError:
-        return None  # needs the PROCESS privilege
-    start = status.find("LATEST DETECTED DEADLOCK")
-    if start < 0:
-        return None
-    end = status.find("\nTRANSACTIONS\n", start)
-    return status[start : end if end > 0 else start + 6000][:6000]
-
-
-def _asset_events(engine: sa.Engine, asset_id: int) -> list[tuple[int, str]]:
-    stmt = sa.text("SELECT id, source_run_id FROM asset_event WHERE asset_id = :a")
-    with engine.connect() as conn:
-        return [(int(r[0]), str(r[1])) for r in conn.execute(stmt, {"a": asset_id})]
 
 
 @dataclass
@@ -130,7 +70,7 @@ class _Plan:
 
 
 def run(
-    targets: Sequence[run_module.Target],
+    targets: Sequence[Target],
     sizes: AccountingSizes,
     *,
     managers: Sequence[str] = MANAGERS,
@@ -146,36 +86,34 @@ def run(
     }
     plan = _Plan(sizes, list(managers))
     workdir = Path(tempfile.mkdtemp(prefix="adrq-airflow-accounting-"))
-    base_env = {
-        "AIRFLOW_HOME": str(workdir),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{workdir}/unused.db",
-    }
     try:
         with contextlib.ExitStack() as stack:
             # Scratch databases first (dropped last), migrated in the background
             # while the Airflow processes import Airflow.
-            urls: list[str] = []
-            migrations: list[subprocess.Popen[str]] = []
-            for target in targets:
-                url = stack.enter_context(run_module._scratch_database(target, workdir))
-                urls.append(url)
-                migrations.append(_start_migrate(url, workdir))
-                stack.callback(_kill, migrations[-1])
+            migrations = []
+            for n, target in enumerate(targets):
+                url = stack.enter_context(scratch_database(target, workdir))
+                log = workdir / f"db-migrate-{n}.log"
+                migrations.append(
+                    (target, url, log, start_migrate(clean_environ(airflow_settings(workdir, url)), log))
+                )
+                stack.callback(migrations[-1][-1].kill)
             progress(
                 f"airflow db migrate on {len(targets)} scratch database(s); starting the consumer and "
                 f"{len(managers)} x {sizes.producers} producer processes (each imports Airflow)"
             )
-            consumer = _ConsumerProcess(base_env)
-            stack.callback(consumer.close)
-            workers = run_module._Workers(list(managers), sizes.producers, workdir)
+            consumer = start_consumer(airflow_settings(workdir, f"sqlite:///{workdir}/unused.db"))
+            stack.callback(consumer.stop)
+            workers = Workers(list(managers), sizes.producers, workdir)
             stack.callback(workers.close)
             raw["workers"] = [p.info for p in workers.procs.values()]
-            raw["consumer"] = consumer.started()
+            raw["consumer"] = consumer.info = consumer.receive(START_TIMEOUT)
             raw["airflow_version"] = raw["consumer"]["airflow"]
-            for target, url, migration in zip(targets, urls, migrations, strict=True):
-                _wait_migrate(migration, target)
+            for target, url, log, migration in migrations:
+                try:
+                    wait_migrate(migration, log)
+                except BenchError as exc:
+                    raise AccountingError(f"{target.version}: {exc}") from None
                 raw["targets"].append(_run_target(target, url, plan, workers, consumer, raw, progress))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -185,41 +123,33 @@ def run(
     return raw
 
 
-def _kill(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-        proc.communicate()
-
-
 def _run_target(
-    target: run_module.Target,
+    target: Target,
     url: str,
     plan: _Plan,
-    workers: Any,
-    consumer: _ConsumerProcess,
+    workers: Workers,
+    consumer: Child,
     raw: dict[str, Any],
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
     began = time.monotonic()
     sizes = plan.sizes
     all_procs = list(workers.procs.values())
-    engine = run_module.control_engine(url)
+    engine = control_engine(url)
     try:
         workers.broadcast(all_procs, "target", url=url)
         info = consumer.call("target", url=url)
         asset_ids: dict[str, int] = consumer.call("seed", assets=plan.assets())
-        run_module._analyze(engine)
-        settings = run_module._server_settings(engine)
+        analyze(engine)
+        settings = server_settings(engine)
         progress(f"{target.version}: warming up every producer (one transaction each)")
         for proc in all_procs:
-            result = workers.call(
-                proc, "warmup", assets=[WARM_ASSET], run_id=f"warmup-{proc.manager}-{proc.index}"
-            )
+            result = proc.call("warmup", assets=[WARM_ASSET], run_id=f"warmup-{proc.manager}-{proc.index}")
             if not result["ok"]:
                 raise AccountingError(f"{target.version}: warm-up of {proc.manager}/{proc.index} failed")
-        run_module._clear_queue(engine)
+        clear_queue(engine)
         for h, hold_ms in enumerate(sizes.holds_ms):
-            for manager in run_module._rotate(plan.managers, h):
+            for manager in rotate(plan.managers, h):
                 progress(f"{target.version}: hold {hold_ms:g} ms: {manager}")
                 cell = _cell(target, engine, plan, workers, consumer, asset_ids, h, hold_ms, manager)
                 raw["cells"].append(cell)
@@ -231,7 +161,7 @@ def _run_target(
         # Stop the processes before the scratch database is dropped (their
         # open transactions would hold DROP DATABASE up on MySQL).
         workers.close()
-        consumer.close()
+        consumer.stop()
         raise
     finally:
         engine.dispose()
@@ -246,11 +176,11 @@ def _run_target(
 
 
 def _cell(
-    target: run_module.Target,
+    target: Target,
     engine: sa.Engine,
     plan: _Plan,
-    workers: Any,
-    consumer: _ConsumerProcess,
+    workers: Workers,
+    consumer: Child,
     asset_ids: dict[str, int],
     hold_index: int,
     hold_ms: float,
@@ -281,8 +211,9 @@ def _cell(
         consumer.send("stop")
     consumed_run = consumer.receive()
     duration = time.monotonic() - start
-    cutoff = _max_run_id(engine)
-    sentinel = workers.call(producers[0], "warmup", assets=[asset], run_id=sentinel_run)
+    with engine.connect() as conn:
+        cutoff = int(conn.execute(sa.text("SELECT coalesce(max(id), 0) FROM dag_run")).scalar_one())
+    sentinel = producers[0].call("warmup", assets=[asset], run_id=sentinel_run)
     drained = consumer.call("drain", dag_ids=dags)
 
     txs = [tx for r in results for tx in r["transactions"]]
@@ -291,13 +222,23 @@ def _cell(
     producer_failures: Counter[str] = Counter()
     for tx in txs:
         producer_failures.update(tx["failures"])
-    rows = _asset_events(engine, asset_ids[asset])
+    with engine.connect() as conn:
+        rows = fetch(
+            conn, "SELECT id, source_run_id FROM asset_event WHERE asset_id = :a", a=asset_ids[asset]
+        )
+        consumed = fetch(
+            conn,
+            "SELECT r.id, r.dag_id, e.event_id FROM dag_run r "
+            "JOIN dagrun_asset_event e ON e.dag_run_id = r.id WHERE r.dag_id IN :dags",
+            dags=dags,
+        )
+        runs = fetch(conn, "SELECT id, run_type FROM dag_run WHERE dag_id IN :dags", dags=dags)
+        deadlock = latest_deadlock(conn)
     events = [e for e, run_id in rows if run_id.startswith(prefix)]
     sentinels = [e for e, run_id in rows if run_id == sentinel_run]
     strays = [e for e, run_id in rows if not run_id.startswith(prefix) and run_id != sentinel_run]
     sentinel_id = sentinels[0] if len(sentinels) == 1 else None
-    classes = classify(events, dags, _fetch_consumed(engine, dags), cutoff, sentinel_id)
-    runs = _runs(engine, dags)
+    classes = classify(events, dags, [(int(r), str(d), int(e)) for r, d, e in consumed], cutoff, sentinel_id)
 
     problems = []
     if len(events) != committed:
@@ -347,7 +288,7 @@ def _cell(
         ),
         "consumer_db_errors": consumed_run["db_errors"],
         "drain_passes": consumed_run["drain"]["passes"] + drained["passes"],
-        "latest_deadlock": _latest_deadlock(engine),
+        "latest_deadlock": deadlock or None,
         "queue_rows_left": left,
         "problems": problems,
     }

@@ -32,9 +32,7 @@ import math
 import os
 import secrets
 import signal
-import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -44,7 +42,10 @@ from typing import IO, Final
 
 from airflow_adrq_bench.airflow_mode.live import scaleout
 from airflow_adrq_bench.airflow_mode.live.config import EXECUTORS, LiveError, LiveShape, LiveSizes
+from airflow_adrq_bench.airflow_mode.processes import airflow_command, start_migrate, wait_migrate
+from airflow_adrq_testing.servers import free_port
 
+# airflow_command and free_port: where the live mode's modules have always found them.
 __all__ = ["MARKER", "Component", "Deployment", "airflow_command", "free_port"]
 
 #: The environment variable that marks every process of a deployment (its value: the deployment's id).
@@ -53,23 +54,10 @@ MARKER: Final = "ADRQ_LIVE_DEPLOYMENT"
 # Seconds a process group gets between SIGTERM and SIGKILL.
 _GRACE_S: Final = 30.0
 # The import path of the asyncpg connect_args behind PgBouncer ([database] sql_alchemy_connect_args_async).
-_ASYNC_CONNECT_ARGS: Final = "airflow_adrq_bench.servers.ASYNCPG_CONNECT_ARGS"
+_ASYNC_CONNECT_ARGS: Final = "airflow_adrq_testing.servers.ASYNCPG_CONNECT_ARGS"
 # Stop order: schedulers first (no new task starts), then the Celery workers (their running tasks
 # still report to the api-server), the DAG processor, the api-server last.
 _STOP_ORDER: Final = {"celery-worker": 1, "dag-processor": 2, "api-server": 3}
-
-
-def airflow_command() -> list[str]:
-    """The ``airflow`` CLI installed next to this interpreter (``python -m airflow`` without one)."""
-    script = Path(sys.executable).parent / "airflow"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "airflow"]
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 nothing listens on now (the kernel's pick for port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -211,28 +199,10 @@ class Deployment:
     def migrate(self, timeout: float) -> None:
         """``airflow db migrate``: Airflow's own schema on the scratch database, as an operator makes it."""
         self.home.mkdir(parents=True, exist_ok=True)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / "db-migrate.log"
-        with log.open("wb") as out:
-            try:
-                result = subprocess.run(
-                    [*airflow_command(), "db", "migrate"],
-                    # Directly: the migration's advisory lock is session state, which PgBouncer's
-                    # transaction pooling does not keep.
-                    env={**self.env, **self._database(self.url)},
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    timeout=max(timeout, 1.0),
-                    check=False,
-                    start_new_session=True,
-                )
-            except subprocess.TimeoutExpired:
-                raise LiveError(
-                    f"airflow db migrate did not finish within {timeout:.0f} s (log: {log})"
-                ) from None
-        if result.returncode != 0:
-            tail = log.read_text(errors="replace")[-2000:]
-            raise LiveError(f"airflow db migrate failed (exit {result.returncode}, log: {log}):\n{tail}")
+        # Directly: the migration's advisory lock is session state, which PgBouncer's
+        # transaction pooling does not keep.
+        wait_migrate(start_migrate({**self.env, **self._database(self.url)}, log), log, timeout)
 
     def start(self) -> None:
         """Start the PgBouncer (with one), the api-server, the scheduler(s), the DAG processor and the

@@ -1,12 +1,12 @@
-"""Drive a started deployment: wait until it is ready, warm it up, trigger the bursts, wait for drains.
+"""Drive a started deployment: wait until it is ready, warm it up, trigger the bursts, drain, count.
 
 Everything goes through the deployment's public interfaces, as an operator's
 tooling would: the REST API (``GET /auth/token``, which ``[core]
 simple_auth_manager_all_admins`` opens; ``POST /api/v2/dags/{id}/dagRuns``;
 ``POST /api/v2/assets/events``) for what Airflow does, and read-only SQL on
-the scratch database for what the driver waits for (run states, queue rows,
-consumer runs). Every wait checks the deployment's hard time limit and that
-no component has exited, and updates a progress line on stderr.
+the scratch database (:mod:`.measure`) for what the driver waits for and
+counts. Every wait checks the deployment's hard time limit and that no
+component has exited, and updates a progress line on stderr.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Any, TextIO
 
 import sqlalchemy as sa
 
+from airflow_adrq_bench.airflow_mode.databases import fetch, queue_rows
 from airflow_adrq_bench.airflow_mode.live import measure
 from airflow_adrq_bench.airflow_mode.live.config import (
-    WARM_ASSET,
     WARM_DAG,
     Deadline,
     LiveError,
@@ -37,7 +37,7 @@ from airflow_adrq_bench.airflow_mode.live.config import (
 )
 from airflow_adrq_bench.airflow_mode.live.deployment import Deployment
 
-__all__ = ["Api", "Driver", "Progress"]
+__all__ = ["Api", "Driver", "Progress", "seconds_between"]
 
 # Seconds between polls of the database while waiting.
 _POLL_S = 0.5
@@ -205,9 +205,11 @@ class Driver:
 
         def finished() -> tuple[bool, str]:
             with self.engine.connect() as conn:
-                runs = measure.producer_runs(conn, dag_ids, run_ids)
-                tasks = measure.task_states(conn, dag_ids, run_ids)
-                queue = measure.queue_rows(conn)
+                runs = measure.counts(conn, measure.RUN_STATES, dag_ids=list(dag_ids), run_ids=list(run_ids))
+                tasks = measure.counts(
+                    conn, measure.TASK_STATES, dag_ids=list(dag_ids), run_ids=list(run_ids)
+                )
+                queue = queue_rows(conn)
                 consumer_runs = measure.run_count(conn, self.consumers)
             done = sum(n for s, n in runs.items() if s in measure.TERMINAL_RUN_STATES)
             total = sum(tasks.values())
@@ -228,7 +230,7 @@ class Driver:
         self.api.trigger(WARM_DAG, "warmup", {})
         self._wait_runs("warming up", [WARM_DAG], ["warmup"])
         with self.engine.connect() as conn:
-            states = measure.task_states(conn, [WARM_DAG], ["warmup"])
+            states = measure.counts(conn, measure.TASK_STATES, dag_ids=[WARM_DAG], run_ids=["warmup"])
         self.timeline["warm_s"] = self.deadline.elapsed()
         return {"seconds": round(time.time() - started, 2), "tasks": states}
 
@@ -256,8 +258,7 @@ class Driver:
 
         def drained() -> tuple[bool, str]:
             with self.engine.connect() as conn:
-                queue = measure.queue_rows(conn)
-                runs = measure.run_count(conn, self.consumers)
+                queue, runs = queue_rows(conn), measure.run_count(conn, self.consumers)
             now = time.monotonic()
             if runs != state["runs"] or queue:
                 state["since"] = now
@@ -279,15 +280,60 @@ class Driver:
 
     def extra_events(self) -> list[int]:
         """One more event of every outlet asset, through ``POST /api/v2/assets/events``; returns their ids."""
+        names = asset_names(self.sizes)
         with self.engine.connect() as conn:
-            ids = measure.asset_ids(conn, asset_names(self.sizes))
-        missing = [name for name in asset_names(self.sizes) if name not in ids]
+            ids = {
+                str(n): int(i) for n, i in fetch(conn, "SELECT name, id FROM asset WHERE name IN :n", n=names)
+            }
+        missing = [name for name in names if name not in ids]
         if missing:
             raise LiveError(f"assets {', '.join(missing)} are not in the database")
-        if WARM_ASSET in ids:  # pragma: no cover - a name clash would be a bug in config
-            raise LiveError("the warm-up asset is an outlet asset")
-        events = []
-        for name in asset_names(self.sizes):
-            answer = self.api.asset_event(ids[name], {"adrq_live": "one more event"})
-            events.append(int(answer["id"]))
-        return events
+        return [int(self.api.asset_event(ids[name], {"adrq_live": "one more event"})["id"]) for name in names]
+
+    def run(self, result: dict[str, Any]) -> None:
+        """Drive the deployment and count after each drain (the results go into ``result``)."""
+        sizes, producers, run_ids = self.sizes, self.producers, self.run_ids
+        self.wait_ready()
+        self.wait_parsed()
+        result["warm_up"] = self.warm_up()
+        bursts = self.bursts()
+        result["drain_after_bursts"] = self.drain("draining after the bursts")
+        with self.engine.connect() as conn:
+            tasks = measure.producer_tasks(conn, producers, run_ids)
+            summary = measure.task_summary(tasks, run_ids)
+            written = measure.counts(conn, measure.EVENTS, dag_ids=producers, run_ids=run_ids)
+            result["events"] = {
+                "written": {run_id: written.get(run_id, 0) for run_id in run_ids},
+                "expected_per_run": sizes.instances * sizes.outlets * sizes.producer_dags,
+                "expected": sizes.expected_events,
+            }
+            result["after_bursts"] = self._after(conn)
+        for burst, info in zip(summary["bursts"], bursts, strict=True):
+            info.update(burst)
+            info["trigger_to_end_date_s"] = seconds_between(info["triggered_at"], burst["last_end"])
+        result["tasks"] = {k: v for k, v in summary.items() if k != "bursts"}
+        result["bursts"] = bursts
+        result["producer_ti_ids"] = [t.id for t in tasks]
+        result["producer_ti_runs"] = [t.run_id for t in tasks]
+        time.sleep(0.1)
+        result["extra_event_ids"] = self.extra_events()
+        result["drain_after_extra"] = self.drain("draining after one more event")
+        with self.engine.connect() as conn:
+            result["after_extra"] = self._after(conn, states=True)
+
+    def _after(self, conn: sa.Connection, *, states: bool = False) -> dict[str, Any]:
+        """The pairs, the consumer runs (their states) and the queue rows after a drain."""
+        pairs = measure.count_pairs(conn, self.producers, self.consumers, self.run_ids)
+        out: dict[str, Any] = {**pairs.as_dict(), "consumer_runs": measure.run_count(conn, self.consumers)}
+        if states:
+            out["consumer_run_states"] = measure.counts(
+                conn, measure.CONSUMER_RUN_STATES, dag_ids=self.consumers
+            )
+        return {**out, "queue_rows": queue_rows(conn)}
+
+
+def seconds_between(start: str, end: str | None) -> float | None:
+    """Seconds from ISO timestamp ``start`` to ``end`` (None without an end)."""
+    if end is None:
+        return None
+    return round((dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(start)).total_seconds(), 2)

@@ -1,8 +1,7 @@
 """What the live run counts: SQL on the scratch database, the server's deadlock counters, the logs.
 
-Plain SQL through SQLAlchemy Core (every value a bound parameter, lists as
-expanding ``IN``), never Airflow's models: the controller does not import
-Airflow. The definitions (see also the report's legend):
+Plain SQL (:func:`.databases.fetch`), never Airflow's models: the controller
+does not import Airflow. The definitions (see also the report's legend):
 
 * an *(event, consumer) pair* is an ``asset_event`` row written by a producer
   DAG's burst run times a consumer DAG scheduled on its asset
@@ -12,19 +11,19 @@ Airflow. The definitions (see also the report's legend):
   twice*; consumed by none, *stranded*;
 * *deadlocks*: PostgreSQL's ``pg_stat_database.deadlocks`` of the scratch
   database (only the deployment connects to it); MariaDB/MySQL's
-  ``Innodb_deadlocks`` (the whole server: other clients' deadlocks count too,
-  so :func:`deadlock_counter` also reports whether InnoDB's latest detected
-  deadlock names the scratch database) -- plus the deadlock lines in the
-  components' and tasks' logs;
+  ``Innodb_deadlocks`` (the whole server, so :func:`deadlock_counter` also
+  reports whether InnoDB's latest detected deadlock names the scratch
+  database) -- plus the deadlock lines in the components' and tasks' logs;
 * the *task-success latency*: the api-server's own access log
   (``HttpAccessLogMiddleware``, Airflow 3.3: one ``request finished`` line per
-  request with ``duration_us``, measured from the request's arrival to the
-  end of its response) for ``PATCH /execution/task-instances/{id}/state``,
-  limited to the producer task instances of the bursts.
+  request with ``duration_us``, from the request's arrival to the end of its
+  response) for ``PATCH /execution/task-instances/{id}/state``, limited to
+  the producer task instances of the bursts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import re
@@ -37,29 +36,27 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 
-from airflow_adrq_bench.airflow_mode.run import control_engine
+from airflow_adrq_bench.airflow_mode.databases import fetch, latest_deadlock
 from airflow_adrq_bench.stats import percentile
 
 __all__ = [
+    "CONSUMER_RUN_STATES",
     "DEADLOCK_LINE",
+    "EVENTS",
+    "RUN_STATES",
+    "TASK_STATES",
     "TERMINAL_RUN_STATES",
     "AccessRecord",
     "Pairs",
     "ProducerTask",
-    "asset_ids",
-    "consumer_run_states",
-    "control_engine",
     "count_pairs",
+    "counts",
     "deadlock_counter",
     "deadlock_lines",
-    "event_counts",
     "latency_summary",
     "parse_access_log",
-    "producer_runs",
     "producer_tasks",
-    "queue_rows",
     "run_count",
-    "task_states",
     "task_summary",
     "uuid_hex",
 ]
@@ -68,49 +65,30 @@ __all__ = [
 DEADLOCK_LINE: Final = re.compile(r"deadlock detected|Deadlock found|40P01|\(1213,", re.IGNORECASE)
 TERMINAL_RUN_STATES: Final = ("success", "failed")
 
-_IN_DAGS: sa.BindParameter[Any] = sa.bindparam("dag_ids", expanding=True)
-_IN_RUNS: sa.BindParameter[Any] = sa.bindparam("run_ids", expanding=True)
+# ``SELECT key, count(*) ... GROUP BY key`` of the runs and task instances :func:`counts` reads.
+RUN_STATES: Final = (
+    "SELECT state, count(*) FROM dag_run WHERE dag_id IN :dag_ids AND run_id IN :run_ids GROUP BY state"
+)
+TASK_STATES: Final = (
+    "SELECT state, count(*) FROM task_instance WHERE dag_id IN :dag_ids AND run_id IN :run_ids GROUP BY state"
+)
+EVENTS: Final = (
+    "SELECT source_run_id, count(*) FROM asset_event "
+    "WHERE source_dag_id IN :dag_ids AND source_run_id IN :run_ids GROUP BY source_run_id"
+)
+CONSUMER_RUN_STATES: Final = "SELECT state, count(*) FROM dag_run WHERE dag_id IN :dag_ids GROUP BY state"
 
 
-# --- progress probes ---------------------------------------------------------------
-
-
-def queue_rows(conn: sa.Connection) -> int:
-    """Rows in ``asset_dag_run_queue`` (the scheduler deletes them as it creates runs)."""
-    return int(conn.execute(sa.text("SELECT count(*) FROM asset_dag_run_queue")).scalar_one())
+def counts(conn: sa.Connection, sql: str, **params: Any) -> dict[str, int]:
+    """``{key: count}`` of a ``SELECT key, count(*)`` (a NULL key is ``"none"``)."""
+    return {str(key or "none"): int(n) for key, n in fetch(conn, sql, **params)}
 
 
 def run_count(conn: sa.Connection, dag_ids: Sequence[str]) -> int:
     """Runs of these DAGs."""
-    stmt = sa.text("SELECT count(*) FROM dag_run WHERE dag_id IN :dag_ids").bindparams(_IN_DAGS)
-    return int(conn.execute(stmt, {"dag_ids": list(dag_ids)}).scalar_one())
-
-
-def _counts(
-    conn: sa.Connection, sql: str, dag_ids: Sequence[str], run_ids: Sequence[str]
-) -> list[tuple[Any, int]]:
-    """The ``(key, count)`` rows of ``sql``: a ``SELECT key, count(*)`` over ``:dag_ids`` and ``:run_ids``."""
-    stmt = sa.text(sql).bindparams(_IN_DAGS, _IN_RUNS)
-    rows = conn.execute(stmt, {"dag_ids": list(dag_ids), "run_ids": list(run_ids)})
-    return [(key, int(n)) for key, n in rows]
-
-
-def producer_runs(conn: sa.Connection, dag_ids: Sequence[str], run_ids: Sequence[str]) -> dict[str, int]:
-    """States of these producer runs: ``{state: count}``."""
-    sql = "SELECT state, count(*) FROM dag_run WHERE dag_id IN :dag_ids AND run_id IN :run_ids GROUP BY state"
-    return {str(state): n for state, n in _counts(conn, sql, dag_ids, run_ids)}
-
-
-def task_states(conn: sa.Connection, dag_ids: Sequence[str], run_ids: Sequence[str]) -> dict[str, int]:
-    """States of these runs' task instances: ``{state or "none": count}``."""
-    sql = (
-        "SELECT state, count(*) FROM task_instance WHERE dag_id IN :dag_ids AND run_id IN :run_ids "
-        "GROUP BY state"
+    return int(
+        fetch(conn, "SELECT count(*) FROM dag_run WHERE dag_id IN :dag_ids", dag_ids=list(dag_ids))[0][0]
     )
-    return {str(state or "none"): n for state, n in _counts(conn, sql, dag_ids, run_ids)}
-
-
-# --- the counts after a drain ------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -128,27 +106,23 @@ class ProducerTask:
 
 def producer_tasks(conn: sa.Connection, dag_ids: Sequence[str], run_ids: Sequence[str]) -> list[ProducerTask]:
     """Every task instance of the producer DAGs' burst runs."""
-    stmt = sa.text(
+    sql = (
         "SELECT id, dag_id, run_id, map_index, state, try_number, end_date FROM task_instance "
         "WHERE dag_id IN :dag_ids AND run_id IN :run_ids"
-    ).bindparams(_IN_DAGS, _IN_RUNS)
-    rows = conn.execute(stmt, {"dag_ids": list(dag_ids), "run_ids": list(run_ids)})
+    )
     return [
-        ProducerTask(
-            id=uuid_hex(r[0]),
-            dag_id=str(r[1]),
-            run_id=str(r[2]),
-            map_index=int(r[3]),
-            state=str(r[4] or "none"),
-            try_number=int(r[5] or 0),
-            end_date=_utc(r[6]),
-        )
-        for r in rows
+        ProducerTask(uuid_hex(i), str(d), str(r), int(m), str(s or "none"), int(t or 0), _utc(e))
+        for i, d, r, m, s, t, e in fetch(conn, sql, dag_ids=list(dag_ids), run_ids=list(run_ids))
     ]
 
 
 def task_summary(tasks: Sequence[ProducerTask], run_ids: Sequence[str]) -> dict[str, Any]:
     """Failed / retried / succeeded producer tasks, overall and per burst, and each burst's finish."""
+
+    def tally(mine: Sequence[ProducerTask]) -> dict[str, int]:
+        failed = sum(1 for t in mine if t.state == "failed")
+        return {"tasks": len(mine), "failed": failed, "retried": sum(1 for t in mine if t.try_number > 1)}
+
     per_burst = []
     for run_id in run_ids:
         mine = [t for t in tasks if t.run_id == run_id]
@@ -156,32 +130,18 @@ def task_summary(tasks: Sequence[ProducerTask], run_ids: Sequence[str]) -> dict[
         per_burst.append(
             {
                 "run_id": run_id,
-                "tasks": len(mine),
-                "failed": sum(1 for t in mine if t.state == "failed"),
-                "retried": sum(1 for t in mine if t.try_number > 1),
+                **tally(mine),
                 "last_end": max(ends).isoformat() if ends else None,
                 # How close together the success calls finished (end_date is set by them).
                 "end_spread_s": (max(ends) - min(ends)).total_seconds() if ends else None,
             }
         )
     return {
-        "tasks": len(tasks),
+        **tally(tasks),
         "succeeded": sum(1 for t in tasks if t.state == "success"),
-        "failed": sum(1 for t in tasks if t.state == "failed"),
-        "retried": sum(1 for t in tasks if t.try_number > 1),
         "other": dict(Counter(t.state for t in tasks if t.state not in ("success", "failed"))),
         "bursts": per_burst,
     }
-
-
-def event_counts(conn: sa.Connection, dag_ids: Sequence[str], run_ids: Sequence[str]) -> dict[str, int]:
-    """Asset events the producers' burst runs wrote, per run id."""
-    sql = (
-        "SELECT source_run_id, count(*) FROM asset_event "
-        "WHERE source_dag_id IN :dag_ids AND source_run_id IN :run_ids GROUP BY source_run_id"
-    )
-    found = {str(run_id): n for run_id, n in _counts(conn, sql, dag_ids, run_ids)}
-    return {run_id: found.get(run_id, 0) for run_id in run_ids}
 
 
 @dataclass(frozen=True)
@@ -196,46 +156,35 @@ class Pairs:
 
     def as_dict(self) -> dict[str, int]:
         """The JSON form."""
-        return {
-            "pairs": self.pairs,
-            "stranded": self.stranded,
-            "consumed_twice": self.consumed_twice,
-            "last_burst_pairs": self.last_burst_pairs,
-            "last_burst_stranded": self.last_burst_stranded,
-        }
+        return dataclasses.asdict(self)
 
 
 def count_pairs(
-    conn: sa.Connection,
-    producers: Sequence[str],
-    consumers: Sequence[str],
-    run_ids: Sequence[str],
+    conn: sa.Connection, producers: Sequence[str], consumers: Sequence[str], run_ids: Sequence[str]
 ) -> Pairs:
     """Count the pairs of the burst runs' events (see the module docstring).
 
-    Two reads joined here rather than in SQL: a join of every event with every
+    Three reads joined here rather than in SQL: a join of every event with every
     consumer and every consuming run would be events x consumers x runs rows.
     """
-    events = conn.execute(
-        sa.text(
-            "SELECT id, asset_id, source_run_id FROM asset_event "
-            "WHERE source_dag_id IN :dag_ids AND source_run_id IN :run_ids"
-        ).bindparams(_IN_DAGS, _IN_RUNS),
-        {"dag_ids": list(producers), "run_ids": list(run_ids)},
-    ).all()
-    references = conn.execute(
-        sa.text(
-            "SELECT asset_id, dag_id FROM dag_schedule_asset_reference WHERE dag_id IN :dag_ids"
-        ).bindparams(_IN_DAGS),
-        {"dag_ids": list(consumers)},
-    ).all()
-    consumed = conn.execute(
-        sa.text(
-            "SELECT x.event_id, d.dag_id FROM dagrun_asset_event x JOIN dag_run d ON d.id = x.dag_run_id "
-            "WHERE d.dag_id IN :dag_ids"
-        ).bindparams(_IN_DAGS),
-        {"dag_ids": list(consumers)},
-    ).all()
+    events = fetch(
+        conn,
+        "SELECT id, asset_id, source_run_id FROM asset_event WHERE source_dag_id IN :dag_ids "
+        "AND source_run_id IN :run_ids",
+        dag_ids=list(producers),
+        run_ids=list(run_ids),
+    )
+    references = fetch(
+        conn,
+        "SELECT asset_id, dag_id FROM dag_schedule_asset_reference WHERE dag_id IN :d",
+        d=list(consumers),
+    )
+    consumed = fetch(
+        conn,
+        "SELECT x.event_id, d.dag_id FROM dagrun_asset_event x JOIN dag_run d ON d.id = x.dag_run_id "
+        "WHERE d.dag_id IN :d",
+        d=list(consumers),
+    )
     runs_of: Counter[tuple[int, str]] = Counter((int(e), str(d)) for e, d in consumed)
     consumers_of: dict[int, list[str]] = {}
     for asset_id, dag_id in references:
@@ -254,55 +203,31 @@ def count_pairs(
     return Pairs(pairs, stranded, twice, last_pairs, last_stranded)
 
 
-def consumer_run_states(conn: sa.Connection, consumers: Sequence[str]) -> dict[str, int]:
-    """States of the consumer DAGs' runs: ``{state: count}``."""
-    stmt = sa.text("SELECT state, count(*) FROM dag_run WHERE dag_id IN :dag_ids GROUP BY state").bindparams(
-        _IN_DAGS
-    )
-    return {str(s): int(n) for s, n in conn.execute(stmt, {"dag_ids": list(consumers)})}
-
-
-def asset_ids(conn: sa.Connection, names: Sequence[str]) -> dict[str, int]:
-    """``{asset name: id}`` of these assets."""
-    stmt = sa.text("SELECT name, id FROM asset WHERE name IN :names").bindparams(
-        sa.bindparam("names", expanding=True)
-    )
-    return {str(name): int(i) for name, i in conn.execute(stmt, {"names": list(names)})}
-
-
-# --- deadlocks ---------------------------------------------------------------------
-
-
 def deadlock_counter(conn: sa.Connection, database: str) -> dict[str, Any]:
     """The server's deadlock counter now: ``{"value", "scope", "latest_names_database"}``.
 
     PostgreSQL: ``pg_stat_database.deadlocks`` of ``database`` (exact: only the
     deployment uses the scratch database). MySQL/MariaDB: ``Innodb_deadlocks``
-    of the whole server, and whether InnoDB's latest detected deadlock
-    (``SHOW ENGINE INNODB STATUS``) names ``database`` (None when that cannot
-    be read).
+    of the whole server, and whether InnoDB's latest detected deadlock names
+    ``database`` (None when that cannot be read).
     """
     if conn.dialect.name == "postgresql":
         # A fresh snapshot: the statistics are cached per transaction by default.
         conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
-        value = conn.execute(
-            sa.text("SELECT deadlocks FROM pg_stat_database WHERE datname = :name"), {"name": database}
-        ).scalar()
-        return {"value": int(value or 0), "scope": "database", "latest_names_database": None}
+        value = fetch(conn, "SELECT deadlocks FROM pg_stat_database WHERE datname = :name", name=database)
+        return {
+            "value": int(value[0][0] or 0) if value else 0,
+            "scope": "database",
+            "latest_names_database": None,
+        }
     row = conn.execute(sa.text("SHOW GLOBAL STATUS LIKE :name"), {"name": "Innodb_deadlocks"}).first()
-    latest: bool | None
-    try:
-        status = conn.execute(sa.text("SHOW ENGINE INNODB STATUS")).first()
-        text = str(status[2]) if status is not None else ""
-        section = (
-            text.split("LATEST DETECTED DEADLOCK", 1)[1].split("TRANSACTIONS\n", 1)[0]
-            if ("LATEST DETECTED DEADLOCK" in text)
-            else ""
-        )
-        latest = f"`{database}`" in section or f" {database}." in section or f"`{database}/" in section
-    except sa.exc.DBAPIError:
-        latest = None
-    return {"value": int(row[1]) if row else 0, "scope": "server", "latest_names_database": latest}
+    section = latest_deadlock(conn)
+    names = (
+        None
+        if section is None
+        else any(n in section for n in (f"`{database}`", f" {database}.", f"`{database}/"))
+    )
+    return {"value": int(row[1]) if row else 0, "scope": "server", "latest_names_database": names}
 
 
 def deadlock_lines(paths: Iterable[Path]) -> dict[str, int]:
@@ -318,8 +243,6 @@ def deadlock_lines(paths: Iterable[Path]) -> dict[str, int]:
             found[str(path)] = n
     return found
 
-
-# --- the api-server's access log ----------------------------------------------------
 
 _FIELD = re.compile(r"(\w+)=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\S+)")
 _STATE_PATH = re.compile(r"/execution/task-instances/([0-9a-fA-F-]{32,36})/state")
@@ -340,28 +263,21 @@ def parse_access_log(path: Path) -> list[AccessRecord]:
     """The task-state calls in the api-server's log (its ``request finished`` lines)."""
     records = []
     try:
-        handle = path.open(errors="replace")
+        lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return []
-    with handle:
-        for line in handle:
-            if "request finished" not in line or "PATCH" not in line:
-                continue
-            fields = {k: v.strip("'\"") for k, v in _FIELD.findall(line)}
-            match = _STATE_PATH.fullmatch(fields.get("path", ""))
-            if fields.get("method") != "PATCH" or not match or "duration_us" not in fields:
-                continue
-            try:
-                records.append(
-                    AccessRecord(
-                        uuid_hex(match.group(1)),
-                        int(fields.get("status_code", 0)),
-                        int(fields["duration_us"]) / 1000,
-                        _line_time(line),
-                    )
-                )
-            except ValueError:
-                continue
+    for line in lines:
+        if "request finished" not in line or "PATCH" not in line:
+            continue
+        fields = {k: v.strip("'\"") for k, v in _FIELD.findall(line)}
+        match = _STATE_PATH.fullmatch(fields.get("path", ""))
+        if fields.get("method") != "PATCH" or not match or "duration_us" not in fields:
+            continue
+        try:
+            status, duration = int(fields.get("status_code", 0)), int(fields["duration_us"]) / 1000
+        except ValueError:
+            continue
+        records.append(AccessRecord(uuid_hex(match.group(1)), status, duration, _line_time(line)))
     return records
 
 
@@ -379,9 +295,6 @@ def latency_summary(records: Sequence[AccessRecord], ti_ids: Iterable[str]) -> d
     }
 
 
-# --- helpers -----------------------------------------------------------------------
-
-
 def uuid_hex(value: object) -> str:
     """A UUID in one spelling (32 hex digits): PostgreSQL returns it dashed, MySQL as CHAR(32)."""
     return uuid.UUID(str(value)).hex
@@ -389,9 +302,8 @@ def uuid_hex(value: object) -> str:
 
 def _line_time(line: str) -> dt.datetime | None:
     """The ISO timestamp a structlog console line starts with (``2026-01-01T00:00:00.123456Z``)."""
-    stamp = line.split(" ", 1)[0]
     try:
-        return _utc(dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")))
+        return _utc(dt.datetime.fromisoformat(line.split(" ", 1)[0].replace("Z", "+00:00")))
     except ValueError:
         return None
 

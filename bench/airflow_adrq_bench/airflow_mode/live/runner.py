@@ -23,28 +23,20 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from airflow_adrq_bench import servers
-from airflow_adrq_bench.airflow_mode import run as run_module
+from airflow_adrq_bench.airflow_mode.databases import Target, airflow_url, control_engine
 from airflow_adrq_bench.airflow_mode.live import measure
-from airflow_adrq_bench.airflow_mode.live.config import (
-    MANAGER_CLASSES,
-    Deadline,
-    LiveError,
-    LiveShape,
-    LiveSizes,
-    burst_run_id,
-    consumer_dag_ids,
-    producer_dag_ids,
-)
+from airflow_adrq_bench.airflow_mode.live.config import MANAGER_CLASSES, Deadline, LiveShape, LiveSizes
 from airflow_adrq_bench.airflow_mode.live.dags import write_dag_files
 from airflow_adrq_bench.airflow_mode.live.deployment import Deployment
-from airflow_adrq_bench.airflow_mode.live.driver import Driver, Progress
+from airflow_adrq_bench.airflow_mode.live.driver import Driver, Progress, seconds_between
+from airflow_adrq_bench.errors import BenchError
+from airflow_adrq_testing import servers
 
 __all__ = ["run_cell"]
 
 
 def run_cell(
-    target: run_module.Target,
+    target: Target,
     manager: str,
     run_index: int,
     sizes: LiveSizes,
@@ -79,11 +71,11 @@ def run_cell(
     deadline = Deadline(time_limit_s)
     progress = Progress(label)
     try:
-        url = run_module.airflow_url(servers.create_database(target.server_url, database))
+        url = airflow_url(servers.create_database(target.server_url, database))
     except BaseException:
         shutil.rmtree(home, ignore_errors=True)
         raise
-    engine = measure.control_engine(url)
+    engine = control_engine(url)
     deployment = Deployment(
         name=label,
         backend=target.backend,
@@ -109,7 +101,7 @@ def run_cell(
         with deployment:
             deployment.start()
             driver = Driver(deployment, engine, deadline, progress)
-            _measure(driver, result)
+            driver.run(result)
             stopping = time.monotonic()
             result["killed"] = deployment.stop()
             driver.timeline["stop_s"] = time.monotonic() - stopping
@@ -120,7 +112,7 @@ def run_cell(
         result["plugin_start_up"] = _plugin_line(deployment)
         result["timeline"] = {k: round(v, 1) for k, v in driver.timeline.items()}
         failed = False
-    except (LiveError, SQLAlchemyError, OSError) as exc:
+    except (BenchError, SQLAlchemyError, OSError) as exc:
         result["error"] = str(exc)
         say(
             f"{label}: FAILED: {exc}\n  api-server log: {deployment.log_of('api-server')}\n"
@@ -140,50 +132,6 @@ def run_cell(
         else:
             shutil.rmtree(home, ignore_errors=True)
     return result
-
-
-def _measure(driver: Driver, result: dict[str, Any]) -> None:
-    """Drive the deployment and count after each drain (the results go into ``result``)."""
-    sizes = driver.sizes
-    producers, consumers = producer_dag_ids(sizes), consumer_dag_ids(sizes)
-    run_ids = [burst_run_id(b) for b in range(sizes.bursts)]
-    driver.wait_ready()
-    driver.wait_parsed()
-    result["warm_up"] = driver.warm_up()
-    bursts = driver.bursts()
-    result["drain_after_bursts"] = driver.drain("draining after the bursts")
-    with driver.engine.connect() as conn:
-        tasks = measure.producer_tasks(conn, producers, run_ids)
-        summary = measure.task_summary(tasks, run_ids)
-        pairs = measure.count_pairs(conn, producers, consumers, run_ids)
-        result["events"] = {
-            "written": measure.event_counts(conn, producers, run_ids),
-            "expected_per_run": sizes.instances * sizes.outlets * sizes.producer_dags,
-            "expected": sizes.expected_events,
-        }
-        result["after_bursts"] = {
-            **pairs.as_dict(),
-            "consumer_runs": measure.run_count(conn, consumers),
-            "queue_rows": measure.queue_rows(conn),
-        }
-    for burst, info in zip(summary["bursts"], bursts, strict=True):
-        info.update(burst)
-        info["trigger_to_end_date_s"] = _seconds(info["triggered_at"], burst["last_end"])
-    result["tasks"] = {k: v for k, v in summary.items() if k != "bursts"}
-    result["bursts"] = bursts
-    result["producer_ti_ids"] = [t.id for t in tasks]
-    result["producer_ti_runs"] = [t.run_id for t in tasks]
-    time.sleep(0.1)
-    result["extra_event_ids"] = driver.extra_events()
-    result["drain_after_extra"] = driver.drain("draining after one more event")
-    with driver.engine.connect() as conn:
-        pairs = measure.count_pairs(conn, producers, consumers, run_ids)
-        result["after_extra"] = {
-            **pairs.as_dict(),
-            "consumer_runs": measure.run_count(conn, consumers),
-            "consumer_run_states": measure.consumer_run_states(conn, consumers),
-            "queue_rows": measure.queue_rows(conn),
-        }
 
 
 def _deadlocks(
@@ -215,12 +163,6 @@ def _plugin_line(deployment: Deployment) -> str | None:
     return None
 
 
-def _seconds(start: str, end: str | None) -> float | None:
-    if end is None:
-        return None
-    return round((dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(start)).total_seconds(), 2)
-
-
 def _latency(result: dict[str, Any], deployment: Deployment) -> None:
     """The task-success calls from the access log; each burst's done = its last such call answered."""
     records = measure.parse_access_log(deployment.log_of("api-server"))
@@ -229,7 +171,7 @@ def _latency(result: dict[str, Any], deployment: Deployment) -> None:
         ends = [r.at for r in records if r.at is not None and run_of.get(r.ti_id) == info["run_id"]]
         info["last_state_call_at"] = max(ends).isoformat() if ends else None
         # Done: the last success call answered (a task's end_date is the SDK's, before that call).
-        info["trigger_to_done_s"] = _seconds(info["triggered_at"], info["last_state_call_at"])
+        info["trigger_to_done_s"] = seconds_between(info["triggered_at"], info["last_state_call_at"])
     result["patch_state"] = {
         "source": "api-server access log (HttpAccessLogMiddleware: request finished ... duration_us)",
         **measure.latency_summary(records, result.get("producer_ti_ids", [])),

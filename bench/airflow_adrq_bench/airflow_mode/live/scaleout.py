@@ -25,9 +25,9 @@ from urllib.parse import unquote, urlsplit
 
 import sqlalchemy as sa
 
-from airflow_adrq_bench import servers
-from airflow_adrq_bench.airflow_mode import run as run_module
+from airflow_adrq_bench.airflow_mode.databases import Target
 from airflow_adrq_bench.airflow_mode.live.config import LiveError, LiveShape
+from airflow_adrq_testing import servers
 
 __all__ = [
     "CELERY_INSTALL",
@@ -71,7 +71,7 @@ def redacted(url: str) -> str:
     return parts._replace(netloc=netloc).geturl()
 
 
-def check(shape: LiveShape, targets: Sequence[run_module.Target]) -> None:
+def check(shape: LiveShape, targets: Sequence[Target]) -> None:
     """Raise :class:`LiveError` naming the fix when this environment cannot run ``shape`` on ``targets``."""
     if shape.pgbouncer:
         others = [t.name for t in targets if t.backend != "postgresql"]

@@ -1,0 +1,252 @@
+"""The databases the Airflow modes measure on, and the controller's plain-SQL reads of them.
+
+Shared by the three modes (:mod:`.run`, :mod:`.accounting`, :mod:`.live`),
+whose controllers never import Airflow: a server is a :class:`Target`, every
+run writes only a scratch database of its own (:func:`scratch_database`), and
+a URL that names an Airflow metadata database is refused outright.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sqlite3
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
+
+from airflow_adrq_bench.errors import BenchError
+from airflow_adrq_testing import servers
+
+__all__ = [
+    "AIRFLOW_TABLES",
+    "Target",
+    "airflow_url",
+    "analyze",
+    "clear_queue",
+    "control_engine",
+    "describe",
+    "fetch",
+    "latest_deadlock",
+    "queue_rows",
+    "refuse_airflow_database",
+    "rotate",
+    "scratch_database",
+    "server_settings",
+    "targets",
+]
+
+#: Tables whose presence means "this is an Airflow metadata database": never benchmarked.
+AIRFLOW_TABLES = ("dag", "dag_run", "task_instance", "asset_dag_run_queue", "serialized_dag", "dag_bundle")
+
+# Airflow 3.3 runs on these sync drivers (SQLAlchemy 2.1 maps a bare
+# postgresql:// to psycopg 3, which Airflow 3.3 does not default to).
+_AIRFLOW_DRIVERS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+mysqldb", "mariadb": "mysql+mysqldb"}
+
+_SETTINGS = {
+    "postgresql": {"deadlock_timeout": "SHOW deadlock_timeout"},
+    "mysql": {
+        "innodb_lock_wait_timeout": "SELECT @@innodb_lock_wait_timeout",
+        "innodb_deadlock_detect": "SELECT @@innodb_deadlock_detect",
+    },
+    "sqlite": {},
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A database server to benchmark (``server_url`` is empty for SQLite)."""
+
+    name: str
+    backend: str
+    server_url: str
+    version: str
+
+
+def airflow_url(url: str | sa.engine.URL) -> str:
+    """``url`` with the sync driver Airflow 3.3 uses when none is named (``postgresql+psycopg2`` ...)."""
+    parsed = sa.make_url(url)
+    driver = _AIRFLOW_DRIVERS.get(parsed.drivername)
+    return (parsed.set(drivername=driver) if driver else parsed).render_as_string(hide_password=False)
+
+
+def describe(url: str) -> Target:
+    """Name, backend and version of the server at ``url`` (connects once; SQLite: the library's version)."""
+    parsed = sa.make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return Target("sqlite", "sqlite", "", f"SQLite {sqlite3.sqlite_version}")
+    backend = "mysql" if backend == "mariadb" else backend
+    if backend not in servers.BACKENDS:
+        raise BenchError(f"unsupported database {parsed.drivername!r}: PostgreSQL, MySQL/MariaDB or SQLite")
+    version = servers.server_version(url)
+    return Target("mariadb" if version.startswith("MariaDB") else backend, backend, airflow_url(url), version)
+
+
+def refuse_airflow_database(url: str) -> None:
+    """Raise :class:`BenchError` if the database ``url`` names already has Airflow tables.
+
+    The benchmark only ever writes a scratch database it creates, so that
+    nobody mistakes a metadata database for one.
+    """
+    parsed = sa.make_url(url)
+    if parsed.get_backend_name() == "sqlite" and (
+        not parsed.database or parsed.database == ":memory:" or not Path(parsed.database).exists()
+    ):
+        return
+    engine = sa.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            names = set(sa.inspect(conn).get_table_names())
+    finally:
+        engine.dispose()
+    found = [name for name in AIRFLOW_TABLES if name in names]
+    if found:
+        raise BenchError(
+            f"refusing {parsed.render_as_string(hide_password=True)}: its database has Airflow tables "
+            f"({', '.join(found)}). The benchmark never touches an existing metadata database; give "
+            "it a URL of a database without them (it only connects there to create and drop a "
+            "scratch database of its own)."
+        )
+
+
+@contextlib.contextmanager
+def targets(
+    urls: Sequence[str], backends: Sequence[str] | None, *, sqlite: bool, say: Callable[[str], None]
+) -> Iterator[list[Target]]:
+    """The databases an Airflow mode measures on, with unique names; servers it started stop at the end.
+
+    ``urls`` (``--db``; each refused if it holds Airflow's tables) or else
+    every server :func:`airflow_adrq_testing.servers.discover` finds among
+    ``backends`` (all when empty), plus SQLite when ``sqlite``; a backend
+    without a server is said and skipped. Raises :class:`BenchError` for
+    none at all, or for a SQLite URL when ``sqlite`` is false.
+    """
+    with contextlib.ExitStack() as stack:
+        found: list[Target] = []
+        for url in urls:
+            if not sqlite and sa.make_url(url).get_backend_name() == "sqlite":
+                raise BenchError(
+                    "SQLite is not measured here: Airflow does not support the LocalExecutor on it"
+                )
+            refuse_airflow_database(url)
+            found.append(describe(url))
+        if not urls and sqlite and (not backends or "sqlite" in backends):
+            found.append(describe("sqlite://"))
+        for backend in [] if urls else [b for b in servers.BACKENDS if not backends or b in backends]:
+            try:
+                info = stack.enter_context(servers.discover(backend))
+            except servers.ServerNotFoundError as exc:
+                say(f"not measuring {backend}: {exc}")
+                continue
+            say(f"{info.version}: {info.how_found}")
+            found.append(describe(info.url))
+        if not found:
+            raise BenchError("no database to measure on")
+        seen: Counter[str] = Counter()
+        named = []
+        for target in found:
+            seen[target.name] += 1
+            n = seen[target.name]
+            named.append(target if n == 1 else dataclasses.replace(target, name=f"{target.name}{n}"))
+        yield named
+
+
+@contextlib.contextmanager
+def scratch_database(target: Target, workdir: Path, name: str = "") -> Iterator[str]:
+    """A new, empty database on the target's server (a file in ``workdir`` for SQLite); dropped on exit.
+
+    Yields its URL with Airflow's driver (:func:`airflow_url`).
+    """
+    name = name or f"adrq_afbench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    if target.backend == "sqlite":
+        path = workdir / f"{name}.db"
+        try:
+            yield f"sqlite:///{path}"
+        finally:
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+        return
+    url = airflow_url(servers.create_database(target.server_url, name))
+    try:
+        yield url
+    finally:
+        servers.drop_database(target.server_url, name)
+
+
+def control_engine(url: str) -> sa.Engine:
+    """An engine for the controller's reads: no pool, READ COMMITTED on MySQL (each read sees the latest)."""
+    kwargs: dict[str, Any] = {"poolclass": NullPool}
+    if sa.make_url(url).get_backend_name() in ("mysql", "mariadb"):
+        kwargs["isolation_level"] = "READ COMMITTED"
+    return sa.create_engine(url, **kwargs)
+
+
+def clear_queue(engine: sa.Engine) -> None:
+    """Empty ``asset_dag_run_queue`` (each measurement starts from an empty queue)."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM asset_dag_run_queue"))
+
+
+def queue_rows(conn: sa.Connection) -> int:
+    """Rows in ``asset_dag_run_queue`` (the scheduler deletes them as it creates runs)."""
+    return int(conn.execute(sa.text("SELECT count(*) FROM asset_dag_run_queue")).scalar_one())
+
+
+def fetch(conn: sa.Connection, sql: str, **params: Any) -> list[sa.Row[Any]]:
+    """The rows of ``sql`` with bound ``params``; a list parameter is an expanding ``IN``."""
+    lists = [sa.bindparam(k, expanding=True) for k, v in params.items() if isinstance(v, list)]
+    return list(conn.execute(sa.text(sql).bindparams(*lists), params))
+
+
+def analyze(engine: sa.Engine) -> None:
+    """Refresh the planner's statistics after seeding, as autovacuum (or an operator) would."""
+    if engine.dialect.name == "mysql":
+        tables = "dag, asset, asset_active, dag_schedule_asset_reference, asset_event, asset_dag_run_queue"
+        with engine.connect() as conn:
+            conn.exec_driver_sql(f"ANALYZE TABLE {tables}").fetchall()
+        return
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("ANALYZE")
+
+
+def server_settings(engine: sa.Engine) -> dict[str, str]:
+    """The server's deadlock and lock-wait settings the results depend on (those it lets us read)."""
+    out = {}
+    with engine.connect() as conn:
+        for key, sql in _SETTINGS[engine.dialect.name].items():
+            with contextlib.suppress(sa.exc.DBAPIError):
+                out[key] = str(conn.exec_driver_sql(sql).scalar())
+    return out
+
+
+def latest_deadlock(conn: sa.Connection) -> str | None:
+    """MySQL/MariaDB: InnoDB's LATEST DETECTED DEADLOCK section (who waited for what).
+
+    ``""`` when InnoDB has none; None on other servers or without the PROCESS privilege to read it.
+    """
+    if conn.dialect.name != "mysql":
+        return None
+    try:
+        row = conn.exec_driver_sql("SHOW ENGINE INNODB STATUS").fetchone()
+    except sa.exc.DBAPIError:
+        return None
+    status = str(row[2]) if row is not None else ""
+    start = status.find("LATEST DETECTED DEADLOCK")
+    if start < 0:
+        return ""
+    end = status.find("\nTRANSACTIONS\n", start)
+    return status[start : end if end > 0 else start + 6000][:6000]
+
+
+def rotate(items: Sequence[str], n: int) -> list[str]:
+    """``items`` starting at its ``n``-th (modulo): the managers take turns at going first."""
+    k = n % len(items) if items else 0
+    return [*items[k:], *items[:k]]
