@@ -17,13 +17,13 @@ Fixtures (all function-scoped):
   committed; returns name -> asset id.
 * ``fresh_db_url`` -- a brand-new empty database (no tables), dropped after the
   test: for migration tests.
-* ``server_info`` -- the ``airflow_adrq_bench.servers.ServerInfo`` of the backend's
+* ``server_info`` -- the ``airflow_adrq_testing.servers.ServerInfo`` of the backend's
   server (PostgreSQL and MySQL only: mark the test ``backends("postgresql", "mysql")``).
 * ``pgbouncer_db_url`` -- ``db_url`` through a throwaway PgBouncer in
-  transaction pooling mode (``airflow_adrq_bench.servers.pgbouncer``; PostgreSQL only).
+  transaction pooling mode (``airflow_adrq_testing.servers.pgbouncer``; PostgreSQL only).
 
 Servers are found once, by the controller process, through
-``airflow_adrq_bench.servers.discover`` (``$ADRQ_TEST_POSTGRESQL_URL`` /
+``airflow_adrq_testing.servers.discover`` (``$ADRQ_TEST_POSTGRESQL_URL`` /
 ``$ADRQ_TEST_MYSQL_URL``, then local servers on 127.0.0.1, then throwaway
 servers started from the installed binaries) and handed to the xdist workers,
 which share them. Each worker creates its own databases on them, lazily, and
@@ -53,7 +53,7 @@ from sqlalchemy.orm import Session
 import airflow_adrq
 from airflow_adrq.engine import create_engine
 from airflow_adrq.models import metadata
-from airflow_adrq_bench import servers
+from airflow_adrq_testing import servers
 
 # Test modules import shared helpers as ``tests.<module>``. Append the
 # repository root, never prepend it: under tox ``airflow_adrq`` must still

@@ -2,7 +2,7 @@
 
 The benchmark never writes to the database a URL names. It creates a scratch
 database next to it (``adrq_bench_<random>`` on the same server, or a
-temporary file for SQLite; see :func:`airflow_adrq_bench.servers.create_database`),
+temporary file for SQLite; see :func:`airflow_adrq_testing.servers.create_database`),
 creates Airflow's tables there from :data:`airflow_adrq.models.metadata`, and
 drops it at the end.
 
@@ -48,8 +48,9 @@ from airflow_adrq.models import (
     metadata,
     utcnow,
 )
-from airflow_adrq_bench import counting, servers
 from airflow_adrq_bench.config import Sizes
+from airflow_adrq_testing import servers
+from airflow_adrq_testing.recording import counting
 
 __all__ = [
     "BUNDLE",

@@ -45,9 +45,10 @@ from sqlalchemy.orm import Session
 
 import airflow_adrq
 from airflow_adrq.models import AssetDagRunQueue, AssetEvent, DagScheduleAssetReference, UtcDateTime, utcnow
-from airflow_adrq_bench import barrier, counting, dataset, rawsql, strategies
+from airflow_adrq_bench import barrier, dataset, rawsql, strategies
 from airflow_adrq_bench.config import COMMITTED, GAVE_UP, NOT_STARTED, Cell, Plan, Sizes
 from airflow_adrq_bench.stats import percentile
+from airflow_adrq_testing.recording import counting
 
 __all__ = [
     "COMMITTED",

@@ -33,7 +33,7 @@ from airflow_adrq.models import UtcDateTime, utcnow
 
 __all__ = ["STATEMENTS_PER_CALL", "RawSql", "raw_sql"]
 
-#: Statements sent per call, COMMIT not counted (as :mod:`.counting` counts).
+#: Statements sent per call, COMMIT not counted (as :data:`airflow_adrq_testing.recording.counting` counts).
 STATEMENTS_PER_CALL: Final = 4
 
 _LOOKUP = "SELECT id FROM asset WHERE name = {name} AND uri = {uri}"

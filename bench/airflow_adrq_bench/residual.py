@@ -49,7 +49,7 @@ from airflow_adrq.models import (
 )
 from airflow_adrq.queue import build_queue_statement
 from airflow_adrq.retry import RetryableKind, classify
-from airflow_adrq_bench import servers
+from airflow_adrq_testing import servers
 
 __all__ = ["Outcome", "Run", "main", "measure", "scheduler_pass", "stamp_first"]
 

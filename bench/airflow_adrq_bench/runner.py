@@ -32,10 +32,11 @@ from typing import Any
 import sqlalchemy as sa
 
 import airflow_adrq
-from airflow_adrq_bench import dataset, engine, servers
+from airflow_adrq_bench import dataset, engine
 from airflow_adrq_bench import strategies as strategy_registry
 from airflow_adrq_bench.config import LOST_EVENT_STRATEGIES, SCENARIOS, STRATEGIES, Cell, Plan, Sizes
 from airflow_adrq_bench.errors import BenchError
+from airflow_adrq_testing import servers
 
 __all__ = ["SCRATCH", "BenchError", "Target", "deadlock_timeout_s", "progress_lines", "run", "scratch_paths"]
 

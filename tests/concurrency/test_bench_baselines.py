@@ -29,7 +29,8 @@ from airflow_adrq.models import (
     asset_alias_asset_event_association_table,
     utcnow,
 )
-from airflow_adrq_bench import baselines, counting, dataset, engine, rawsql, strategies
+from airflow_adrq_bench import baselines, dataset, engine, rawsql, strategies
+from airflow_adrq_testing.recording import counting
 from tests.factories import (
     add_graph,
     add_scheduled_assets,

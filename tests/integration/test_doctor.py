@@ -24,7 +24,8 @@ from sqlalchemy.orm import Session
 from airflow_adrq import cli, create_engine, doctor, migrate, register_asset_change
 from airflow_adrq.airflow import compat
 from airflow_adrq.models import metadata
-from airflow_adrq_bench import servers
+from airflow_adrq_testing import servers
+from airflow_adrq_testing.recording import recorded
 from tests.factories import (
     add_alias,
     add_asset,
@@ -39,7 +40,6 @@ from tests.factories import (
 from tests.support import exposure
 from tests.support.ci import skip_or_fail
 from tests.support.exposure import exposure_fields
-from tests.support.recording import recorded
 
 #: The last migration of Airflow 3.3.0 (the head of 3.3.x).
 AIRFLOW_33 = "d2f4e1b3c5a7"

@@ -1,5 +1,5 @@
 # mypy: ignore-errors
-"""airflow_adrq_bench.servers: database creation, discovery errors, throwaway servers."""
+"""airflow_adrq_testing.servers: database creation, discovery errors, throwaway servers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-from airflow_adrq_bench import servers
+from airflow_adrq_testing import servers
 from tests.support.ci import in_ci
 
 # Nothing listens on port 1 of the loopback: connections are refused at once.

@@ -6,7 +6,7 @@ Tests talk to it through engines set up the way Airflow sets up its own
 (``airflow.utils.orm_event_handlers.setup_event_handlers``; READ COMMITTED on
 MySQL/MariaDB, as ``airflow.settings.prepare_engine_args`` does).
 
-Servers are found by ``airflow_adrq_bench.servers.discover`` as in the rest of the
+Servers are found by ``airflow_adrq_testing.servers.discover`` as in the rest of the
 suite (``ADRQ_TEST_POSTGRESQL_URL`` / ``ADRQ_TEST_MYSQL_URL``, local servers,
 throwaway servers). A backend without a server is skipped with its reason
 shown; with ``CI=true`` it is an error instead.
@@ -86,8 +86,8 @@ def af_backend(request):
 
 @pytest.fixture(scope="session")
 def af_server(af_backend):
-    """A server for ``af_backend`` found like the rest of the suite finds one (airflow_adrq_bench.servers)."""
-    from airflow_adrq_bench import servers
+    """A server for ``af_backend`` found as the rest of the suite finds one (airflow_adrq_testing.servers)."""
+    from airflow_adrq_testing import servers
 
     try:
         with servers.discover(af_backend) as info:
@@ -101,7 +101,7 @@ def af_server(af_backend):
 @pytest.fixture(scope="session")
 def af_pgbouncer(af_backend, af_server):
     """A throwaway PgBouncer (transaction pooling) in front of the PostgreSQL server."""
-    from airflow_adrq_bench import servers
+    from airflow_adrq_testing import servers
 
     if af_backend != "postgresql":
         raise RuntimeError("af_pgbouncer is for PostgreSQL")
@@ -158,7 +158,7 @@ def airflow_db(af_backend, tmp_path_factory, request):
             return None
 
     else:
-        from airflow_adrq_bench import servers
+        from airflow_adrq_testing import servers
 
         server = request.getfixturevalue("af_server")
         names = [tag, f"{tag}_scratch"]

@@ -28,10 +28,10 @@ import contextlib
 
 import pytest
 
-from airflow_adrq_bench import servers
 from airflow_adrq_bench.airflow_mode import accounting
 from airflow_adrq_bench.airflow_mode import main as airflow_mode_main
 from airflow_adrq_bench.airflow_mode import run as run_module
+from airflow_adrq_testing import servers
 from tests.support.ci import skip_or_fail
 
 SIZES = accounting.AccountingSizes(producers=3, transactions=12, consumers=3, holds_ms=(30.0,), budget_s=30.0)

@@ -29,9 +29,9 @@ from sqlalchemy.orm import Session
 from airflow_adrq import queue, shapes
 from airflow_adrq.airflow import AdrqAssetManager, compat, flush_queue
 from airflow_adrq.errors import UnsupportedSchemaError
+from airflow_adrq_testing.recording import recorded
 from tests.plugin import adrq_af_scenario as scenario
 from tests.plugin.adrq_af_scenario import LINE, alias_event, outlet, task_instance
-from tests.support.recording import recorded
 
 # The differential scenario: direct, alias, name and URI references; a paused,
 # a partitioned and stale consumers; an inactive asset; an asset created on the fly

@@ -20,10 +20,10 @@ from sqlalchemy.orm import Session
 
 from airflow_adrq import doctor
 from airflow_adrq.airflow import compat
+from airflow_adrq_testing.recording import recorded
 from tests.plugin import adrq_af_scenario as scenario
 from tests.support import exposure
 from tests.support.exposure import exposure_fields
-from tests.support.recording import recorded
 
 LINE = tuple(int(part) for part in airflow.__version__.split(".")[:2])
 EVENT_KEYED = compat.SHAPES[LINE].event_keyed

@@ -49,9 +49,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_adrq_bench import servers
 from airflow_adrq_bench.airflow_mode import main as airflow_mode_main
 from airflow_adrq_bench.airflow_mode.live import config, dags, measure, report, scaleout
+from airflow_adrq_testing import servers
 from tests.support.ci import in_ci
 
 LIVE_LINE = "3.3.2"

@@ -128,7 +128,7 @@ def _airflow(env, *args) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def schema_db(af_server):
     """A scratch PostgreSQL database whose Airflow metadata ``airflow db migrate`` put in ``airflow_meta``."""
-    from airflow_adrq_bench import servers
+    from airflow_adrq_testing import servers
 
     name = f"adrq_af_schema_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     db = SchemaDatabase(sa.engine.make_url(servers.create_database(af_server, name)))

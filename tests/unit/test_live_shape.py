@@ -12,11 +12,11 @@ import threading
 
 import pytest
 
-from airflow_adrq_bench import servers
 from airflow_adrq_bench.airflow_mode import run as run_module
 from airflow_adrq_bench.airflow_mode.live import build_parser, main, report, scaleout, shape_from
 from airflow_adrq_bench.airflow_mode.live.config import MANAGER_CLASSES, SMALL, LiveError, LiveShape
 from airflow_adrq_bench.airflow_mode.live.deployment import Deployment
+from airflow_adrq_testing import servers
 from tests.support.ci import skip_or_fail
 
 POSTGRESQL = run_module.Target(
