@@ -79,8 +79,7 @@ from __future__ import annotations
 import functools
 import logging
 import random
-from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Final, Literal, cast
 
 from sqlalchemy import Table, and_, exc, insert, or_, select
@@ -88,7 +87,6 @@ from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.orm import Session
 
 from airflow_adrq import listeners
-from airflow_adrq.listeners import AssetEventInfo
 from airflow_adrq.manager import AssetLike, TaskInstanceLike
 from airflow_adrq.models import (
     AssetActive,
@@ -105,14 +103,6 @@ from airflow_adrq.models import (
     asset_alias_asset_event_association_table,
 )
 
-__all__ = [
-    "BASELINES",
-    "VALUES_BATCH_DIALECTS",
-    "Queueing",
-    "applies_to",
-    "register_asset_change",
-]
-
 log = logging.getLogger(__name__)
 
 Queueing = Literal["airflow_3_3", "sorted_loop", "values_batch"]
@@ -127,7 +117,7 @@ _ADRQ = cast(Table, AssetDagRunQueue.__table__)
 
 
 def applies_to(queueing: str, dialect_name: str) -> bool:
-    """Whether ``queueing`` is a distinct code path on ``dialect_name``.
+    """Whether strategy ``queueing`` is its own code path on ``dialect_name``.
 
     ``values_batch`` is PR #69977's MySQL branch; on PostgreSQL and SQLite
     that PR left Airflow 3.3's code, so benchmarking it there would only
@@ -136,19 +126,11 @@ def applies_to(queueing: str, dialect_name: str) -> bool:
     return queueing != "values_batch" or dialect_name in VALUES_BATCH_DIALECTS
 
 
-@dataclass
-class _LoadedAsset:
-    """What Airflow's joined-load lookup gives ``register_asset_change``."""
+def _lookup(session: Session, name: str, uri: str) -> tuple[AssetModel, bool, set[str], set[DagModel]] | None:
+    """One SELECT: the asset with ``active``, ``aliases`` and ``scheduled_dags -> dag`` (LEFT JOINs).
 
-    model: AssetModel
-    active: bool
-    aliases: list[AssetAliasModel]
-    #: ``asset_model.scheduled_dags`` with each reference's ``dag``.
-    scheduled: list[tuple[DagScheduleAssetReference, DagModel]]
-
-
-def _lookup(session: Session, name: str, uri: str) -> _LoadedAsset | None:
-    """One SELECT: the asset with ``active``, ``aliases`` and ``scheduled_dags -> dag`` (LEFT JOINs)."""
+    Returns the asset, whether it is active, its alias names and its scheduled DAGs.
+    """
     rows = session.execute(
         select(AssetModel, AssetActive, AssetAliasModel, DagScheduleAssetReference, DagModel)
         .select_from(AssetModel)
@@ -161,27 +143,15 @@ def _lookup(session: Session, name: str, uri: str) -> _LoadedAsset | None:
     ).all()
     if not rows:
         return None
-    aliases: dict[int, AssetAliasModel] = {}
-    scheduled: dict[tuple[int, str], tuple[DagScheduleAssetReference, DagModel]] = {}
-    for _asset, _active, alias, ref, dag in rows:
-        if alias is not None:
-            aliases.setdefault(alias.id, alias)
-        if ref is not None and dag is not None:
-            scheduled.setdefault((ref.asset_id, ref.dag_id), (ref, dag))
-    return _LoadedAsset(
-        model=rows[0][0],
-        active=rows[0][1] is not None,
-        aliases=list(aliases.values()),
-        scheduled=list(scheduled.values()),
-    )
+    aliases = {alias.name for _, _, alias, _, _ in rows if alias is not None}
+    return rows[0][0], rows[0][1] is not None, aliases, {dag for *_, dag in rows if dag is not None}
 
 
 def _add_asset_alias_association(
-    session: Session, alias_names: Collection[str], loaded: _LoadedAsset
+    session: Session, alias_names: Collection[str], already_related: set[str]
 ) -> list[AssetAliasModel]:
     """Airflow's ``_add_asset_alias_association``; returns the aliases to link at flush."""
-    already_related = {m.name for m in loaded.aliases}
-    existing_aliases = {
+    existing = {
         m.name: m
         for m in session.scalars(select(AssetAliasModel).where(AssetAliasModel.name.in_(alias_names)))
     }
@@ -189,7 +159,7 @@ def _add_asset_alias_association(
     for name in alias_names:
         if name in already_related:
             continue
-        model = existing_aliases.get(name)
+        model = existing.get(name)
         if model is None:
             model = AssetAliasModel(name=name)
             session.add(model)
@@ -197,9 +167,7 @@ def _add_asset_alias_association(
     return to_link
 
 
-def _alias_consumers(
-    session: Session, alias_names: Collection[str]
-) -> dict[int, tuple[AssetAliasModel, set[DagModel]]]:
+def _alias_consumers(session: Session, alias_names: Collection[str]) -> dict[AssetAliasModel, set[DagModel]]:
     """The aliases by name, each with its scheduled DAGs (one joined SELECT)."""
     rows = session.execute(
         select(AssetAliasModel, DagModel)
@@ -210,26 +178,23 @@ def _alias_consumers(
         .outerjoin(DagModel, DagModel.dag_id == DagScheduleAssetAliasReference.dag_id)
         .where(AssetAliasModel.name.in_(alias_names))
     ).all()
-    out: dict[int, tuple[AssetAliasModel, set[DagModel]]] = {}
+    out: dict[AssetAliasModel, set[DagModel]] = {}
     for alias, dag in rows:
-        _, dags = out.setdefault(alias.id, (alias, set()))
-        if dag is not None:
-            dags.add(dag)
+        out.setdefault(alias, set()).update([dag] if dag is not None else [])
     return out
 
 
 def register_asset_change(
     *,
-    task_instance: TaskInstanceLike | None = None,
     asset: AssetLike,
-    extra: Mapping[str, Any] | None = None,
-    source_alias_names: Collection[str] = (),
     session: Session,
-    partition_key: str | None = None,
-    callback_sink: list[Callable[[], object]] | None = None,
+    task_instance: TaskInstanceLike | None = None,
     queueing: Queueing = "airflow_3_3",
     rng: random.Random | None = None,
-    **kwargs: Any,
+    extra: Mapping[str, Any] | None = None,
+    source_alias_names: Collection[str] = (),
+    partition_key: str | None = None,
+    callback_sink: list[Callable[[], object]] | None = None,
 ) -> AssetEvent | None:
     """Airflow 3.3.2's ``register_asset_change``, with ``queueing``'s queue write.
 
@@ -240,81 +205,60 @@ def register_asset_change(
     lock order across producers or across the assets of one transaction:
     concurrent callers deadlock, which is what it is here to show.
     """
-    del kwargs
     loaded = _lookup(session, asset.name, asset.uri)
     if loaded is None:
         log.warning("AssetModel %s not found; cannot create asset event.", asset)
         return None
-    if not loaded.active:
+    asset_model, active, related_aliases, scheduled = loaded
+    if not active:
         log.warning("Emitting event for inactive AssetModel %s", asset)
-    asset_model = loaded.model
 
-    to_link = _add_asset_alias_association(session, source_alias_names, loaded)
+    to_link = _add_asset_alias_association(session, source_alias_names, related_aliases)
 
-    event = AssetEvent(asset_id=asset_model.id, extra=dict(extra or {}), partition_key=partition_key)
-    if task_instance is not None:
-        event.source_task_id = task_instance.task_id
-        event.source_dag_id = task_instance.dag_id
-        event.source_run_id = task_instance.run_id
-        event.source_map_index = task_instance.map_index
+    fields = ("task_id", "dag_id", "run_id", "map_index")
+    source = {} if task_instance is None else {f"source_{f}": getattr(task_instance, f) for f in fields}
+    event = AssetEvent(
+        asset_id=asset_model.id, extra=dict(extra or {}), partition_key=partition_key, **source
+    )
     session.add(event)
     session.flush()  # "Ensure the event is written earlier than ADRQ entries below."
     if to_link:
         # Airflow writes these in the same flush, through asset_model.aliases.
         session.execute(
-            insert(alias_association_table),
-            [{"alias_id": alias.id, "asset_id": asset_model.id} for alias in to_link],
+            insert(alias_association_table), [{"alias_id": a.id, "asset_id": asset_model.id} for a in to_link]
         )
 
-    dags_from_asset = {dag for _ref, dag in loaded.scheduled if not dag.is_paused}
+    dags_from_asset = {dag for dag in scheduled if not dag.is_paused}
 
     dags_from_alias: set[DagModel] = set()
-    alias_models: list[AssetAliasModel] = []
-    if source_alias_names:
-        for alias_model, alias_dags in _alias_consumers(session, source_alias_names).values():
-            alias_models.append(alias_model)
-            session.execute(
-                insert(asset_alias_asset_event_association_table).values(
-                    alias_id=alias_model.id, event_id=event.id
-                )
+    alias_models = _alias_consumers(session, source_alias_names) if source_alias_names else {}
+    for alias_model, alias_dags in alias_models.items():
+        session.execute(
+            insert(asset_alias_asset_event_association_table).values(
+                alias_id=alias_model.id, event_id=event.id
             )
-            dags_from_alias |= {dag for dag in alias_dags if not dag.is_paused}
+        )
+        dags_from_alias |= {dag for dag in alias_dags if not dag.is_paused}
 
+    by_name, by_uri = DagScheduleAssetNameReference, DagScheduleAssetUriReference
     dags_from_ref = set(
         session.scalars(
             select(DagModel)
-            .join(
-                DagScheduleAssetNameReference,
-                DagScheduleAssetNameReference.dag_id == DagModel.dag_id,
-                isouter=True,
-            )
-            .join(
-                DagScheduleAssetUriReference,
-                DagScheduleAssetUriReference.dag_id == DagModel.dag_id,
-                isouter=True,
-            )
-            .where(
-                or_(
-                    DagScheduleAssetNameReference.name == asset.name,
-                    DagScheduleAssetUriReference.uri == asset.uri,
-                ),
-                DagModel.is_paused.is_(False),
-            )
+            .join(by_name, by_name.dag_id == DagModel.dag_id, isouter=True)
+            .join(by_uri, by_uri.dag_id == DagModel.dag_id, isouter=True)
+            .where(or_(by_name.name == asset.name, by_uri.uri == asset.uri), DagModel.is_paused.is_(False))
         )
     )
 
-    info = AssetEventInfo(
+    info = listeners.AssetEventInfo(
         event_id=event.id,
         asset_id=asset_model.id,
         asset_name=asset_model.name,
         asset_uri=asset_model.uri,
         extra=event.extra,
-        source_dag_id=event.source_dag_id,
-        source_task_id=event.source_task_id,
-        source_run_id=event.source_run_id,
-        source_map_index=event.source_map_index,
         source_alias_names=tuple(a.name for a in alias_models),
         partition_key=partition_key,
+        **source,
     )
     if callback_sink is None:
         listeners.notify(info)
@@ -334,8 +278,6 @@ def _queue_dagruns(
     queueing: Queueing,
     rng: random.Random | None,
 ) -> None:
-    if not dags_to_queue:
-        return
     partition_dags = [d for d in dags_to_queue if d.timetable_partitioned is True]
     if partition_dags and not partition_key:
         log.warning(
@@ -345,53 +287,37 @@ def _queue_dagruns(
     non_partitioned = dags_to_queue.difference(partition_dags)
     if not non_partitioned or partition_key is not None:
         return
-    dialect = session.get_bind().dialect.name
+    ordered = list(non_partitioned)
     if queueing == "sorted_loop":
-        ordered = sorted(non_partitioned, key=lambda dag: dag.dag_id)
-    else:
-        ordered = _set_order(non_partitioned, rng)
-    if queueing == "values_batch" and dialect in VALUES_BATCH_DIALECTS:
-        _mysql_on_duplicate_key(session, asset_id, ordered)
-    elif dialect == "postgresql":
-        _postgres_on_conflict(session, asset_id, ordered)
-    else:
-        _savepoint_merge_loop(session, asset_id, ordered)
-
-
-def _set_order(dags: set[DagModel], rng: random.Random | None) -> list[DagModel]:
-    ordered = list(dags)
-    if rng is not None:
+        ordered.sort(key=lambda dag: dag.dag_id)
+    elif rng is not None:
         rng.shuffle(ordered)
-    return ordered
+    dialect = session.get_bind().dialect.name
+    if queueing == "values_batch" and dialect in VALUES_BATCH_DIALECTS:
+        # PR #69977's _queue_dagruns_nonpartitioned_mysql: one INSERT ... ON
+        # DUPLICATE KEY UPDATE no-op executed with one parameter set per DAG in
+        # set order; mysqlclient sends it as one multi-row INSERT.
+        upsert = mysql.insert(AssetDagRunQueue).values(asset_id=asset_id)
+        session.execute(upsert.on_duplicate_key_update(asset_id=_ADRQ.c.asset_id), _targets(ordered))
+    elif dialect == "postgresql":
+        # _queue_dagruns_nonpartitioned_postgres, verbatim: one executemany, one
+        # parameter set per DAG in set order. psycopg 3 pipelines the sets (one
+        # round trip, one INSERT execution per row); psycopg2 sends one multi-row
+        # INSERT (SQLAlchemy's insertmanyvalues).
+        stmt = postgresql.insert(AssetDagRunQueue).values(asset_id=asset_id).on_conflict_do_nothing()
+        session.execute(stmt, _targets(ordered))
+    else:
+        # _queue_dagruns_nonpartitioned_slow_path, verbatim: a deadlock inside the
+        # SAVEPOINT is not an IntegrityError and propagates (on MariaDB as error
+        # 1305 with 1213 further down the chain).
+        for dag in ordered:
+            item = AssetDagRunQueue(target_dag_id=dag.dag_id, asset_id=asset_id)
+            try:
+                with session.begin_nested():
+                    session.merge(item)
+            except exc.IntegrityError:
+                log.debug("Skipping record %s", item, exc_info=True)
 
 
-def _postgres_on_conflict(session: Session, asset_id: int, dags: Iterable[DagModel]) -> None:
-    # _queue_dagruns_nonpartitioned_postgres, verbatim: one executemany, one
-    # parameter set per DAG in set order. psycopg 3 pipelines the sets (one
-    # round trip, one INSERT execution per row); psycopg2 sends one multi-row
-    # INSERT (SQLAlchemy's insertmanyvalues).
-    values = [{"target_dag_id": dag.dag_id} for dag in dags]
-    stmt = postgresql.insert(AssetDagRunQueue).values(asset_id=asset_id).on_conflict_do_nothing()
-    session.execute(stmt, values)
-
-
-def _savepoint_merge_loop(session: Session, asset_id: int, dags: Iterable[DagModel]) -> None:
-    # _queue_dagruns_nonpartitioned_slow_path, verbatim: a deadlock inside the
-    # SAVEPOINT is not an IntegrityError and propagates (on MariaDB as error
-    # 1305 with 1213 further down the chain).
-    for dag in dags:
-        item = AssetDagRunQueue(target_dag_id=dag.dag_id, asset_id=asset_id)
-        try:
-            with session.begin_nested():
-                session.merge(item)
-        except exc.IntegrityError:
-            log.debug("Skipping record %s", item, exc_info=True)
-
-
-def _mysql_on_duplicate_key(session: Session, asset_id: int, dags: Iterable[DagModel]) -> None:
-    # PR #69977's _queue_dagruns_nonpartitioned_mysql: one INSERT ... ON
-    # DUPLICATE KEY UPDATE no-op executed with one parameter set per DAG in
-    # set order; mysqlclient sends it as one multi-row INSERT.
-    values = [{"target_dag_id": dag.dag_id} for dag in dags]
-    stmt = mysql.insert(AssetDagRunQueue).values(asset_id=asset_id)
-    session.execute(stmt.on_duplicate_key_update(asset_id=_ADRQ.c.asset_id), values)
+def _targets(dags: Sequence[DagModel]) -> list[dict[str, str]]:
+    return [{"target_dag_id": dag.dag_id} for dag in dags]

@@ -19,6 +19,9 @@ Seed data (``dag_bundle`` "bench"):
 * for ``lost_events``, asset ``lost_asset`` scheduled on by
   ``lost_consumers`` DAGs ``lost_dag_<k>`` (nothing else schedules on them),
   and per party a warm-up asset ``lost_warm_<p>`` with the same consumers.
+
+``bench --faults``, ``bench --soak`` and the residual race run on a smaller
+data set of their own (:func:`seed_fan`).
 """
 
 from __future__ import annotations
@@ -51,30 +54,6 @@ from airflow_adrq.models import (
 from airflow_adrq_bench.config import Sizes
 from airflow_adrq_testing import servers
 from airflow_adrq_testing.recording import counting
-
-__all__ = [
-    "BUNDLE",
-    "Pair",
-    "SeedAsset",
-    "bench_engine",
-    "bench_run",
-    "check_rows",
-    "consumer_dags",
-    "dag_id",
-    "lost_asset",
-    "lost_dag_ids",
-    "lost_warm_asset",
-    "main_asset_ids",
-    "main_assets",
-    "queued_pairs",
-    "reset",
-    "scratch_database",
-    "seed",
-    "seed_fan",
-    "sweep_asset",
-    "sweep_asset_id",
-    "warm_assets",
-]
 
 BUNDLE: Final = "bench"
 Pair = tuple[int, str]
@@ -110,18 +89,20 @@ def _t(model: type[Any]) -> sa.Table:
     return cast(sa.Table, model.__table__)
 
 
-_ADRQ = _t(AssetDagRunQueue)
+_ADRQ, _ASSET, _DAG = _t(AssetDagRunQueue), _t(AssetModel), _t(DagModel)
 
 
 def dag_id(n: int) -> str:
     return f"dag_{n:05d}"
 
 
-def _paused_dag_id(n: int) -> str:
-    return f"paused_dag_{n:03d}"
-
-
-# --- scratch database -------------------------------------------------------
+def server_backend(url: str, purpose: str) -> str:
+    """``postgresql`` or ``mysql`` (MariaDB too): the servers ``purpose`` can run on; else ValueError."""
+    backend = sa.make_url(url).get_backend_name()
+    backend = "mysql" if backend == "mariadb" else backend
+    if backend not in ("postgresql", "mysql"):
+        raise ValueError(f"{purpose} needs PostgreSQL or MySQL/MariaDB, not {backend}")
+    return backend
 
 
 @contextlib.contextmanager
@@ -146,8 +127,6 @@ def scratch_database(url: str) -> Iterator[str]:
         servers.drop_database(parsed, name)
 
 
-# --- engines used by benchmark processes --------------------------------------
-
 #: Bounded waits, so a round cannot hang: (statement, seconds) per backend.
 _LOCK_TIMEOUT: Final[dict[str, str]] = {
     "postgresql": "SET lock_timeout = '{ms}ms'",
@@ -165,10 +144,8 @@ def bench_engine(url: str | URL, *, lock_timeout_s: float, pool_size: int = 2) -
     """
     parsed = sa.engine.make_url(url)
     backend = parsed.get_backend_name()
-    kwargs: dict[str, Any] = {}
-    if backend != "sqlite":
-        kwargs = {"pool_size": pool_size, "max_overflow": 2}
-    engine = create_engine(parsed, **kwargs)
+    pool: dict[str, Any] = {} if backend == "sqlite" else {"pool_size": pool_size, "max_overflow": 2}
+    engine = create_engine(parsed, **pool)
     setting = _LOCK_TIMEOUT.get(backend)
     if setting is not None:
         statement = setting.format(ms=int(lock_timeout_s * 1000), s=max(1, round(lock_timeout_s)))
@@ -184,125 +161,70 @@ def bench_engine(url: str | URL, *, lock_timeout_s: float, pool_size: int = 2) -
     return engine
 
 
-# --- schema and seed data ------------------------------------------------------
-
-
-def _warm_name(party: int, i: int) -> str:
-    return f"bench_warm_{party}_{i}"
-
-
-def _lost_dag_id(k: int) -> str:
-    return f"lost_dag_{k}"
-
-
 def seed(engine: Engine, sizes: Sizes) -> None:
     """Create the tables and the benchmark's DAGs, assets and references."""
-    metadata.create_all(engine)
     bench_metadata.create_all(engine)
-    parties = max(sizes.producers, sizes.lost_producers)
-    now = utcnow()
-    main = [(f"bench_asset_{i}", f"s3://bench/main/{i}") for i in range(sizes.outlets)]
-    warm = [
-        (_warm_name(p, i), f"s3://bench/warm/{p}/{i}")
-        for p in range(1, parties + 1)
+    parties = range(1, max(sizes.producers, sizes.lost_producers) + 1)
+    sweeps = sorted({*sizes.sweep, *sizes.ratio_fanouts})
+    paused = [f"paused_dag_{n:03d}" for n in range(sizes.paused)]
+    consumers = [dag_id(n) for n in range(sizes.fanout)] + paused
+    lost_dags = [f"lost_dag_{k}" for k in range(sizes.lost_consumers)]
+    # (name, uri, consumer DAGs) of every asset.
+    assets = [(f"bench_asset_{i}", f"s3://bench/main/{i}", consumers) for i in range(sizes.outlets)]
+    assets += [
+        (f"bench_warm_{p}_{i}", f"s3://bench/warm/{p}/{i}", consumers)
+        for p in parties
         for i in range(sizes.outlets)
     ]
-    sweeps = sorted({*sizes.sweep, *sizes.ratio_fanouts})
-    sweep = [(f"sweep_{f}", f"s3://bench/sweep/{f}") for f in sweeps]
-    lost = [("lost_asset", "s3://bench/lost")]
-    lost += [(f"lost_warm_{p}", f"s3://bench/lost-warm/{p}") for p in range(1, parties + 1)]
-    assets = main + warm + sweep + lost
-    with engine.begin() as conn:
-        conn.execute(sa.insert(_t(DagBundleModel)), [{"name": BUNDLE}])
-        dag_rows = [_dag_row(dag_id(n), paused=False) for n in range(sizes.max_fanout)]
-        dag_rows += [_dag_row(_paused_dag_id(n), paused=True) for n in range(sizes.paused)]
-        dag_rows += [_dag_row(_lost_dag_id(k), paused=False) for k in range(sizes.lost_consumers)]
-        _insert_chunked(conn, _t(DagModel), dag_rows)
-        _insert_chunked(
-            conn,
-            _t(AssetModel),
-            [
-                {"name": n, "uri": u, "group": "bench", "extra": {}, "created_at": now, "updated_at": now}
-                for n, u in assets
-            ],
-        )
-        _insert_chunked(conn, _t(AssetActive), [{"name": n, "uri": u} for n, u in assets])
-        ids = _asset_ids_by_name(conn)
-        consumers = [dag_id(n) for n in range(sizes.fanout)]
-        consumers += [_paused_dag_id(n) for n in range(sizes.paused)]
-        lost_consumers = [_lost_dag_id(k) for k in range(sizes.lost_consumers)]
-        refs: list[dict[str, Any]] = []
-        for name, _uri in main + warm:
-            refs += [_ref_row(ids[name], d, now) for d in consumers]
-        for fanout in sweeps:
-            refs += [_ref_row(ids[f"sweep_{fanout}"], dag_id(n), now) for n in range(fanout)]
-        for name, _uri in lost:
-            refs += [_ref_row(ids[name], d, now) for d in lost_consumers]
-        _insert_chunked(conn, _t(DagScheduleAssetReference), refs)
+    assets += [(f"sweep_{f}", f"s3://bench/sweep/{f}", [dag_id(n) for n in range(f)]) for f in sweeps]
+    assets += [("lost_asset", "s3://bench/lost", lost_dags)]
+    assets += [(f"lost_warm_{p}", f"s3://bench/lost-warm/{p}", lost_dags) for p in parties]
+    unpaused = [dag_id(n) for n in range(sizes.max_fanout)] + lost_dags
+    _seed(engine, BUNDLE, unpaused, paused, assets)
 
 
-def _asset_ids_by_name(conn: Connection) -> dict[str, int]:
-    asset = _t(AssetModel)
-    return {str(n): int(i) for n, i in conn.execute(sa.select(asset.c.name, asset.c.id))}
+def seed_fan(engine: Engine, prefix: str, *, outlets: int, fanout: int) -> list[SeedAsset]:
+    """Tables plus ``outlets`` active assets each scheduled on by the same ``fanout`` DAGs.
+
+    The small data set of ``bench --faults``, ``bench --soak`` and the
+    residual race: DAGs ``<prefix>_dag_<n>`` in bundle ``<prefix>``, assets
+    ``<prefix>_asset_<i>``.
+    """
+    dags = [f"{prefix}_dag_{n:04d}" for n in range(fanout)]
+    assets = [(f"{prefix}_asset_{i}", f"s3://{prefix}/{i}", dags) for i in range(outlets)]
+    _seed(engine, prefix, dags, [], assets)
+    with engine.connect() as conn:
+        return _assets_where(conn, _ASSET.c.name.like(f"{prefix}_asset_%"))
 
 
-def _assets_where(conn: Connection, condition: sa.ColumnElement[bool]) -> list[SeedAsset]:
-    asset = _t(AssetModel)
-    rows = conn.execute(
-        sa.select(asset.c.id, asset.c.name, asset.c.uri).where(condition).order_by(asset.c.id)
-    )
-    return [SeedAsset(int(i), str(n), str(u)) for i, n, u in rows]
-
-
-def main_assets(conn: Connection) -> list[SeedAsset]:
-    """The ``outlets`` assets every producer of the contention scenarios emits."""
-    return _assets_where(conn, _t(AssetModel).c.name.like("bench_asset_%"))
-
-
-def warm_assets(conn: Connection, party: int) -> list[SeedAsset]:
-    """Producer party ``party``'s own warm-up assets (same consumers as the main assets)."""
-    names = [_warm_name(party, i) for i in range(len(main_assets(conn)))]
-    found = {a.name: a for a in _assets_where(conn, _t(AssetModel).c.name.in_(names))}
-    return [found[n] for n in names]
-
-
-def sweep_asset(conn: Connection, fanout: int) -> SeedAsset:
-    (asset,) = _assets_where(conn, _t(AssetModel).c.name == f"sweep_{fanout}")
-    return asset
-
-
-def lost_asset(conn: Connection) -> SeedAsset:
-    (asset,) = _assets_where(conn, _t(AssetModel).c.name == "lost_asset")
-    return asset
-
-
-def lost_warm_asset(conn: Connection, party: int) -> SeedAsset:
-    (asset,) = _assets_where(conn, _t(AssetModel).c.name == f"lost_warm_{party}")
-    return asset
-
-
-def lost_dag_ids(conn: Connection) -> list[str]:
-    """The consumer DAGs of ``lost_asset``, sorted."""
-    dag = _t(DagModel)
-    return list(
-        conn.scalars(sa.select(dag.c.dag_id).where(dag.c.dag_id.like("lost_dag_%")).order_by(dag.c.dag_id))
-    )
-
-
-def _dag_row(dag: str, *, paused: bool) -> dict[str, Any]:
-    return {
-        "dag_id": dag,
-        "is_paused": paused,
+def _seed(
+    engine: Engine,
+    bundle: str,
+    unpaused: Sequence[str],
+    paused: Sequence[str],
+    assets: Sequence[tuple[str, str, Sequence[str]]],
+) -> None:
+    """Airflow's tables, then the bundle, its DAGs, the active assets and who schedules on each."""
+    metadata.create_all(engine)
+    now = utcnow()
+    dag = {
         "is_stale": False,
-        "bundle_name": BUNDLE,
+        "bundle_name": bundle,
         "timetable_partitioned": False,
         "has_import_errors": False,
-        "exceeds_max_non_backfill": False,
     }
-
-
-def _ref_row(asset_id: int, dag: str, now: Any) -> dict[str, Any]:
-    return {"asset_id": asset_id, "dag_id": dag, "created_at": now, "updated_at": now}
+    dag["exceeds_max_non_backfill"] = False
+    with engine.begin() as conn:
+        conn.execute(sa.insert(_t(DagBundleModel)), [{"name": bundle}])
+        dags = [{**dag, "dag_id": d, "is_paused": False} for d in unpaused]
+        _insert_chunked(conn, _DAG, dags + [{**dag, "dag_id": d, "is_paused": True} for d in paused])
+        stamps = {"created_at": now, "updated_at": now}
+        rows = [{"name": n, "uri": u, "group": bundle, "extra": {}, **stamps} for n, u, _ in assets]
+        _insert_chunked(conn, _ASSET, rows)
+        _insert_chunked(conn, _t(AssetActive), [{"name": n, "uri": u} for n, u, _ in assets])
+        ids = {str(n): int(i) for n, i in conn.execute(sa.select(_ASSET.c.name, _ASSET.c.id))}
+        refs = [{"asset_id": ids[n], "dag_id": d, **stamps} for n, _, ds in assets for d in ds]
+        _insert_chunked(conn, _t(DagScheduleAssetReference), refs)
 
 
 def _insert_chunked(conn: Connection, table: sa.Table, rows: Sequence[dict[str, Any]]) -> None:
@@ -310,12 +232,40 @@ def _insert_chunked(conn: Connection, table: sa.Table, rows: Sequence[dict[str, 
         conn.execute(sa.insert(table), list(rows[start : start + 2000]))
 
 
+def _assets_where(conn: Connection, condition: sa.ColumnElement[bool]) -> list[SeedAsset]:
+    rows = conn.execute(
+        sa.select(_ASSET.c.id, _ASSET.c.name, _ASSET.c.uri).where(condition).order_by(_ASSET.c.id)
+    )
+    return [SeedAsset(int(i), str(n), str(u)) for i, n, u in rows]
+
+
+def main_assets(conn: Connection) -> list[SeedAsset]:
+    """The ``outlets`` assets every producer of the contention scenarios emits."""
+    return _assets_where(conn, _ASSET.c.name.like("bench_asset_%"))
+
+
 def main_asset_ids(conn: Connection) -> list[int]:
     return [a.id for a in main_assets(conn)]
 
 
-def sweep_asset_id(conn: Connection, fanout: int) -> int:
-    return sweep_asset(conn, fanout).id
+def warm_assets(conn: Connection, party: int) -> list[SeedAsset]:
+    """Producer party ``party``'s own warm-up assets (same consumers as the main assets)."""
+    names = [f"bench_warm_{party}_{i}" for i in range(len(main_assets(conn)))]
+    found = {a.name: a for a in _assets_where(conn, _ASSET.c.name.in_(names))}
+    return [found[n] for n in names]
+
+
+def asset(conn: Connection, name: str) -> SeedAsset:
+    """The seeded asset ``name``: ``sweep_<F>``, ``lost_asset`` or ``lost_warm_<p>``."""
+    (found,) = _assets_where(conn, _ASSET.c.name == name)
+    return found
+
+
+def lost_dag_ids(conn: Connection) -> list[str]:
+    """The consumer DAGs of ``lost_asset``, sorted."""
+    return list(
+        conn.scalars(sa.select(_DAG.c.dag_id).where(_DAG.c.dag_id.like("lost_dag_%")).order_by(_DAG.c.dag_id))
+    )
 
 
 def consumer_dags(conn: Connection, asset_ids: Sequence[int]) -> dict[int, frozenset[str]]:
@@ -358,29 +308,3 @@ def check_rows(queued: set[Pair], emitted: set[Pair], consumed: set[Pair]) -> di
         "missing": len(emitted - queued - consumed),
         "consumed_unemitted": len(consumed - emitted),
     }
-
-
-def seed_fan(engine: Engine, prefix: str, *, outlets: int, fanout: int) -> list[tuple[str, str]]:
-    """Tables plus ``outlets`` active assets each scheduled on by the same ``fanout`` DAGs; (name, uri)s.
-
-    The small data set of ``bench --faults`` and ``bench --soak``: DAGs
-    ``<prefix>_dag_<n>`` in bundle ``<prefix>``, assets ``<prefix>_asset_<i>``.
-    """
-    now = utcnow()
-    assets = [(f"{prefix}_asset_{i}", f"s3://{prefix}/{i}") for i in range(outlets)]
-    dags = [f"{prefix}_dag_{n:04d}" for n in range(fanout)]
-    metadata.create_all(engine)
-    with engine.begin() as conn:
-        conn.execute(sa.insert(DagBundleModel), [{"name": prefix}])
-        conn.execute(
-            sa.insert(DagModel),
-            [{"dag_id": d, "is_paused": False, "is_stale": False, "bundle_name": prefix} for d in dags],
-        )
-        conn.execute(sa.insert(AssetModel), [{"name": n, "uri": u} for n, u in assets])
-        conn.execute(sa.insert(AssetActive), [{"name": n, "uri": u} for n, u in assets])
-        ids = [i for (i,) in conn.execute(sa.select(AssetModel.id).order_by(AssetModel.id))]
-        conn.execute(
-            sa.insert(DagScheduleAssetReference),
-            [{"asset_id": a, "dag_id": d, "created_at": now, "updated_at": now} for a in ids for d in dags],
-        )
-    return assets

@@ -28,52 +28,25 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
-import math
 import os
 import random
-import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 import airflow_adrq
-from airflow_adrq.models import AssetDagRunQueue, AssetEvent, DagScheduleAssetReference, UtcDateTime, utcnow
-from airflow_adrq_bench import barrier, dataset, rawsql, strategies
+from airflow_adrq.models import UtcDateTime, utcnow
+from airflow_adrq_bench import barrier, dataset, rawsql, scheduler, strategies
 from airflow_adrq_bench.config import COMMITTED, GAVE_UP, NOT_STARTED, Cell, Plan, Sizes
-from airflow_adrq_bench.stats import percentile
+from airflow_adrq_bench.stats import median, percentile
 from airflow_adrq_testing.recording import counting
-
-__all__ = [
-    "COMMITTED",
-    "GAVE_UP",
-    "GAVE_UP_ATTEMPTS",
-    "GAVE_UP_STOPPED",
-    "GAVE_UP_TIMEOUT",
-    "NOT_STARTED",
-    "TxResult",
-    "cell_started",
-    "emitted_assets",
-    "process_rng",
-    "producer_work",
-    "round_records",
-    "run_coordinator",
-    "run_producer",
-    "run_raw_ratio",
-    "run_sweep",
-    "run_transaction",
-    "scheduler_pass",
-]
-
-_ADRQ = cast(sa.Table, AssetDagRunQueue.__table__)
-_EVENT = cast(sa.Table, AssetEvent.__table__)
-_REF = cast(sa.Table, DagScheduleAssetReference.__table__)
 
 
 def process_rng() -> random.Random:
@@ -88,7 +61,6 @@ def process_rng() -> random.Random:
 
 
 # --- one producer transaction ---------------------------------------------------
-
 
 #: Why :func:`run_transaction` gave up (``TxResult.gave_up``).
 GAVE_UP_ATTEMPTS = "max attempts"
@@ -139,9 +111,7 @@ def run_transaction(
     failures: Counter[str] = Counter()
     last: str | None = None
     start = time.perf_counter()
-    attempt = 0
-    while True:
-        attempt += 1
+    for attempt in range(1, max_attempts + 1):
         counting.reset()
         try:
             with Session(engine) as session:
@@ -153,36 +123,29 @@ def run_transaction(
             retryable = airflow_adrq.classify(exc)
             if retryable is None:
                 raise
-            kind = last = retryable.kind.value
-            failures[kind] += 1
-            reason = (
-                GAVE_UP_ATTEMPTS
-                if attempt >= max_attempts
-                else GAVE_UP_TIMEOUT
-                if time.monotonic() > deadline
-                else GAVE_UP_STOPPED
-                if give_up()
-                else None
-            )
+            last = retryable.kind.value
+            failures[last] += 1
+            reason = GAVE_UP_ATTEMPTS if attempt >= max_attempts else None
+            if reason is None and time.monotonic() > deadline:
+                reason = GAVE_UP_TIMEOUT
+            if reason is None and give_up():
+                reason = GAVE_UP_STOPPED
             if reason is not None:
                 elapsed = time.perf_counter() - start
-                return TxResult(False, attempt, elapsed, 0, list(assets), dict(failures), reason, kind)
+                return TxResult(False, attempt, elapsed, 0, list(assets), dict(failures), reason, last)
             # Jittered backoff, so two victims do not restart in lockstep.
             time.sleep(rng.uniform(0, min(0.05, 0.005 * attempt)))
             continue
         elapsed = time.perf_counter() - start
         return TxResult(True, attempt, elapsed, counting.value(), list(assets), dict(failures), None, last)
+    raise ValueError("max_attempts must be at least 1")
 
 
 def producer_work(
     emit: strategies.Emit, assets: Sequence[dataset.SeedAsset], rng: random.Random
 ) -> Callable[[Session], None]:
     """The strategy's whole ``register_asset_change`` for each asset, in this order."""
-
-    def work(session: Session) -> None:
-        emit(session, assets, rng)
-
-    return work
+    return lambda session: emit(session, assets, rng)
 
 
 def emitted_assets(
@@ -194,121 +157,6 @@ def emitted_assets(
     emitted = list(assets)
     rng.shuffle(emitted)
     return emitted
-
-
-# --- the parties ---------------------------------------------------------------
-
-
-class _Engines:
-    """One engine per database URL, disposed when the run moves to another."""
-
-    def __init__(self, sizes: Sizes) -> None:
-        self._sizes = sizes
-        self._url: str | None = None
-        self._engine: Engine | None = None
-
-    def get(self, url: str) -> Engine:
-        if url != self._url:
-            self.close()
-            self._engine = dataset.bench_engine(url, lock_timeout_s=self._sizes.lock_timeout_s)
-            self._url = url
-        assert self._engine is not None
-        return self._engine
-
-    def close(self) -> None:
-        if self._engine is not None:
-            self._engine.dispose()
-        self._engine, self._url = None, None
-
-
-class _Party:
-    """What every party's loop takes from the plan, its own generator and engines, and its barriers."""
-
-    def __init__(self, plan: Plan) -> None:
-        self.sizes = plan.sizes
-        self.out = Path(plan.out_dir)
-        self.sync = self.out / "barriers"
-        self.rng = process_rng()
-        self.engines = _Engines(plan.sizes)
-        self.parties = plan.parties
-        self.timeout = plan.barrier_timeout_s
-
-    def wait(self, name: str, cell: Cell, party: int) -> None:
-        """Wait at barrier ``name`` of ``cell`` until every party has arrived."""
-        barrier.wait(self.sync, f"{name}-{cell.index}", party, self.parties, timeout_s=self.timeout)
-
-
-def _round_assets(
-    conn: Connection, cell: Cell, party: int
-) -> tuple[list[dataset.SeedAsset], list[dataset.SeedAsset]]:
-    """(the assets the round emits, this party's warm-up assets)."""
-    if cell.scenario == "lost_events":
-        return [dataset.lost_asset(conn)], [dataset.lost_warm_asset(conn, party)]
-    return dataset.main_assets(conn), dataset.warm_assets(conn, party)
-
-
-def run_producer(plan: Plan, party: int) -> None:
-    """Party ``party`` (1..N): every round it takes part in, warm up, then run its transactions."""
-    this = _Party(plan)
-    sizes, out, sync, rng, engines = this.sizes, this.out, this.sync, this.rng, this.engines
-    try:
-        with (out / f"tx-{party}.jsonl").open("a") as sink:
-            for cell in plan.cells:
-                active = party <= cell.producers
-                if active:
-                    engine = engines.get(cell.url)
-                    with engine.connect() as conn:
-                        assets, warm = _round_assets(conn, cell, party)
-                    emit = strategies.get(cell.strategy)
-                    warm_up = emitted_assets(cell.scenario, warm, rng)
-                    run_transaction(
-                        engine,
-                        producer_work(emit, warm_up, rng),
-                        max_attempts=sizes.max_attempts,
-                        deadline=time.monotonic() + this.timeout,
-                        hold_s=0,
-                        rng=rng,
-                    )
-                this.wait("warm", cell, party)
-                this.wait("start", cell, party)
-                if active:
-                    if cell.scenario == "lost_events":
-                        count = _share(sizes.lost_events, cell.producers, party)
-                        deadline = time.monotonic() + sizes.lost_timeout_s
-                    else:
-                        count = sizes.transactions
-                        deadline = time.monotonic() + sizes.round_timeout_s
-                    one = functools.partial(
-                        _producer_transaction, engine, emit, cell, assets, sizes, deadline, rng
-                    )
-                    for record in round_records(count, deadline, one):
-                        sink.write(json.dumps({"cell": cell.index, "party": party, **record}) + "\n")
-                        sink.flush()
-                barrier.arrive(sync, f"done-{cell.index}", party)
-                this.wait("end", cell, party)
-    finally:
-        engines.close()
-
-
-def _producer_transaction(
-    engine: Engine,
-    emit: strategies.Emit,
-    cell: Cell,
-    assets: Sequence[dataset.SeedAsset],
-    sizes: Sizes,
-    deadline: float,
-    rng: random.Random,
-) -> TxResult:
-    emitted = emitted_assets(cell.scenario, assets, rng)
-    return run_transaction(
-        engine,
-        producer_work(emit, emitted, rng),
-        max_attempts=sizes.max_attempts,
-        deadline=deadline,
-        hold_s=cell.hold_ms / 1000,
-        rng=rng,
-        assets=[a.id for a in emitted],
-    )
 
 
 def round_records(
@@ -334,35 +182,116 @@ def round_records(
         yield {**asdict(result), "outcome": result.outcome}
 
 
-def _share(total: int, producers: int, party: int) -> int:
+def share(total: int, producers: int, party: int) -> int:
     """Party ``party``'s part of ``total`` transactions split over ``producers`` (1-based)."""
     return total // producers + (1 if party <= total % producers else 0)
 
 
+# --- the parties ---------------------------------------------------------------
+
+
+class _Party:
+    """What every party's loop takes from the plan: its generator, its barriers, one engine at a time."""
+
+    def __init__(self, plan: Plan, party: int) -> None:
+        self.plan, self.sizes, self.party = plan, plan.sizes, party
+        self.out = Path(plan.out_dir)
+        self.sync = self.out / "barriers"
+        self.rng = process_rng()
+        self._url: str | None = None
+        self._engine: Engine | None = None
+
+    def engine(self, url: str) -> Engine:
+        """The engine of ``url``; the previous database's is disposed when the run moves on."""
+        if url != self._url:
+            self.close()
+            self._engine, self._url = dataset.bench_engine(url, lock_timeout_s=self.sizes.lock_timeout_s), url
+        assert self._engine is not None
+        return self._engine
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+        self._engine, self._url = None, None
+
+    def wait(self, name: str, cell: Cell) -> None:
+        """Wait at barrier ``name`` of ``cell`` until every party has arrived."""
+        timeout = self.plan.barrier_timeout_s
+        barrier.wait(self.sync, f"{name}-{cell.index}", self.party, self.plan.parties, timeout_s=timeout)
+
+    def transaction(
+        self, engine: Engine, cell: Cell, assets: Sequence[dataset.SeedAsset], **kw: Any
+    ) -> TxResult:
+        """One producer transaction of ``cell``'s strategy over the assets its scenario emits."""
+        emitted = emitted_assets(cell.scenario, assets, self.rng)
+        work = producer_work(strategies.get(cell.strategy), emitted, self.rng)
+        ids = [a.id for a in emitted]
+        return run_transaction(
+            engine, work, max_attempts=self.sizes.max_attempts, rng=self.rng, assets=ids, **kw
+        )
+
+
+def run_producer(plan: Plan, party: int) -> None:
+    """Party ``party`` (1..N): every round it takes part in, warm up, then run its transactions."""
+    this, sizes = _Party(plan, party), plan.sizes
+    try:
+        with (this.out / f"tx-{party}.jsonl").open("a") as sink:
+            for cell in plan.cells:
+                active = party <= cell.producers
+                if active:
+                    engine = this.engine(cell.url)
+                    with engine.connect() as conn:
+                        if cell.scenario == "lost_events":
+                            assets = [dataset.asset(conn, "lost_asset")]
+                            warm = [dataset.asset(conn, f"lost_warm_{party}")]
+                        else:
+                            assets, warm = dataset.main_assets(conn), dataset.warm_assets(conn, party)
+                    deadline = time.monotonic() + plan.barrier_timeout_s
+                    this.transaction(engine, cell, warm, deadline=deadline, hold_s=0)
+                this.wait("warm", cell)
+                this.wait("start", cell)
+                if active:
+                    if cell.scenario == "lost_events":
+                        count = share(sizes.lost_events, cell.producers, party)
+                        deadline = time.monotonic() + sizes.lost_timeout_s
+                    else:
+                        count = sizes.transactions
+                        deadline = time.monotonic() + sizes.round_timeout_s
+                    hold_s = cell.hold_ms / 1000
+                    one = functools.partial(
+                        this.transaction, engine, cell, assets, deadline=deadline, hold_s=hold_s
+                    )
+                    for record in round_records(count, deadline, one):
+                        sink.write(json.dumps({"cell": cell.index, "party": party, **record}) + "\n")
+                        sink.flush()
+                barrier.arrive(this.sync, f"done-{cell.index}", party)
+                this.wait("end", cell)
+    finally:
+        this.close()
+
+
 def run_coordinator(plan: Plan) -> None:
     """Party 0: reset before each round, consume, check rows (or count lost events) after."""
-    this = _Party(plan)
-    sizes, out, sync, rng, engines = this.sizes, this.out, this.sync, this.rng, this.engines
+    this = _Party(plan, 0)
     try:
-        with (out / "cells.jsonl").open("a") as sink:
+        with (this.out / "cells.jsonl").open("a") as sink:
             for cell in plan.cells:
-                engine = engines.get(cell.url)
-                this.wait("warm", cell, 0)
+                engine = this.engine(cell.url)
+                this.wait("warm", cell)
                 dataset.reset(engine)
-                this.wait("start", cell, 0)
-                current = _Round(
-                    engine, sync, cell, sizes, this.parties, rng, time.perf_counter(), this.timeout
+                this.wait("start", cell)
+                current = _Round(this, engine, cell, time.perf_counter())
+                record = (
+                    _lost_events_round(current)
+                    if cell.scenario == "lost_events"
+                    else _contention_round(current)
                 )
-                if cell.scenario == "lost_events":
-                    record = _lost_events_round(current)
-                else:
-                    record = _contention_round(current, out)
-                this.wait("end", cell, 0)
-                record["planned"] = cell.planned(sizes)
+                this.wait("end", cell)
+                record["planned"] = cell.planned(plan.sizes)
                 sink.write(json.dumps(record) + "\n")
                 sink.flush()
     finally:
-        engines.close()
+        this.close()
 
 
 def cell_started(sync: Path, index: int) -> bool:
@@ -380,30 +309,23 @@ class _Round:
     :meth:`wait_done`.
     """
 
+    party: _Party
     engine: Engine
-    sync: Path
     cell: Cell
-    sizes: Sizes
-    parties: int
-    rng: random.Random
     started: float
-    #: Seconds after ``started`` when the producers count as stuck.
-    timeout: float
     #: What the committed consumer transactions took: (asset, DAG) claims or (event, DAG) runs.
     consumed: set[dataset.Pair] = field(default_factory=set)
     #: Failed consumer attempts, by kind.
     failures: Counter[str] = field(default_factory=Counter)
 
-    def producers_done(self) -> bool:
-        return barrier.arrived(self.sync, f"done-{self.cell.index}", self.parties) >= self.parties - 1
-
     def wait_done(self, between: Callable[[], object] = lambda: None, *, pause_s: float = 0.001) -> float:
         """Call ``between`` (a consumer's step) until every producer is done; returns the round's duration.
 
-        Raises :class:`barrier.BarrierTimeoutError` once ``timeout`` has passed.
+        Raises :class:`barrier.BarrierTimeoutError` once the barrier timeout has passed.
         """
-        while not self.producers_done():
-            if time.perf_counter() - self.started > self.timeout:
+        parties = self.party.plan.parties
+        while barrier.arrived(self.party.sync, f"done-{self.cell.index}", parties) < parties - 1:
+            if time.perf_counter() - self.started > self.party.plan.barrier_timeout_s:
                 raise barrier.BarrierTimeoutError(f"producers did not finish {self.cell.label}")
             between()
             time.sleep(pause_s)
@@ -426,13 +348,9 @@ class _Round:
             taken.clear()
             made[0] = work(session, taken)
 
+        sizes, rng = self.party.sizes, self.party.rng
         result = run_transaction(
-            self.engine,
-            attempt,
-            max_attempts=self.sizes.max_attempts,
-            deadline=deadline,
-            hold_s=0,
-            rng=self.rng,
+            self.engine, attempt, max_attempts=sizes.max_attempts, deadline=deadline, hold_s=0, rng=rng
         )
         self.failures.update(result.failures)
         if not result.ok:
@@ -441,19 +359,24 @@ class _Round:
         return result, made[0]
 
 
-def _contention_round(current: _Round, out: Path) -> dict[str, Any]:
+def _contention_round(current: _Round) -> dict[str, Any]:
     with current.engine.connect() as conn:
-        asset_ids = dataset.main_asset_ids(conn)
-        consumers = dataset.consumer_dags(conn, asset_ids)
+        consumers = dataset.consumer_dags(conn, dataset.main_asset_ids(conn))
     consumer: dict[str, Any] = {}
     if current.cell.scenario == "with_consumer":
-        claimer = _Claimer(current, sorted(set().union(*consumers.values())))
-        duration = current.wait_done(claimer, pause_s=0.002)
-        consumer = {"claims": claimer.claims, "failures": dict(current.failures)}
+        step, claims = _claimer(current, sorted(set().union(*consumers.values())))
+        duration = current.wait_done(step, pause_s=0.002)
+        consumer = {"claims": claims[0], "failures": dict(current.failures)}
     else:
         duration = current.wait_done()
     # Every producer has written its transactions before arriving at "done".
-    emitted = _emitted_pairs(out, current.cell, current.parties - 1, consumers)
+    emitted: set[dataset.Pair] = set()
+    for party in range(1, current.party.plan.parties):
+        path = current.party.out / f"tx-{party}.jsonl"
+        for line in path.read_text().splitlines() if path.exists() else []:
+            tx = json.loads(line)
+            if tx["cell"] == current.cell.index and tx["ok"]:
+                emitted.update((a, d) for a in tx["assets"] for d in consumers[a])
     with current.engine.connect() as conn:
         queued = dataset.queued_pairs(conn)
     check = dataset.check_rows(queued, emitted, current.consumed)
@@ -469,64 +392,36 @@ def _contention_round(current: _Round, out: Path) -> dict[str, Any]:
     }
 
 
-def _emitted_pairs(
-    out: Path, cell: Cell, producers: int, consumers: dict[int, frozenset[str]]
-) -> set[dataset.Pair]:
-    emitted: set[dataset.Pair] = set()
-    for party in range(1, producers + 1):
-        path = out / f"tx-{party}.jsonl"
-        if not path.exists():
-            continue
-        for line in path.read_text().splitlines():
-            tx = json.loads(line)
-            if tx["cell"] == cell.index and tx["ok"]:
-                for asset_id in tx["assets"]:
-                    emitted.update((asset_id, d) for d in consumers[asset_id])
-    return emitted
-
-
-class _Claimer:
+def _claimer(current: _Round, dags: Sequence[str]) -> tuple[Callable[[], None], list[int]]:
     """The ``with_consumer`` scheduler: each call claims one DAG's queue rows, until its deadline.
 
     The DAGs are taken in a shuffled round-robin. A claim is one transaction:
-    the DAG's queue rows ``FOR UPDATE SKIP LOCKED`` (as Airflow 3.3's
-    ``_create_dag_runs_asset_triggered``; SQLite has no row locks and ignores
-    the clause, BEGIN IMMEDIATE serialises instead), a recorded run, exactly
-    the claimed rows deleted, COMMIT.
+    the DAG's queue rows (:func:`.scheduler.queued`), a recorded run, exactly
+    the claimed rows deleted, COMMIT. Returns the step and a count of the claims made.
     """
+    order = list(dags)
+    current.party.rng.shuffle(order)
+    sizes = current.party.sizes
+    deadline = time.monotonic() + sizes.round_timeout_s + 2 * sizes.lock_timeout_s
+    turn, claims = [0], [0]
 
-    def __init__(self, current: _Round, dags: Sequence[str]) -> None:
-        self.round = current
-        self.order = list(dags)
-        current.rng.shuffle(self.order)
-        sizes = current.sizes
-        self.deadline = time.monotonic() + sizes.round_timeout_s + 2 * sizes.lock_timeout_s
-        self.turn = 0
-        self.claims = 0
+    def claim(dag: str, session: Session, claimed: list[dataset.Pair]) -> int:
+        conn = session.connection()
+        rows = scheduler.queued(conn, dag)
+        if not rows:
+            return 0
+        claimed.extend((a, dag) for a, _ in rows)
+        conn.execute(sa.insert(dataset.bench_run).values(dag_id=dag, queued_rows=len(rows)))
+        scheduler.delete(conn, dag, rows)
+        return 1
 
-    def __call__(self) -> None:
-        if time.monotonic() >= self.deadline:
-            return
-        dag = self.order[self.turn % len(self.order)]
-        self.turn += 1
-        _, made = self.round.consume(functools.partial(_claim, dag), deadline=self.deadline)
-        self.claims += made
+    def step() -> None:
+        if time.monotonic() < deadline:
+            dag = order[turn[0] % len(order)]
+            turn[0] += 1
+            claims[0] += current.consume(functools.partial(claim, dag), deadline=deadline)[1]
 
-
-def _claim(dag: str, session: Session, claimed: list[dataset.Pair]) -> int:
-    """Claim ``dag``'s queue rows into ``claimed``, record a run, delete them; 1 if there were any."""
-    rows = session.execute(
-        sa.select(_ADRQ.c.asset_id, _ADRQ.c.target_dag_id)
-        .where(_ADRQ.c.target_dag_id == dag)
-        .order_by(_ADRQ.c.created_at.desc())
-        .with_for_update(skip_locked=True)
-    ).all()
-    if not rows:
-        return 0
-    claimed.extend((int(a), str(d)) for a, d in rows)
-    session.execute(sa.insert(dataset.bench_run).values(dag_id=dag, queued_rows=len(rows)))
-    session.execute(sa.delete(_ADRQ).where(sa.tuple_(_ADRQ.c.asset_id, _ADRQ.c.target_dag_id).in_(claimed)))
-    return 1
+    return step, claims
 
 
 # --- lost events: Airflow 3.3.2's scheduler rule ----------------------------------
@@ -538,61 +433,36 @@ _FLOOR = dt.datetime(1970, 1, 2, tzinfo=dt.timezone.utc)
 def scheduler_pass(session: Session, dags: Sequence[str], consumed: list[tuple[int, str]]) -> int:
     """One pass of Airflow 3.3.2's ``_create_dag_runs_asset_triggered`` over ``dags``; returns runs created.
 
-    Per DAG, as the scheduler does (catchup off): ``SELECT ... FROM
-    asset_dag_run_queue WHERE target_dag_id = :dag ORDER BY created_at DESC
-    FOR UPDATE SKIP LOCKED`` (SQLite: no lock clause); nothing → next DAG;
-    ``triggered_date`` = the newest ``created_at``; the run consumes the
-    events of the DAG's assets with ``floor < timestamp <= triggered_date``,
+    Per DAG, as the scheduler does (catchup off): :mod:`.scheduler`'s step,
     floor = ``coalesce(max(run_after) of the DAG's earlier runs below
     triggered_date, min(created_at) of its schedule references)``; the run
-    is recorded with ``run_after = triggered_date``; the locked queue rows
-    are deleted. The caller commits (Airflow commits once per scheduler loop).
+    is recorded with ``run_after = triggered_date``. The caller commits.
     Appends ``(event_id, dag_id)`` to ``consumed``.
     """
+    conn, run = session.connection(), dataset.bench_run
     runs = 0
     for dag in dags:
-        rows = session.execute(
-            sa.select(_ADRQ.c.asset_id, _ADRQ.c.target_dag_id, _ADRQ.c.created_at)
-            .where(_ADRQ.c.target_dag_id == dag)
-            .order_by(_ADRQ.c.created_at.desc())
-            .with_for_update(skip_locked=True)
-        ).all()
+        rows = scheduler.queued(conn, dag)
         if not rows:
             continue
-        triggered_date = rows[0].created_at
-        previous = (
-            sa.select(sa.func.max(dataset.bench_run.c.run_after))
-            .where(dataset.bench_run.c.dag_id == dag, dataset.bench_run.c.run_after < triggered_date)
-            .scalar_subquery()
+        triggered = rows[0][1]
+        previous = sa.select(sa.func.max(run.c.run_after)).where(
+            run.c.dag_id == dag, run.c.run_after < triggered
         )
-        first_reference = (
-            sa.select(sa.func.min(_REF.c.created_at)).where(_REF.c.dag_id == dag).scalar_subquery()
-        )
-        floor = sa.func.coalesce(
-            previous, first_reference, sa.bindparam("floor", _FLOOR, type_=UtcDateTime())
-        )
-        event_ids = session.scalars(
-            sa.select(_EVENT.c.id)
-            .where(
-                _EVENT.c.asset_id.in_(sa.select(_REF.c.asset_id).where(_REF.c.dag_id == dag)),
-                _EVENT.c.timestamp <= triggered_date,
-                _EVENT.c.timestamp > floor,
-            )
-            .order_by(_EVENT.c.timestamp.asc(), _EVENT.c.id.asc())
-        ).all()
-        session.execute(
-            sa.insert(dataset.bench_run).values(
-                dag_id=dag, queued_rows=len(rows), run_after=triggered_date, consumed_events=len(event_ids)
-            )
-        )
-        consumed.extend((int(e), dag) for e in event_ids)
-        session.execute(
-            sa.delete(_ADRQ).where(
-                sa.tuple_(_ADRQ.c.asset_id, _ADRQ.c.target_dag_id).in_(
-                    [(r.asset_id, r.target_dag_id) for r in rows]
-                )
-            )
-        )
+        ref = scheduler.REF
+        first_reference = sa.select(sa.func.min(ref.c.created_at)).where(ref.c.dag_id == dag)
+        last_resort = sa.bindparam("floor", _FLOOR, type_=UtcDateTime())
+        floor = sa.func.coalesce(previous.scalar_subquery(), first_reference.scalar_subquery(), last_resort)
+        events = scheduler.window(conn, dag, triggered, floor)
+        values = {
+            "dag_id": dag,
+            "queued_rows": len(rows),
+            "run_after": triggered,
+            "consumed_events": len(events),
+        }
+        conn.execute(sa.insert(run).values(**values))
+        consumed.extend((e, dag) for e in events)
+        scheduler.delete(conn, dag, rows)
         runs += 1
     return runs
 
@@ -601,18 +471,17 @@ def _lost_events_round(current: _Round) -> dict[str, Any]:
     """Consume with Airflow 3.3.2's rule while the producers run, drain, count unconsumed pairs."""
     with current.engine.connect() as conn:
         dags = dataset.lost_dag_ids(conn)
-        asset = dataset.lost_asset(conn)
-    runs = 0
+        asset = dataset.asset(conn, "lost_asset")
     pass_ms: list[float] = []
+    runs = [0]
 
     def one_pass() -> int:
-        nonlocal runs
+        deadline = time.monotonic() + current.party.plan.barrier_timeout_s
         result, made = current.consume(
-            lambda session, taken: scheduler_pass(session, dags, taken),
-            deadline=time.monotonic() + current.timeout,
+            lambda session, taken: scheduler_pass(session, dags, taken), deadline=deadline
         )
         pass_ms.append(result.latency_s * 1000)
-        runs += made
+        runs[0] += made
         return made
 
     duration = current.wait_done(one_pass)
@@ -626,14 +495,19 @@ def _lost_events_round(current: _Round) -> dict[str, Any]:
     # of that DAG: they are late, not lost. A sentinel event, committed with
     # its queue rows after everything else, triggers that next run; only the
     # pairs it does not pick up either were consumed by no run, ever.
-    with Session(current.engine) as session:
-        sentinel = _sentinel_event(session, asset.id, dags)
-        session.commit()
+    now, event = utcnow(), scheduler.EVENT
+    with current.engine.begin() as conn:
+        row = {"asset_id": asset.id, "extra": {}, "timestamp": now, "source_dag_id": "bench_sentinel"}
+        key = conn.execute(sa.insert(event).values(**row)).inserted_primary_key
+        assert key is not None
+        sentinel = int(key[0])
+        queue_rows = [{"asset_id": asset.id, "target_dag_id": d, "created_at": now} for d in dags]
+        conn.execute(sa.insert(scheduler.ADRQ), queue_rows)
     while one_pass():
         pass
     with current.engine.connect() as conn:
         events = list(
-            conn.scalars(sa.select(_EVENT.c.id).where(_EVENT.c.asset_id == asset.id, _EVENT.c.id != sentinel))
+            conn.scalars(sa.select(event.c.id).where(event.c.asset_id == asset.id, event.c.id != sentinel))
         )
         left = len(dataset.queued_pairs(conn))
     pairs = {(e, d) for e in events for d in dags}
@@ -649,10 +523,10 @@ def _lost_events_round(current: _Round) -> dict[str, Any]:
         "lost_events": len({e for e, _ in lost}),
         # Consumed only by the sentinel's runs, after the round.
         "late_pairs": len((pairs & consumed) - consumed_in_round),
-        "runs": runs,
+        "runs": runs[0],
         "passes": len(pass_ms),
-        "pass_p50_ms": statistics.median(pass_ms) if pass_ms else math.nan,
-        "pass_max_ms": max(pass_ms, default=math.nan),
+        "pass_p50_ms": median(pass_ms),
+        "pass_max_ms": max(pass_ms, default=float("nan")),
         "queue_rows_left": left,
         "consumer_failures": dict(current.failures),
         # Consumed pairs that are neither this round's events nor the sentinel: must be 0.
@@ -660,32 +534,26 @@ def _lost_events_round(current: _Round) -> dict[str, Any]:
     }
 
 
-def _sentinel_event(session: Session, asset_id: int, dags: Sequence[str]) -> int:
-    """Insert one event of ``asset_id`` and its queue rows, all stamped now; returns the event id."""
-    now = utcnow()
-    result = cast(
-        "sa.CursorResult[Any]",
-        session.execute(
-            sa.insert(_EVENT).values(
-                asset_id=asset_id, extra={}, timestamp=now, source_dag_id="bench_sentinel"
-            )
-        ),
-    )
-    key = result.inserted_primary_key
-    assert key is not None
-    event_id = int(key[0])
-    session.execute(
-        sa.insert(_ADRQ), [{"asset_id": asset_id, "target_dag_id": d, "created_at": now} for d in dags]
-    )
-    return event_id
+# --- one caller: the fan-out sweep and the raw-SQL ratio ---------------------------
 
 
-# --- fan-out sweep --------------------------------------------------------------
-
-
-def _reset_and_count(engine: Engine) -> None:
+def _timed(engine: Engine, call: Callable[[], object], fanout: int) -> tuple[float, int, bool]:
+    """One ``call`` on a queue emptied untimed: seconds, statements, whether it queued ``fanout`` rows."""
     dataset.reset(engine)
     counting.reset()
+    start = time.perf_counter()
+    call()
+    elapsed, statements = time.perf_counter() - start, counting.value()
+    with engine.connect() as conn:
+        return elapsed, statements, len(dataset.queued_pairs(conn)) == fanout
+
+
+def _commit(
+    engine: Engine, emit: strategies.Emit, assets: list[dataset.SeedAsset], rng: random.Random
+) -> None:
+    with Session(engine) as session:
+        emit(session, assets, rng)
+        session.commit()
 
 
 def run_sweep(
@@ -710,7 +578,7 @@ def run_sweep(
     rng.shuffle(names)
     try:
         with engine.connect() as conn:
-            asset_of = {f: dataset.sweep_asset(conn, f) for f in sizes.sweep}
+            asset_of = {f: dataset.asset(conn, f"sweep_{f}") for f in sizes.sweep}
         for name in names:
             emit = strategies.get(name)
             previous: tuple[int, float] | None = None
@@ -720,31 +588,18 @@ def run_sweep(
                     previous[1] * fanout / previous[0] * (sizes.sweep_repeats + 1) if previous else 0.0
                 )
                 if projected > budget_s:
-                    row["skipped"] = f"projected over {budget_s:.0f} s"
-                    results.append(row)
+                    results.append({**row, "skipped": f"projected over {budget_s:.0f} s"})
                     continue
                 if progress:
                     progress(f"sweep {name} fan-out {fanout}")
-                asset = [asset_of[fanout]]
+
+                call = functools.partial(_commit, engine, emit, [asset_of[fanout]], rng)
                 # Warm-up: statement compilation and ORM set-up are one-off costs.
-                _reset_and_count(engine)
-                with Session(engine) as session:
-                    emit(session, asset, rng)
-                    session.commit()
-                latencies, statements, rows_ok = [], 0, True
-                for _ in range(sizes.sweep_repeats):
-                    _reset_and_count(engine)
-                    start = time.perf_counter()
-                    with Session(engine) as session:
-                        emit(session, asset, rng)
-                        session.commit()
-                    latencies.append(time.perf_counter() - start)
-                    statements = counting.value()
-                    with engine.connect() as conn:
-                        rows_ok = rows_ok and len(dataset.queued_pairs(conn)) == fanout
-                median = statistics.median(latencies)
-                row.update(latency_s=median, statements=statements, rows_exact=rows_ok)
-                previous = (fanout, median)
+                _timed(engine, call, fanout)
+                timed = [_timed(engine, call, fanout) for _ in range(sizes.sweep_repeats)]
+                latency = median([t for t, _, _ in timed])
+                row.update(latency_s=latency, statements=timed[-1][1], rows_exact=all(ok for *_, ok in timed))
+                previous = (fanout, latency)
                 results.append(row)
     finally:
         dataset.reset(engine)
@@ -753,10 +608,7 @@ def run_sweep(
 
 
 def run_raw_ratio(
-    url: str,
-    sizes: Sizes,
-    *,
-    progress: Callable[[str], None] | None = None,
+    url: str, sizes: Sizes, *, progress: Callable[[str], None] | None = None
 ) -> list[dict[str, Any]]:
     """``register_asset_change`` + COMMIT against the same work in raw SQL, interleaved call by call.
 
@@ -777,7 +629,7 @@ def run_raw_ratio(
     try:
         raw = rawsql.raw_sql(engine.dialect)
         with engine.connect() as conn:
-            asset_of = {f: dataset.sweep_asset(conn, f) for f in sizes.ratio_fanouts}
+            asset_of = {f: dataset.asset(conn, f"sweep_{f}") for f in sizes.ratio_fanouts}
 
         def ours(asset: dataset.SeedAsset) -> None:
             with Session(engine) as session:
@@ -791,31 +643,21 @@ def run_raw_ratio(
         for fanout in sorted(sizes.ratio_fanouts):
             if progress:
                 progress(f"raw-SQL ratio, fan-out {fanout}")
-            asset = asset_of[fanout]
-            latencies: dict[str, list[float]] = {"ours": [], "raw": []}
-            statements: dict[str, int] = {}
-            exact = True
-            for call in sides.values():  # warm-up
-                _reset_and_count(engine)
-                call(asset)
+            calls = {side: functools.partial(call, asset_of[fanout]) for side, call in sides.items()}
+            for call in calls.values():  # warm-up
+                _timed(engine, call, fanout)
+            timed: dict[str, list[tuple[float, int, bool]]] = {"ours": [], "raw": []}
             for _ in range(sizes.ratio_calls):
-                order = list(sides)
-                rng.shuffle(order)
-                for side in order:
-                    _reset_and_count(engine)
-                    start = time.perf_counter()
-                    sides[side](asset)
-                    latencies[side].append(time.perf_counter() - start)
-                    # The raw side goes around SQLAlchemy's cursor events.
-                    statements[side] = counting.value() if side == "ours" else rawsql.STATEMENTS_PER_CALL
-                    with engine.connect() as conn:
-                        exact = exact and len(dataset.queued_pairs(conn)) == fanout
-            row: dict[str, Any] = {"fanout": fanout, "calls": sizes.ratio_calls, "rows_exact": exact}
-            for side in sides:
-                ms = [s * 1000 for s in latencies[side]]
-                row[f"{side}_p50_ms"] = statistics.median(ms)
+                for side in rng.sample(list(calls), len(calls)):
+                    timed[side].append(_timed(engine, calls[side], fanout))
+            row: dict[str, Any] = {"fanout": fanout, "calls": sizes.ratio_calls}
+            row["rows_exact"] = all(ok for side in timed.values() for *_, ok in side)
+            for side, runs in timed.items():
+                ms = [t * 1000 for t, _, _ in runs]
+                row[f"{side}_p50_ms"] = median(ms)
                 row[f"{side}_p95_ms"] = percentile(ms, 95)
-                row[f"{side}_statements"] = statements[side]
+                # The raw side goes around SQLAlchemy's cursor events.
+                row[f"{side}_statements"] = runs[-1][1] if side == "ours" else rawsql.STATEMENTS_PER_CALL
             row["ratio_p50"] = row["ours_p50_ms"] / row["raw_p50_ms"]
             row["ratio_p95"] = row["ours_p95_ms"] / row["raw_p95_ms"]
             results.append(row)

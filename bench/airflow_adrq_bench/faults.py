@@ -24,10 +24,12 @@ Afterwards the database is checked against what the callers were told:
 from __future__ import annotations
 
 import collections
+import functools
 import random
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -39,19 +41,18 @@ from sqlalchemy.pool import NullPool
 from airflow_adrq import manager, retry
 from airflow_adrq.engine import create_engine
 from airflow_adrq.errors import CommitOutcomeUnknownError, RetriesExhaustedError
-from airflow_adrq.models import (
-    AssetDagRunQueue,
-    AssetEvent,
-    DagScheduleAssetReference,
-)
+from airflow_adrq.models import AssetEvent
 from airflow_adrq_bench import dataset
-
-__all__ = ["FaultRun", "FaultSizes", "run_faults"]
 
 
 @dataclass(frozen=True)
 class FaultSizes:
-    """How big a fault run is (default: 8 producers, 3 outlets, a kill every ~150 ms)."""
+    """How big a fault run is.
+
+    The default makes about a hundred kills in 200 transactions, enough to
+    land in each part of a transaction (its work, the commit-time write, the
+    COMMIT) many times, in well under a minute.
+    """
 
     producers: int = 8
     transactions: int = 25
@@ -81,19 +82,24 @@ class FaultRun:
     seconds: float = 0.0
 
     @property
-    def completed_share(self) -> float:
-        return self.completed / self.transactions if self.transactions else 0.0
-
-    @property
     def acceptable_errors_only(self) -> bool:
         return set(self.raised) <= {"CommitOutcomeUnknownError", "RetriesExhaustedError"}
 
     def as_dict(self) -> dict[str, Any]:
+        share = self.completed / self.transactions if self.transactions else 0.0
         return {
             **asdict(self),
-            "completed_share": self.completed_share,
+            "completed_share": share,
             "acceptable_errors_only": self.acceptable_errors_only,
         }
+
+
+#: The server's id of the connection running it, and the ids of the given connections still alive.
+_OWN_ID = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
+_ALIVE = {
+    "postgresql": "SELECT pid FROM pg_stat_activity WHERE pid IN :ids",
+    "mysql": "SELECT id FROM information_schema.processlist WHERE id IN :ids",
+}
 
 
 class _Killer(threading.Thread):
@@ -102,64 +108,46 @@ class _Killer(threading.Thread):
     def __init__(self, url: str, backend: str, every_s: float, rng: random.Random) -> None:
         super().__init__(name="adrq-fault-killer", daemon=True)
         self.engine = sa.create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
-        self.backend = backend
-        self.every_s = every_s
-        self.rng = rng
+        self.backend, self.every_s, self.rng = backend, every_s, rng
         self.stop = threading.Event()
         self.lock = threading.Lock()
+        #: The producers' connections, recorded as they connect (:meth:`watch`).
         self.producer_ids: set[int] = set()
         self.kills = 0
-        self.errors: list[str] = []
 
-    def _victims(self, conn: sa.Connection) -> list[int]:
-        # Producer connections only (recorded as they connect), still alive.
-        with self.lock:
-            known = sorted(self.producer_ids)
-        if not known:
-            return []
-        alive = sa.text(
-            "SELECT pid FROM pg_stat_activity WHERE pid IN :ids"
-            if self.backend == "postgresql"
-            else "SELECT id FROM information_schema.processlist WHERE id IN :ids"
-        ).bindparams(sa.bindparam("ids", expanding=True))
-        return [int(r[0]) for r in conn.execute(alive, {"ids": known})]
+    def watch(self, engine: Engine) -> Engine:
+        """Record the server id of every connection ``engine`` opens: those are the killer's victims."""
 
-    def _kill(self, conn: sa.Connection, victim: int) -> None:
-        if self.backend == "postgresql":
-            conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": victim})
-        else:
-            conn.exec_driver_sql(f"KILL CONNECTION {int(victim)}")
+        @sa.event.listens_for(engine, "connect")
+        def _record(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute(_OWN_ID[self.backend])
+            (own_id,) = cursor.fetchone()
+            cursor.close()
+            with self.lock:
+                self.producer_ids.add(int(own_id))
+
+        return engine
 
     def run(self) -> None:
+        alive = sa.text(_ALIVE[self.backend]).bindparams(sa.bindparam("ids", expanding=True))
         with self.engine.connect() as conn:
             while not self.stop.wait(self.rng.uniform(0.5, 1.5) * self.every_s):
+                with self.lock:
+                    known = sorted(self.producer_ids)
                 try:
-                    victims = self._victims(conn)
-                    if victims:
-                        self._kill(conn, self.rng.choice(victims))
-                        self.kills += 1
-                except sa.exc.DBAPIError as exc:  # the victim left in between
-                    self.errors.append(str(exc.orig).splitlines()[0])
+                    victims = [int(r[0]) for r in conn.execute(alive, {"ids": known})] if known else []
+                    if not victims:
+                        continue
+                    victim = self.rng.choice(victims)
+                    if self.backend == "postgresql":
+                        conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": victim})
+                    else:
+                        conn.exec_driver_sql(f"KILL CONNECTION {int(victim)}")
+                    self.kills += 1
+                except sa.exc.DBAPIError:  # the victim left in between
+                    pass
         self.engine.dispose()
-
-
-_OWN_ID = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
-
-
-def _producer_engine(url: str, backend: str, killer: _Killer) -> Engine:
-    engine = create_engine(url, pool_size=1, max_overflow=1)
-
-    @sa.event.listens_for(engine, "connect")
-    def _record(dbapi_connection: Any, _record: Any) -> None:
-        # Tell the killer which server connections are producers'.
-        cursor = dbapi_connection.cursor()
-        cursor.execute(_OWN_ID[backend])
-        (own_id,) = cursor.fetchone()
-        cursor.close()
-        with killer.lock:
-            killer.producer_ids.add(int(own_id))
-
-    return engine
 
 
 def run_faults(
@@ -170,10 +158,7 @@ def run_faults(
     ``url`` must name a database this run may fill (the benchmark passes a
     scratch database). PostgreSQL and MySQL/MariaDB only.
     """
-    backend = sa.make_url(url).get_backend_name()
-    backend = "mysql" if backend == "mariadb" else backend
-    if backend not in ("postgresql", "mysql"):
-        raise ValueError(f"the fault run needs PostgreSQL or MySQL/MariaDB, not {backend}")
+    backend = dataset.server_backend(url, "the fault run")
     rng = random.Random(seed)
     seed_engine = create_engine(url)
     assets = dataset.seed_fan(seed_engine, "fault", outlets=sizes.outlets, fanout=sizes.fanout)
@@ -183,72 +168,49 @@ def run_faults(
     outcomes: dict[str, str] = {}
     retries: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
-
     killer = _Killer(url, backend, sizes.kill_every_s, random.Random(rng.random()))
 
+    def on_retry(_n: int, found: retry.Retryable) -> None:
+        with lock:
+            retries[found.kind.value] += 1
+
+    def work(session: Session, sink: list[Callable[[], object]], order: list[Any], ti: _TI) -> None:
+        for asset in order:
+            manager.register_asset_change(asset=asset, task_instance=ti, session=session, callback_sink=sink)
+        time.sleep(sizes.hold_ms / 1000)
+
     def producer(index: int) -> None:
-        engine = _producer_engine(url, backend, killer)
+        engine = killer.watch(create_engine(url, pool_size=1, max_overflow=1))
         factory = sessionmaker(engine)
         local = random.Random(rng.random())
-        try:
-            for t in range(sizes.transactions):
-                run_id = f"p{index}-t{t}"
-                order = list(assets)
-                local.shuffle(order)
-
-                def work(
-                    session: Session,
-                    sink: list[Callable[[], object]],
-                    order: Any = order,
-                    run_id: str = run_id,
-                ) -> None:
-                    for name, uri in order:
-                        manager.register_asset_change(
-                            asset=_Asset(name, uri),
-                            task_instance=_TI(run_id),
-                            session=session,
-                            callback_sink=sink,
-                        )
-                    time.sleep(sizes.hold_ms / 1000)
-
-                def on_retry(_n: int, found: retry.Retryable) -> None:
-                    with lock:
-                        retries[found.kind.value] += 1
-
-                try:
-                    retry.run_in_transaction(
-                        factory, work, max_attempts=sizes.max_attempts, on_retry=on_retry, max_wait=0.5
-                    )
-                    outcome = "completed"
-                except (CommitOutcomeUnknownError, RetriesExhaustedError) as exc:
-                    outcome = type(exc).__name__
-                except Exception as exc:  # reported, never hidden
-                    outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-                with lock:
-                    outcomes[run_id] = outcome
-        finally:
-            engine.dispose()
+        for t in range(sizes.transactions):
+            run_id, order = f"p{index}-t{t}", list(assets)
+            local.shuffle(order)
+            one = functools.partial(work, order=order, ti=_TI(run_id))
+            try:
+                retry.run_in_transaction(
+                    factory, one, max_attempts=sizes.max_attempts, on_retry=on_retry, max_wait=0.5
+                )
+                outcome = "completed"
+            except (CommitOutcomeUnknownError, RetriesExhaustedError) as exc:
+                outcome = type(exc).__name__
+            except Exception as exc:  # reported, never hidden
+                outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+            with lock:
+                outcomes[run_id] = outcome
+        engine.dispose()
 
     started = time.monotonic()
     killer.start()
-    threads = [threading.Thread(target=producer, args=(i,)) for i in range(sizes.producers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with ThreadPoolExecutor(sizes.producers) as pool:
+        list(pool.map(producer, range(sizes.producers)))
     killer.stop.set()
     killer.join()
     result.seconds = time.monotonic() - started
-    result.kills = killer.kills
-    result.retries = dict(retries)
-    result.transactions = len(outcomes)
+    result.kills, result.retries, result.transactions = killer.kills, dict(retries), len(outcomes)
     result.completed = sum(1 for o in outcomes.values() if o == "completed")
     result.raised = dict(collections.Counter(o for o in outcomes.values() if o != "completed"))
-    check_engine = create_engine(url)
-    try:
-        _check(check_engine, sizes, outcomes, result)
-    finally:
-        check_engine.dispose()
+    _check(url, sizes, outcomes, result)
     log(
         f"{backend}: {result.completed}/{result.transactions} completed, {result.kills} kills, "
         f"raised {result.raised or 'nothing'}, {result.duplicate_events} duplicate events, "
@@ -257,22 +219,17 @@ def run_faults(
     return result
 
 
-def _check(engine: Engine, sizes: FaultSizes, outcomes: dict[str, str], result: FaultRun) -> None:
+def _check(url: str, sizes: FaultSizes, outcomes: dict[str, str], result: FaultRun) -> None:
+    """Each run id's events against what its caller was told; the queue against the committed events."""
+    engine = create_engine(url)
     with engine.connect() as conn:
         per_run = collections.Counter(
             run_id for (run_id,) in conn.execute(sa.select(AssetEvent.source_run_id))
         )
-        queued = {
-            tuple(r)
-            for r in conn.execute(sa.select(AssetDagRunQueue.asset_id, AssetDagRunQueue.target_dag_id))
-        }
-        consumers = {
-            tuple(r)
-            for r in conn.execute(
-                sa.select(DagScheduleAssetReference.asset_id, DagScheduleAssetReference.dag_id)
-            )
-        }
-        emitted_assets = {a for (a,) in conn.execute(sa.select(AssetEvent.asset_id).distinct())}
+        emitted = [a for (a,) in conn.execute(sa.select(AssetEvent.asset_id).distinct())]
+        consumers = dataset.consumer_dags(conn, emitted)
+        queued = dataset.queued_pairs(conn)
+    engine.dispose()
     for run_id, outcome in outcomes.items():
         count = per_run.get(run_id, 0)
         if count > sizes.outlets:
@@ -280,22 +237,15 @@ def _check(engine: Engine, sizes: FaultSizes, outcomes: dict[str, str], result: 
         elif 0 < count < sizes.outlets or (outcome == "completed" and count != sizes.outlets):
             result.half_written += 1
         if outcome == "CommitOutcomeUnknownError":
-            if count == sizes.outlets:
-                result.unknown_committed += 1
-            elif count == 0:
-                result.unknown_not_committed += 1
-    expected = {(a, d) for (a, d) in consumers if a in emitted_assets}
-    result.queue_rows_exact = queued == expected
-
-
-@dataclass(frozen=True)
-class _Asset:
-    name: str
-    uri: str
+            result.unknown_committed += count == sizes.outlets
+            result.unknown_not_committed += count == 0
+    result.queue_rows_exact = queued == {(a, d) for a, dags in consumers.items() for d in dags}
 
 
 @dataclass(frozen=True)
 class _TI:
+    """The producing task: its ``run_id`` names the transaction, so the check can count its events."""
+
     run_id: str
     dag_id: str = "fault_producer"
     task_id: str = "emit"

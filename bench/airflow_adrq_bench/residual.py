@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import statistics
 import threading
 import time
 from collections import Counter
@@ -35,27 +34,20 @@ from typing import cast
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from airflow_adrq import create_engine, migrate, register_asset_change
+from airflow_adrq import create_engine, dialects, migrate, register_asset_change
 from airflow_adrq.dialects import ConflictPolicy
 from airflow_adrq.models import (
-    AssetActive,
-    AssetDagRunQueue,
-    AssetEvent,
     AssetModel,
-    DagBundleModel,
     DagModel,
-    DagScheduleAssetReference,
     utcnow,
 )
 from airflow_adrq.queue import build_queue_statement
 from airflow_adrq.retry import RetryableKind, classify
+from airflow_adrq_bench import dataset, scheduler
+from airflow_adrq_bench.stats import median, percentile
 from airflow_adrq_testing import servers
 
-__all__ = ["Outcome", "Run", "main", "measure", "scheduler_pass", "stamp_first"]
-
-_ADRQ = cast(sa.Table, AssetDagRunQueue.__table__)
-_EVENT = cast(sa.Table, AssetEvent.__table__)
-_REF = cast(sa.Table, DagScheduleAssetReference.__table__)
+_EVENT = scheduler.EVENT
 _DAG = cast(sa.Table, DagModel.__table__)
 
 #: The ``(run_after, consumed event ids)`` of one DAG run.
@@ -71,36 +63,20 @@ def scheduler_pass(
     KEY UPDATE SKIP LOCKED``; MySQL ``FOR UPDATE SKIP LOCKED``) with
     ``locks`` and ``lock_dag``: a DAG whose row another transaction holds
     is skipped this pass (on InnoDB that includes a producer whose insert's
-    FK check share-locked it). Then ``_create_dag_runs_asset_triggered``:
-    take the DAG's queue rows (``FOR UPDATE SKIP LOCKED`` with ``locks``),
-    ``triggered_date`` = their newest ``created_at``, the events of the DAG's
-    assets with ``floor < timestamp <= triggered_date`` (floor: the newest
-    earlier run's ``run_after`` below it), delete exactly the rows taken.
-    The caller records the run once the transaction committed.
+    FK check share-locked it). Then :mod:`.scheduler`'s step, the floor
+    being the newest of ``runs`` below ``triggered_date``. The caller records
+    the run once the transaction committed.
     """
     if locks and lock_dag:
         dag = sa.select(_DAG.c.dag_id).where(_DAG.c.dag_id == dag_id)
         if conn.execute(dag.with_for_update(skip_locked=True, key_share=True)).first() is None:
             return None
-    query = sa.select(_ADRQ.c.asset_id, _ADRQ.c.created_at).where(_ADRQ.c.target_dag_id == dag_id)
-    query = query.order_by(_ADRQ.c.created_at.desc())
-    if locks:
-        query = query.with_for_update(skip_locked=True)
-    queued = conn.execute(query).all()
-    if not queued:
+    rows = scheduler.queued(conn, dag_id, locks=locks)
+    if not rows:
         return None
-    triggered: dt.datetime = queued[0].created_at
-    earlier = [run_after for run_after, _ in runs if run_after < triggered]
-    window = [_EVENT.c.timestamp <= triggered]
-    if earlier:
-        window.append(_EVENT.c.timestamp > max(earlier))
-    assets = sa.select(_REF.c.asset_id).where(_REF.c.dag_id == dag_id)
-    consumed = conn.execute(
-        sa.select(_EVENT.c.id).where(_EVENT.c.asset_id.in_(assets), *window).order_by(_EVENT.c.id)
-    ).scalars()
-    events = list(consumed)
-    locked = [row.asset_id for row in queued]
-    conn.execute(sa.delete(_ADRQ).where(_ADRQ.c.target_dag_id == dag_id, _ADRQ.c.asset_id.in_(locked)))
+    triggered = rows[0][1]
+    events = scheduler.window(conn, dag_id, triggered, scheduler.floor_of(runs, triggered))
+    scheduler.delete(conn, dag_id, rows)
     return triggered, events
 
 
@@ -121,17 +97,11 @@ def stamp_first(session: Session, asset_ids: Sequence[int]) -> list[int]:
 
 
 def _ours(session: Session, asset_ids: Sequence[int], policy: ConflictPolicy) -> list[int]:
-    names = session.execute(sa.select(AssetModel.name, AssetModel.uri).where(AssetModel.id.in_(asset_ids)))
-    events = [register_asset_change(asset=_Ref(n, u), session=session, on_conflict=policy) for n, u in names]
+    assets = session.scalars(sa.select(AssetModel).where(AssetModel.id.in_(asset_ids)))
+    events = [register_asset_change(asset=a, session=session, on_conflict=policy) for a in assets]
     ids = [e.id for e in events if e is not None]
     session.commit()
     return ids
-
-
-@dataclass(frozen=True)
-class _Ref:
-    name: str
-    uri: str
 
 
 def _protocol(name: str, *, locks: bool) -> Callable[[Session, Sequence[int]], list[int]]:
@@ -156,38 +126,20 @@ class Outcome:
     windows: list[float] = field(default_factory=list)
 
     def line(self) -> str:
-        ms = sorted(w * 1000 for w in self.windows) or [0.0]
-        p99 = ms[min(len(ms) - 1, int(len(ms) * 0.99))]
+        ms = [w * 1000 for w in self.windows] or [0.0]
         return (
             f"| {self.protocol} | {self.events} | {self.runs} | {self.deadlocks} | {self.lost} "
-            f"| {self.twice} | {statistics.median(ms):.1f} / {p99:.1f} |"
+            f"| {self.twice} | {median(ms):.1f} / {percentile(ms, 99):.1f} |"
         )
-
-
-def _seed(engine: sa.Engine, producers: int) -> list[int]:
-    now = utcnow()
-    with Session(engine) as s:
-        s.add(DagBundleModel(name="residual"))
-        s.add(DagModel(dag_id="consumer", bundle_name="residual", is_paused=False))
-        assets = [AssetModel(name=f"r{i}", uri=f"s3://r{i}", group="", extra={}) for i in range(producers)]
-        s.add_all(assets)
-        s.flush()
-        for asset in assets:
-            s.add(AssetActive(name=asset.name, uri=asset.uri))
-            s.add(
-                DagScheduleAssetReference(
-                    asset_id=asset.id, dag_id="consumer", created_at=now, updated_at=now
-                )
-            )
-        s.commit()
-        return [a.id for a in assets]
 
 
 def measure(url: str, protocol: str, *, producers: int, seconds: float, locks: bool) -> Outcome:
     """One side of the comparison on the scratch database ``url`` (migrated here)."""
     migrate.upgrade(url)
     engine = create_engine(url, pool_size=producers + 3)
-    asset_ids = _seed(engine, producers)
+    asset_ids = [a.id for a in dataset.seed_fan(engine, "residual", outlets=producers, fanout=1)]
+    with engine.connect() as conn:
+        (dag,) = dataset.consumer_dags(conn, asset_ids[:1])[asset_ids[0]]
     out = Outcome(protocol)
     runs: list[Run] = []
     stop = threading.Event()
@@ -195,28 +147,44 @@ def measure(url: str, protocol: str, *, producers: int, seconds: float, locks: b
     clock = _clock(engine)
     write = _protocol(protocol, locks=locks)
 
+    def deadlocked(exc: sa.exc.DBAPIError) -> None:
+        found = classify(exc)
+        if found is None or found.kind is not RetryableKind.DEADLOCK:
+            raise exc
+        with lock:
+            out.deadlocks += 1
+
+    def one_pass() -> bool:
+        with lock:
+            known = list(runs)
+        with engine.begin() as conn:
+            run = scheduler_pass(conn, dag, locks=locks, runs=known)
+        if run is not None:
+            with lock:
+                runs.append(run)
+        return run is not None
+
     def produce(asset_id: int) -> None:
         while not stop.is_set():
             try:
                 with Session(engine) as session:
                     write(session, [asset_id])
             except sa.exc.DBAPIError as exc:
-                _count_deadlock(exc, out, lock)
+                deadlocked(exc)
                 continue
             seen = clock()
             with lock, Session(engine) as s:
-                stamp = s.scalar(
-                    sa.select(sa.func.max(_EVENT.c.timestamp)).where(_EVENT.c.asset_id == asset_id)
-                )
+                latest = sa.select(sa.func.max(_EVENT.c.timestamp)).where(_EVENT.c.asset_id == asset_id)
+                stamp = s.scalar(latest)
                 if stamp is not None:
                     out.windows.append((seen - stamp).total_seconds())
 
     def schedule() -> None:
         while not stop.is_set():
             try:
-                _one_pass(engine, locks, runs, lock)
+                one_pass()
             except sa.exc.DBAPIError as exc:
-                _count_deadlock(exc, out, lock)
+                deadlocked(exc)
 
     threads = [threading.Thread(target=produce, args=(a,)) for a in asset_ids]
     threads.append(threading.Thread(target=schedule))
@@ -226,7 +194,7 @@ def measure(url: str, protocol: str, *, producers: int, seconds: float, locks: b
     stop.set()
     for t in threads:
         t.join()
-    while _one_pass(engine, locks, runs, lock):
+    while one_pass():
         pass
     counts = Counter(event_id for _, events in runs for event_id in events)
     with engine.connect() as conn:
@@ -238,33 +206,13 @@ def measure(url: str, protocol: str, *, producers: int, seconds: float, locks: b
     return out
 
 
-def _count_deadlock(exc: sa.exc.DBAPIError, out: Outcome, lock: threading.Lock) -> None:
-    found = classify(exc)
-    if found is None or found.kind is not RetryableKind.DEADLOCK:
-        raise exc
-    with lock:
-        out.deadlocks += 1
-
-
-def _one_pass(engine: sa.Engine, locks: bool, runs: list[Run], lock: threading.Lock) -> bool:
-    with lock:
-        known = list(runs)
-    with engine.begin() as conn:
-        run = scheduler_pass(conn, "consumer", locks=locks, runs=known)
-    if run is not None:
-        with lock:
-            runs.append(run)
-    return run is not None
-
-
 def _clock(engine: sa.Engine) -> Callable[[], dt.datetime]:
-    from airflow_adrq import dialects
-
+    """What the runtime stamps with: the database's clock (read on a connection of its own), else Python's."""
     expression = dialects.get(engine).clock
+    if expression is None:
+        return utcnow
 
     def now() -> dt.datetime:
-        if expression is None:
-            return utcnow()
         with engine.connect() as conn:
             value: dt.datetime = conn.execute(sa.select(expression())).scalar_one()
             return value

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import random
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -35,10 +37,8 @@ import airflow_adrq
 from airflow_adrq_bench import dataset, engine
 from airflow_adrq_bench import strategies as strategy_registry
 from airflow_adrq_bench.config import LOST_EVENT_STRATEGIES, SCENARIOS, STRATEGIES, Cell, Plan, Sizes
-from airflow_adrq_bench.errors import BenchError
+from airflow_adrq_bench.errors import BenchError as BenchError
 from airflow_adrq_testing import servers
-
-__all__ = ["SCRATCH", "BenchError", "Target", "deadlock_timeout_s", "progress_lines", "run", "scratch_paths"]
 
 SUITE = "airflow_adrq_bench.suite"
 PLAN_ENV = "ADRQ_BENCH_PLAN"
@@ -57,21 +57,13 @@ class Target:
     version: str
 
 
-def sqlite_version() -> str:
-    import sqlite3
-
-    return f"SQLite {sqlite3.sqlite_version}"
-
-
 def describe(url: str) -> Target:
     """Name and version of the server at ``url`` (connects once)."""
-    parsed = sa.engine.make_url(url)
-    backend = parsed.get_backend_name()
+    backend = sa.engine.make_url(url).get_backend_name()
     if backend == "sqlite":
-        return Target("sqlite", url, sqlite_version())
+        return Target("sqlite", url, f"SQLite {sqlite3.sqlite_version}")
     version = servers.server_version(url)
-    name = "mariadb" if version.startswith("MariaDB") else backend
-    return Target(name, url, version)
+    return Target("mariadb" if version.startswith("MariaDB") else backend, url, version)
 
 
 def deadlock_timeout_s(url: str) -> float:
@@ -83,8 +75,7 @@ def deadlock_timeout_s(url: str) -> float:
     ends only at the lock wait timeout, which the benchmark sets itself, so
     0 as well. SQLite: 0 (writers are serialised).
     """
-    backend = sa.engine.make_url(url).get_backend_name()
-    if backend != "postgresql":
+    if sa.engine.make_url(url).get_backend_name() != "postgresql":
         return 0.0
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     try:
@@ -99,18 +90,15 @@ def deadlock_timeout_s(url: str) -> float:
 
 def scratch_paths(out_dir: Path) -> list[Path]:
     """The scratch files and directories of a run present in ``out_dir``."""
-    paths = [out_dir / name for name in SCRATCH]
-    paths += sorted(out_dir.glob("tx-*.jsonl"))
+    paths = [out_dir / name for name in SCRATCH] + sorted(out_dir.glob("tx-*.jsonl"))
     return [p for p in paths if p.exists()]
 
 
 def _remove_scratch(out_dir: Path, *, failed: bool) -> None:
     for path in scratch_paths(out_dir):
-        if failed and path.name == "pytest.log":
-            continue
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
-        else:
+        elif not (failed and path.name == "pytest.log"):
             path.unlink(missing_ok=True)
 
 
@@ -134,7 +122,7 @@ def run(
     _remove_scratch(out_dir, failed=False)
     failed = True
     try:
-        raw = _run(targets, sizes, out_dir, strategies, scenarios, progress)
+        raw = _run(_unique_names(targets), sizes, out_dir, strategies, scenarios, progress)
         failed = False
         return raw
     finally:
@@ -150,62 +138,50 @@ def _run(
     scenarios: Sequence[str],
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
-    targets = _unique_names(targets)
     (out_dir / "barriers").mkdir()
-    parties = max(sizes.producers, sizes.lost_producers)
     started = time.time()
     with contextlib.ExitStack() as stack:
         scratch: dict[str, str] = {}
         for target in targets:
             progress(f"{target.name}: creating a scratch database and seed data")
-            url = stack.enter_context(dataset.scratch_database(target.url))
-            seed_engine = dataset.bench_engine(url, lock_timeout_s=sizes.lock_timeout_s)
+            scratch[target.name] = stack.enter_context(dataset.scratch_database(target.url))
+            seed_engine = dataset.bench_engine(scratch[target.name], lock_timeout_s=sizes.lock_timeout_s)
             try:
                 dataset.seed(seed_engine, sizes)
             finally:
                 seed_engine.dispose()
-            scratch[target.name] = url
         order_seed = int.from_bytes(os.urandom(4), "big")
-        cells, skipped = plan_cells(
-            [(t.name, scratch[t.name]) for t in targets],
-            sizes,
-            strategies,
-            scenarios,
-            random.Random(order_seed),
-        )
+        databases = list(scratch.items())
+        cells, skipped = plan_cells(databases, sizes, strategies, scenarios, random.Random(order_seed))
         plan = Plan(out_dir=str(out_dir), sizes=sizes, cells=cells)
-        plan_path = out_dir / "plan.json"
-        plan.dump(plan_path)
-        _run_suite(plan, plan_path, progress)
+        plan.dump(out_dir / "plan.json")
+        _run_suite(plan, out_dir / "plan.json", progress)
         sweeps: dict[str, list[dict[str, Any]]] = {}
         ratios: dict[str, list[dict[str, Any]]] = {}
-        for target in targets:
-
-            def sweep_progress(msg: str, name: str = target.name) -> None:
-                progress(f"{name}: {msg}")
-
-            url = scratch[target.name]
+        for name, url in databases:
             backend = sa.engine.make_url(url).get_backend_name()
-            sweeps[target.name] = engine.run_sweep(
-                url,
-                sizes,
-                [s for s in strategies if strategy_registry.applies_to(s, backend)],
-                progress=sweep_progress,
-            )
-            ratios[target.name] = engine.run_raw_ratio(url, sizes, progress=sweep_progress)
+            runnable = [s for s in strategies if strategy_registry.applies_to(s, backend)]
+            say = functools.partial(_prefixed, progress, name)
+            sweeps[name] = engine.run_sweep(url, sizes, runnable, progress=say)
+            ratios[name] = engine.run_raw_ratio(url, sizes, progress=say)
+    transactions = [tx for p in range(1, plan.parties) for tx in _read_jsonl(out_dir / f"tx-{p}.jsonl")]
     return {
         "started_at": started,
         "duration_s": time.time() - started,
-        "sizes": _asdict(sizes),
+        "sizes": dataclasses.asdict(sizes),
         "targets": [{"name": t.name, "version": t.version} for t in targets],
         "cells": _read_jsonl(out_dir / "cells.jsonl"),
-        "transactions": [tx for p in range(1, parties + 1) for tx in _read_jsonl(out_dir / f"tx-{p}.jsonl")],
+        "transactions": transactions,
         "sweeps": sweeps,
         "raw_sql_ratio": ratios,
         "skipped": skipped,
         "cell_order_seed": order_seed,
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
     }
+
+
+def _prefixed(progress: Callable[[str], None], name: str, msg: str) -> None:
+    progress(f"{name}: {msg}")
 
 
 #: Why ``values_batch`` is not run on a backend (see :func:`airflow_adrq_bench.baselines.applies_to`).
@@ -233,41 +209,22 @@ def plan_cells(
     skipped: list[dict[str, str]] = []
     for db, url in databases:
         backend = sa.engine.make_url(url).get_backend_name()
-        runnable = []
-        for strategy in strategies:
-            if strategy_registry.applies_to(strategy, backend):
-                runnable.append(strategy)
-            else:
-                skipped.append({"db": db, "strategy": strategy, "reason": VALUES_BATCH_NOTE})
+        runnable = [s for s in strategies if strategy_registry.applies_to(s, backend)]
+        skipped += [
+            {"db": db, "strategy": s, "reason": VALUES_BATCH_NOTE} for s in strategies if s not in runnable
+        ]
         todo: list[tuple[str, str, int, float, int]] = []
         for scenario in scenarios:
             if scenario == "lost_events":
+                lost = [s for s in runnable if s in LOST_EVENT_STRATEGIES]
                 todo += [
-                    (scenario, strategy, 0, hold, sizes.lost_producers)
-                    for strategy in runnable
-                    if strategy in LOST_EVENT_STRATEGIES
-                    for hold in sizes.lost_holds_ms
+                    (s, scenario, 0, hold, sizes.lost_producers) for s in lost for hold in sizes.lost_holds_ms
                 ]
             else:
-                todo += [
-                    (scenario, strategy, r, sizes.hold_ms, sizes.producers)
-                    for strategy in runnable
-                    for r in range(sizes.rounds)
-                ]
+                rounds = range(sizes.rounds)
+                todo += [(s, scenario, r, sizes.hold_ms, sizes.producers) for s in runnable for r in rounds]
         rng.shuffle(todo)
-        for scenario, strategy, r, hold, producers in todo:
-            cells.append(
-                Cell(
-                    index=len(cells),
-                    db=db,
-                    url=url,
-                    strategy=strategy,
-                    scenario=scenario,
-                    round=r,
-                    hold_ms=hold,
-                    producers=producers,
-                )
-            )
+        cells += [Cell(len(cells) + k, db, url, *cell) for k, cell in enumerate(todo)]
     return tuple(cells), skipped
 
 
@@ -276,14 +233,9 @@ def _unique_names(targets: Sequence[Target]) -> list[Target]:
     seen: dict[str, int] = {}
     unique = []
     for target in targets:
-        seen[target.name] = seen.get(target.name, 0) + 1
-        name = target.name if seen[target.name] == 1 else f"{target.name}-{seen[target.name]}"
-        unique.append(dataclasses.replace(target, name=name))
+        seen[target.name] = n = seen.get(target.name, 0) + 1
+        unique.append(target if n == 1 else dataclasses.replace(target, name=f"{target.name}-{n}"))
     return unique
-
-
-def _asdict(sizes: Sizes) -> dict[str, Any]:
-    return dataclasses.asdict(sizes)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -296,25 +248,8 @@ def _run_suite(plan: Plan, plan_path: Path, progress: Callable[[str], None]) -> 
     out = Path(plan.out_dir)
     ini = out / "pytest.ini"
     ini.write_text("[pytest]\n")
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--pyargs",
-        SUITE,
-        "-n",
-        str(plan.parties),
-        "-c",
-        str(ini),
-        "--rootdir",
-        str(out),
-        "-p",
-        "xdist",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "-x",
-    ]
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", SUITE, "-n", str(plan.parties), "-c", str(ini)]
+    cmd += ["--rootdir", str(out), "-p", "xdist", "-p", "no:cacheprovider", "-q", "-x"]
     # Run from the output directory with this process's copy of the package
     # first on the path: the workers must run the code the controller runs.
     package_root = str(Path(airflow_adrq.__file__).resolve().parent.parent)
@@ -323,7 +258,6 @@ def _run_suite(plan: Plan, plan_path: Path, progress: Callable[[str], None]) -> 
     # fixtures, benchmark timers) cost start-up time or get in the way.
     env = {**os.environ, PLAN_ENV: str(plan_path), "PYTHONPATH": path, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     log_path = out / "pytest.log"
-    sync = out / "barriers"
     shown = 0
     progress(f"starting {plan.parties} processes ({plan.parties - 1} producers and a coordinator)")
     with log_path.open("w") as log:
@@ -335,7 +269,7 @@ def _run_suite(plan: Plan, plan_path: Path, progress: Callable[[str], None]) -> 
         try:
             while proc.poll() is None:
                 started = shown
-                while started < len(plan.cells) and engine.cell_started(sync, started):
+                while started < len(plan.cells) and engine.cell_started(out / "barriers", started):
                     started += 1
                 for line in progress_lines(plan.cells, shown, started):
                     progress(line)
@@ -354,25 +288,23 @@ def _run_suite(plan: Plan, plan_path: Path, progress: Callable[[str], None]) -> 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     """Stop the suite's process group if it is still running (SIGTERM, then SIGKILL)."""
-    if proc.poll() is not None:
-        return
-    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is not None:
+            return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
-        try:
-            proc.wait(wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10.0)
 
 
 def progress_lines(cells: Sequence[Cell], shown: int, started: int) -> list[str]:
     """``[k/N] <round>`` for rounds ``shown+1 .. started`` (1-based): each round once, in order."""
     total = len(cells)
-    return [f"[{k + 1:>{len(str(total))}}/{total}] {_round_label(cells[k])}" for k in range(shown, started)]
+    return [f"[{k + 1:>{len(str(total))}}/{total}] {round_label(cells[k])}" for k in range(shown, started)]
 
 
-def _round_label(cell: Cell) -> str:
+def round_label(cell: Cell) -> str:
+    """How a progress line names a round."""
     if cell.scenario == "lost_events":
         return f"{cell.db} lost_events/{cell.strategy} (hold {cell.hold_ms:g} ms)"
     return f"{cell.db} {cell.scenario}/{cell.strategy} (round {cell.round + 1})"

@@ -18,32 +18,33 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
 import random
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import QueuePool
 
 from airflow_adrq import manager, retry
 from airflow_adrq.engine import create_engine
-from airflow_adrq.models import (
-    AssetDagRunQueue,
-    DagScheduleAssetReference,
-)
-from airflow_adrq_bench import dataset
-
-__all__ = ["SoakRun", "SoakSizes", "run_soak"]
+from airflow_adrq_bench import dataset, scheduler
 
 
 @dataclass(frozen=True)
 class SoakSizes:
-    """The default: 32 producers x 1,000 transactions, 3 outlets each."""
+    """How big a soak is.
+
+    The default, 32 producers x 1,000 transactions of 3 outlets, keeps many
+    more connections busy than the machine has cores for tens of thousands
+    of transactions: long enough for a leak of memory or connections to show
+    between the samples.
+    """
 
     producers: int = 32
     transactions: int = 1000
@@ -76,12 +77,8 @@ class SoakRun:
         return bool(self.rows) and all(v == 0 for v in self.rows.values())
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            **asdict(self),
-            "deadlocks": self.deadlocks,
-            "rows_exact": self.rows_exact,
-            "tx_per_s": self.committed / self.seconds if self.seconds else 0.0,
-        }
+        rate = self.committed / self.seconds if self.seconds else 0.0
+        return {**asdict(self), "deadlocks": self.deadlocks, "rows_exact": self.rows_exact, "tx_per_s": rate}
 
 
 def _rss_mib() -> float:
@@ -90,8 +87,6 @@ def _rss_mib() -> float:
         pages = int(Path("/proc/self/statm").read_text().split()[1])
     except (OSError, IndexError, ValueError):
         return float("nan")
-    import os
-
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
@@ -101,26 +96,26 @@ _SERVER_CONNECTIONS = {
 }
 
 
+def _claim(session: Session, _sink: list[Callable[[], object]], dag: str) -> list[dataset.Pair]:
+    """What the scheduler does to one DAG's queue rows: lock them (skipping locked ones), delete them."""
+    rows = scheduler.queued(session.connection(), dag)
+    if rows:
+        scheduler.delete(session.connection(), dag, rows)
+    return [(a, dag) for a, _ in rows]
+
+
 def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Callable[[str], None] = print) -> SoakRun:
     """Run the soak on the (scratch) database at ``url``; PostgreSQL or MySQL/MariaDB."""
-    backend = sa.make_url(url).get_backend_name()
-    backend = "mysql" if backend == "mariadb" else backend
-    if backend not in _SERVER_CONNECTIONS:
-        raise ValueError(f"the soak needs PostgreSQL or MySQL/MariaDB, not {backend}")
+    backend = dataset.server_backend(url, "the soak")
     engine = create_engine(url, pool_size=sizes.producers + 2, max_overflow=0)
     assets = dataset.seed_fan(engine, "soak", outlets=sizes.outlets, fanout=sizes.fanout)
     with engine.connect() as conn:
-        refs = conn.execute(
-            sa.select(DagScheduleAssetReference.asset_id, DagScheduleAssetReference.dag_id)
-        ).all()
-    consumers: dict[int, frozenset[str]] = {}
-    for asset_id, dag_id in refs:
-        consumers[asset_id] = consumers.get(asset_id, frozenset()) | {dag_id}
+        consumers = dataset.consumer_dags(conn, [a.id for a in assets])
     result = SoakRun(backend=backend, sizes=asdict(sizes))
     factory = sessionmaker(engine)
     lock = threading.Lock()
-    emitted: set[tuple[int, str]] = set()
-    consumed: set[tuple[int, str]] = set()
+    emitted: set[dataset.Pair] = set()
+    consumed: set[dataset.Pair] = set()
     producer_retries: collections.Counter[str] = collections.Counter()
     consumer_retries: collections.Counter[str] = collections.Counter()
     failed: collections.Counter[str] = collections.Counter()
@@ -135,30 +130,26 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Callable[[str], N
         pool = cast(QueuePool, engine.pool)
         result.samples.append((progress, round(_rss_mib(), 1), pool.checkedout(), server))
 
-    def on_retry(counter: collections.Counter[str]) -> Callable[[int, retry.Retryable], None]:
-        def record(_n: int, found: retry.Retryable) -> None:
-            with lock:
-                counter[found.kind.value] += 1
+    def count(counter: collections.Counter[str], _n: int, found: retry.Retryable) -> None:
+        with lock:
+            counter[found.kind.value] += 1
 
-        return record
+    def work(session: Session, sink: list[Callable[[], object]], order: list[Any]) -> list[int]:
+        changes = [manager.AssetChange(asset=a) for a in order]
+        events = manager.register_asset_changes(session=session, changes=changes, callback_sink=sink)
+        time.sleep(sizes.hold_ms / 1000)
+        return [e.asset_id for e in events if e is not None]
 
     def producer(index: int) -> None:
         rng = random.Random(index)
         for _ in range(sizes.transactions):
             order = list(assets)
             rng.shuffle(order)
-
-            def work(session: Session, sink: list[Callable[[], object]], order: Any = order) -> list[int]:
-                events = manager.register_asset_changes(
-                    session=session,
-                    changes=[manager.AssetChange(asset=_Asset(n, u)) for n, u in order],
-                    callback_sink=sink,
-                )
-                time.sleep(sizes.hold_ms / 1000)
-                return [e.asset_id for e in events if e is not None]
-
+            one = functools.partial(work, order=order)
             try:
-                asset_ids = retry.run_in_transaction(factory, work, on_retry=on_retry(producer_retries))
+                asset_ids = retry.run_in_transaction(
+                    factory, one, on_retry=functools.partial(count, producer_retries)
+                )
             except Exception as exc:
                 with lock:
                     failed[type(exc).__name__] += 1
@@ -171,25 +162,13 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Callable[[str], N
                 sample(progress)
 
     def consumer() -> None:
-        adrq = cast(sa.Table, AssetDagRunQueue.__table__)
         dags = sorted({d for ds in consumers.values() for d in ds})
-
-        def claim(session: Session, _sink: list[Callable[[], object]], dag: str) -> list[tuple[int, str]]:
-            select = sa.select(adrq.c.asset_id, adrq.c.target_dag_id).where(adrq.c.target_dag_id == dag)
-            rows = [tuple(r) for r in session.execute(select.with_for_update(skip_locked=True))]
-            if rows:
-                session.execute(
-                    sa.delete(adrq).where(
-                        adrq.c.target_dag_id == dag, adrq.c.asset_id.in_([a for a, _ in rows])
-                    )
-                )
-            return [(int(a), str(d)) for a, d in rows]
-
         while not stop.is_set():
             for dag in dags:
+                claim = functools.partial(_claim, dag=dag)
                 try:
                     rows = retry.run_in_transaction(
-                        factory, functools.partial(claim, dag=dag), on_retry=on_retry(consumer_retries)
+                        factory, claim, on_retry=functools.partial(count, consumer_retries)
                     )
                 except Exception as exc:
                     with lock:
@@ -202,41 +181,22 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Callable[[str], N
 
     sample(0)
     started = time.monotonic()
-    threads = [threading.Thread(target=producer, args=(i,)) for i in range(sizes.producers)]
     consumer_thread = threading.Thread(target=consumer)
     consumer_thread.start()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with ThreadPoolExecutor(sizes.producers) as pool:
+        list(pool.map(producer, range(sizes.producers)))
     stop.set()
     consumer_thread.join()
     result.seconds = time.monotonic() - started
     sample(done[0])
     with engine.connect() as conn:
-        queued = {
-            (int(a), str(d))
-            for a, d in conn.execute(sa.select(AssetDagRunQueue.asset_id, AssetDagRunQueue.target_dag_id))
-        }
-    result.committed = done[0]
-    result.failed = dict(failed)
-    result.producer_retries = dict(producer_retries)
-    result.consumer_retries = dict(consumer_retries)
-    result.rows = {
-        "unexpected": len(queued - emitted),
-        "missing": len(emitted - queued - consumed),
-        "consumed_unemitted": len(consumed - emitted),
-    }
+        result.rows = dataset.check_rows(dataset.queued_pairs(conn), emitted, consumed)
     engine.dispose()
+    result.committed, result.failed = done[0], dict(failed)
+    result.producer_retries, result.consumer_retries = dict(producer_retries), dict(consumer_retries)
     log(
         f"{backend}: {result.committed}/{total} committed in {result.seconds:.0f} s, "
         f"{result.deadlocks} deadlocks, retries {result.producer_retries or 'none'} / consumer "
         f"{result.consumer_retries or 'none'}, rows exact: {result.rows_exact}, samples {result.samples}"
     )
     return result
-
-
-@dataclass(frozen=True)
-class _Asset:
-    name: str
-    uri: str

@@ -22,26 +22,19 @@ Airflow's Execution API path.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Any, Final
 
 from sqlalchemy.orm import Session
 
 import airflow_adrq
+from airflow_adrq.manager import AssetLike
 from airflow_adrq_bench import baselines
+from airflow_adrq_bench.baselines import applies_to as applies_to
 from airflow_adrq_bench.config import STRATEGIES
-
-__all__ = ["TASK", "BenchTask", "Emit", "applies_to", "get"]
-
-
-class _AssetLike(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def uri(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -57,41 +50,33 @@ class BenchTask:
 TASK: Final = BenchTask()
 
 #: ``emit(session, assets, rng)``: register one event per asset, in the given order.
-Emit = Callable[[Session, Sequence[_AssetLike], random.Random], None]
+Emit = Callable[[Session, Sequence[AssetLike], random.Random], None]
+
+
+def _emit(
+    register: Callable[..., object],
+    session: Session,
+    assets: Sequence[AssetLike],
+    _rng: random.Random,
+    **options: Any,
+) -> None:
+    """``register`` each asset in order, its listener callbacks to a sink that is dropped."""
+    sink: list[Callable[[], object]] = []
+    for asset in assets:
+        register(asset=asset, task_instance=TASK, session=session, callback_sink=sink, **options)
 
 
 def _baseline(name: baselines.Queueing) -> Emit:
-    def emit(session: Session, assets: Sequence[_AssetLike], rng: random.Random) -> None:
-        sink: list[Callable[[], object]] = []
-        for asset in assets:
-            baselines.register_asset_change(
-                asset=asset, task_instance=TASK, session=session, callback_sink=sink, queueing=name, rng=rng
-            )
+    def emit(session: Session, assets: Sequence[AssetLike], rng: random.Random) -> None:
+        _emit(baselines.register_asset_change, session, assets, rng, queueing=name, rng=rng)
 
-    emit.__name__ = name
     return emit
-
-
-def _per_call(session: Session, assets: Sequence[_AssetLike], rng: random.Random) -> None:
-    sink: list[Callable[[], object]] = []
-    for asset in assets:
-        airflow_adrq.register_asset_change(
-            asset=asset, task_instance=TASK, session=session, callback_sink=sink, queue_mode="immediate"
-        )
-
-
-def _commit_time(session: Session, assets: Sequence[_AssetLike], rng: random.Random) -> None:
-    sink: list[Callable[[], object]] = []
-    for asset in assets:
-        airflow_adrq.register_asset_change(
-            asset=asset, task_instance=TASK, session=session, callback_sink=sink
-        )
 
 
 _STRATEGIES: Final[dict[str, Emit]] = {
     **{name: _baseline(name) for name in baselines.BASELINES},
-    "per_call": _per_call,
-    "commit_time": _commit_time,
+    "per_call": functools.partial(_emit, airflow_adrq.register_asset_change, queue_mode="immediate"),
+    "commit_time": functools.partial(_emit, airflow_adrq.register_asset_change),
 }
 assert tuple(_STRATEGIES) == STRATEGIES
 
@@ -102,12 +87,3 @@ def get(name: str) -> Emit:
         return _STRATEGIES[name]
     except KeyError:
         raise ValueError(f"unknown strategy {name!r} (known: {', '.join(STRATEGIES)})") from None
-
-
-def applies_to(name: str, backend: str) -> bool:
-    """Whether strategy ``name`` is its own code path on ``backend`` (a URL backend name).
-
-    ``values_batch`` is PR #69977's MySQL/MariaDB branch only; elsewhere it
-    would be ``airflow_3_3`` under another name, so it is not run there.
-    """
-    return baselines.applies_to(name, backend)

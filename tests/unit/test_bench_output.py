@@ -207,7 +207,7 @@ def test_a_cell_plans_producers_times_transactions_or_the_lost_events():
         )
         assert cell.planned(config.QUICK) == expected
     # The lost_events split over producers adds up to the plan.
-    assert sum(engine._share(config.QUICK.lost_events, 5, p) for p in range(1, 6)) == config.QUICK.lost_events
+    assert sum(engine.share(config.QUICK.lost_events, 5, p) for p in range(1, 6)) == config.QUICK.lost_events
 
 
 # --- progress: every round once, in order -------------------------------------------
@@ -233,7 +233,7 @@ def test_progress_counts_every_round_once_in_order(seed):
 
     total = len(cells)
     width = len(str(total))
-    assert lines == [f"[{k + 1:>{width}}/{total}] {runner._round_label(c)}" for k, c in enumerate(cells)]
+    assert lines == [f"[{k + 1:>{width}}/{total}] {runner.round_label(c)}" for k, c in enumerate(cells)]
     assert len(set(lines)) == total
 
 
