@@ -200,10 +200,12 @@ def queue_rows(conn: sa.Connection) -> int:
     return int(conn.execute(sa.text("SELECT count(*) FROM asset_dag_run_queue")).scalar_one())
 
 
-def fetch(conn: sa.Connection, sql: str, **params: Any) -> list[sa.Row[Any]]:
+def fetch(conn: sa.Connection, sql: str, **params: Any) -> list[tuple[Any, ...]]:
     """The rows of ``sql`` with bound ``params``; a list parameter is an expanding ``IN``."""
-    lists = [sa.bindparam(k, expanding=True) for k, v in params.items() if isinstance(v, list)]
-    return list(conn.execute(sa.text(sql).bindparams(*lists), params))
+    lists: list[sa.BindParameter[Any]] = [
+        sa.bindparam(k, expanding=True) for k, v in params.items() if isinstance(v, list)
+    ]
+    return [tuple(row) for row in conn.execute(sa.text(sql).bindparams(*lists), params)]
 
 
 def analyze(engine: sa.Engine) -> None:

@@ -1,13 +1,10 @@
 """The Airflow processes of the Airflow modes: the ``airflow`` CLI, and children driven over a pipe.
 
-The controllers never import Airflow. What needs it runs in a child: the
-``airflow`` command of this very environment (:func:`airflow_command`; its
-``db migrate`` is started from :func:`start_migrate` only), or a spawned
-Python process that imports Airflow once and then answers commands
-(:func:`serve` on its side, a :class:`Child` on the controller's): ``(name,
-kwargs)`` in, ``("ok", result)`` or ``("error", traceback)`` out, one at a
-time, until ``close``. Every child gets the run's own Airflow settings and
-none of the caller's ``AIRFLOW*`` variables.
+The controllers never import Airflow; what needs it runs in a child: the
+``airflow`` command of this environment (``db migrate`` from
+:func:`start_migrate` only), or a spawned process that imports Airflow once
+and answers commands (:func:`serve`; the controller holds a :class:`Child`).
+Every child gets the run's own Airflow settings, none of the caller's.
 """
 
 from __future__ import annotations

@@ -1,21 +1,17 @@
 """The producers of the Airflow modes: processes each bound to one asset manager, and their pool.
 
-Per producer index the controller (:class:`Workers`) spawns one *zygote*
-(:func:`zygote`) with its own ``PYTHONHASHSEED`` (Airflow iterates a task's
-outlets as a Python ``set``, so processes differ in that order, as API-server
-workers do). The zygote runs ``import airflow`` (about 3 s of CPU, the bulk of
-a worker's start-up) and forks one worker per manager (:func:`main`). Airflow
-reads ``[core] asset_manager_class`` only when ``airflow.assets.manager`` is
-imported, which ``import airflow`` does not do: each worker first sets it to
-its manager's class (unset for ``stock``), then imports it and checks that
-``airflow.assets.manager.asset_manager`` is an instance of exactly that class.
-
-A worker's commands (:mod:`.processes` protocol): ``target`` points Airflow's
-ORM at a scratch database; ``seed`` writes DAGs, assets and references with
-Airflow's models; ``sweep_call`` times one ``register_asset_change`` + COMMIT;
-``warmup`` commits one multi-outlet transaction; ``round`` waits at the
-manager's barrier and runs producer transactions through
-``TaskInstance.register_asset_changes_in_db``; ``release`` disposes the engine.
+Per producer index :class:`Workers` spawns one *zygote* with its own
+``PYTHONHASHSEED`` (Airflow iterates a task's outlets as a ``set``; processes
+differ in that order, as API-server workers do). It runs ``import airflow``
+(about 3 s of CPU) once and forks one worker per manager. ``import airflow``
+does not import ``airflow.assets.manager``, where ``[core]
+asset_manager_class`` is read: each worker sets it to its manager's class
+first, then checks that ``asset_manager`` is exactly that class. Its commands
+(:func:`.processes.serve`): ``target``, ``seed`` (with Airflow's models),
+``sweep_call`` (one ``register_asset_change`` + COMMIT, timed), ``warmup``,
+``round`` (producer transactions through
+``TaskInstance.register_asset_changes_in_db``, after the manager's barrier),
+``release``.
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ import time
 import traceback
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -315,7 +311,7 @@ def main(conn: Any, barrier: Any, manager: str, index: int, env: dict[str, str])
     def setup() -> Setup:
         info = _check_manager(manager)
         worker = _Worker(index, barrier)
-        commands = {
+        commands: dict[str, Callable[..., Any]] = {
             "target": worker.target,
             "release": worker.release,
             "seed": worker.seed,
@@ -358,8 +354,9 @@ class Workers:
                 seats, ends = [], []
                 for manager in managers:
                     env = dict(base)
-                    if MANAGER_CLASSES[manager]:
-                        env["AIRFLOW__CORE__ASSET_MANAGER_CLASS"] = MANAGER_CLASSES[manager]
+                    class_path = MANAGER_CLASSES[manager]
+                    if class_path:
+                        env["AIRFLOW__CORE__ASSET_MANAGER_CLASS"] = class_path
                     parent, child = ctx.Pipe()
                     seats.append((manager, child, self.barriers[manager], env))
                     ends.append((manager, parent, child))

@@ -6,6 +6,7 @@ import os
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -184,7 +185,7 @@ def consumer_main(conn: Any, env: dict[str, str]) -> None:
         import airflow.jobs.scheduler_job_runner  # the slow import, done once here
 
         consumer = _Consumer(conn)
-        commands = {
+        commands: dict[str, Callable[..., Any]] = {
             "target": consumer.target,
             "release": consumer.release,
             "seed": consumer.seed,

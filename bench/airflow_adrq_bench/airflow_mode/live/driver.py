@@ -44,7 +44,7 @@ _POLL_S = 0.5
 
 
 class Api:
-    """A minimal REST client of one api-server (urllib: nothing beyond the standard library)."""
+    """A minimal JSON client of one api-server (urllib: nothing beyond the standard library)."""
 
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url.rstrip("/")
@@ -53,45 +53,28 @@ class Api:
     def call(self, method: str, path: str, body: object = None, *, timeout: float = 60.0) -> Any:
         """Send one request; returns the decoded JSON answer. Raises :class:`LiveError` on HTTP errors."""
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.base_url + path, data=data, method=method)
-        request.add_header("Accept", "application/json")
-        if data is not None:
-            request.add_header("Content-Type", "application/json")
+        headers = {"Accept": "application/json", "Content-Type": "application/json"}
         if self.token:
-            request.add_header("Authorization", f"Bearer {self.token}")
+            headers["Authorization"] = f"Bearer {self.token}"
+        request = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 raw = response.read()
         except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:500]
-            raise LiveError(f"{method} {path}: HTTP {exc.code}: {detail}") from None
+            raise LiveError(
+                f"{method} {path}: HTTP {exc.code}: {exc.read().decode(errors='replace')[:500]}"
+            ) from None
         except (urllib.error.URLError, OSError) as exc:
             raise LiveError(f"{method} {path}: {exc}") from None
         return json.loads(raw) if raw else None
 
-    def health(self) -> dict[str, Any] | None:
-        """``/api/v2/monitor/health``, or None while the api-server does not answer."""
-        try:
-            answer = self.call("GET", "/api/v2/monitor/health", timeout=10)
-        except LiveError:
-            return None
-        return answer if isinstance(answer, dict) else None
-
-    def login(self) -> None:
-        """Get a token from ``GET /auth/token`` (open with ``simple_auth_manager_all_admins``)."""
-        answer = self.call("GET", "/auth/token")
-        self.token = str(answer["access_token"])
-
-    def trigger(self, dag_id: str, run_id: str, conf: dict[str, Any]) -> dict[str, Any]:
+    def trigger(self, dag_id: str, run_id: str, conf: dict[str, Any]) -> None:
         """``POST /api/v2/dags/{dag_id}/dagRuns`` (a manual run, no logical date)."""
-        body = {"dag_run_id": run_id, "logical_date": None, "conf": conf}
-        answer = self.call("POST", f"/api/v2/dags/{dag_id}/dagRuns", body)
-        return dict(answer)
-
-    def asset_event(self, asset_id: int, extra: dict[str, Any]) -> dict[str, Any]:
-        """``POST /api/v2/assets/events``: an event of this asset, through the api-server's asset manager."""
-        answer = self.call("POST", "/api/v2/assets/events", {"asset_id": asset_id, "extra": extra})
-        return dict(answer)
+        self.call(
+            "POST",
+            f"/api/v2/dags/{dag_id}/dagRuns",
+            {"dag_run_id": run_id, "logical_date": None, "conf": conf},
+        )
 
 
 class Progress:
@@ -165,15 +148,17 @@ class Driver:
         """Until the api-server answers and reports a healthy scheduler and DAG processor."""
 
         def ready() -> tuple[bool, str]:
-            health = self.api.health()
-            if health is None:
+            try:
+                health = self.api.call("GET", "/api/v2/monitor/health", timeout=10)
+            except LiveError:
                 return False, "api-server not answering yet"
             states = {k: (v or {}).get("status") for k, v in health.items() if k != "triggerer"}
             waiting = [k for k, v in states.items() if v != "healthy"]
             return not waiting, f"waiting for {', '.join(waiting)}" if waiting else "healthy"
 
         self._wait("starting", ready)
-        self.api.login()
+        # GET /auth/token is open with [core] simple_auth_manager_all_admins.
+        self.api.token = str(self.api.call("GET", "/auth/token")["access_token"])
         self.timeline["ready_s"] = self.deadline.elapsed()
 
     def wait_parsed(self) -> None:
@@ -288,7 +273,11 @@ class Driver:
         missing = [name for name in names if name not in ids]
         if missing:
             raise LiveError(f"assets {', '.join(missing)} are not in the database")
-        return [int(self.api.asset_event(ids[name], {"adrq_live": "one more event"})["id"]) for name in names]
+        extra = {"adrq_live": "one more event"}
+        return [
+            int(self.api.call("POST", "/api/v2/assets/events", {"asset_id": ids[n], "extra": extra})["id"])
+            for n in names
+        ]
 
     def run(self, result: dict[str, Any]) -> None:
         """Drive the deployment and count after each drain (the results go into ``result``)."""
