@@ -15,8 +15,6 @@ from pathlib import Path
 
 from airflow_adrq_bench.errors import BenchError
 
-__all__ = ["BarrierTimeoutError", "arrive", "arrived", "wait"]
-
 _POLL_S = 0.001
 
 

@@ -31,8 +31,6 @@ from sqlalchemy.engine import Dialect
 
 from airflow_adrq.models import UtcDateTime, utcnow
 
-__all__ = ["STATEMENTS_PER_CALL", "RawSql", "raw_sql"]
-
 #: Statements sent per call, COMMIT not counted (as :data:`airflow_adrq_testing.recording.counting` counts).
 STATEMENTS_PER_CALL: Final = 4
 
@@ -59,12 +57,12 @@ _CONFLICT: Final = {
 }
 
 
-def _placeholders(dialect_name: str, names: list[str]) -> dict[str, str]:
+def _placeholders(dialect_name: str, names: str) -> dict[str, str]:
+    """The placeholder of each of the space-separated ``names``, for bound parameters in a mapping."""
     # sqlite3 takes :name with a mapping; psycopg2, psycopg 3, mysqlclient and
     # PyMySQL all take %(name)s with a mapping.
-    if dialect_name == "sqlite":
-        return {n: f":{n}" for n in names}
-    return {n: f"%({n})s" for n in names}
+    form = ":{}" if dialect_name == "sqlite" else "%({})s"
+    return {n: form.format(n) for n in names.split()}
 
 
 @dataclass(frozen=True)
@@ -122,22 +120,7 @@ def raw_sql(dialect: Dialect) -> RawSql:
     name = dialect.name
     if name not in _CONFLICT:
         raise ValueError(f"no raw-SQL reference for dialect {name!r}")
-    p = _placeholders(
-        name,
-        [
-            "name",
-            "uri",
-            "asset_id",
-            "extra",
-            "task_id",
-            "dag_id",
-            "run_id",
-            "map_index",
-            "timestamp",
-            "now",
-            "event_id",
-        ],
-    )
+    p = _placeholders(name, "name uri asset_id extra task_id dag_id run_id map_index timestamp now event_id")
     # MySQL < 8 has no RETURNING; MariaDB has had it on INSERT since 10.5.
     returning = name != "mysql" or bool(getattr(dialect, "is_mariadb", False))
     insert_event = _INSERT_EVENT.format(**p) + (" RETURNING id" if returning else "")

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import QueuePool
@@ -34,6 +34,8 @@ from sqlalchemy.pool import QueuePool
 from airflow_adrq import manager, retry
 from airflow_adrq.engine import create_engine
 from airflow_adrq_bench import dataset, scheduler
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,15 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Callable[[str], N
         with lock:
             counter[found.kind.value] += 1
 
+    def transact(work: Callable[..., T], retries: collections.Counter[str], who: str) -> T | None:
+        """``work`` through ``run_in_transaction``, retries counted; None, counted as failed, if it raised."""
+        try:
+            return retry.run_in_transaction(factory, work, on_retry=functools.partial(count, retries))
+        except Exception as exc:
+            with lock:
+                failed[f"{who}{type(exc).__name__}"] += 1
+            return None
+
     def work(session: Session, sink: list[Callable[[], object]], order: list[Any]) -> list[int]:
         changes = [manager.AssetChange(asset=a) for a in order]
         events = manager.register_asset_changes(session=session, changes=changes, callback_sink=sink)
@@ -145,14 +156,8 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Callable[[str], N
         for _ in range(sizes.transactions):
             order = list(assets)
             rng.shuffle(order)
-            one = functools.partial(work, order=order)
-            try:
-                asset_ids = retry.run_in_transaction(
-                    factory, one, on_retry=functools.partial(count, producer_retries)
-                )
-            except Exception as exc:
-                with lock:
-                    failed[type(exc).__name__] += 1
+            asset_ids = transact(functools.partial(work, order=order), producer_retries, "")
+            if asset_ids is None:
                 continue
             with lock:
                 emitted.update((a, d) for a in asset_ids for d in consumers[a])
@@ -165,14 +170,8 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Callable[[str], N
         dags = sorted({d for ds in consumers.values() for d in ds})
         while not stop.is_set():
             for dag in dags:
-                claim = functools.partial(_claim, dag=dag)
-                try:
-                    rows = retry.run_in_transaction(
-                        factory, claim, on_retry=functools.partial(count, consumer_retries)
-                    )
-                except Exception as exc:
-                    with lock:
-                        failed[f"consumer {type(exc).__name__}"] += 1
+                rows = transact(functools.partial(_claim, dag=dag), consumer_retries, "consumer ")
+                if rows is None:
                     continue
                 with lock:
                     consumed.update(rows)
