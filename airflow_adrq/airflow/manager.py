@@ -143,9 +143,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         # so that the usual event, with none, costs no round trip for them.
         found = (
             session.execute(
-                select(AssetModel, _partitioned_consumer_exists() if line.partitions else false())
-                .where(AssetModel.name == asset.name, AssetModel.uri == asset.uri)
-                .options(joinedload(AssetModel.active), joinedload(AssetModel.aliases)),
+                _asset_lookup(line.partitions),
                 {"name": asset.name, "uri": asset.uri, "alias_names": list(source_alias_names)},
             )
             .unique()
@@ -260,13 +258,25 @@ def _consumer_ids(partitioned: bool) -> Any:
 
 
 @functools.cache
+def _asset_lookup(partitions: bool) -> Any:
+    """``SELECT asset, <any partitioned consumer>`` by ``:name`` and ``:uri``, with Airflow's eager loads.
+
+    Built once per process (the asset's name and URI are bound, not inlined).
+    """
+    return (
+        select(AssetModel, _partitioned_consumer_exists() if partitions else false())
+        .where(AssetModel.name == bindparam("name"), AssetModel.uri == bindparam("uri"))
+        .options(joinedload(AssetModel.active), joinedload(AssetModel.aliases))
+    )
+
+
 def _partitioned_consumer_exists() -> Any:
     """``EXISTS``: an unpaused partitioned DAG scheduled on asset ``:name``/``:uri`` or ``:alias_names``.
 
     The consumers :meth:`AdrqAssetManager._consumer_dags` would find for the
     event about to be written (its asset by id, name and URI; the aliases it
     is emitted through), read before it is: the same reference tables, by
-    their primary keys, and ``dag`` by its own. Built once; locks nothing.
+    their primary keys, and ``dag`` by its own. Locks nothing.
     """
     from airflow.models.asset import (
         DagScheduleAssetAliasReference,
