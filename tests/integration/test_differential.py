@@ -205,22 +205,9 @@ def make_transactions(rng: random.Random, graph: Graph) -> list[Transaction]:
 def setup_graph(engine, graph: Graph) -> tuple[dict, dict]:
     """Insert the graph (set-based); returns ((name, uri) -> asset id, alias name -> id)."""
     with Session(engine) as s:
-        ids, alias_ids = add_graph(
-            s,
-            dags=graph.dags,
-            paused=graph.paused,
-            partitioned=graph.partitioned,
-            assets=graph.assets,
-            inactive=graph.inactive,
-            aliases=graph.aliases,
-            direct=graph.direct,
-            by_name=graph.by_name,
-            by_uri=graph.by_uri,
-            by_alias=graph.by_alias,
-            links=graph.links,
-        )
+        ids = add_graph(s, **vars(graph))  # Graph's fields are add_graph's keywords
         s.commit()
-    return ids, alias_ids
+    return ids
 
 
 # --- running a scenario ----------------------------------------------------------

@@ -32,16 +32,7 @@ EVENT_KEYED = compat.SHAPES[LINE].event_keyed
 def seed_exposed(engine):
     """tests/support/exposure.py's world, through Airflow's models."""
     with Session(engine) as session:
-        seeded = scenario.seed(
-            session,
-            assets=list(exposure.CONSUMERS),
-            consumers=exposure.CONSUMERS,
-            name_ref_consumers=exposure.NAME_REF_CONSUMERS,
-            uri_ref_consumers=exposure.URI_REF_CONSUMERS,
-            alias_consumers=exposure.ALIAS_CONSUMERS,
-            paused=exposure.PAUSED,
-            inactive=exposure.INACTIVE,
-        )
+        seeded = scenario.seed(session, **exposure.SCENARIO)
         assets, aliases = seeded.asset_ids, seeded.alias_ids
         session.execute(
             sa.table("asset_alias_asset", sa.column("alias_id"), sa.column("asset_id")).insert(),

@@ -38,6 +38,17 @@ OUTLETS = [
 _SCHEDULES = (CONSUMERS, NAME_REF_CONSUMERS, URI_REF_CONSUMERS, ALIAS_CONSUMERS)
 DAGS = sorted({"producer"} | {d for table in _SCHEDULES for dag_ids in table.values() for d in dag_ids})
 
+#: The world as the keyword arguments of tests/plugin/adrq_af_scenario.py's ``seed``.
+SCENARIO = {
+    "assets": list(CONSUMERS),
+    "consumers": CONSUMERS,
+    "name_ref_consumers": NAME_REF_CONSUMERS,
+    "uri_ref_consumers": URI_REF_CONSUMERS,
+    "alias_consumers": ALIAS_CONSUMERS,
+    "paused": PAUSED,
+    "inactive": INACTIVE,
+}
+
 #: doctor's ``Exposure`` fields on this world.
 EXPOSURE = {
     "assets": 4,
