@@ -101,7 +101,7 @@ def _bench(args: argparse.Namespace, sizes: Sizes) -> int:
     out = options.out_dir(args)
     managers = [m for m in MANAGERS if not args.manager or m in args.manager]
     scenarios = [s for s in SCENARIOS if not args.scenario or s in args.scenario]
-    with run.targets(args.db or [], args.backend, sqlite=True, say=options.say) as targets:
+    with run.targets(args.db or [], args.backend, sqlite=True) as targets:
         options.say(
             f"benchmarking {', '.join(t.version for t in targets)}: managers {', '.join(managers)}; "
             f"one caller at fan-outs {options.show(sizes.fanouts)}; {sizes.producers} producers x "

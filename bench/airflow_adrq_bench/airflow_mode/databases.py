@@ -14,7 +14,7 @@ import os
 import sqlite3
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
+from airflow_adrq_bench import options
 from airflow_adrq_bench.errors import BenchError
 from airflow_adrq_testing import servers
 
@@ -118,15 +119,12 @@ def refuse_airflow_database(url: str) -> None:
 
 
 @contextlib.contextmanager
-def targets(
-    urls: Sequence[str], backends: Sequence[str] | None, *, sqlite: bool, say: Callable[[str], None]
-) -> Iterator[list[Target]]:
+def targets(urls: Sequence[str], backends: Sequence[str] | None, *, sqlite: bool) -> Iterator[list[Target]]:
     """The databases an Airflow mode measures on, with unique names; servers it started stop at the end.
 
     ``urls`` (``--db``; each refused if it holds Airflow's tables) or else
-    every server :func:`airflow_adrq_testing.servers.discover` finds among
-    ``backends`` (all when empty), plus SQLite when ``sqlite``; a backend
-    without a server is said and skipped. Raises :class:`BenchError` for
+    every server :func:`.options.servers_found` finds among ``backends`` (all
+    when empty; it says each), plus SQLite when ``sqlite``. Raises :class:`BenchError` for
     none at all, or for a SQLite URL when ``sqlite`` is false.
     """
     with contextlib.ExitStack() as stack:
@@ -140,14 +138,7 @@ def targets(
             found.append(describe(url))
         if not urls and sqlite and (not backends or "sqlite" in backends):
             found.append(describe("sqlite://"))
-        for backend in [] if urls else [b for b in servers.BACKENDS if not backends or b in backends]:
-            try:
-                info = stack.enter_context(servers.discover(backend))
-            except servers.ServerNotFoundError as exc:
-                say(f"not measuring {backend}: {exc}")
-                continue
-            say(f"{info.version}: {info.how_found}")
-            found.append(describe(info.url))
+        found += [] if urls else [describe(url) for url in options.servers_found(stack, backends)]
         if not found:
             raise BenchError("no database to measure on")
         seen: Counter[str] = Counter()

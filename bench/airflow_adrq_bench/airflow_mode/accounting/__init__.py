@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _measure(args: argparse.Namespace, sizes: AccountingSizes) -> int:
     out = options.out_dir(args)
-    with run_module.targets(args.db or [], args.backend, sqlite=True, say=options.say) as targets:
+    with run_module.targets(args.db or [], args.backend, sqlite=True) as targets:
         raw = run(targets, sizes, progress=options.say)
     out.mkdir(parents=True, exist_ok=True)
     (out / "airflow-accounting.json").write_text(json.dumps(raw, indent=2, default=str) + "\n")

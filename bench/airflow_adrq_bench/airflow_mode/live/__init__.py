@@ -138,7 +138,7 @@ def _measure(args: argparse.Namespace, sizes: LiveSizes, shape: LiveShape) -> in
     out.mkdir(parents=True, exist_ok=True)
     managers = [m for m in MANAGERS if not args.manager or m in args.manager]
     limit, started = args.time_limit or default_time_limit(sizes), time.monotonic()
-    with run_module.targets(args.db or [], args.backend, sqlite=False, say=options.say) as targets:
+    with run_module.targets(args.db or [], args.backend, sqlite=False) as targets:
         # Before the first deployment: whether this environment can run the shape at all.
         scaleout.check(shape, targets)
         raw: dict[str, Any] = {

@@ -1,27 +1,15 @@
 """The DAG files of the live run, written into the deployment's scratch ``dags_folder``.
 
-Three files, so that a producer task process (which parses its own DAG's file
-when it starts) does not also parse the 64 consumer DAGs:
-
-* ``adrq_live_producers.py``: ``producer_dags`` DAGs, each with one task mapped
-  over ``instances`` instances, every instance with the same ``outlets``
-  assets (``a0``, ``a1`` ...). An instance waits at a file-system barrier for
-  every instance of its burst (all producer DAGs), then sleeps until a common
-  wall-clock deadline that the last one to arrive writes, plus a random 0 to
-  ``spread_s`` (0.3 s) seconds, and returns: the whole burst's task-success
-  calls (``PATCH /execution/task-instances/{id}/state``, which writes the asset
-  events and queue rows) reach the api-server within ``spread_s`` of each
-  other, whatever the order the executor started the processes in. An instance that
-  waited longer than the barrier's timeout goes on alone (a retry finds the
-  deadline written and goes at once);
-* ``adrq_live_consumers.py``: ``consumers`` DAGs scheduled on ``a0 | a1 | ...``,
-  each one ``EmptyOperator``, which the scheduler completes without the
-  executor (a 2-core machine stays usable with dozens of consumers);
-* ``adrq_live_warmup.py``: one mapped task (one instance per producer task of
-  a burst) whose outlet no DAG consumes, run once before the first burst.
-
-The files only use ``airflow.sdk`` and the standard provider. Their settings
-are a JSON literal at the top, so the file reads the same way it runs.
+Three files, so that a producer task process (which parses its own DAG's file)
+does not also parse the consumer DAGs: ``producer_dags`` DAGs of one task
+mapped over ``instances`` instances, each with the same ``outlets`` assets
+(``a0``, ``a1`` ...), which meet at a file-system barrier and finish within
+``spread_s`` of each other, so that the burst's task-success calls (``PATCH
+/execution/task-instances/{id}/state``: the asset events and queue rows) reach
+the api-server together; ``consumers`` DAGs on ``a0 | a1 | ...``, each one
+``EmptyOperator`` (the scheduler completes it without the executor); one
+warm-up DAG whose outlet no DAG consumes. They use ``airflow.sdk`` and the
+standard provider only; their settings are a JSON literal at the top.
 """
 
 from __future__ import annotations
@@ -71,14 +59,9 @@ _BARRIER = '''
 def wait_for_the_burst(
     folder: Path, name: str, expected: int, timeout: float, lead: float, spread: float
 ) -> None:
-    """Arrive at the burst's barrier, wait for the others, sleep until the common deadline.
-
-    Each instance leaves a file named after itself in ``folder/arrived``; the
-    first one to see ``expected`` of them links ``folder/go`` (atomically:
-    ``os.link`` fails if it exists) holding ``now + lead``, and every instance
-    sleeps until that time plus a random 0..``spread`` seconds. After
-    ``timeout`` seconds an instance goes alone.
-    """
+    """Leave a file in ``folder/arrived``; the first to see ``expected`` links ``folder/go`` (atomic)
+    holding ``now + lead``; all sleep until then plus 0..``spread`` s. After ``timeout`` s, go alone
+    (a retry finds ``go`` written and goes at once)."""
     arrived = folder / "arrived"
     arrived.mkdir(parents=True, exist_ok=True)
     (arrived / name).touch()
@@ -206,9 +189,6 @@ def write_dag_files(dags_folder: Path, barrier_dir: Path, sizes: LiveSizes) -> l
         ),
         WARMUP_FILE: _render("The warm-up DAG: every execution-API call once.", warmup, _WARMUP),
     }
-    paths = []
     for name, text in files.items():
-        path = dags_folder / name
-        path.write_text(text)
-        paths.append(path)
-    return paths
+        (dags_folder / name).write_text(text)
+    return [dags_folder / name for name in files]

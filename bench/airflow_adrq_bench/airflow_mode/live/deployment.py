@@ -1,27 +1,20 @@
 """One scratch Airflow deployment: its settings, its components as child processes, and their end.
 
-A :class:`Deployment` is one manager on one scratch database. It writes
-nothing outside its own scratch ``AIRFLOW_HOME`` and log folder, binds only
-``127.0.0.1`` (a free port found by binding port 0; the scheduler's log server
-is off with ``--skip-serve-logs``), and runs the ``airflow`` CLI of this very
-environment (``Path(sys.executable).parent / "airflow"``), so the controller
-never imports Airflow. Every component gets the same settings through
-environment variables (nothing from the caller's ``AIRFLOW_*`` variables is
-passed on): one JWT secret, API secret key and Fernet key per deployment,
-``dags_are_paused_at_creation`` off, and the run's :class:`~.config.LiveShape`:
-LocalExecutor, or CeleryExecutor with ``airflow celery worker`` components on
-a broker database and a queue of the deployment's own (its results in the
-scratch database); the api-server's worker count; with PgBouncer, every
-component reaches the database through the deployment's own throwaway
-PgBouncer (transaction pooling), ``airflow db migrate`` directly.
+A :class:`Deployment` is one manager on one scratch database. It writes only
+its scratch ``AIRFLOW_HOME`` and log folder, binds only ``127.0.0.1`` (the
+scheduler's log server off), and runs this environment's ``airflow`` CLI, so
+the controller never imports Airflow. Every component gets the same settings
+and none of the caller's: one JWT secret, API secret key and Fernet key per
+deployment, and the run's :class:`~.config.LiveShape` (LocalExecutor, or
+CeleryExecutor with workers on a broker database and a queue of its own; the
+api-server's workers; with PgBouncer, every component but ``db migrate``
+through a throwaway PgBouncer in transaction pooling).
 
-Each component starts in a session of its own (``start_new_session``), so
-:meth:`Deployment.stop` can end its whole process group: SIGTERM (Airflow
-stops its executor and tasks), then SIGKILL after a grace period. The task
-SDK moves each task into a process group of its own, so a last sweep ends
-(by pid) every process that still carries this deployment's marker variable
-``ADRQ_LIVE_DEPLOYMENT`` in its environment. ``stop`` runs on success,
-failure, time-out and Ctrl-C (it is the context manager's exit).
+Each component leads a process group of its own, so :meth:`Deployment.stop`
+ends the whole group: SIGTERM, then SIGKILL after a grace period. The task SDK
+moves each task into a group of its own, so a last sweep ends (by pid) every
+process whose environment carries this deployment's ``ADRQ_LIVE_DEPLOYMENT``.
+``stop`` runs on success, failure, time-out and Ctrl-C.
 """
 
 from __future__ import annotations
