@@ -12,8 +12,9 @@ before the first query and rolled back at the end (:mod:`.backends`); only
 ``SELECT``, ``SHOW`` and catalog reads, from one snapshot. PgBouncer
 detection opens at most three more connections (:mod:`.pgbouncer`).
 :func:`check` (:mod:`.checkup`) reads :mod:`.compatibility` and
-:mod:`.exposure`, then decides; what differs per backend is a
-:class:`.backends.Probe`, so no other module compares backend names.
+:mod:`.exposure` into a :mod:`.report`, then decides; :mod:`.render` prints
+it. What differs per backend is a :class:`.backends.Probe`: no other module
+compares backend names.
 """
 
 from __future__ import annotations
