@@ -109,7 +109,7 @@ def script_location() -> Path:
     package (``migrations/``).
     """
     package = importlib.resources.files("airflow_adrq")
-    for location in (package.joinpath("migrations"), package.joinpath("..", "migrations")):
+    for location in (package.joinpath("migrations"), package.joinpath("..").joinpath("migrations")):
         # Alembic imports env.py and the revisions from real files.
         if isinstance(location, Path) and (location / "env.py").is_file():
             return location.resolve()

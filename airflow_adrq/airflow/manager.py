@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, exists, false, insert, select, union_all
+from sqlalchemy import String, bindparam, exists, false, insert, select, union_all
 from sqlalchemy.orm import joinedload
 
 from airflow_adrq import queue
@@ -290,7 +290,7 @@ def _partitioned_consumer_exists() -> Any:
     asset, alias = AssetModel.__table__.alias("p_asset"), AssetAliasModel.__table__.alias("p_alias")
     direct, by_name = DagScheduleAssetReference.__table__, DagScheduleAssetNameReference.__table__
     by_uri, by_alias = DagScheduleAssetUriReference.__table__, DagScheduleAssetAliasReference.__table__
-    name, uri = bindparam("name"), bindparam("uri")
+    name, uri = bindparam("name", type_=String()), bindparam("uri", type_=String())
     consumers = union_all(
         select(direct.c.dag_id)
         .join(asset, asset.c.id == direct.c.asset_id)
