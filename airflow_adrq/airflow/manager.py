@@ -156,9 +156,12 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         if not asset_model.active:
             cls.logger().warning("Emitting event for inactive AssetModel %s", asset)
 
-        cls._add_asset_alias_association(
-            alias_names=source_alias_names, asset_model=asset_model, session=session
-        )
+        # Airflow calls it for every event; without alias names it can only
+        # run a SELECT with an empty IN list and add nothing: a round trip saved.
+        if source_alias_names:
+            cls._add_asset_alias_association(
+                alias_names=source_alias_names, asset_model=asset_model, session=session
+            )
 
         asset_event = AssetEvent(**line.event_kwargs(call, asset_model, extra))
         session.add(asset_event)
