@@ -16,8 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from airflow_adrq_bench import dataset, options, tables
-from airflow_adrq_bench.faults import FaultSizes, run_faults
-from airflow_adrq_bench.soak import SoakSizes, run_soak
+from airflow_adrq_bench.load import FaultSizes, SoakSizes, run_faults, run_soak
 from airflow_adrq_testing import servers
 
 __all__ = ["MODES", "route"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_adrq_bench.faults import FaultSizes, run_faults
+from airflow_adrq_bench.load import FaultSizes, run_faults
 
 pytestmark = [pytest.mark.backends("postgresql", "mysql"), pytest.mark.slow]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_adrq_bench.soak import SoakSizes, run_soak
+from airflow_adrq_bench.load import SoakSizes, run_soak
 
 pytestmark = [pytest.mark.backends("postgresql", "mysql"), pytest.mark.slow]
 

@@ -1,0 +1,439 @@
+"""Producers under stress: connection faults (``bench --faults``) and sustained load (``bench --soak``).
+
+Both run on a (scratch) PostgreSQL or MySQL/MariaDB database seeded with
+:func:`.dataset.seed_fan`: ``producers`` threads, each running
+``transactions`` multi-outlet transactions through
+:func:`airflow_adrq.run_in_transaction` (outlets in a fresh random order each
+time, a short hold before COMMIT), their retries counted by kind
+(:class:`_Load`). Then the rows are checked against what the callers were told.
+
+``--faults`` (and ``tests/concurrency/test_fault_run.py``): one event per
+outlet through :func:`airflow_adrq.register_asset_change`, tagged with a unique
+``source_run_id``, while a killer thread terminates one producer connection at
+random every ``kill_every_s`` (``pg_terminate_backend`` / ``KILL CONNECTION``),
+whatever it is doing: its work, the commit-time queue write or the COMMIT.
+Checked: a completed run id has exactly one event per outlet; the only
+exceptions are ``CommitOutcomeUnknownError`` (that run then has all of its
+events or none) and ``RetriesExhaustedError``; no run id has more events than
+outlets (duplicates) or some but not all (half-written); the queue is exactly
+the committed events' consumers.
+
+``--soak``: :func:`airflow_adrq.register_asset_changes` while a consumer thread
+does what Airflow's scheduler does to the queue (per DAG: lock its rows ``FOR
+UPDATE SKIP LOCKED``, delete them, commit). Reported: tx/s, deadlocks and other
+retries (producers and consumer), the exact-rows check, and growth: resident
+memory, the pool's checked-out connections and the server's connections to the
+database, sampled before, during and after.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool, QueuePool
+
+from airflow_adrq import manager, retry
+from airflow_adrq.engine import create_engine
+from airflow_adrq.errors import CommitOutcomeUnknownError, RetriesExhaustedError
+from airflow_adrq.models import AssetEvent
+from airflow_adrq_bench import dataset, scheduler
+
+T = TypeVar("T")
+Log = Callable[[str], None]
+
+
+class _Load:
+    """One run's shared state: the backend, the seeded assets, a lock, and retry counting by kind."""
+
+    def __init__(
+        self, url: str, purpose: str, engine: Engine, prefix: str, outlets: int, fanout: int
+    ) -> None:
+        self.backend = dataset.server_backend(url, purpose)
+        self.assets = dataset.seed_fan(engine, prefix, outlets=outlets, fanout=fanout)
+        self.lock = threading.Lock()
+
+    def counting(self, counter: collections.Counter[str]) -> Callable[[int, retry.Retryable], None]:
+        """An ``on_retry`` that counts each retry's kind in ``counter``."""
+
+        def on_retry(_n: int, found: retry.Retryable) -> None:
+            with self.lock:
+                counter[found.kind.value] += 1
+
+        return on_retry
+
+    def shuffled(self, rng: random.Random) -> list[Any]:
+        """The assets in a fresh random order (one transaction's outlets)."""
+        order = list(self.assets)
+        rng.shuffle(order)
+        return order
+
+    @staticmethod
+    def run(producers: int, producer: Callable[[int], None]) -> float:
+        """``producer(index)`` for every index at once, in threads; the seconds they took."""
+        started = time.monotonic()
+        with ThreadPoolExecutor(producers) as pool:
+            list(pool.map(producer, range(producers)))
+        return time.monotonic() - started
+
+
+def _hold(hold_ms: float) -> None:
+    time.sleep(hold_ms / 1000)
+
+
+# --- bench --faults ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FaultSizes:
+    """How big a fault run is: about a hundred kills in 200 transactions by default, enough to land in
+    each part of a transaction (its work, the commit-time write, the COMMIT) many times."""
+
+    producers: int = 8
+    transactions: int = 25
+    outlets: int = 3
+    fanout: int = 16
+    hold_ms: float = 5.0
+    kill_every_s: float = 0.15
+    max_attempts: int = 8
+
+
+@dataclass
+class FaultRun:
+    """What happened, and what the database says about it."""
+
+    backend: str
+    sizes: dict[str, Any]
+    transactions: int = 0
+    completed: int = 0
+    raised: dict[str, int] = field(default_factory=dict)
+    retries: dict[str, int] = field(default_factory=dict)
+    kills: int = 0
+    duplicate_events: int = 0
+    half_written: int = 0
+    unknown_committed: int = 0
+    unknown_not_committed: int = 0
+    queue_rows_exact: bool = False
+    seconds: float = 0.0
+
+    @property
+    def acceptable_errors_only(self) -> bool:
+        return set(self.raised) <= {"CommitOutcomeUnknownError", "RetriesExhaustedError"}
+
+    def as_dict(self) -> dict[str, Any]:
+        share = self.completed / self.transactions if self.transactions else 0.0
+        return {
+            **asdict(self),
+            "completed_share": share,
+            "acceptable_errors_only": self.acceptable_errors_only,
+        }
+
+
+#: The server's id of the connection running it, and the ids of the given connections still alive.
+_OWN_ID = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
+_ALIVE = {
+    "postgresql": "SELECT pid FROM pg_stat_activity WHERE pid IN :ids",
+    "mysql": "SELECT id FROM information_schema.processlist WHERE id IN :ids",
+}
+
+
+class _Killer(threading.Thread):
+    """Terminates one producer connection at random, every ``every_s`` (jittered), until stopped."""
+
+    def __init__(self, url: str, backend: str, every_s: float, rng: random.Random) -> None:
+        super().__init__(name="adrq-fault-killer", daemon=True)
+        self.engine = sa.create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+        self.backend, self.every_s, self.rng = backend, every_s, rng
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        #: The producers' connections, recorded as they connect (:meth:`watch`).
+        self.producer_ids: set[int] = set()
+        self.kills = 0
+
+    def watch(self, engine: Engine) -> Engine:
+        """Record the server id of every connection ``engine`` opens: those are the killer's victims."""
+
+        @sa.event.listens_for(engine, "connect")
+        def _record(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute(_OWN_ID[self.backend])
+            (own_id,) = cursor.fetchone()
+            cursor.close()
+            with self.lock:
+                self.producer_ids.add(int(own_id))
+
+        return engine
+
+    def run(self) -> None:
+        alive = sa.text(_ALIVE[self.backend]).bindparams(sa.bindparam("ids", expanding=True))
+        with self.engine.connect() as conn:
+            while not self.stop.wait(self.rng.uniform(0.5, 1.5) * self.every_s):
+                with self.lock:
+                    known = sorted(self.producer_ids)
+                try:
+                    victims = [int(r[0]) for r in conn.execute(alive, {"ids": known})] if known else []
+                    if not victims:
+                        continue
+                    victim = self.rng.choice(victims)
+                    if self.backend == "postgresql":
+                        conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": victim})
+                    else:
+                        conn.exec_driver_sql(f"KILL CONNECTION {int(victim)}")
+                    self.kills += 1
+                except sa.exc.DBAPIError:  # the victim left in between
+                    pass
+        self.engine.dispose()
+
+
+def run_faults(
+    url: str, sizes: FaultSizes = FaultSizes(), *, seed: int | None = None, log: Log = print
+) -> FaultRun:
+    """Run the fault scenario on the (scratch) database at ``url`` and check what it left."""
+    rng = random.Random(seed)
+    seed_engine = create_engine(url)
+    load = _Load(url, "the fault run", seed_engine, "fault", sizes.outlets, sizes.fanout)
+    # Nothing of ours but the producers stays connected during the run.
+    seed_engine.dispose()
+    result = FaultRun(backend=load.backend, sizes=asdict(sizes))
+    outcomes: dict[str, str] = {}
+    retries: collections.Counter[str] = collections.Counter()
+    killer = _Killer(url, load.backend, sizes.kill_every_s, random.Random(rng.random()))
+
+    def work(session: Session, sink: list[Callable[[], object]], order: list[Any], ti: _TI) -> None:
+        for asset in order:
+            manager.register_asset_change(asset=asset, task_instance=ti, session=session, callback_sink=sink)
+        _hold(sizes.hold_ms)
+
+    def producer(index: int) -> None:
+        engine = killer.watch(create_engine(url, pool_size=1, max_overflow=1))
+        factory = sessionmaker(engine)
+        local = random.Random(rng.random())
+        for t in range(sizes.transactions):
+            run_id = f"p{index}-t{t}"
+            one = functools.partial(work, order=load.shuffled(local), ti=_TI(run_id))
+            try:
+                retry.run_in_transaction(
+                    factory,
+                    one,
+                    max_attempts=sizes.max_attempts,
+                    on_retry=load.counting(retries),
+                    max_wait=0.5,
+                )
+                outcome = "completed"
+            except (CommitOutcomeUnknownError, RetriesExhaustedError) as exc:
+                outcome = type(exc).__name__
+            except Exception as exc:  # reported, never hidden
+                outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+            with load.lock:
+                outcomes[run_id] = outcome
+        engine.dispose()
+
+    killer.start()
+    result.seconds = load.run(sizes.producers, producer)
+    killer.stop.set()
+    killer.join()
+    result.kills, result.retries, result.transactions = killer.kills, dict(retries), len(outcomes)
+    result.completed = sum(1 for o in outcomes.values() if o == "completed")
+    result.raised = dict(collections.Counter(o for o in outcomes.values() if o != "completed"))
+    _check_faults(url, sizes, outcomes, result)
+    log(
+        f"{load.backend}: {result.completed}/{result.transactions} completed, {result.kills} kills, "
+        f"raised {result.raised or 'nothing'}, {result.duplicate_events} duplicate events, "
+        f"{result.half_written} half-written, queue rows exact: {result.queue_rows_exact}"
+    )
+    return result
+
+
+def _check_faults(url: str, sizes: FaultSizes, outcomes: dict[str, str], result: FaultRun) -> None:
+    """Each run id's events against what its caller was told; the queue against the committed events."""
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        per_run = collections.Counter(
+            run_id for (run_id,) in conn.execute(sa.select(AssetEvent.source_run_id))
+        )
+        emitted = [a for (a,) in conn.execute(sa.select(AssetEvent.asset_id).distinct())]
+        consumers = dataset.consumer_dags(conn, emitted)
+        queued = dataset.queued_pairs(conn)
+    engine.dispose()
+    for run_id, outcome in outcomes.items():
+        count = per_run.get(run_id, 0)
+        if count > sizes.outlets:
+            result.duplicate_events += 1
+        elif 0 < count < sizes.outlets or (outcome == "completed" and count != sizes.outlets):
+            result.half_written += 1
+        if outcome == "CommitOutcomeUnknownError":
+            result.unknown_committed += count == sizes.outlets
+            result.unknown_not_committed += count == 0
+    result.queue_rows_exact = queued == {(a, d) for a, dags in consumers.items() for d in dags}
+
+
+@dataclass(frozen=True)
+class _TI:
+    """The producing task: its ``run_id`` names the transaction, so the check can count its events."""
+
+    run_id: str
+    dag_id: str = "fault_producer"
+    task_id: str = "emit"
+    map_index: int = -1
+
+
+# --- bench --soak --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SoakSizes:
+    """How big a soak is: by default many more connections busy than the machine has cores, for tens of
+    thousands of transactions, long enough for a leak of memory or connections to show between samples."""
+
+    producers: int = 32
+    transactions: int = 1000
+    outlets: int = 3
+    fanout: int = 16
+    hold_ms: float = 2.0
+    samples: int = 5
+
+
+@dataclass
+class SoakRun:
+    backend: str
+    sizes: dict[str, Any]
+    committed: int = 0
+    failed: dict[str, int] = field(default_factory=dict)
+    producer_retries: dict[str, int] = field(default_factory=dict)
+    consumer_retries: dict[str, int] = field(default_factory=dict)
+    consumed_rows: int = 0
+    seconds: float = 0.0
+    rows: dict[str, int] = field(default_factory=dict)
+    #: (transactions done, RSS MiB, pool checked out, server connections)
+    samples: list[tuple[int, float, int, int]] = field(default_factory=list)
+
+    @property
+    def deadlocks(self) -> int:
+        return self.producer_retries.get("deadlock", 0) + self.consumer_retries.get("deadlock", 0)
+
+    @property
+    def rows_exact(self) -> bool:
+        return bool(self.rows) and all(v == 0 for v in self.rows.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        rate = self.committed / self.seconds if self.seconds else 0.0
+        return {**asdict(self), "deadlocks": self.deadlocks, "rows_exact": self.rows_exact, "tx_per_s": rate}
+
+
+def _rss_mib() -> float:
+    # Current (not peak) resident set size, from /proc (Linux).
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+_SERVER_CONNECTIONS = {
+    "postgresql": "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()",
+    "mysql": "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE()",
+}
+
+
+def _claim(session: Session, _sink: list[Callable[[], object]], dag: str) -> list[dataset.Pair]:
+    """What the scheduler does to one DAG's queue rows: lock them (skipping locked ones), delete them."""
+    rows = scheduler.queued(session.connection(), dag)
+    if rows:
+        scheduler.delete(session.connection(), dag, rows)
+    return [(a, dag) for a, _ in rows]
+
+
+def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Log = print) -> SoakRun:
+    """Run the soak on the (scratch) database at ``url``; PostgreSQL or MySQL/MariaDB."""
+    engine = create_engine(url, pool_size=sizes.producers + 2, max_overflow=0)
+    load = _Load(url, "the soak", engine, "soak", sizes.outlets, sizes.fanout)
+    with engine.connect() as conn:
+        consumers = dataset.consumer_dags(conn, [a.id for a in load.assets])
+    result = SoakRun(backend=load.backend, sizes=asdict(sizes))
+    factory = sessionmaker(engine)
+    emitted: set[dataset.Pair] = set()
+    consumed: set[dataset.Pair] = set()
+    producer_retries: collections.Counter[str] = collections.Counter()
+    consumer_retries: collections.Counter[str] = collections.Counter()
+    failed: collections.Counter[str] = collections.Counter()
+    done = [0]
+    stop = threading.Event()
+    total = sizes.producers * sizes.transactions
+    marks = {max(1, total * k // sizes.samples) for k in range(1, sizes.samples)}
+
+    def sample(progress: int) -> None:
+        with engine.connect() as conn:
+            server = int(conn.exec_driver_sql(_SERVER_CONNECTIONS[load.backend]).scalar_one())
+        pool = cast(QueuePool, engine.pool)
+        result.samples.append((progress, round(_rss_mib(), 1), pool.checkedout(), server))
+
+    def transact(work: Callable[..., T], retries: collections.Counter[str], who: str) -> T | None:
+        """``work`` through ``run_in_transaction``, retries counted; None, counted as failed, if it raised."""
+        try:
+            return retry.run_in_transaction(factory, work, on_retry=load.counting(retries))
+        except Exception as exc:
+            with load.lock:
+                failed[f"{who}{type(exc).__name__}"] += 1
+            return None
+
+    def work(session: Session, sink: list[Callable[[], object]], order: Sequence[Any]) -> list[int]:
+        changes = [manager.AssetChange(asset=a) for a in order]
+        events = manager.register_asset_changes(session=session, changes=changes, callback_sink=sink)
+        _hold(sizes.hold_ms)
+        return [e.asset_id for e in events if e is not None]
+
+    def producer(index: int) -> None:
+        rng = random.Random(index)
+        for _ in range(sizes.transactions):
+            asset_ids = transact(functools.partial(work, order=load.shuffled(rng)), producer_retries, "")
+            if asset_ids is None:
+                continue
+            with load.lock:
+                emitted.update((a, d) for a in asset_ids for d in consumers[a])
+                done[0] += 1
+                progress = done[0]
+            if progress in marks:
+                sample(progress)
+
+    def consumer() -> None:
+        dags = sorted({d for ds in consumers.values() for d in ds})
+        while not stop.is_set():
+            for dag in dags:
+                rows = transact(functools.partial(_claim, dag=dag), consumer_retries, "consumer ")
+                if rows is None:
+                    continue
+                with load.lock:
+                    consumed.update(rows)
+                    result.consumed_rows += len(rows)
+            stop.wait(0.01)
+
+    sample(0)
+    consumer_thread = threading.Thread(target=consumer)
+    consumer_thread.start()
+    result.seconds = load.run(sizes.producers, producer)
+    stop.set()
+    consumer_thread.join()
+    sample(done[0])
+    with engine.connect() as conn:
+        result.rows = dataset.check_rows(dataset.queued_pairs(conn), emitted, consumed)
+    engine.dispose()
+    result.committed, result.failed = done[0], dict(failed)
+    result.producer_retries, result.consumer_retries = dict(producer_retries), dict(consumer_retries)
+    log(
+        f"{load.backend}: {result.committed}/{total} committed in {result.seconds:.0f} s, "
+        f"{result.deadlocks} deadlocks, retries {result.producer_retries or 'none'} / consumer "
+        f"{result.consumer_retries or 'none'}, rows exact: {result.rows_exact}, samples {result.samples}"
+    )
+    return result
