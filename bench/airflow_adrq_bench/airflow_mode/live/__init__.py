@@ -49,7 +49,7 @@ from airflow_adrq_bench.airflow_mode.live.config import (
     LiveSizes,
     default_time_limit,
 )
-from airflow_adrq_bench.airflow_mode.live.runner import run_cell
+from airflow_adrq_bench.airflow_mode.live.driver import run_cell
 
 __all__ = ["build_parser", "main", "shape_from"]
 
