@@ -13,7 +13,7 @@ Modules, one job each:
 * :mod:`.report`     -- aggregation, table, JSON, PNG;
 * :mod:`.runner`     -- runs the pytest-xdist suite (:mod:`.suite`) and reports;
 * :mod:`.cli`        -- ``main(argv)``: ``airflow-adrq bench`` (an entry point of this distribution);
-* :mod:`.options`    -- what every mode's command line shares; :mod:`.modes`: ``--faults``, ``--soak`` (:mod:`.load`);
+* :mod:`.options`    -- what every mode's command line shares and ``--faults``, ``--soak`` (:mod:`.load`);
 * :mod:`.baselines`  -- the loop versions airflow-adrq replaces, kept faithfully.
 """
 
