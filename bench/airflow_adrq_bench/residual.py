@@ -45,7 +45,6 @@ from airflow_adrq.queue import build_queue_statement
 from airflow_adrq.retry import RetryableKind, classify
 from airflow_adrq_bench import dataset, scheduler
 from airflow_adrq_bench.stats import median, percentile
-from airflow_adrq_testing import servers
 
 _EVENT = scheduler.EVENT
 _DAG = cast(sa.Table, DagModel.__table__)
@@ -234,14 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("| protocol | events | runs | deadlocks | lost | consumed twice | stamp to visible p50 / p99 ms |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for protocol in ("stamp_first", "ours"):
-        name = f"adrq_residual_{protocol}_{int(time.time())}"
-        url = servers.create_database(args.db, name)
-        try:
-            found = measure(
-                url, protocol, producers=args.producers, seconds=args.seconds, locks=not args.no_row_locks
-            )
-        finally:
-            servers.drop_database(args.db, name)
+        with dataset.scratch_database(args.db) as url:
+            locks = not args.no_row_locks
+            found = measure(url, protocol, producers=args.producers, seconds=args.seconds, locks=locks)
         print(found.line(), flush=True)
     return 0
 

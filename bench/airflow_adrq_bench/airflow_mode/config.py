@@ -1,11 +1,25 @@
-"""Sizes, names and targets of the Airflow mode (``airflow-adrq bench --airflow``)."""
+"""Sizes, names and targets of the Airflow mode (``airflow-adrq bench --airflow``) and of ``--accounting``.
+
+Also the fields every ``--airflow`` mode's raw results open and close with (:func:`raw_opening`,
+:func:`raw_finish`): what ran, when, on how many CPUs and under what load (the three reports print
+the load average, so its keys are the same in all of them).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
+import os
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
+from airflow_adrq_bench.errors import BenchError
 from airflow_adrq_bench.options import Checked, size
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 #: The three asset managers, in report order.
 #:
@@ -77,3 +91,57 @@ TARGETS: Final[dict[str, dict[str, float]]] = {
     "postgresql": {"F=1": 1.0, "F=64": 2.5, "F=1024": 4.0, "contention": 2.0},
     "mariadb": {"F=1": 1.0, "F=64": 20.0, "F=1024": 100.0, "contention": 15.0},
 }
+
+
+# --- --accounting ---------------------------------------------------------------------
+
+#: The managers ``--accounting`` compares, in report order (see :data:`MANAGER_CLASSES`).
+ACCOUNTING_MANAGERS: Final = ("stock", "plugin")
+#: The DAG bundle of the serialized DAGs ``--accounting`` writes.
+ACCOUNTING_BUNDLE: Final = "adrq-accounting-bundle"
+ACCOUNTING_WARM_ASSET: Final = "adrq_acct_warm"
+
+
+@dataclass(frozen=True)
+class AccountingSizes(Checked):
+    """How big an accounting run is (per database: ``len(holds_ms) * 2`` cells)."""
+
+    producers: int = size(6, "producer processes per manager", ">=1")
+    transactions: int = size(40, "transactions (one event each) per producer and cell", ">=1")
+    consumers: int = size(3, "consumer DAGs of each cell's asset", ">=1")
+    holds_ms: tuple[float, ...] = size(
+        (5.0, 30.0), "holds before COMMIT, comma-separated milliseconds", ">=0"
+    )
+    budget_s: float = size(
+        60.0, "seconds after a cell's start when producers stop starting transactions", ">0"
+    )
+    consumer_pause_ms: float = size(1.0, "the consumer's pause between scheduler passes", ">=0")
+
+
+ACCOUNTING_DEFAULT: Final = AccountingSizes()
+ACCOUNTING_QUICK: Final = AccountingSizes(producers=4, transactions=15, budget_s=30.0)
+
+
+class AccountingError(BenchError):
+    """The accounting run could not run."""
+
+
+def raw_opening(tool: str, sizes: DataclassInstance, managers: Sequence[str]) -> dict[str, Any]:
+    """The first fields of a raw result: the tool, the start time, CPUs, load, sizes, managers."""
+    return {
+        "tool": tool,
+        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(),
+        # Other work on the machine skews every number: the 1/5/15-minute load at start and end.
+        "load_average": {"start": list(os.getloadavg())},
+        "sizes": dataclasses.asdict(sizes),
+        "managers": list(managers),
+    }
+
+
+def raw_finish(raw: dict[str, Any], started: float, *, ndigits: int | None = None) -> None:
+    """Add the run's duration since ``started`` (``time.monotonic()``) and the load at its end."""
+    elapsed = time.monotonic() - started
+    # round(x, None) would be an int: only round when asked to.
+    raw["duration_s"] = elapsed if ndigits is None else round(elapsed, ndigits)
+    raw["load_average"]["end"] = list(os.getloadavg())

@@ -27,8 +27,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from airflow_adrq_bench.airflow_mode import rawinfo
-from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES, Sizes
+from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES, Sizes, raw_finish, raw_opening
 from airflow_adrq_bench.airflow_mode.databases import (
     AIRFLOW_TABLES,
     Target,
@@ -133,7 +132,7 @@ def run(
     plan = _Plan(sizes, list(managers), list(scenarios), sweep, contention, pg_deadlock_timeout_ms)
     started = time.monotonic()
     raw: dict[str, Any] = {
-        **rawinfo.opening("airflow-adrq bench --airflow", sizes, managers),
+        **raw_opening("airflow-adrq bench --airflow", sizes, managers),
         "manager_classes": {m: MANAGER_CLASSES[m] or "airflow.assets.manager.AssetManager" for m in managers},
         "scenarios": list(scenarios),
         "targets": [],
@@ -158,7 +157,7 @@ def run(
         if workers is not None:
             workers.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    rawinfo.finish(raw, started)
+    raw_finish(raw, started)
     return raw
 
 

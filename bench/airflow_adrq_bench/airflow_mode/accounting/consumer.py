@@ -11,7 +11,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from airflow_adrq_bench.airflow_mode.accounting.config import BUNDLE
+from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_BUNDLE as BUNDLE
 from airflow_adrq_bench.airflow_mode.processes import AirflowOrm, Child, Setup, serve, spawn
 from airflow_adrq_bench.airflow_mode.worker import PRODUCER_DAG, asset_uri
 

@@ -15,15 +15,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from airflow_adrq_bench.airflow_mode import rawinfo
 from airflow_adrq_bench.airflow_mode.accounting.classify import classify
-from airflow_adrq_bench.airflow_mode.accounting.config import (
-    MANAGERS,
-    WARM_ASSET,
-    AccountingError,
-    AccountingSizes,
-)
 from airflow_adrq_bench.airflow_mode.accounting.consumer import start_consumer
+from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_MANAGERS as MANAGERS
+from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_WARM_ASSET as WARM_ASSET
+from airflow_adrq_bench.airflow_mode.config import AccountingError, AccountingSizes, raw_finish, raw_opening
 from airflow_adrq_bench.airflow_mode.databases import (
     Target,
     analyze,
@@ -79,7 +75,7 @@ def run(
     """Run every cell on every target; returns the raw results (``cells``, ``problems`` ...)."""
     started = time.monotonic()
     raw: dict[str, Any] = {
-        **rawinfo.opening("airflow-adrq bench --airflow --accounting", sizes, managers),
+        **raw_opening("airflow-adrq bench --airflow --accounting", sizes, managers),
         "targets": [],
         "cells": [],
         "problems": [],
@@ -119,7 +115,7 @@ def run(
         shutil.rmtree(workdir, ignore_errors=True)
     raw["comparison"] = compare(raw["cells"])
     raw["problems"] += [c["problem"] for c in raw["comparison"] if c.get("problem")]
-    rawinfo.finish(raw, started)
+    raw_finish(raw, started)
     return raw
 
 

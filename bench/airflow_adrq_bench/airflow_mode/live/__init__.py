@@ -38,8 +38,9 @@ from typing import Any
 
 import airflow_adrq
 from airflow_adrq_bench import options
-from airflow_adrq_bench.airflow_mode import parser_for, rawinfo
+from airflow_adrq_bench.airflow_mode import parser_for
 from airflow_adrq_bench.airflow_mode import run as run_module
+from airflow_adrq_bench.airflow_mode.config import raw_finish, raw_opening
 from airflow_adrq_bench.airflow_mode.live import report, scaleout
 from airflow_adrq_bench.airflow_mode.live.config import (
     DEFAULT,
@@ -142,7 +143,7 @@ def _measure(args: argparse.Namespace, sizes: LiveSizes, shape: LiveShape) -> in
         # Before the first deployment: whether this environment can run the shape at all.
         scaleout.check(shape, targets)
         raw: dict[str, Any] = {
-            **rawinfo.opening("airflow-adrq bench --airflow --live", sizes, managers),
+            **raw_opening("airflow-adrq bench --airflow --live", sizes, managers),
             "airflow_version": _airflow_version(),
             "runs": args.runs,
             "time_limit_s": limit,
@@ -174,7 +175,7 @@ def _measure(args: argparse.Namespace, sizes: LiveSizes, shape: LiveShape) -> in
                             say=options.say,
                         )
                     )
-    rawinfo.finish(raw, started, ndigits=1)
+    raw_finish(raw, started, ndigits=1)
     raw["problems"] = report.problems(raw["cells"], expect_stock_worse=args.expect_stock_worse)
     raw["notes"] = report.notes(raw["cells"])
     report.write_json(raw, out / "live.json")
