@@ -1,30 +1,18 @@
 """Producer, consumer and coordinator loops, the fan-out sweep and the raw-SQL ratio.
 
-One process per party (the pytest-xdist suite gives each its own worker):
-
-* party 0, the coordinator: empties the queue before every round, acts as
-  the scheduler in ``with_consumer`` and ``lost_events`` rounds, and checks
-  the rows after the round;
-* parties 1..N, the producers: run the round's producer transactions, each
-  retried as a whole on a deadlock, lock timeout, serialization failure or
-  SQLite busy error, and append one JSON line per transaction to
-  ``tx-<party>.jsonl``. A round may use fewer producers than there are
-  parties; the others only pass its barriers.
-
-Every round (cell) goes: each taking part producer runs one warm-up
-transaction of the cell's strategy on its own warm-up assets (so statement
-compilation and ORM set-up are not timed, and nothing the round uses is
-touched); barrier ``warm``; the coordinator empties the queue, the events
-and the runs; barrier ``start``; the round; ``done``; barrier ``end``.
-
-A producer transaction is what task success does to the queue: per emitted
-asset the strategy's whole ``register_asset_change`` (lookup, event, consumers,
-queue), then stay open ``hold_ms`` (the rest of the task-success
-transaction), then COMMIT.
+One process per party (an xdist worker each): party 0, the coordinator, empties the queue before
+every round, is the scheduler of ``with_consumer`` and ``lost_events`` rounds and checks the rows
+after; parties 1..N, the producers, run the round's transactions (each retried as a whole on a
+retryable failure) and append one JSON line per transaction to ``tx-<party>.jsonl``. A round: every
+taking part producer runs one warm-up transaction on its own warm-up assets (compilation and ORM
+set-up untimed, no row of the round touched); barrier ``warm``; the queue, events and runs emptied;
+``start``; the round; ``done``; ``end``. A producer transaction is what task success does: the
+strategy's whole ``register_asset_change`` per emitted asset, ``hold_ms`` open, COMMIT.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import json
@@ -50,13 +38,8 @@ from airflow_adrq_testing.recording import counting
 
 
 def process_rng() -> random.Random:
-    """A generator seeded from ``os.urandom``: every process gets its own order.
-
-    This is what models the order a Python ``set`` of freshly loaded
-    ``DagModel`` objects iterates in (see :mod:`airflow_adrq_bench.baselines`);
-    it does not depend on ``PYTHONHASHSEED``, which pytest-xdist and plugins
-    may pin.
-    """
+    """A generator seeded from ``os.urandom`` (not ``PYTHONHASHSEED``, which xdist may pin): every
+    process its own order, as a ``set`` of freshly loaded ``DagModel`` objects (:mod:`.baselines`)."""
     return random.Random(int.from_bytes(os.urandom(8), "big"))
 
 
@@ -101,13 +84,8 @@ def run_transaction(
     assets: Sequence[int] = (),
     give_up: Callable[[], bool] = lambda: False,
 ) -> TxResult:
-    """Run ``work`` + hold + COMMIT, retrying the whole transaction on retryable failures.
-
-    After a failed attempt it gives up once ``max_attempts`` attempts were
-    made, once ``time.monotonic()`` has passed ``deadline``, or when
-    ``give_up()`` says so (in that order; ``TxResult.gave_up`` says which).
-    Other errors propagate.
-    """
+    """Run ``work`` + hold + COMMIT, retrying the whole transaction on retryable failures (others
+    propagate) until ``max_attempts``, ``deadline`` or ``give_up()`` (``TxResult.gave_up`` says which)."""
     failures: Counter[str] = Counter()
     last: str | None = None
     start = time.perf_counter()
@@ -166,13 +144,8 @@ def round_records(
     *,
     clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[dict[str, Any]]:
-    """One record per planned transaction of a producer's round, in order: exactly ``count``.
-
-    Runs ``run_one()`` for each transaction started before ``deadline``
-    (``outcome`` committed or gave up); once the deadline has passed, the
-    rest are recorded as ``not started``. So committed + gave up + not
-    started always adds up to the plan.
-    """
+    """Exactly ``count`` records: ``run_one()`` while before ``deadline`` (committed or gave up), then
+    ``not started``, so that committed + gave up + not started always adds up to the plan."""
     for done in range(count):
         if clock() > deadline:
             for _ in range(count - done):
@@ -301,13 +274,8 @@ def cell_started(sync: Path, index: int) -> bool:
 
 @dataclass
 class _Round:
-    """One round as the coordinator runs it, and the tally of its scheduler side.
-
-    The ``with_consumer`` claimer and the ``lost_events`` scheduler differ only
-    in what one of their transactions does: both run it through
-    :meth:`consume` and interleave it with the wait for the producers in
-    :meth:`wait_done`.
-    """
+    """One round as the coordinator runs it, and the tally of its scheduler side (the ``with_consumer``
+    claimer and the ``lost_events`` scheduler differ only in what their :meth:`consume` step does)."""
 
     party: _Party
     engine: Engine
@@ -319,10 +287,8 @@ class _Round:
     failures: Counter[str] = field(default_factory=Counter)
 
     def wait_done(self, between: Callable[[], object] = lambda: None, *, pause_s: float = 0.001) -> float:
-        """Call ``between`` (a consumer's step) until every producer is done; returns the round's duration.
-
-        Raises :class:`barrier.BarrierTimeoutError` once the barrier timeout has passed.
-        """
+        """Call ``between`` (a consumer's step) until every producer is done (or the barrier timeout
+        raises); returns the round's duration."""
         parties = self.party.plan.parties
         while barrier.arrived(self.party.sync, f"done-{self.cell.index}", parties) < parties - 1:
             if time.perf_counter() - self.started > self.party.plan.barrier_timeout_s:
@@ -334,13 +300,9 @@ class _Round:
     def consume(
         self, work: Callable[[Session, list[dataset.Pair]], int], *, deadline: float
     ) -> tuple[TxResult, int]:
-        """One consumer transaction, retried like a producer's but not held open before COMMIT.
-
-        ``work`` appends the pairs it takes to the list it is given (empty at
-        every attempt) and returns how many claims or runs it made. Returns the
-        transaction's result and that count; only a committed transaction's
-        pairs join :attr:`consumed`, and a transaction that did not commit made 0.
-        """
+        """One consumer transaction, retried like a producer's, no hold: its result and how many claims
+        or runs ``work`` made (0 uncommitted). ``work`` appends the pairs it takes to a list emptied at
+        every attempt; only a committed transaction's join :attr:`consumed`."""
         taken: list[dataset.Pair] = []
         made = [0]
 
@@ -393,12 +355,9 @@ def _contention_round(current: _Round) -> dict[str, Any]:
 
 
 def _claimer(current: _Round, dags: Sequence[str]) -> tuple[Callable[[], None], list[int]]:
-    """The ``with_consumer`` scheduler: each call claims one DAG's queue rows, until its deadline.
-
-    The DAGs are taken in a shuffled round-robin. A claim is one transaction:
-    the DAG's queue rows (:func:`.scheduler.queued`), a recorded run, exactly
-    the claimed rows deleted, COMMIT. Returns the step and a count of the claims made.
-    """
+    """The ``with_consumer`` scheduler's step (one DAG's claim per call, DAGs in a shuffled round-robin,
+    until its deadline) and its count of claims. A claim is one transaction: the DAG's queue rows
+    (:func:`.scheduler.queued`), a recorded run, exactly those rows deleted, COMMIT."""
     order = list(dags)
     current.party.rng.shuffle(order)
     sizes = current.party.sizes
@@ -431,14 +390,10 @@ _FLOOR = dt.datetime(1970, 1, 2, tzinfo=dt.timezone.utc)
 
 
 def scheduler_pass(session: Session, dags: Sequence[str], consumed: list[tuple[int, str]]) -> int:
-    """One pass of Airflow 3.3.2's ``_create_dag_runs_asset_triggered`` over ``dags``; returns runs created.
-
-    Per DAG, as the scheduler does (catchup off): :mod:`.scheduler`'s step,
-    floor = ``coalesce(max(run_after) of the DAG's earlier runs below
-    triggered_date, min(created_at) of its schedule references)``; the run
-    is recorded with ``run_after = triggered_date``. The caller commits.
-    Appends ``(event_id, dag_id)`` to ``consumed``.
-    """
+    """One pass of Airflow 3.3.2's ``_create_dag_runs_asset_triggered`` over ``dags`` (catchup off):
+    per DAG :mod:`.scheduler`'s step, floor = ``coalesce(max(run_after) of its earlier runs below
+    triggered_date, min(created_at) of its references)``, a run with ``run_after = triggered_date``;
+    ``(event_id, dag_id)`` appended to ``consumed``. Returns the runs created; the caller commits."""
     conn, run = session.connection(), dataset.bench_run
     runs = 0
     for dag in dags:
@@ -548,6 +503,22 @@ def _timed(engine: Engine, call: Callable[[], object], fanout: int) -> tuple[flo
         return elapsed, statements, len(dataset.queued_pairs(conn)) == fanout
 
 
+@contextlib.contextmanager
+def _one_caller(
+    url: str, sizes: Sizes, fanouts: Iterable[int]
+) -> Iterator[tuple[Engine, random.Random, dict[int, dataset.SeedAsset]]]:
+    """The sweep's or the ratio's engine, generator and ``sweep_<F>`` assets; the queue emptied after."""
+    engine = dataset.bench_engine(url, lock_timeout_s=sizes.lock_timeout_s)
+    rng = process_rng()
+    try:
+        with engine.connect() as conn:
+            asset_of = {f: dataset.asset(conn, f"sweep_{f}") for f in fanouts}
+        yield engine, rng, asset_of
+    finally:
+        dataset.reset(engine)
+        engine.dispose()
+
+
 def _commit(
     engine: Engine, emit: strategies.Emit, assets: list[dataset.SeedAsset], rng: random.Random
 ) -> None:
@@ -564,21 +535,13 @@ def run_sweep(
     budget_s: float = 20.0,
     progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Single-caller latency of one ``register_asset_change`` + COMMIT on an empty queue, per fan-out.
-
-    Strategies run in random order; every (strategy, fan-out) is warmed up
-    with one untimed call first. Skips a (strategy, fan-out) whose projected
-    time (from the previous fan-out, linearly) exceeds ``budget_s``; the row
-    says so.
-    """
-    engine = dataset.bench_engine(url, lock_timeout_s=sizes.lock_timeout_s)
-    rng = process_rng()
+    """Single-caller latency of one ``register_asset_change`` + COMMIT on an empty queue, per fan-out:
+    strategies in random order, each (strategy, fan-out) after one untimed call, skipped (the row says
+    so) when its time projected linearly from the previous fan-out exceeds ``budget_s``."""
     results: list[dict[str, Any]] = []
-    names = list(strategy_names)
-    rng.shuffle(names)
-    try:
-        with engine.connect() as conn:
-            asset_of = {f: dataset.asset(conn, f"sweep_{f}") for f in sizes.sweep}
+    with _one_caller(url, sizes, sizes.sweep) as (engine, rng, asset_of):
+        names = list(strategy_names)
+        rng.shuffle(names)
         for name in names:
             emit = strategies.get(name)
             previous: tuple[int, float] | None = None
@@ -601,35 +564,24 @@ def run_sweep(
                 row.update(latency_s=latency, statements=timed[-1][1], rows_exact=all(ok for *_, ok in timed))
                 previous = (fanout, latency)
                 results.append(row)
-    finally:
-        dataset.reset(engine)
-        engine.dispose()
     return results
 
 
 def run_raw_ratio(
     url: str, sizes: Sizes, *, progress: Callable[[str], None] | None = None
 ) -> list[dict[str, Any]]:
-    """``register_asset_change`` + COMMIT against the same work in raw SQL, interleaved call by call.
-
-    Per fan-out in ``sizes.ratio_fanouts``: one untimed call of each side,
-    then ``ratio_calls`` pairs, each pair in random order, every call on an
-    empty queue (emptied untimed). Ours: ``with Session(engine) as s:
-    register_asset_change(asset=..., session=s); s.commit()`` (commit mode).
-    Raw SQL: :mod:`.rawsql` on one ``engine.raw_connection()``, through the
-    same driver. Reports median and p95 of each, their ratios, and
-    statements per call.
-    """
-    engine = dataset.bench_engine(url, lock_timeout_s=sizes.lock_timeout_s)
-    rng = process_rng()
+    """``register_asset_change`` + COMMIT (commit mode) against the same work in raw SQL (:mod:`.rawsql`
+    on one ``raw_connection()``, the same driver): per fan-out one untimed call of each side, then
+    ``ratio_calls`` pairs in random order, every call on a queue emptied untimed. Median and p95 of
+    each, their ratios, statements per call."""
     task = strategies.TASK
     source = (task.dag_id, task.task_id, task.run_id, task.map_index)
     results: list[dict[str, Any]] = []
-    raw_connection = engine.raw_connection()
-    try:
+    with (
+        _one_caller(url, sizes, sizes.ratio_fanouts) as (engine, rng, asset_of),
+        contextlib.closing(engine.raw_connection()) as raw_connection,
+    ):
         raw = rawsql.raw_sql(engine.dialect)
-        with engine.connect() as conn:
-            asset_of = {f: dataset.asset(conn, f"sweep_{f}") for f in sizes.ratio_fanouts}
 
         def ours(asset: dataset.SeedAsset) -> None:
             with Session(engine) as session:
@@ -661,8 +613,4 @@ def run_raw_ratio(
             row["ratio_p50"] = row["ours_p50_ms"] / row["raw_p50_ms"]
             row["ratio_p95"] = row["ours_p95_ms"] / row["raw_p95_ms"]
             results.append(row)
-    finally:
-        raw_connection.close()
-        dataset.reset(engine)
-        engine.dispose()
     return results
