@@ -60,9 +60,11 @@ The route from the entry point to that SQL, the one place it is written down:
    built once per dialect and ``_Form``; keyed events are filtered in
    ``_events_cte``, partitioned and paused DAGs by the shape's
    ``consumer_filter``); step 2, ``_stamp``. Then the COMMIT itself.
-4. With ``on_conflict="refresh_after_commit"``, the ``after_commit``
-   listener runs :mod:`airflow_adrq.refresh` on the same connection (loaded
-   the first time it is needed: on PostgreSQL it never is).
+4. With ``on_conflict="refresh_after_commit"``, :mod:`airflow_adrq.refresh`
+   reads the pairs whose row is older than the stamp, still before COMMIT,
+   and if there are any, the ``after_commit`` listener moves them forwards
+   on the same connection (the module is loaded the first time it is
+   needed: on PostgreSQL it never is).
 
 Why this shape:
 
@@ -572,8 +574,7 @@ def queue_events(
         from airflow_adrq import refresh
 
         older = _older_rows(_Form("events", "ignore", shape, restricted))
-        for params in chunk_params:
-            refresh.after_commit(bind, refresh.Planned(conn, older, params, stamp, options))
+        refresh.plan(bind, conn, older, chunk_params, stamp, options)
     return stamp
 
 

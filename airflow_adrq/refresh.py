@@ -10,11 +10,20 @@ Airflow's ``DO NOTHING`` does, and once the producer has committed, this
 module gives the rows its events should have refreshed the transaction's
 stamp::
 
+    -- in the producer's transaction, once it is stamped, just before COMMIT:
     SELECT target_dag_id, asset_id FROM asset_dag_run_queue JOIN (<the statement's pairs>) ...
      WHERE created_at < :stamp ORDER BY target_dag_id, asset_id       -- no locks
-    -- then, per DAG, each in a transaction of its own:
+    -- after COMMIT, only if it found rows, per DAG, each in a transaction of its own:
     UPDATE asset_dag_run_queue SET created_at = :stamp
      WHERE target_dag_id = :dag AND asset_id IN (:asset_ids) AND created_at < :stamp
+
+Reading the rows before COMMIT finds those a read after it would, plus
+rows consumed in between (their UPDATE then matches nothing): every row
+of the statement's pairs that is not the producer's own already exists,
+committed, once the statement ran (it waited for any producer inserting the
+same pair), and what happens to such a row later is guarded by the UPDATE's
+``created_at < :stamp``. The usual event, whose rows are all new, costs one
+lock-free SELECT and nothing after COMMIT.
 
 Why this cannot deadlock, lose or double an event:
 
@@ -39,7 +48,7 @@ import datetime as dt
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -52,7 +61,7 @@ from airflow_adrq.errorcodes import RetryableKind, classify
 from airflow_adrq.models import AssetDagRunQueue, UtcDateTime
 from airflow_adrq.txscope import TransactionScoped
 
-__all__ = ["ATTEMPTS", "Planned", "after_commit"]
+__all__ = ["ATTEMPTS", "plan"]
 
 log = logging.getLogger(__name__)
 
@@ -72,17 +81,17 @@ _ONE_DAG = (
 
 
 @dataclass(frozen=True)
-class Planned:
-    """One refresh to run after the session's COMMIT: which rows (a SELECT, its parameters), which stamp."""
+class _Planned:
+    """One refresh to run after the session's COMMIT: which rows of which DAG, which stamp."""
 
     connection: Connection
-    older_rows: Select[Any]
-    params: Mapping[str, Any]
+    #: dag_id -> the asset ids of its rows, both in the database's order.
+    rows: Mapping[str, Sequence[int]]
     stamp: dt.datetime
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
-def _run(_session: Session, planned: list[Planned]) -> None:
+def _run(_session: Session, planned: list[_Planned]) -> None:
     for item in planned:
         try:
             _refresh(item)
@@ -90,41 +99,51 @@ def _run(_session: Session, planned: list[Planned]) -> None:
             log.warning("airflow-adrq: refreshing queue rows after COMMIT failed", exc_info=True)
 
 
-_SCOPE: TransactionScoped[Planned] = TransactionScoped("refresh_after_commit", after_commit=_run)
+_SCOPE: TransactionScoped[_Planned] = TransactionScoped("refresh_after_commit", after_commit=_run)
 
 
-def after_commit(session: Session, planned: Planned) -> None:
-    """Run ``planned`` after the session's outermost COMMIT (dropped on rollback, as its events are).
+def plan(
+    session: Session,
+    connection: Connection,
+    older_rows: Select[Any],
+    params: Sequence[Mapping[str, Any]],
+    stamp: dt.datetime,
+    options: Mapping[str, Any],
+) -> None:
+    """Find the rows to refresh now (``older_rows``, once per ``params``); refresh them after COMMIT.
 
-    Locks nothing now. After COMMIT, on ``planned.connection``: per DAG one
-    short transaction locking that DAG's rows in key order (see the module
-    docstring). Skipped if the connection is still inside a transaction then
-    (a session joined to an outer one), where a per-DAG transaction is not
+    Locks nothing now: one plain SELECT per parameter set, in the caller's
+    (stamped) transaction. After the session's outermost COMMIT, on
+    ``connection``: per DAG one short transaction locking that DAG's rows in
+    key order (see the module docstring); dropped on rollback, as its events
+    are. Skipped if the connection is still inside a transaction then (a
+    session joined to an outer one), where a per-DAG transaction is not
     possible. Does not promise the refresh: it is best effort by design.
     """
-    _SCOPE.add(session, planned)
+    rows: dict[str, list[int]] = {}
+    for one in params:
+        for dag_id, asset_id in connection.execute(
+            older_rows, {**one, "stamp": stamp}, execution_options=options
+        ):
+            rows.setdefault(dag_id, []).append(asset_id)
+    if rows:
+        _SCOPE.add(session, _Planned(connection, rows, stamp, options))
 
 
-def _refresh(item: Planned) -> None:
+def _refresh(item: _Planned) -> None:
     conn = item.connection
     if conn.closed or conn.in_transaction():
         log.debug("airflow-adrq: no refresh after COMMIT: the connection is closed or in a transaction")
         return
-    with conn.begin():
-        params = {**item.params, "stamp": item.stamp}
-        older = conn.execute(item.older_rows, params, execution_options=item.options)
-        by_dag: dict[str, list[int]] = {}
-        for dag_id, asset_id in older:
-            by_dag.setdefault(dag_id, []).append(asset_id)
-    for dag_id, asset_ids in by_dag.items():  # in the database's order of dag_id
+    for dag_id, asset_ids in item.rows.items():  # in the database's order of dag_id
         try:
             _one_dag(conn, dag_id, asset_ids, item)
         except DBAPIError:  # this DAG's rows wait for the next event; the others still get theirs
             log.warning("airflow-adrq: refreshing %s's queue rows after COMMIT failed", dag_id, exc_info=True)
 
 
-def _one_dag(conn: Connection, dag_id: str, asset_ids: list[int], item: Planned) -> None:
-    params = {"dag_id": dag_id, "asset_ids": asset_ids, "stamp": item.stamp}
+def _one_dag(conn: Connection, dag_id: str, asset_ids: Sequence[int], item: _Planned) -> None:
+    params = {"dag_id": dag_id, "asset_ids": list(asset_ids), "stamp": item.stamp}
     for attempt in range(1, ATTEMPTS + 1):
         try:
             with conn.begin():
