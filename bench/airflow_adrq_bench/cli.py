@@ -134,7 +134,7 @@ def _bench(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         urls = args.db or ["sqlite://", *options.servers_found(stack)]
         targets = [runner.describe(url) for url in urls]
-        deadlock_s = max(runner.deadlock_timeout_s(t.url) for t in targets)
+        deadlock_s = max(runner.deadlock_timeout_s(t.server_url) for t in targets)
         sizes, notes = clear(sizes, deadlock_s, keep=frozenset(options.given(args, Sizes)))
         if "sqlite" in {t.name for t in targets}:
             notes.append(f"note: {report.SQLITE_NOTE}")

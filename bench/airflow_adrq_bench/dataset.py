@@ -27,10 +27,12 @@ data set of their own (:func:`seed_fan`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
+import sqlite3
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
@@ -52,6 +54,7 @@ from airflow_adrq.models import (
     utcnow,
 )
 from airflow_adrq_bench.config import Sizes
+from airflow_adrq_bench.errors import BenchError
 from airflow_adrq_testing import servers
 from airflow_adrq_testing.recording import counting
 
@@ -94,6 +97,40 @@ _ADRQ, _ASSET, _DAG = _t(AssetDagRunQueue), _t(AssetModel), _t(DagModel)
 
 def dag_id(n: int) -> str:
     return f"dag_{n:05d}"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A database server to benchmark: its name in the tables, its backend (``mysql`` for MariaDB too),
+    its URL (with the driver the mode runs on) and its version."""
+
+    name: str
+    backend: str
+    server_url: str
+    version: str
+
+
+def describe(url: str, driver: Callable[[str], str] = str) -> Target:
+    """The server at ``url`` (connects once; SQLite: the library's version), its URL through ``driver``."""
+    parsed = sa.make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return Target("sqlite", "sqlite", url, f"SQLite {sqlite3.sqlite_version}")
+    backend = "mysql" if backend == "mariadb" else backend
+    if backend not in servers.BACKENDS:
+        raise BenchError(f"unsupported database {parsed.drivername!r}: PostgreSQL, MySQL/MariaDB or SQLite")
+    version = servers.server_version(url)
+    return Target("mariadb" if version.startswith("MariaDB") else backend, backend, driver(url), version)
+
+
+def unique_names(targets: Sequence[Target]) -> list[Target]:
+    """``postgresql``, ``postgresql-2``, ...: two servers of one kind stay apart."""
+    seen: dict[str, int] = {}
+    unique = []
+    for target in targets:
+        seen[target.name] = n = seen.get(target.name, 0) + 1
+        unique.append(target if n == 1 else dataclasses.replace(target, name=f"{target.name}-{n}"))
+    return unique
 
 
 def server_backend(url: str, purpose: str) -> str:

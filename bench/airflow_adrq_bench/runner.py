@@ -22,12 +22,10 @@ import os
 import random
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +35,9 @@ import airflow_adrq
 from airflow_adrq_bench import dataset, engine
 from airflow_adrq_bench import strategies as strategy_registry
 from airflow_adrq_bench.config import LOST_EVENT_STRATEGIES, SCENARIOS, STRATEGIES, Cell, Plan, Sizes
+from airflow_adrq_bench.dataset import Target
+from airflow_adrq_bench.dataset import describe as describe
 from airflow_adrq_bench.errors import BenchError as BenchError
-from airflow_adrq_testing import servers
 
 SUITE = "airflow_adrq_bench.suite"
 PLAN_ENV = "ADRQ_BENCH_PLAN"
@@ -46,24 +45,6 @@ PLAN_ENV = "ADRQ_BENCH_PLAN"
 #: Scratch in the output directory (``tx-<party>.jsonl`` too); what stays is
 #: ``bench.json``, ``bench.md`` and the PNGs (and ``pytest.log`` after a failure).
 SCRATCH = ("barriers", "cells.jsonl", "plan.json", "pytest.ini", "pytest.log")
-
-
-@dataclass(frozen=True)
-class Target:
-    """A database to benchmark: a short name for tables, the URL, the server version."""
-
-    name: str
-    url: str
-    version: str
-
-
-def describe(url: str) -> Target:
-    """Name and version of the server at ``url`` (connects once)."""
-    backend = sa.engine.make_url(url).get_backend_name()
-    if backend == "sqlite":
-        return Target("sqlite", url, f"SQLite {sqlite3.sqlite_version}")
-    version = servers.server_version(url)
-    return Target("mariadb" if version.startswith("MariaDB") else backend, url, version)
 
 
 def deadlock_timeout_s(url: str) -> float:
@@ -122,7 +103,7 @@ def run(
     _remove_scratch(out_dir, failed=False)
     failed = True
     try:
-        raw = _run(_unique_names(targets), sizes, out_dir, strategies, scenarios, progress)
+        raw = _run(dataset.unique_names(targets), sizes, out_dir, strategies, scenarios, progress)
         failed = False
         return raw
     finally:
@@ -144,7 +125,7 @@ def _run(
         scratch: dict[str, str] = {}
         for target in targets:
             progress(f"{target.name}: creating a scratch database and seed data")
-            scratch[target.name] = stack.enter_context(dataset.scratch_database(target.url))
+            scratch[target.name] = stack.enter_context(dataset.scratch_database(target.server_url))
             seed_engine = dataset.bench_engine(scratch[target.name], lock_timeout_s=sizes.lock_timeout_s)
             try:
                 dataset.seed(seed_engine, sizes)
@@ -226,16 +207,6 @@ def plan_cells(
         rng.shuffle(todo)
         cells += [Cell(len(cells) + k, db, url, *cell) for k, cell in enumerate(todo)]
     return tuple(cells), skipped
-
-
-def _unique_names(targets: Sequence[Target]) -> list[Target]:
-    """``postgresql``, ``postgresql-2``, ...: two servers of one kind stay apart."""
-    seen: dict[str, int] = {}
-    unique = []
-    for target in targets:
-        seen[target.name] = n = seen.get(target.name, 0) + 1
-        unique.append(target if n == 1 else dataclasses.replace(target, name=f"{target.name}-{n}"))
-    return unique
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

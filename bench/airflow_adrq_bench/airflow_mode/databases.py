@@ -9,20 +9,17 @@ a URL that names an Airflow metadata database is refused outright.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
-import sqlite3
 import uuid
-from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-from airflow_adrq_bench import options
+from airflow_adrq_bench import dataset, options
+from airflow_adrq_bench.dataset import Target
 from airflow_adrq_bench.errors import BenchError
 from airflow_adrq_testing import servers
 
@@ -61,16 +58,6 @@ _SETTINGS = {
 }
 
 
-@dataclass(frozen=True)
-class Target:
-    """A database server to benchmark (``server_url`` is empty for SQLite)."""
-
-    name: str
-    backend: str
-    server_url: str
-    version: str
-
-
 def airflow_url(url: str | sa.engine.URL) -> str:
     """``url`` with the sync driver Airflow 3.3 uses when none is named (``postgresql+psycopg2`` ...)."""
     parsed = sa.make_url(url)
@@ -79,16 +66,8 @@ def airflow_url(url: str | sa.engine.URL) -> str:
 
 
 def describe(url: str) -> Target:
-    """Name, backend and version of the server at ``url`` (connects once; SQLite: the library's version)."""
-    parsed = sa.make_url(url)
-    backend = parsed.get_backend_name()
-    if backend == "sqlite":
-        return Target("sqlite", "sqlite", "", f"SQLite {sqlite3.sqlite_version}")
-    backend = "mysql" if backend == "mariadb" else backend
-    if backend not in servers.BACKENDS:
-        raise BenchError(f"unsupported database {parsed.drivername!r}: PostgreSQL, MySQL/MariaDB or SQLite")
-    version = servers.server_version(url)
-    return Target("mariadb" if version.startswith("MariaDB") else backend, backend, airflow_url(url), version)
+    """The server at ``url`` (:func:`.dataset.describe`) with the URL Airflow reaches it by."""
+    return dataset.describe(url, airflow_url)
 
 
 def refuse_airflow_database(url: str) -> None:
@@ -141,13 +120,7 @@ def targets(urls: Sequence[str], backends: Sequence[str] | None, *, sqlite: bool
         found += [] if urls else [describe(url) for url in options.servers_found(stack, backends)]
         if not found:
             raise BenchError("no database to measure on")
-        seen: Counter[str] = Counter()
-        named = []
-        for target in found:
-            seen[target.name] += 1
-            n = seen[target.name]
-            named.append(target if n == 1 else dataclasses.replace(target, name=f"{target.name}{n}"))
-        yield named
+        yield dataset.unique_names(found)
 
 
 @contextlib.contextmanager
