@@ -5,15 +5,17 @@ Modules, one job each:
 * :mod:`.config`     -- sizes, strategy and scenario names, the run plan (JSON);
 * :mod:`.strategies` -- what "a transaction emits these assets" means for each strategy
   (Airflow 3.3.2's whole path, :mod:`airflow_adrq_bench.baselines`, or ours);
-* :mod:`.dataset`    -- scratch database, schema, seed data, exact-rows check;
+* :mod:`.dataset`    -- the servers (:class:`~.dataset.Target`), scratch database, schema, seed data,
+  exact-rows check;
 * :mod:`.barrier`    -- the file barrier the producer processes start rounds on;
 * :mod:`.engine`     -- producer and consumer loops (Airflow 3.3.2's scheduler rule for
   the lost-events rounds), fan-out sweep, raw-SQL ratio;
 * :mod:`.rawsql`     -- the hand-written SQL reference of the ratio row;
 * :mod:`.report`     -- aggregation, table, JSON, PNG;
 * :mod:`.runner`     -- runs the pytest-xdist suite (:mod:`.suite`) and reports;
-* :mod:`.cli`        -- ``main(argv)``: ``airflow-adrq bench`` (an entry point of this distribution);
-* :mod:`.options`    -- what every mode's command line shares and ``--faults``, ``--soak`` (:mod:`.load`);
+* :mod:`.cli`        -- ``main(argv)``: ``airflow-adrq bench`` and its modes (an entry point of this distribution);
+* :mod:`.options`    -- what every mode's command line shares;
+* :mod:`.load`       -- ``--faults`` and ``--soak``: producers under connection kills and sustained load;
 * :mod:`.baselines`  -- the loop versions airflow-adrq replaces, kept faithfully.
 """
 
