@@ -78,6 +78,7 @@ def main() -> None:
             for row in conn.exec_driver_sql(_PG if postgres else _MYSQL):
                 if postgres:
                     state, wait, query = row
+                    state = state or ""
                     if state == "idle":
                         continue
                     where = (
