@@ -13,7 +13,7 @@ Modules, one job each:
 * :mod:`.rawsql`     -- the hand-written SQL reference of the ratio row;
 * :mod:`.report`     -- aggregation, table, JSON, PNG;
 * :mod:`.runner`     -- runs the pytest-xdist suite (:mod:`.suite`) and reports;
-* :mod:`.cli`        -- ``main(argv)``: ``airflow-adrq bench`` and its modes (an entry point of this distribution);
+* :mod:`.cli`        -- ``main(argv)``: ``airflow-adrq bench`` and its modes (an entry point);
 * :mod:`.options`    -- what every mode's command line shares;
 * :mod:`.load`       -- ``--faults`` and ``--soak``: producers under connection kills and sustained load;
 * :mod:`.baselines`  -- the loop versions airflow-adrq replaces, kept faithfully.
