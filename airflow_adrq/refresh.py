@@ -85,7 +85,8 @@ class _Planned:
     """One refresh to run after the session's COMMIT: which rows of which DAG, which stamp."""
 
     connection: Connection
-    #: dag_id -> the asset ids of its rows, both in the database's order.
+    #: dag_id -> the asset ids of its rows (in the database's order within one SELECT; past
+    #: IDS_PER_STATEMENT events several SELECTs, so not one global order: none is needed).
     rows: Mapping[str, Sequence[int]]
     stamp: dt.datetime
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -135,7 +136,8 @@ def _refresh(item: _Planned) -> None:
     if conn.closed or conn.in_transaction():
         log.debug("airflow-adrq: no refresh after COMMIT: the connection is closed or in a transaction")
         return
-    for dag_id, asset_ids in item.rows.items():  # in the database's order of dag_id
+    # Each DAG is a transaction of its own, so the order across DAGs cannot form a lock cycle.
+    for dag_id, asset_ids in item.rows.items():
         try:
             _one_dag(conn, dag_id, asset_ids, item)
         except DBAPIError:  # this DAG's rows wait for the next event; the others still get theirs
