@@ -107,11 +107,13 @@ from typing import Any, Final, Literal, Protocol, cast
 from sqlalchemy import (
     Boolean,
     Column,
+    ColumnElement,
     Integer,
     MetaData,
     String,
     Table,
     bindparam,
+    func,
     or_,
     select,
     tuple_,
@@ -119,6 +121,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, attributes
 from sqlalchemy.sql.dml import Insert, Update
 from sqlalchemy.sql.selectable import CTE, Select
@@ -126,6 +129,7 @@ from sqlalchemy.sql.selectable import CTE, Select
 from airflow_adrq import dialects
 from airflow_adrq.aliases import AliasedEvent, write_alias_rows
 from airflow_adrq.dialects import ConflictMode, ConflictPolicy, ResolvedPolicy
+from airflow_adrq.errorcodes import RetryableKind, classify
 from airflow_adrq.models import (
     AssetDagRunQueue,
     AssetEvent,
@@ -264,12 +268,18 @@ class _Form:
     restricted: bool = False
 
 
+@functools.cache
+def _source(form: _Form) -> CTE:
+    """The ``ev`` CTE ``form``'s statements read: one object, so a statement using it twice has it once."""
+    return _events_cte(form.shape) if form.source == "events" else _assets_cte()
+
+
 def _wanted(form: _Form) -> Select[Any]:
     """``SELECT asset_id, dag_id`` (3.4: ``, event_id``): the rows ``form``'s statement queues, unordered."""
     source, shape, restricted = form.source, form.shape, form.restricted
     if shape.event_keyed and source != "events":
         raise ValueError(f"{shape.name}'s queue is keyed by event: it can only be driven by events")
-    ev = _events_cte(shape) if source == "events" else _assets_cte()
+    ev = _source(form)
     src = _consumers(ev, with_aliases=source == "events", with_event_id=restricted or shape.event_keyed)
     picked = [src.c.asset_id, src.c.dag_id, *([src.c.event_id] if shape.event_keyed else [])]
     rows = select(*picked).join(_DAG, _DAG.c.dag_id == src.c.dag_id).where(*shape.consumer_filter(_DAG.c))
@@ -285,8 +295,13 @@ def _wanted(form: _Form) -> Select[Any]:
 
 @functools.cache
 def _statement(dialect_name: str, form: _Form) -> Insert:
+    """The ordered ``INSERT ... SELECT`` with ``created_at`` bound (``:created_at``)."""
+    return _insert(dialect_name, form, bindparam("created_at", type_=UtcDateTime()))
+
+
+def _insert(dialect_name: str, form: _Form, created_at: ColumnElement[dt.datetime]) -> Insert:
     on_conflict, shape = form.on_conflict, form.shape
-    rows = _wanted(form).add_columns(bindparam("created_at", type_=UtcDateTime()))
+    rows = _wanted(form).add_columns(created_at)
     src = rows.selected_columns
     target: Any
     if shape.event_keyed:
@@ -437,6 +452,206 @@ def _stamp_in_one_statement(dialect_name: str) -> Select[Any]:
     return select(now).add_cte(events, rows)
 
 
+# --- the share lock and the one write -----------------------------------------
+
+
+def _referencing_dags(form: _Form) -> Select[Any]:
+    """``SELECT dag_id`` of every DAG scheduled on the events' assets or aliases, paused or not.
+
+    Wider than what the statement queues, on purpose: a DAG unpaused between
+    this read and the statement's would otherwise be queued without its lock.
+    Locks nothing.
+    """
+    return select(_consumers(_source(form), with_aliases=form.source == "events").c.dag_id)
+
+
+#: How the share lock meets a ``dag`` row another transaction holds.
+_Wait = Literal["wait", "nowait", "skip_locked"]
+
+
+@functools.cache
+def _share_lock(dialect_name: str, form: _Form, wait: _Wait = "wait") -> Select[Any]:
+    """``SELECT dag_id FROM dag WHERE dag_id IN (<consumers>) ORDER BY <lock order> FOR SHARE OF dag``.
+
+    ``<consumers>``: :func:`_referencing_dags`, or ``:dag_ids`` where the
+    backend locks by id list (``lock_by_id_list``). ``wait``: block, fail at
+    once (``NOWAIT``) or leave the row out (``SKIP LOCKED``).
+    """
+    support = dialects.get(dialect_name)
+    assert support.lock_order is not None
+    if support.lock_by_id_list:
+        consumers: Any = bindparam("dag_ids", expanding=True)
+    else:
+        consumers = _referencing_dags(form)
+    return (
+        select(_DAG.c.dag_id)
+        .where(_DAG.c.dag_id.in_(consumers))
+        .order_by(support.lock_order(_DAG.c.dag_id))
+        .with_for_update(read=True, of=_DAG, nowait=wait == "nowait", skip_locked=wait == "skip_locked")
+    )
+
+
+@functools.cache
+def _one_dag_share_lock() -> Select[Any]:
+    """``SELECT dag_id FROM dag WHERE dag_id = :dag_id FOR SHARE OF dag``: waits for one row's holder."""
+    return (
+        select(_DAG.c.dag_id).where(_DAG.c.dag_id == bindparam("dag_id")).with_for_update(read=True, of=_DAG)
+    )
+
+
+@functools.cache
+def _write_once(dialect_name: str, form: _Form) -> Update:
+    """The whole queue write as ONE statement (PostgreSQL)::
+
+        WITH locked AS MATERIALIZED (SELECT dag_id FROM dag WHERE dag_id IN (<consumers>)
+                                     ORDER BY dag_id COLLATE "C" FOR SHARE OF dag),
+             stamp AS MATERIALIZED (SELECT clock_timestamp() AS stamp
+                                      FROM (SELECT count(*) FROM locked) AS held),
+             queued AS (INSERT INTO asset_dag_run_queue ... SELECT ..., (SELECT stamp FROM stamp)
+                        ... ORDER BY ... ON CONFLICT ...)
+        UPDATE asset_event SET timestamp = (SELECT stamp FROM stamp) WHERE id IN (:ids)
+        RETURNING asset_event.timestamp
+
+    ``stamp`` is computed once, and only after ``count(*)`` has read (so
+    locked) every consumer row: the clock is read once the share locks are
+    held, however long they took. Each queue row is written once, with it.
+    """
+    support = dialects.get(dialect_name)
+    assert support.clock_after_locks is not None
+    locked = _share_lock(dialect_name, form, "nowait").cte("locked").prefix_with("MATERIALIZED")
+    held = select(func.count().label("rows")).select_from(locked).subquery("held")
+    stamp = (
+        select(support.clock_after_locks().label("stamp"))
+        .select_from(held)
+        .cte("stamp")
+        .prefix_with("MATERIALIZED")
+    )
+    queued = _insert(dialect_name, form, select(stamp.c.stamp).scalar_subquery()).cte("queued")
+    return (
+        update(_EVENT)
+        .where(_EVENT.c.id.in_(bindparam("ids", expanding=True)))
+        .values(timestamp=select(stamp.c.stamp).scalar_subquery())
+        .returning(_EVENT.c.timestamp)
+        .add_cte(locked, stamp, queued)
+    )
+
+
+#: Times :func:`_write_once_without_waiting_while_holding` waits for a busy ``dag`` row
+#: (holding none) before it takes the rest in order, waiting while it holds.
+WAITS_WITHOUT_HOLDING = 20
+
+_SAVEPOINT = "adrq_share_lock"
+
+
+def _write_once_without_waiting_while_holding(
+    conn: Connection, form: _Form, params: dict[str, Any], options: Mapping[str, Any]
+) -> dt.datetime:
+    """:func:`_write_once` with ``NOWAIT``; while a consumer's ``dag`` row is busy, wait for it holding none.
+
+    Airflow's writers of ``dag`` do not lock rows in one order: the DAG
+    processor's per-file ``SELECT ... FOR NO KEY UPDATE`` and the bulk
+    ``UPDATE ... WHERE dag_id IN`` lock in plan order (the index's
+    collation, or heap order), its ORM flushes in Python's. No order of ours
+    matches all of them, so the share locks never wait while held: the write
+    runs under a SAVEPOINT with ``FOR SHARE NOWAIT``; if a row is busy
+    (55P03) it rolls back to the SAVEPOINT (PostgreSQL releases the row locks
+    taken after it), finds the busy rows (``SKIP LOCKED``), waits for each
+    alone (``FOR SHARE`` on that row, then rolled back), and tries again.
+    After :data:`WAITS_WITHOUT_HOLDING` rounds it waits in ``lock_order``.
+    """
+    support = dialects.get(conn)
+    conn.exec_driver_sql(f"SAVEPOINT {_SAVEPOINT}")
+    for _ in range(WAITS_WITHOUT_HOLDING):
+        try:
+            result = conn.execute(_write_once(support.name, form), params, execution_options=options)
+        except DBAPIError as exc:
+            found = classify(exc)
+            if found is None or found.kind is not RetryableKind.LOCK_TIMEOUT:
+                raise
+            conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+            _wait_for_busy_rows(conn, form, params, options)
+            continue
+        stamp: dt.datetime = result.scalars().first()
+        return stamp
+    conn.execute(_share_lock(support.name, form), params, execution_options=options)
+    result = conn.execute(_write_once(support.name, form), params, execution_options=options)
+    stamp = result.scalars().first()
+    return stamp
+
+
+def _wait_for_busy_rows(
+    conn: Connection, form: _Form, params: dict[str, Any], options: Mapping[str, Any]
+) -> None:
+    """Wait, holding no ``dag`` row of ours, until each consumer row busy now has been released once."""
+    support = dialects.get(conn)
+    wanted = set(conn.execute(_referencing_dags(form), params, execution_options=options).scalars())
+    free = conn.execute(_share_lock(support.name, form, "skip_locked"), params, execution_options=options)
+    busy = sorted(wanted - set(free.scalars()))
+    conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+    for dag_id in busy:
+        conn.execute(_one_dag_share_lock(), {"dag_id": dag_id}, execution_options=options)
+        conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+
+
+def _fits_one_statement(chunk_params: list[dict[str, Any]]) -> bool:
+    """Whether :func:`_write_once`'s bound values (the ids twice, the multi-team pairs) stay in the limits."""
+    if len(chunk_params) != 1:
+        return False
+    params = chunk_params[0]
+    bound = (
+        2 * len(params["ids"]) + len(params.get("restricted_ids", ())) + 2 * len(params.get("allowed", ()))
+    )
+    return bound <= IDS_PER_STATEMENT
+
+
+def _lock_stamp_write(
+    conn: Connection, form: _Form, chunk_params: list[dict[str, Any]], options: Mapping[str, Any]
+) -> dt.datetime:
+    """Share-lock the consumers' ``dag`` rows, then read the clock, then write events and rows with it."""
+    support = dialects.get(conn)
+    lock = support.lock_order is not None and not form.shape.event_keyed
+    if lock and support.clock_after_locks is not None and _fits_one_statement(chunk_params):
+        return _write_once_without_waiting_while_holding(conn, form, chunk_params[0], options)
+    if lock:
+        for params in chunk_params:
+            if support.lock_by_id_list:
+                found = conn.execute(_referencing_dags(form), params, execution_options=options)
+                params = {"dag_ids": sorted(set(found.scalars()))}
+                if not params["dag_ids"]:
+                    continue
+            conn.execute(_share_lock(support.name, form), params, execution_options=options)
+    clock = support.clock
+    stamp = conn.execute(select(clock())).scalar_one() if clock is not None else utcnow()
+    ids = [event_id for params in chunk_params for event_id in params["ids"]]
+    for start in range(0, len(ids), IDS_PER_STATEMENT):
+        chunk = ids[start : start + IDS_PER_STATEMENT]
+        conn.execute(_STAMP_EVENTS, {"ids": chunk, "stamp": stamp}, execution_options=options)
+    stmt = _statement(support.name, form)
+    for params in chunk_params:
+        conn.execute(stmt, {**params, "created_at": stamp}, execution_options=options)
+    return stamp
+
+
+def _write_then_stamp(
+    conn: Connection,
+    form: _Form,
+    chunk_params: list[dict[str, Any]],
+    asset_ids: list[int],
+    options: Mapping[str, Any],
+) -> dt.datetime:
+    """Where the scheduler locks no rows: the rows (:data:`PENDING`), then the stamp on them and the events.
+
+    Stamped once the queue rows are locked, so that producers sharing a row
+    are stamped in the order they commit: there is no ``dag`` row lock to
+    order them against the scheduler.
+    """
+    stmt = _statement(dialects.get(conn).name, form)
+    for params in chunk_params:
+        conn.execute(stmt, {**params, "created_at": PENDING}, execution_options=options)
+    ids = [event_id for params in chunk_params for event_id in params["ids"]]
+    return _stamp(conn, ids, asset_ids, options)
+
+
 def _stamp(conn: Connection, ids: list[int], asset_ids: list[int], options: Mapping[str, Any]) -> dt.datetime:
     """Step 2: read the clock, put its value on the events and on this transaction's PENDING rows."""
     support = dialects.get(conn)
@@ -551,7 +766,7 @@ def queue_events(
     support.check_connection(conn)
     mode = dialects.resolve(on_conflict, conn)
     restricted = allowed is not None and bool(allowed)
-    stmt = _statement(support.name, _Form("events", _in_statement(mode), shape, restricted))
+    form = _Form("events", _in_statement(mode), shape, restricted)
     options = in_schema(schema)
     chunk_params: list[dict[str, Any]] = []
     for ids in chunks:
@@ -560,11 +775,11 @@ def queue_events(
             mine = [event_id for event_id in ids if event_id in allowed]
             params["restricted_ids"] = mine
             params["allowed"] = [(event_id, dag_id) for event_id in mine for dag_id in allowed[event_id]]
-        conn.execute(stmt, {**params, "created_at": PENDING}, execution_options=options)
         chunk_params.append(params)
-    ids = [event_id for chunk in chunks for event_id in chunk]
-    asset_ids = sorted({event.asset_id for event in events})
-    stamp = _stamp(conn, ids, asset_ids, options)
+    if mode == "refresh_after_commit":
+        stamp = _write_then_stamp(conn, form, chunk_params, sorted({e.asset_id for e in events}), options)
+    else:
+        stamp = _lock_stamp_write(conn, form, chunk_params, options)
     for event in events:
         if _is_mapped(event):
             _set_loaded_timestamp(event, stamp)

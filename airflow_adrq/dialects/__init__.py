@@ -83,6 +83,19 @@ class DialectSupport:
     (:func:`airflow_adrq.queue.queue_events`). ``stamp_in_one_statement``:
     the backend runs data-modifying CTEs, so the stamp goes on the events
     and the rows in the statement that reads it.
+
+    ``lock_order(dag_id)`` is the sort key under which the queue write
+    share-locks its consumers' ``dag`` rows (``None``: the backend has one
+    writer at a time and takes no row locks); it must be the order Airflow's
+    other writers of ``dag`` lock rows in, Python's ``sorted()`` of the ids
+    (the DAG processor's flushes): byte order, whatever the database's
+    collation. ``lock_by_id_list``: the consumers are read first and locked
+    by their id list (InnoDB locks a locking read's rows in access order, not
+    in ``ORDER BY`` order; an ``IN`` list on the primary key is accessed in
+    the key's order). ``clock_after_locks()``: a clock read when it is
+    evaluated, not when the statement starts, for the one-statement write
+    (:func:`airflow_adrq.queue.queue_events`) that reads it once its share
+    locks are held.
     """
 
     name: str
@@ -96,6 +109,9 @@ class DialectSupport:
     clock: Callable[[], ColumnElement[dt.datetime]] | None = None
     stamp_in_one_statement: bool = False
     refresh_by_default: Callable[[Connection], bool] = field(default=lambda connection: True)
+    lock_order: Callable[[ColumnElement[str]], ColumnElement[Any]] | None = None
+    lock_by_id_list: bool = False
+    clock_after_locks: Callable[[], ColumnElement[dt.datetime]] | None = None
     #: DDL is transactional: a failed migration's rollback undoes it (not MySQL/MariaDB,
     #: where each DDL statement commits; :mod:`airflow_adrq.migrate` cleans up there).
     transactional_ddl: bool = True

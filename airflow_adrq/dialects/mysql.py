@@ -141,6 +141,13 @@ SUPPORT = register("mysql", "mariadb")(
         # UTC wall time, as the naive UTC values sent for TIMESTAMP columns
         # (models.UtcDateTime); evaluated once per statement.
         clock=lambda: func.utc_timestamp(6, type_=UtcDateTime()),
+        # MySQL 8's scheduler skips share-locked dag rows (FOR UPDATE SKIP
+        # LOCKED). InnoDB locks in access order: the consumers are locked by
+        # their id list, a range scan of the primary key in its collation's
+        # order; Airflow's utf8mb3_bin compares code points, as Python does.
+        # SQLAlchemy renders FOR SHARE (MySQL 8) or LOCK IN SHARE MODE (MariaDB).
+        lock_order=lambda dag_id: dag_id,
+        lock_by_id_list=True,
         transactional_ddl=False,
         check_before_ddl=_require_explicit_timestamp_defaults,
     )

@@ -6,6 +6,11 @@ waits for a transaction that inserted the same key and has not finished yet
 SELECT produces them, which is why the statement ends in ``ORDER BY``.
 FK checks take ``FOR KEY SHARE`` on the ``dag`` and ``asset`` rows, which
 concurrent producers share.
+
+The consumers' ``dag`` rows are share-locked (``FOR SHARE OF dag``) in
+``dag_id COLLATE "C"`` order, which Airflow's scheduler skips (``FOR NO KEY
+UPDATE SKIP LOCKED``); the Sort node sits below LockRows, so rows are locked
+in that order.
 """
 
 from __future__ import annotations
@@ -26,6 +31,12 @@ SUPPORT = register("postgresql")(
         clock=lambda: func.statement_timestamp(type_=UtcDateTime()),
         # WITH e AS (UPDATE asset_event ...), q AS (UPDATE ...) SELECT ...: one round trip.
         stamp_in_one_statement=True,
+        # Byte order, as Python sorts the ids the DAG processor flushes: a
+        # database collated en_US.UTF-8 sorts 'B' after 'a', "C" before it.
+        lock_order=lambda dag_id: dag_id.collate("C"),
+        # The wall clock when it is evaluated: in the one-statement write it is
+        # read after the share locks are held (statement_timestamp() is before).
+        clock_after_locks=lambda: func.clock_timestamp(type_=UtcDateTime()),
         # PostgreSQL's default READ COMMITTED is what the guarantees assume:
         # no engine settings.
     )

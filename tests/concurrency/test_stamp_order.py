@@ -122,10 +122,14 @@ class World:
     def schedule(self, *, locks: bool) -> None:
         """One pass of Airflow 3.3.2's scheduler over DAG, committed."""
         with self.engine.begin() as conn:
-            # The ADRQ step alone: the dag-row lock before it does not interact
-            # with producers on PostgreSQL (FOR KEY SHARE), and on InnoDB the
-            # blockers' FK checks would make it skip the DAG (README, Timing).
-            run = scheduler_pass(conn, DAG, locks=locks, runs=self.runs, lock_dag=False)
+            # On PostgreSQL the whole step, dag-row lock first: airflow-adrq's
+            # producers hold it FOR SHARE from before their stamp (the
+            # blockers' FK checks take only FOR KEY SHARE, which it does not
+            # skip). On InnoDB the ADRQ step alone: the blockers' FK checks
+            # share-lock the dag row, so the scheduler would skip the DAG
+            # for every protocol and the harness would show nothing.
+            lock_dag = conn.dialect.name == "postgresql"
+            run = scheduler_pass(conn, DAG, locks=locks, runs=self.runs, lock_dag=lock_dag)
         if run is not None:
             self.runs.append(run)
 

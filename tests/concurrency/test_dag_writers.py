@@ -1,0 +1,231 @@
+"""The consumers' ``dag`` share locks against Airflow's other writers of ``dag``: no deadlock, either order.
+
+Airflow 3.3.2's writers that wait for ``dag`` rows (the scheduler's
+``dags_needing_dagruns`` skips locked rows and never waits):
+
+* the DAG processor, once per parsed file: ``find_orm_dags`` locks the
+  file's DAGs with ``SELECT ... FOR NO KEY UPDATE OF dag`` (MySQL ``FOR
+  UPDATE``) in plan order (no ``ORDER BY``), then flushes its changes;
+* pausing and unpausing (REST ``PATCH /dags``: ``UPDATE dag SET is_paused
+  ... WHERE dag_id IN (...)``), deactivation (``UPDATE dag SET is_stale``),
+  and the scheduler's own ``exceeds_max_non_backfill`` flushes.
+
+Each locks its rows one by one, in an order of its own (the index's
+collation, the heap's, Python's). A writer is modelled as one statement per
+row, in the order given, so the interleaving can be forced: the writer takes
+its first row, a producer starts and waits for it (polled on the server's
+lock tables), the writer takes its second row, commits. A producer that
+waits while it holds a share lock on the writer's second row deadlocks
+(the control: the share locks taken in ``COLLATE "C"`` order, blocking).
+airflow-adrq's producer never waits while holding one on PostgreSQL
+(``NOWAIT`` under a SAVEPOINT, then a wait for the busy row alone), so both
+orders pass. On MySQL/MariaDB (where ROLLBACK TO SAVEPOINT keeps InnoDB's
+row locks) it takes them blocking, in the primary key's order, which is the
+order InnoDB's range scans of Airflow's ``IN`` lists lock them in: the
+writer in that order passes; the reverse is shown to deadlock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from airflow_adrq import create_engine, register_asset_change
+from airflow_adrq.errorcodes import RetryableKind, classify
+from airflow_adrq.models import DagModel
+from tests.concurrency.test_dag_share_lock import HeldCommit
+from tests.factories import add_asset, add_dags, asset_ref, queued, schedule_on_asset
+
+_DAG = DagModel.__table__
+#: Byte order puts "B" before "a"; en_US and most collations put it after.
+DAGS = ["B", "a"]
+
+
+def _for_no_key_update(conn: sa.Connection, dag_id: str) -> None:
+    conn.execute(sa.select(_DAG.c.dag_id).where(_DAG.c.dag_id == dag_id).with_for_update(key_share=True))
+
+
+def _update(column: str, value: object):
+    def write(conn: sa.Connection, dag_id: str) -> None:
+        conn.execute(sa.update(_DAG).where(_DAG.c.dag_id == dag_id).values({column: value}))
+
+    return write
+
+
+WRITERS = {
+    "dag processor (find_orm_dags)": _for_no_key_update,
+    "pause through the REST API": _update("is_paused", False),
+    "deactivation": _update("is_stale", False),
+    "scheduler (exceeds_max_non_backfill)": _update("exceeds_max_non_backfill", False),
+}
+
+
+@pytest.fixture
+def world(db_url):
+    engine = create_engine(db_url, pool_size=6)
+    with Session(engine) as s:
+        add_dags(s, DAGS)
+        asset_id = add_asset(s, "x")
+        schedule_on_asset(s, asset_id, DAGS)
+        s.commit()
+    yield engine, asset_id
+    engine.dispose()
+
+
+def _ours(session: Session) -> None:
+    register_asset_change(asset=asset_ref("x"), session=session, on_conflict="refresh")
+    session.commit()
+
+
+def _control(session: Session) -> None:
+    """The share locks taken first, blocking, in byte order (as a plain ``ORDER BY ... FOR SHARE`` does)."""
+    conn = session.connection()
+    by_bytes = _DAG.c.dag_id.collate("C") if conn.dialect.name == "postgresql" else _DAG.c.dag_id
+    lock = sa.select(_DAG.c.dag_id).where(_DAG.c.dag_id.in_(DAGS)).order_by(by_bytes)
+    conn.execute(lock.with_for_update(read=True))
+    _ours(session)
+
+
+def _backend_id(conn: sa.Connection) -> object:
+    query = "SELECT pg_backend_pid()" if conn.dialect.name == "postgresql" else "SELECT CONNECTION_ID()"
+    return conn.exec_driver_sql(query).scalar_one()
+
+
+def _blocked_by(engine: sa.Engine, blocker: object, thread: threading.Thread, waiter: list) -> bool:
+    """Poll until session ``waiter[0]`` waits for a lock ``blocker`` holds; False if ``thread`` ends first."""
+    if engine.dialect.name == "postgresql":
+        query = sa.text("SELECT CAST(:b AS int) = ANY(pg_blocking_pids(:w))")
+    else:
+        query = sa.text(
+            "SELECT count(*) > 0 FROM information_schema.innodb_lock_waits w "
+            "JOIN information_schema.innodb_trx r ON r.trx_id = w.requesting_trx_id "
+            "JOIN information_schema.innodb_trx b ON b.trx_id = w.blocking_trx_id "
+            "WHERE r.trx_mysql_thread_id = :w AND b.trx_mysql_thread_id = :b"
+        )
+    deadline = time.monotonic() + 20
+    with engine.connect() as conn:
+        while time.monotonic() < deadline and thread.is_alive():
+            # InnoDB serves its lock tables from a cache refreshed only when it
+            # was not read for 0.1 s: a read right after another may show a
+            # wait that is over (between connections the pool hands out again).
+            time.sleep(0.15)
+            if waiter and conn.execute(query, {"b": blocker, "w": waiter[0]}).scalar():
+                return True
+            conn.rollback()
+    return False
+
+
+def _deadlocked(exc: BaseException | None) -> bool:
+    found = classify(exc) if exc is not None else None
+    return found is not None and found.kind is RetryableKind.DEADLOCK
+
+
+def _writer_first(engine: sa.Engine, producer, writer, order: list[str]) -> tuple[bool, bool]:
+    """Writer takes ``order[0]``, the producer starts and waits, writer takes ``order[1]`` and commits.
+
+    Returns (producer deadlocked, writer deadlocked).
+    """
+    errors: list[BaseException] = []
+    waiter: list[object] = []
+
+    def produce() -> None:
+        try:
+            with Session(engine) as s:
+                waiter.append(_backend_id(s.connection()))
+                producer(s)
+        except BaseException as exc:
+            errors.append(exc)
+
+    writer_error: BaseException | None = None
+    with engine.connect() as conn:
+        conn.begin()
+        writer(conn, order[0])
+        thread = threading.Thread(target=produce, daemon=True)
+        thread.start()
+        assert _blocked_by(engine, _backend_id(conn), thread, waiter), f"the producer did not wait: {errors}"
+        try:
+            writer(conn, order[1])
+            conn.commit()
+        except sa.exc.DBAPIError as exc:
+            writer_error = exc
+            conn.rollback()
+    thread.join(30)
+    assert not thread.is_alive()
+    producer_error = errors[0] if errors else None
+    for error in (producer_error, writer_error):
+        if error is not None and not _deadlocked(error):
+            raise error
+    return _deadlocked(producer_error), _deadlocked(writer_error)
+
+
+def _producer_first(engine: sa.Engine, writer) -> None:
+    """The producer holds its share locks (its COMMIT held); the writer waits for it, then goes on."""
+    held = HeldCommit(engine)
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            with Session(engine) as s:
+                _ours(s)
+        except BaseException as exc:
+            errors.append(exc)
+
+    held.thread = threading.Thread(target=produce, daemon=True)
+    held.thread.start()
+    assert held.reached.wait(20), errors
+    done: list[BaseException | None] = []
+    waiter: list[object] = []
+
+    def write() -> None:
+        try:
+            with engine.begin() as conn:
+                waiter.append(_backend_id(conn))
+                for dag_id in DAGS:
+                    writer(conn, dag_id)
+            done.append(None)
+        except BaseException as exc:
+            done.append(exc)
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    assert _blocked_by(engine, held.backend, thread, waiter), (
+        f"the writer did not wait for the producer: {done}"
+    )
+    held.release.set()
+    held.thread.join(20)
+    thread.join(20)
+    assert not errors and done == [None], (errors, done)
+
+
+@pytest.mark.backends("postgresql")
+@pytest.mark.parametrize("writer", WRITERS, ids=list(WRITERS))
+def test_postgresql_no_deadlock_in_either_order_the_blocking_control_deadlocks(world, writer):
+    engine, asset_id = world
+    write = WRITERS[writer]
+    # The control waits holding "B" for "a": the writer, holding "a", then wants "B".
+    assert _writer_first(engine, _control, write, ["a", "B"]) != (False, False)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM asset_dag_run_queue")
+    for order in (["a", "B"], ["B", "a"]):
+        assert _writer_first(engine, _ours, write, order) == (False, False), order
+        assert queued(engine) == {(asset_id, "B"), (asset_id, "a")}
+    _producer_first(engine, write)
+    assert queued(engine) == {(asset_id, "B"), (asset_id, "a")}
+
+
+@pytest.mark.backends("mysql")
+@pytest.mark.parametrize("writer", WRITERS, ids=list(WRITERS))
+def test_mysql_no_deadlock_in_primary_key_order(world, writer):
+    engine, asset_id = world
+    write = WRITERS[writer]
+    assert _writer_first(engine, _ours, write, ["B", "a"]) == (False, False)  # utf8mb3_bin: "B" < "a"
+    assert queued(engine) == {(asset_id, "B"), (asset_id, "a")}
+    _producer_first(engine, write)
+    # The reverse order is what it does not survive (InnoDB keeps a savepoint's row locks).
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM asset_dag_run_queue")
+    assert _writer_first(engine, _ours, write, ["a", "B"]) != (False, False)
