@@ -151,10 +151,12 @@ def register_asset_change(
     Locks: now, only the new ``asset_event`` rows (new keys, no waits). At
     COMMIT (``queue_mode="commit"``, with every other event of the
     transaction) or now (``"immediate"``), in this order: the alias rows
-    (:func:`airflow_adrq.aliases.write_alias_rows`), the transaction's own
-    event rows, stamped, and the queue rows in ``(asset_id, target_dag_id)``
-    order (:func:`airflow_adrq.queue.queue_events`, which also says what
-    ``on_conflict`` does). So the returned event's ``timestamp`` is the time
+    (:func:`airflow_adrq.aliases.write_alias_rows`); where the scheduler
+    locks rows, every consumer's ``dag`` row ``FOR SHARE`` in byte order;
+    the queue rows in ``(asset_id, target_dag_id)`` order and the
+    transaction's own event rows, both stamped
+    (:func:`airflow_adrq.queue.queue_events`, which also says what
+    ``on_conflict`` does and how the share locks wait). So the returned event's ``timestamp`` is the time
     of that write, not of this call; why: the README's "Timing: which events a
     run consumes".
 

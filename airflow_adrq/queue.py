@@ -1,39 +1,62 @@
 """Queue downstream DAG runs with ONE ordered, set-based statement per transaction.
 
-The statement is driven by the transaction's own ``asset_event`` rows
-(PostgreSQL rendering; the conflict clause is per dialect)::
+The statement is driven by the transaction's own ``asset_event`` rows. Where
+Airflow's scheduler locks the consumers' ``dag`` rows before it makes their
+runs (PostgreSQL; MySQL 8), the whole queue write is one statement on
+PostgreSQL (the conflict clause is per dialect; MySQL 8 sends its parts as
+separate statements, in the same order)::
 
     WITH ev AS (                    -- this transaction's events
         SELECT e.id AS event_id, e.asset_id FROM asset_event e
-         WHERE e.id IN (:event_ids) AND e.partition_key IS NULL
+         WHERE e.id IN (:ids) AND e.partition_key IS NULL
+    ), locked AS MATERIALIZED (     -- every consumer's dag row, FOR SHARE, in byte order
+        SELECT dag_id FROM dag WHERE dag_id IN (SELECT dag_id FROM <references of ev>)
+         ORDER BY dag_id COLLATE "C" FOR SHARE OF dag NOWAIT
+    ), stamp AS MATERIALIZED (      -- the database's clock, read once the locks are held
+        SELECT clock_timestamp() AS stamp FROM (SELECT count(*) FROM locked) AS held
+    ), queued AS (
+        INSERT INTO asset_dag_run_queue (asset_id, target_dag_id, created_at)
+        SELECT src.asset_id, src.dag_id, (SELECT stamp FROM stamp)
+        FROM (
+            -- DAGs scheduled directly on the event's asset
+            SELECT ev.asset_id, r.dag_id FROM ev
+              JOIN dag_schedule_asset_reference r ON r.asset_id = ev.asset_id
+            UNION  -- ... on Asset.ref(name=...)
+            SELECT ev.asset_id, n.dag_id FROM ev JOIN asset a ON a.id = ev.asset_id
+              JOIN dag_schedule_asset_name_reference n ON n.name = a.name
+            UNION  -- ... on Asset.ref(uri=...)
+            SELECT ev.asset_id, u.dag_id FROM ev JOIN asset a ON a.id = ev.asset_id
+              JOIN dag_schedule_asset_uri_reference u ON u.uri = a.uri
+            UNION  -- ... on an alias the event was emitted through
+            SELECT ev.asset_id, ar.dag_id FROM ev
+              JOIN asset_alias_asset_event l ON l.event_id = ev.event_id
+              JOIN dag_schedule_asset_alias_reference ar ON ar.alias_id = l.alias_id
+        ) AS src
+        JOIN dag ON dag.dag_id = src.dag_id
+        WHERE dag.is_paused = false AND dag.timetable_partitioned = false
+        ORDER BY src.asset_id, src.dag_id
+        ON CONFLICT (asset_id, target_dag_id) DO UPDATE
+            SET created_at = greatest(asset_dag_run_queue.created_at, excluded.created_at)
+            WHERE asset_dag_run_queue.created_at < excluded.created_at
     )
-    INSERT INTO asset_dag_run_queue (asset_id, target_dag_id, created_at)
-    SELECT src.asset_id, src.dag_id, :pending   -- PENDING: replaced by the stamp below
-    FROM (
-        -- DAGs scheduled directly on the event's asset
-        SELECT ev.asset_id, r.dag_id FROM ev
-          JOIN dag_schedule_asset_reference r ON r.asset_id = ev.asset_id
-        UNION  -- ... on Asset.ref(name=...)
-        SELECT ev.asset_id, n.dag_id FROM ev JOIN asset a ON a.id = ev.asset_id
-          JOIN dag_schedule_asset_name_reference n ON n.name = a.name
-        UNION  -- ... on Asset.ref(uri=...)
-        SELECT ev.asset_id, u.dag_id FROM ev JOIN asset a ON a.id = ev.asset_id
-          JOIN dag_schedule_asset_uri_reference u ON u.uri = a.uri
-        UNION  -- ... on an alias the event was emitted through
-        SELECT ev.asset_id, ar.dag_id FROM ev
-          JOIN asset_alias_asset_event l ON l.event_id = ev.event_id
-          JOIN dag_schedule_asset_alias_reference ar ON ar.alias_id = l.alias_id
-    ) AS src
-    JOIN dag ON dag.dag_id = src.dag_id
-    WHERE dag.is_paused = false AND dag.timetable_partitioned = false
-    ORDER BY src.asset_id, src.dag_id
-    ON CONFLICT (asset_id, target_dag_id) DO UPDATE
-        SET created_at = greatest(asset_dag_run_queue.created_at, excluded.created_at)
-        WHERE asset_dag_run_queue.created_at < excluded.created_at
+    UPDATE asset_event SET timestamp = (SELECT stamp FROM stamp) WHERE id IN (:ids)
+    RETURNING timestamp
 
-and, once it holds its rows, the stamp from the database's clock, one value
-for the events and the rows (PostgreSQL: one statement; elsewhere the clock
-is read first)::
+Each queue row is written once, with the stamp. A scheduler skips a DAG
+whose ``dag`` row a producer holds ``FOR SHARE`` (its ``FOR NO KEY UPDATE
+SKIP LOCKED``), so no run is made over a window holding an event that is
+stamped and not yet visible; a producer that meets a scheduler holding the
+row waits for its COMMIT and is stamped after it. The share locks never wait
+while held (``NOWAIT`` under a SAVEPOINT, then a wait for the busy row alone:
+:func:`_write_once_without_waiting_while_holding`), since Airflow's other
+writers of ``dag`` lock rows in orders of their own.
+
+Where the scheduler takes no row locks (MariaDB; ``[scheduler]
+use_row_level_locking = False``), a ``dag`` lock orders nothing: the rows
+are inserted first with ``created_at =`` :data:`PENDING`, then the clock is
+read and put on the events and on those rows (PostgreSQL: one statement;
+elsewhere the clock is read first), and existing rows are moved forwards
+after COMMIT (:mod:`airflow_adrq.refresh`)::
 
     WITH stamped_events AS (
         UPDATE asset_event SET timestamp = statement_timestamp() WHERE id IN (:ids)
@@ -56,15 +79,18 @@ The route from the entry point to that SQL, the one place it is written down:
    still alive in the transaction (rolled-back SAVEPOINTs' events dropped).
 3. :func:`_queue_deferred` writes the alias rows
    (:func:`airflow_adrq.aliases.write_alias_rows`), then calls
-   :func:`queue_events` once: step 1, the statement above (``_statement``,
-   built once per dialect and ``_Form``; keyed events are filtered in
-   ``_events_cte``, partitioned and paused DAGs by the shape's
-   ``consumer_filter``); step 2, ``_stamp``. Then the COMMIT itself.
+   :func:`queue_events` once: with the scheduler's ``dag`` lock,
+   :func:`_lock_stamp_write` (:func:`_write_once` on PostgreSQL; the share
+   lock, the clock, the events and the rows as four statements on MySQL 8;
+   no lock on SQLite, whose writers take turns); without it,
+   :func:`_write_then_stamp` (``_statement`` at PENDING, then ``_stamp``).
+   Keyed events are filtered in ``_events_cte``, partitioned and paused DAGs
+   by the shape's ``consumer_filter``. Then the COMMIT itself.
 4. With ``on_conflict="refresh_after_commit"``, :mod:`airflow_adrq.refresh`
    reads the pairs whose row is older than the stamp, still before COMMIT,
    and if there are any, the ``after_commit`` listener moves them forwards
    on the same connection (the module is loaded the first time it is
-   needed: on PostgreSQL it never is).
+   needed: where the scheduler locks rows, it never is).
 
 Why this shape:
 
@@ -85,9 +111,10 @@ Why this shape:
   ``asset_alias_asset_event`` rows the transaction wrote. The statement is
   built once per dialect and compiled once.
 * **Timing.** The events' ``timestamp`` and their rows' ``created_at`` are one
-  value of the database's clock, read once every row is locked and just
-  before COMMIT, and an existing row moves forwards to it (``on_conflict``;
-  where the scheduler locks no rows, after COMMIT: :mod:`airflow_adrq.refresh`);
+  value of the database's clock, read just before COMMIT once the consumers'
+  ``dag`` rows are share-locked (without that lock: once every queue row is
+  locked), and an existing row moves forwards to it (``on_conflict``; where
+  the scheduler locks no rows, after COMMIT: :mod:`airflow_adrq.refresh`);
   why, in the README's "Timing: which events a run consumes".
 * **Same rows as Airflow 3.3.** Direct, alias, name and URI references;
   unpaused DAGs only; each (asset, DAG) once; partitioned DAGs and events
@@ -709,24 +736,31 @@ def queue_events(
 ) -> dt.datetime | None:
     """Queue the consumers of ``events`` now and stamp them; return the stamp.
 
-    Two steps, in the caller's transaction, without committing:
+    In the caller's transaction, without committing. With ``"refresh"`` or
+    ``"ignore"`` (``"auto"`` where the scheduler locks rows), three steps:
 
-    1. **Lock.** ONE ordered ``INSERT ... SELECT`` (past
-       :data:`IDS_PER_STATEMENT` events, several in one global order) writes
-       the queue rows with ``created_at =`` :data:`PENDING`; with
-       ``"refresh"`` it takes every existing row too. This is where it may
-       wait: for producers and schedulers holding the same rows.
-    2. **Stamp.** Then the database's clock (``statement_timestamp()``,
-       ``UTC_TIMESTAMP(6)``; SQLite: Python's, one host) is read, and its one
-       value becomes the events' ``timestamp`` (in the database and on mapped
-       objects) and the PENDING rows' ``created_at``. Nothing waits after it:
-       the caller should COMMIT now, as the commit-time write does.
+    1. **Share-lock** every consumer's ``dag`` row (paused or not, every kind
+       of reference; 3.4's per-event queue needs none), in byte order. This
+       is where it may wait: for a scheduler creating those DAGs' runs, the
+       DAG processor saving them, a pause. PostgreSQL never waits while it
+       holds one (``NOWAIT`` under a SAVEPOINT, then a wait for the busy row
+       alone); MySQL 8 waits in primary-key order.
+    2. **Stamp.** Then the database's clock (``clock_timestamp()`` once the
+       locks are held, ``UTC_TIMESTAMP(6)``; SQLite: Python's, one host).
+    3. **Write** the events' ``timestamp`` and the queue rows with it, each
+       row once, by ONE ordered ``INSERT ... SELECT`` (past
+       :data:`IDS_PER_STATEMENT` events, several); it may wait for producers
+       inserting the same rows. PostgreSQL: steps 1-3 are one statement.
 
-    Stamping after the locks keeps stamp order and commit order the same for
-    transactions sharing a row: one that waited for another's row is stamped
-    after that COMMIT. Why that matters, and what is left: the README's
-    "Timing". Pass only the caller's own uncommitted events. No events: does
-    nothing and returns ``None``.
+    A scheduler skips a DAG whose ``dag`` row is share-locked, so no run is
+    made while an event of it is stamped and not yet visible, whichever
+    asset it is of. With ``"refresh_after_commit"`` (``"auto"`` where the
+    scheduler takes no row locks) there is no such lock to order by: the
+    rows are written at :data:`PENDING` first, then stamped once they are
+    all locked, so that producers sharing a row are stamped in commit order.
+    Why that matters, and what is left: the README's "Timing". Pass only the
+    caller's own uncommitted events; the caller should COMMIT next, as the
+    commit-time write does. No events: does nothing and returns ``None``.
 
     ``on_conflict``: ``"refresh"`` takes an existing row (it gets the stamp),
     ``"ignore"`` leaves it, ``"refresh_after_commit"`` leaves it here and,
@@ -739,23 +773,26 @@ def queue_events(
     (:mod:`airflow_adrq.shapes`); ``schema``: the database schema of the
     tables (``[database] sql_alchemy_schema``).
 
-    Locks: the queue rows it inserts and, with ``"refresh"``, the existing
-    ones, in ``(asset_id, target_dag_id)`` order (3.4: ``(target_dag_id,
-    asset_event_id)``) until the transaction ends, waiting for rows another
-    transaction holds; on MySQL/MariaDB existing rows that need no write are
-    skipped by a lock-free ``NOT EXISTS`` probe. Then the given
-    ``asset_event`` rows (the caller's own). FK checks share-lock the
-    ``asset`` and ``dag`` parents (PostgreSQL ``FOR KEY SHARE``). Reads the
-    reference tables, ``asset``, ``asset_alias_asset_event`` and ``dag``
-    without locks (READ COMMITTED; MySQL/MariaDB refuse other levels:
-    :mod:`airflow_adrq.dialects.mysql`).
+    Locks, until the transaction ends: the consumers' ``dag`` rows ``FOR
+    SHARE`` (not with ``"refresh_after_commit"``); the queue rows it inserts
+    and, with ``"refresh"``, the existing ones, in ``(asset_id,
+    target_dag_id)`` order (3.4: ``(target_dag_id, asset_event_id)``); on
+    MySQL/MariaDB existing rows that need no write are skipped by a
+    lock-free ``NOT EXISTS`` probe; the given ``asset_event`` rows (the
+    caller's own). FK checks share-lock the ``asset`` and ``dag`` parents
+    (PostgreSQL ``FOR KEY SHARE``). Reads the reference tables, ``asset``
+    and ``asset_alias_asset_event`` without locks (READ COMMITTED;
+    MySQL/MariaDB refuse other levels: :mod:`airflow_adrq.dialects.mysql`).
 
     Does not promise: no deadlock with earlier statements of the same
-    transaction that locked queue rows (use :func:`defer_events`), or with
-    writers locking these rows in another order. On a deadlock, retry the
-    whole transaction (:func:`airflow_adrq.retry.run_in_transaction`). An
-    existing row takes the stamp even if it carried a later one (written by
-    a host whose clock runs ahead of the database's).
+    transaction that locked queue or ``dag`` rows (use :func:`defer_events`),
+    or, on MySQL 8, with a writer of ``dag`` locking several of the same rows
+    against primary-key order. On a deadlock, retry the whole transaction
+    (:func:`airflow_adrq.retry.run_in_transaction`). An existing row takes
+    the stamp even if it carried a later one (written by a host whose clock
+    runs ahead of the database's). A consumer popular with many producers is
+    skipped by the scheduler while any of them holds its lock (each for its
+    commit-time write only).
     """
     events = list(events)
     chunks = list(_chunks(events))

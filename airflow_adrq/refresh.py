@@ -1,4 +1,4 @@
-"""``on_conflict="refresh_after_commit"``: existing queue rows moved forwards after COMMIT, DAG by DAG.
+"""``on_conflict="refresh_after_commit"``: existing queue rows moved forwards after COMMIT, never waiting.
 
 Where Airflow's scheduler takes no row locks (MariaDB, whose dialect has no
 ``FOR UPDATE OF``; any backend with ``[scheduler] use_row_level_locking =
@@ -13,33 +13,44 @@ stamp::
     -- in the producer's transaction, once it is stamped, just before COMMIT:
     SELECT target_dag_id, asset_id FROM asset_dag_run_queue JOIN (<the statement's pairs>) ...
      WHERE created_at < :stamp ORDER BY target_dag_id, asset_id       -- no locks
-    -- after COMMIT, only if it found rows, per DAG, each in a transaction of its own:
+    -- after COMMIT, only if it found rows, ONE short transaction:
+    SELECT target_dag_id FROM asset_dag_run_queue
+     WHERE asset_id = :of_asset AND target_dag_id IN (:dag_ids) AND created_at < :stamp
+       FOR UPDATE SKIP LOCKED                                          -- per asset
     UPDATE asset_dag_run_queue SET created_at = :stamp
-     WHERE target_dag_id = :dag AND asset_id IN (:asset_ids) AND created_at < :stamp
+     WHERE asset_id = :of_asset AND target_dag_id IN (<the rows it locked>) AND created_at < :stamp
+    COMMIT
+
+and, for rows it skipped, the same again a few milliseconds later, up to
+:data:`ROUNDS` times.
 
 Reading the rows before COMMIT finds those a read after it would, plus
-rows consumed in between (their UPDATE then matches nothing): every row
+rows consumed in between (the locking read then finds nothing): every row
 of the statement's pairs that is not the producer's own already exists,
 committed, once the statement ran (it waited for any producer inserting the
-same pair), and what happens to such a row later is guarded by the UPDATE's
+same pair), and what happens to such a row later is guarded by
 ``created_at < :stamp``. The usual event, whose rows are all new, costs one
 lock-free SELECT and nothing after COMMIT.
 
 Why this cannot deadlock, lose or double an event:
 
-* Each UPDATE locks rows of one DAG only, in primary-key order, as the
-  scheduler's ``DELETE`` of that DAG does, and holds nothing else while it
-  waits: it cannot be part of a cycle.
+* It never waits for a lock: ``SKIP LOCKED`` leaves out the rows a scheduler
+  is deleting or another producer is refreshing, and the UPDATE touches only
+  rows it holds (a range of the primary key: ``asset_id`` and a ``dag_id``
+  list). A transaction that never waits is in no cycle. A row the scheduler
+  held is gone once it commits (consumed); one another producer held is
+  tried again.
 * Forwards only, never an INSERT: a row the scheduler deleted in between was
   consumed, and re-creating it would make a second run over the same window.
 * The events are committed before any of this starts; a refresh that does not
-  happen (the row was being consumed, the connection broke, the retries ran
-  out) leaves the event waiting for its asset's next event, as Airflow's own
-  ``DO NOTHING`` would. Nothing here raises: failures are logged.
+  happen (the row stayed locked for every round, the connection broke) leaves
+  the event waiting for its asset's next event, as Airflow's own ``DO
+  NOTHING`` would. Nothing here raises: failures are logged.
 
 It runs on the session's own connection, after COMMIT and before the session
 hands the connection back to its pool (SQLAlchemy's ``after_commit``): no
-second connection per transaction.
+second connection per transaction. It needs ``SKIP LOCKED`` (MariaDB 10.6,
+MySQL 8.0, PostgreSQL).
 """
 
 from __future__ import annotations
@@ -52,31 +63,38 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from sqlalchemy import Select, Table, bindparam, update
+from sqlalchemy import Select, Table, bindparam, select, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from airflow_adrq.errorcodes import RetryableKind, classify
 from airflow_adrq.models import AssetDagRunQueue, UtcDateTime
 from airflow_adrq.txscope import TransactionScoped
 
-__all__ = ["ATTEMPTS", "plan"]
+__all__ = ["ROUNDS", "plan"]
 
 log = logging.getLogger(__name__)
 
-#: Attempts per DAG statement on a deadlock or lock timeout.
-ATTEMPTS = 3
+#: Rounds of the after-COMMIT transaction for rows another transaction held.
+ROUNDS = 3
 
 _ADRQ = cast(Table, AssetDagRunQueue.__table__)
-_ONE_DAG = (
+_STAMP = bindparam("stamp", type_=UtcDateTime())
+_OLDER = (
+    _ADRQ.c.asset_id == bindparam("of_asset"),
+    _ADRQ.c.target_dag_id.in_(bindparam("dag_ids", expanding=True)),
+    _ADRQ.c.created_at < _STAMP,
+)
+_STILL_OLDER = select(_ADRQ.c.target_dag_id).where(*_OLDER)
+_LOCK_OLDER = select(_ADRQ.c.target_dag_id).where(*_OLDER).with_for_update(skip_locked=True)
+# InnoDB would take the UPDATE through the target_dag_id index: a range over
+# every asset's rows of those DAGs, locking (and waiting for) rows this
+# transaction does not hold. The primary key reaches exactly the held rows.
+_MOVE_FORWARDS = (
     update(_ADRQ)
-    .where(
-        _ADRQ.c.target_dag_id == bindparam("dag_id"),
-        _ADRQ.c.asset_id.in_(bindparam("asset_ids", expanding=True)),
-        _ADRQ.c.created_at < bindparam("stamp", type_=UtcDateTime()),
-    )
-    .values(created_at=bindparam("stamp", type_=UtcDateTime()))
+    .where(*_OLDER)
+    .values(created_at=_STAMP)
+    .with_hint("FORCE INDEX (PRIMARY)", dialect_name="mysql")
+    .with_hint("FORCE INDEX (PRIMARY)", dialect_name="mariadb")
 )
 
 
@@ -85,9 +103,8 @@ class _Planned:
     """One refresh to run after the session's COMMIT: which rows of which DAG, which stamp."""
 
     connection: Connection
-    #: dag_id -> the asset ids of its rows (in the database's order within one SELECT; past
-    #: IDS_PER_STATEMENT events several SELECTs, so not one global order: none is needed).
-    rows: Mapping[str, Sequence[int]]
+    #: asset_id -> the DAG ids of its rows to move forwards (no order is needed: nothing waits).
+    rows: Mapping[int, Sequence[str]]
     stamp: dt.datetime
     options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -115,18 +132,19 @@ def plan(
 
     Locks nothing now: one plain SELECT per parameter set, in the caller's
     (stamped) transaction. After the session's outermost COMMIT, on
-    ``connection``: per DAG one short transaction locking that DAG's rows in
-    key order (see the module docstring); dropped on rollback, as its events
+    ``connection``: one short transaction that locks only rows no one else
+    holds (``SKIP LOCKED``) and moves them forwards, again for the rows it
+    skipped (see the module docstring); dropped on rollback, as its events
     are. Skipped if the connection is still inside a transaction then (a
-    session joined to an outer one), where a per-DAG transaction is not
-    possible. Does not promise the refresh: it is best effort by design.
+    session joined to an outer one). Does not promise the refresh: it is best
+    effort by design.
     """
-    rows: dict[str, list[int]] = {}
+    rows: dict[int, list[str]] = {}
     for one in params:
         for dag_id, asset_id in connection.execute(
             older_rows, {**one, "stamp": stamp}, execution_options=options
         ):
-            rows.setdefault(dag_id, []).append(asset_id)
+            rows.setdefault(asset_id, []).append(dag_id)
     if rows:
         _SCOPE.add(session, _Planned(connection, rows, stamp, options))
 
@@ -136,27 +154,37 @@ def _refresh(item: _Planned) -> None:
     if conn.closed or conn.in_transaction():
         log.debug("airflow-adrq: no refresh after COMMIT: the connection is closed or in a transaction")
         return
-    # Each DAG is a transaction of its own, so the order across DAGs cannot form a lock cycle.
-    for dag_id, asset_ids in item.rows.items():
-        try:
-            _one_dag(conn, dag_id, asset_ids, item)
-        except DBAPIError:  # this DAG's rows wait for the next event; the others still get theirs
-            log.warning("airflow-adrq: refreshing %s's queue rows after COMMIT failed", dag_id, exc_info=True)
-
-
-def _one_dag(conn: Connection, dag_id: str, asset_ids: Sequence[int], item: _Planned) -> None:
-    params = {"dag_id": dag_id, "asset_ids": list(asset_ids), "stamp": item.stamp}
-    for attempt in range(1, ATTEMPTS + 1):
-        try:
-            with conn.begin():
-                conn.execute(_ONE_DAG, params, execution_options=item.options)
+    todo = {asset_id: list(dag_ids) for asset_id, dag_ids in item.rows.items()}
+    for round_ in range(1, ROUNDS + 1):
+        if round_ > 1:
+            time.sleep(random.uniform(0.002, 0.01) * round_)
+        todo = _one_round(conn, todo, item)
+        if not todo:
             return
-        except DBAPIError as exc:
-            if attempt == ATTEMPTS or not _transient(exc):
-                raise
-            time.sleep(random.uniform(0.005, 0.05) * attempt)
+    log.debug(
+        "airflow-adrq: %d queue rows stayed locked for every refresh round", sum(map(len, todo.values()))
+    )
 
 
-def _transient(exc: SQLAlchemyError) -> bool:
-    found = classify(exc)
-    return found is not None and found.kind in (RetryableKind.DEADLOCK, RetryableKind.LOCK_TIMEOUT)
+def _one_round(conn: Connection, todo: Mapping[int, Sequence[str]], item: _Planned) -> dict[int, list[str]]:
+    """One transaction: lock the rows no one holds, move them forwards; return the rows left out."""
+    skipped: dict[int, list[str]] = {}
+    with conn.begin():
+        for asset_id, dag_ids in todo.items():
+            params = {"of_asset": asset_id, "dag_ids": list(dag_ids), "stamp": item.stamp}
+            held = set(conn.execute(_LOCK_OLDER, params, execution_options=item.options).scalars())
+            if held:
+                conn.execute(
+                    _MOVE_FORWARDS, {**params, "dag_ids": sorted(held)}, execution_options=item.options
+                )
+            left = [dag_id for dag_id in dag_ids if dag_id not in held]
+            if left:
+                # Left out: locked by someone, or consumed / moved on already. Only
+                # those still older (as last committed) are worth another round.
+                still = conn.execute(
+                    _STILL_OLDER, {**params, "dag_ids": left}, execution_options=item.options
+                )
+                skipped_here = sorted(set(still.scalars()))
+                if skipped_here:
+                    skipped[asset_id] = skipped_here
+    return skipped

@@ -41,12 +41,13 @@ from airflow_adrq.models import (
     DagModel,
     utcnow,
 )
-from airflow_adrq.queue import build_queue_statement
+from airflow_adrq.queue import PENDING, build_queue_statement
 from airflow_adrq.retry import RetryableKind, classify
 from airflow_adrq_bench import dataset, scheduler
 from airflow_adrq_bench.stats import median, percentile
 
 _EVENT = scheduler.EVENT
+_ADRQ = scheduler.ADRQ
 _DAG = cast(sa.Table, DagModel.__table__)
 
 #: The ``(run_after, consumed event ids)`` of one DAG run.
@@ -95,6 +96,31 @@ def stamp_first(session: Session, asset_ids: Sequence[int]) -> list[int]:
     return ids
 
 
+def landed(session: Session, asset_ids: Sequence[int]) -> list[int]:
+    """The protocol before the ``dag`` share lock: rows written at PENDING, then the clock on rows and events.
+
+    The plug-in as it was where the scheduler locks rows: the one ordered
+    statement with ``created_at = PENDING``, then, with every row locked,
+    the database's clock put on the events and on those rows (a second write
+    of each row); COMMIT. No ``dag`` row lock.
+    """
+    conn = session.connection()
+    insert = sa.insert(_EVENT).returning(_EVENT.c.id)
+    ids = [
+        conn.execute(insert.values(asset_id=a, extra={}, timestamp=utcnow())).scalar_one() for a in asset_ids
+    ]
+    conn.execute(
+        build_queue_statement(conn.dialect, on_conflict="refresh"), {"ids": ids, "created_at": PENDING}
+    )
+    clock = dialects.get(conn).clock
+    stamp = conn.execute(sa.select(clock())).scalar_one() if clock is not None else utcnow()
+    conn.execute(sa.update(_EVENT).where(_EVENT.c.id.in_(ids)).values(timestamp=stamp))
+    pending = _ADRQ.c.asset_id.in_(list(asset_ids)) & (_ADRQ.c.created_at == PENDING)
+    conn.execute(sa.update(_ADRQ).where(pending).values(created_at=stamp))
+    session.commit()
+    return ids
+
+
 def _ours(session: Session, asset_ids: Sequence[int], policy: ConflictPolicy) -> list[int]:
     assets = session.scalars(sa.select(AssetModel).where(AssetModel.id.in_(asset_ids)))
     events = [register_asset_change(asset=a, session=session, on_conflict=policy) for a in assets]
@@ -107,6 +133,8 @@ def _protocol(name: str, *, locks: bool) -> Callable[[Session, Sequence[int]], l
     """``stamp_first``, or ours with the plug-in's choice where the scheduler does (not) lock rows."""
     if name == "stamp_first":
         return stamp_first
+    if name == "landed":
+        return landed
     # "auto" where the scheduler locks rows: "refresh" (PostgreSQL, MySQL 8; MariaDB stands in).
     policy: ConflictPolicy = "refresh" if locks else "refresh_after_commit"
     return lambda session, asset_ids: _ours(session, asset_ids, policy)
@@ -123,12 +151,24 @@ class Outcome:
     deadlocks: int = 0
     #: Seconds from each event's stamp to its commit being visible to another connection.
     windows: list[float] = field(default_factory=list)
+    #: Seconds from each consumed event's COMMIT to the COMMIT of the run that consumed it.
+    latencies: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+    HEADER = (
+        "| protocol | events | events/s | runs | deadlocks | lost | consumed twice "
+        "| stamp to visible p50 / p99 ms | COMMIT to run p50 / p99 / max ms |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
 
     def line(self) -> str:
         ms = [w * 1000 for w in self.windows] or [0.0]
+        run = [w * 1000 for w in self.latencies] or [0.0]
+        rate = self.events / self.seconds if self.seconds else 0.0
         return (
-            f"| {self.protocol} | {self.events} | {self.runs} | {self.deadlocks} | {self.lost} "
-            f"| {self.twice} | {median(ms):.1f} / {percentile(ms, 99):.1f} |"
+            f"| {self.protocol} | {self.events} | {rate:.0f} | {self.runs} | {self.deadlocks} | {self.lost} "
+            f"| {self.twice} | {median(ms):.1f} / {percentile(ms, 99):.1f} "
+            f"| {median(run):.0f} / {percentile(run, 99):.0f} / {max(run):.0f} |"
         )
 
 
@@ -139,8 +179,11 @@ def measure(url: str, protocol: str, *, producers: int, seconds: float, locks: b
     asset_ids = [a.id for a in dataset.seed_fan(engine, "residual", outlets=producers, fanout=1)]
     with engine.connect() as conn:
         (dag,) = dataset.consumer_dags(conn, asset_ids[:1])[asset_ids[0]]
-    out = Outcome(protocol)
+    out = Outcome(protocol, seconds=seconds)
     runs: list[Run] = []
+    #: event id -> time.monotonic() at its producer's COMMIT; at its run's COMMIT.
+    committed_at: dict[int, float] = {}
+    consumed_at: dict[int, float] = {}
     stop = threading.Event()
     lock = threading.Lock()
     clock = _clock(engine)
@@ -159,18 +202,25 @@ def measure(url: str, protocol: str, *, producers: int, seconds: float, locks: b
         with engine.begin() as conn:
             run = scheduler_pass(conn, dag, locks=locks, runs=known)
         if run is not None:
+            now = time.monotonic()
             with lock:
                 runs.append(run)
+                for event_id in run[1]:
+                    consumed_at.setdefault(event_id, now)
         return run is not None
 
     def produce(asset_id: int) -> None:
         while not stop.is_set():
             try:
                 with Session(engine) as session:
-                    write(session, [asset_id])
+                    ids = write(session, [asset_id])
             except sa.exc.DBAPIError as exc:
                 deadlocked(exc)
                 continue
+            done = time.monotonic()
+            with lock:
+                for event_id in ids:
+                    committed_at[event_id] = done
             seen = clock()
             with lock, Session(engine) as s:
                 latest = sa.select(sa.func.max(_EVENT.c.timestamp)).where(_EVENT.c.asset_id == asset_id)
@@ -191,6 +241,7 @@ def measure(url: str, protocol: str, *, producers: int, seconds: float, locks: b
         t.start()
     time.sleep(seconds)
     stop.set()
+    stopped = time.monotonic()
     for t in threads:
         t.join()
     while one_pass():
@@ -201,6 +252,12 @@ def measure(url: str, protocol: str, *, producers: int, seconds: float, locks: b
     out.events, out.runs = len(every), len(runs)
     out.lost = sum(1 for e in every if counts[e] == 0)
     out.twice = sum(1 for e in every if counts[e] > 1)
+    # Only events consumed while the producers ran: the drain afterwards is not a scheduler loop.
+    out.latencies = [
+        consumed_at[e] - committed_at[e]
+        for e in every
+        if e in consumed_at and e in committed_at and committed_at[e] <= consumed_at[e] <= stopped
+    ]
     engine.dispose()
     return out
 
@@ -229,10 +286,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-row-locks", action="store_true", help="a scheduler without row locks (MariaDB's)"
     )
+    parser.add_argument(
+        "--protocols",
+        default="landed,ours",
+        help="comma-separated, side by side: landed (rows at PENDING, then stamped; no dag lock), "
+        "stamp_first (Python's clock before the statement), ours (the installed airflow-adrq)",
+    )
     args = parser.parse_args(argv)
-    print("| protocol | events | runs | deadlocks | lost | consumed twice | stamp to visible p50 / p99 ms |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for protocol in ("stamp_first", "ours"):
+    print(Outcome.HEADER)
+    for protocol in args.protocols.split(","):
         with dataset.scratch_database(args.db) as url:
             locks = not args.no_row_locks
             found = measure(url, protocol, producers=args.producers, seconds=args.seconds, locks=locks)
