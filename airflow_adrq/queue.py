@@ -157,6 +157,7 @@ from airflow_adrq import dialects
 from airflow_adrq.aliases import AliasedEvent, write_alias_rows
 from airflow_adrq.dialects import ConflictMode, ConflictPolicy, ResolvedPolicy
 from airflow_adrq.errorcodes import RetryableKind, classify
+from airflow_adrq.errors import AdrqError
 from airflow_adrq.models import (
     AssetDagRunQueue,
     AssetEvent,
@@ -598,11 +599,18 @@ def _write_once_without_waiting_while_holding(
             conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
             _wait_for_busy_rows(conn, form, params, options)
             continue
-        stamp: dt.datetime = result.scalars().first()
-        return stamp
+        return _returned_stamp(result)
     conn.execute(_share_lock(support.name, form), params, execution_options=options)
-    result = conn.execute(_write_once(support.name, form), params, execution_options=options)
-    stamp = result.scalars().first()
+    return _returned_stamp(conn.execute(_write_once(support.name, form), params, execution_options=options))
+
+
+def _returned_stamp(result: Any) -> dt.datetime:
+    """The stamp :func:`_write_once` put on the events (``RETURNING``: one row per event, one value)."""
+    stamp: dt.datetime | None = result.scalars().first()
+    if stamp is None:
+        raise AdrqError(
+            "none of the events to queue exists in asset_event (pass flushed, uncommitted events)"
+        )
     return stamp
 
 
