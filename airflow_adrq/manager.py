@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, cast
 
 from sqlalchemy import Table, and_, bindparam, insert, select
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session, make_transient_to_detached
 
-from airflow_adrq import listeners
+from airflow_adrq import dialects, listeners, queue
 from airflow_adrq.aliases import AliasedEvent, write_alias_rows
 from airflow_adrq.dialects import ConflictPolicy, check_policy
 from airflow_adrq.listeners import AssetEventInfo
@@ -43,6 +44,7 @@ __all__ = [
     "AssetLike",
     "QueueMode",
     "TaskInstanceLike",
+    "queue_dagruns",
     "register_asset_change",
     "register_asset_changes",
 ]
@@ -351,3 +353,36 @@ def _event_info(change: AssetChange, event: AssetEvent) -> AssetEventInfo:
         partition_key=change.partition_key,
         partition_date=change.partition_date,
     )
+
+
+def queue_dagruns(
+    bind: Session | Connection,
+    asset_ids: Iterable[int],
+    *,
+    created_at: dt.datetime | None = None,
+    on_conflict: ConflictPolicy = "auto",
+) -> None:
+    """Queue the consumers of assets (without events) now, with one statement.
+
+    Direct, name and URI references only (an alias counts only for events
+    emitted through it); ``created_at`` defaults to now. Runs in the caller's
+    transaction, does not commit. Locks: as :func:`queue_events`, without
+    ``asset_event``. Does not promise: one order with the transaction's other
+    queue writes (this is a statement of its own).
+    """
+    ids = sorted(set(asset_ids))
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        raise TypeError(f"asset ids must be ints, got {ids!r}")
+    if not ids:
+        return
+    conn = bind.connection() if isinstance(bind, Session) else bind
+    support = dialects.get(conn)
+    support.check_connection(conn)
+    refresh = dialects.resolve(on_conflict, conn) == "refresh"  # else the statement leaves the row
+    stmt = queue.build_queue_statement(
+        conn.dialect, source="assets", on_conflict="refresh" if refresh else "ignore"
+    )
+    for start in range(0, len(ids), queue.IDS_PER_STATEMENT):
+        conn.execute(
+            stmt, {"ids": ids[start : start + queue.IDS_PER_STATEMENT], "created_at": created_at or utcnow()}
+        )

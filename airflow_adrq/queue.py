@@ -52,19 +52,10 @@ while held (``NOWAIT`` under a SAVEPOINT, then a wait for the busy row alone:
 writers of ``dag`` lock rows in orders of their own.
 
 Where the scheduler takes no row locks (MariaDB; ``[scheduler]
-use_row_level_locking = False``), a ``dag`` lock orders nothing: the rows
-are inserted first with ``created_at =`` :data:`PENDING`, then the clock is
-read and put on the events and on those rows (PostgreSQL: one statement;
-elsewhere the clock is read first), and existing rows are moved forwards
-after COMMIT (:mod:`airflow_adrq.refresh`)::
-
-    WITH stamped_events AS (
-        UPDATE asset_event SET timestamp = statement_timestamp() WHERE id IN (:ids)
-    ), stamped_rows AS (
-        UPDATE asset_dag_run_queue SET created_at = statement_timestamp()
-         WHERE asset_id IN (:asset_ids) AND created_at = :pending
-    )
-    SELECT statement_timestamp()
+use_row_level_locking = False``) a ``dag`` lock orders nothing: the rows are
+inserted with ``created_at =`` :data:`~airflow_adrq.refresh.PENDING`, then one clock reading goes
+on the events and those rows (:func:`airflow_adrq.refresh.write_then_stamp`), and existing rows
+are moved forwards after COMMIT (:mod:`airflow_adrq.refresh`).
 
 The route from the entry point to that SQL, the one place it is written down:
 
@@ -83,7 +74,7 @@ The route from the entry point to that SQL, the one place it is written down:
    :func:`_lock_stamp_write` (:func:`_write_once` on PostgreSQL; the share
    lock, the clock, the events and the rows as four statements on MySQL 8;
    no lock on SQLite, whose writers take turns); without it,
-   :func:`_write_then_stamp` (``_statement`` at PENDING, then ``_stamp``).
+   :func:`airflow_adrq.refresh.write_then_stamp`.
    Keyed events are filtered in ``_events_cte``, partitioned and paused DAGs
    by the shape's ``consumer_filter``. Then the COMMIT itself.
 4. With ``on_conflict="refresh_after_commit"``, :mod:`airflow_adrq.refresh`
@@ -106,10 +97,9 @@ Why this shape:
   and ``(B, d)`` in opposite orders in two such tasks. :func:`defer_events`
   queues all of a transaction's events in one statement just before COMMIT,
   which also holds the queue rows only for the commit.
-* **Constant shape.** The only parameters are the event ids (one expanding
-  ``IN``, rendered once, in the CTE) and the timestamp; aliases come from the
-  ``asset_alias_asset_event`` rows the transaction wrote. The statement is
-  built once per dialect and compiled once.
+* **Constant shape.** The only parameters are the event ids; aliases come
+  from the ``asset_alias_asset_event`` rows the transaction wrote. Built and
+  compiled once per dialect.
 * **Timing.** The events' ``timestamp`` and their rows' ``created_at`` are one
   value of the database's clock, read just before COMMIT once the consumers'
   ``dag`` rows are share-locked (without that lock: once every queue row is
@@ -129,7 +119,7 @@ import datetime as dt
 import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 from sqlalchemy import (
     Boolean,
@@ -156,8 +146,6 @@ from sqlalchemy.sql.selectable import CTE, Select
 from airflow_adrq import dialects
 from airflow_adrq.aliases import AliasedEvent, write_alias_rows
 from airflow_adrq.dialects import ConflictMode, ConflictPolicy, ResolvedPolicy
-from airflow_adrq.errorcodes import RetryableKind, classify
-from airflow_adrq.errors import AdrqError
 from airflow_adrq.models import (
     AssetDagRunQueue,
     AssetEvent,
@@ -177,16 +165,13 @@ __all__ = [
     "IDS_PER_STATEMENT",
     "EventLike",
     "Source",
-    "alias_consumers",
     "build_queue_statement",
     "consumers_of_events",
     "defer_events",
     "flush_queue",
     "in_schema",
     "pending_events",
-    "queue_dagruns",
     "queue_events",
-    "queued_pairs",
 ]
 
 #: Ids bound to one statement. The ids are rendered once (in the CTE), so this
@@ -350,21 +335,6 @@ def _insert(dialect_name: str, form: _Form, created_at: ColumnElement[dt.datetim
 
 
 @functools.cache
-def _older_rows(form: _Form) -> Select[Any]:
-    """``SELECT target_dag_id, asset_id``: existing rows ``form``'s statement queues, older than ``:stamp``.
-
-    In DAG order, for :mod:`airflow_adrq.refresh`. Locks nothing.
-    """
-    wanted = _wanted(form).subquery("wanted")
-    return (
-        select(_ADRQ.c.target_dag_id, _ADRQ.c.asset_id)
-        .join(wanted, (wanted.c.asset_id == _ADRQ.c.asset_id) & (wanted.c.dag_id == _ADRQ.c.target_dag_id))
-        .where(_ADRQ.c.created_at < bindparam("stamp", type_=UtcDateTime()))
-        .order_by(_ADRQ.c.target_dag_id, _ADRQ.c.asset_id)
-    )
-
-
-@functools.cache
 def consumers_of_events() -> Select[Any]:
     """``SELECT asset_id, dag_id`` of every DAG referencing some events' assets; bind ``event_ids``.
 
@@ -379,34 +349,6 @@ def consumers_of_events() -> Select[Any]:
     )
     src = _consumers(ev, with_aliases=True)
     return select(src.c.asset_id, src.c.dag_id)
-
-
-@functools.cache
-def queued_pairs(shape: QueueShape = PARTITIONED) -> Select[Any]:
-    """``SELECT asset_id, dag_id``: every (asset, consumer) pair an event of the asset would queue.
-
-    The statement's direct, name and URI references and ``dag`` filter over
-    every asset (aliases: :func:`alias_consumers`). Locks nothing; for
-    ``doctor``.
-    """
-    asset = cast(Table, AssetModel.__table__)
-    src = _consumers(select(asset.c.id.label("asset_id")).cte("ev"), with_aliases=False)
-    return (
-        select(src.c.asset_id, src.c.dag_id)
-        .join(_DAG, _DAG.c.dag_id == src.c.dag_id)
-        .where(*shape.consumer_filter(_DAG.c))
-    )
-
-
-@functools.cache
-def alias_consumers(shape: QueueShape = PARTITIONED) -> Select[Any]:
-    """``SELECT alias_id, dag_id``: the consumers an event emitted through an alias queues, per alias."""
-    by_alias = cast(Table, DagScheduleAssetAliasReference.__table__)
-    return (
-        select(by_alias.c.alias_id, by_alias.c.dag_id)
-        .join(_DAG, _DAG.c.dag_id == by_alias.c.dag_id)
-        .where(*shape.consumer_filter(_DAG.c))
-    )
 
 
 def build_queue_statement(
@@ -434,50 +376,11 @@ def build_queue_statement(
     return _statement(dialects.get(dialect).name, _Form(source, on_conflict, shape))
 
 
-#: The ``created_at`` of a queue row between the two steps of :func:`queue_events`:
-#: later than any real stamp, so that the refresh (``greatest``) takes every
-#: existing row it meets, yet inside every backend's range (MySQL's TIMESTAMP
-#: ends in January 2038). Step 2 replaces it with the stamp in the same
-#: transaction, before COMMIT can be sent: no other transaction ever reads it.
-PENDING: Final = dt.datetime(2038, 1, 1, tzinfo=dt.timezone.utc)
-
-
-def _pending_rows(stamp: Any) -> Update:
-    # The rows step 1 inserted or took, and no one else's: another
-    # transaction's PENDING rows are uncommitted, so invisible here (READ
-    # COMMITTED reads their committed version, which carries a real stamp).
-    return (
-        update(_ADRQ)
-        .where(
-            _ADRQ.c.asset_id.in_(bindparam("asset_ids", expanding=True)),
-            _ADRQ.c.created_at == bindparam("pending", type_=UtcDateTime()),
-        )
-        .values(created_at=stamp)
-    )
-
-
 def _stamped_events(stamp: Any) -> Update:
     return update(_EVENT).where(_EVENT.c.id.in_(bindparam("ids", expanding=True))).values(timestamp=stamp)
 
 
-_BOUND_STAMP = bindparam("stamp", type_=UtcDateTime())
-_STAMP_EVENTS: Update = _stamped_events(_BOUND_STAMP)
-_STAMP_ROWS: Update = _pending_rows(_BOUND_STAMP)
-
-
-@functools.cache
-def _stamp_in_one_statement(dialect_name: str) -> Select[Any]:
-    """``WITH e AS (UPDATE asset_event ...), q AS (UPDATE asset_dag_run_queue ...) SELECT <clock>``.
-
-    For backends with data-modifying CTEs (PostgreSQL): both updates and the
-    stamp in one round trip. The clock is the statement's, so one value.
-    """
-    clock = dialects.get(dialect_name).clock
-    assert clock is not None
-    now = clock()
-    events = _stamped_events(now).cte("stamped_events")
-    rows = _pending_rows(now).cte("stamped_rows")
-    return select(now).add_cte(events, rows)
+_STAMP_EVENTS: Update = _stamped_events(bindparam("stamp", type_=UtcDateTime()))
 
 
 # --- the share lock and the one write -----------------------------------------
@@ -486,14 +389,11 @@ def _stamp_in_one_statement(dialect_name: str) -> Select[Any]:
 def _referencing_dags(form: _Form) -> Select[Any]:
     """``SELECT dag_id`` of every DAG scheduled on the events' assets or aliases, paused or not.
 
-    Wider than what the statement queues, on purpose: a DAG unpaused between
-    this read and the statement's would otherwise be queued without its lock.
-    Locks nothing.
+    Wider than the statement's consumers: a DAG unpaused in between would be queued unlocked.
     """
     return select(_consumers(_source(form), with_aliases=form.source == "events").c.dag_id)
 
 
-#: How the share lock meets a ``dag`` row another transaction holds.
 _Wait = Literal["wait", "nowait", "skip_locked"]
 
 
@@ -529,16 +429,7 @@ def _one_dag_share_lock() -> Select[Any]:
 
 @functools.cache
 def _write_once(dialect_name: str, form: _Form) -> Update:
-    """The whole queue write as ONE statement (PostgreSQL)::
-
-        WITH locked AS MATERIALIZED (SELECT dag_id FROM dag WHERE dag_id IN (<consumers>)
-                                     ORDER BY dag_id COLLATE "C" FOR SHARE OF dag),
-             stamp AS MATERIALIZED (SELECT clock_timestamp() AS stamp
-                                      FROM (SELECT count(*) FROM locked) AS held),
-             queued AS (INSERT INTO asset_dag_run_queue ... SELECT ..., (SELECT stamp FROM stamp)
-                        ... ORDER BY ... ON CONFLICT ...)
-        UPDATE asset_event SET timestamp = (SELECT stamp FROM stamp) WHERE id IN (:ids)
-        RETURNING asset_event.timestamp
+    """The whole queue write as ONE statement (PostgreSQL; the SQL is in the module docstring).
 
     ``stamp`` is computed once, and only after ``count(*)`` has read (so
     locked) every consumer row: the clock is read once the share locks are
@@ -574,18 +465,14 @@ _SAVEPOINT = "adrq_share_lock"
 def _write_once_without_waiting_while_holding(
     conn: Connection, form: _Form, params: dict[str, Any], options: Mapping[str, Any]
 ) -> dt.datetime:
-    """:func:`_write_once` with ``NOWAIT``; while a consumer's ``dag`` row is busy, wait for it holding none.
+    r""":func:`_write_once` with ``NOWAIT``; while a consumer's ``dag`` row is busy, wait for it holding none.
 
-    Airflow's writers of ``dag`` do not lock rows in one order: the DAG
-    processor's per-file ``SELECT ... FOR NO KEY UPDATE`` and the bulk
-    ``UPDATE ... WHERE dag_id IN`` lock in plan order (the index's
-    collation, or heap order), its ORM flushes in Python's. No order of ours
-    matches all of them, so the share locks never wait while held: the write
-    runs under a SAVEPOINT with ``FOR SHARE NOWAIT``; if a row is busy
-    (55P03) it rolls back to the SAVEPOINT (PostgreSQL releases the row locks
-    taken after it), finds the busy rows (``SKIP LOCKED``), waits for each
-    alone (``FOR SHARE`` on that row, then rolled back), and tries again.
-    After :data:`WAITS_WITHOUT_HOLDING` rounds it waits in ``lock_order``.
+    Airflow's writers of ``dag`` lock rows in orders of their own (the DAG
+    processor's ``SELECT ... FOR NO KEY UPDATE`` and bulk ``UPDATE``\ s in plan
+    order, its ORM flushes in Python's), so no order of ours matches them
+    all. On 55P03 it rolls back to the SAVEPOINT (PostgreSQL then releases
+    the row locks taken after it), waits for each busy row alone, and tries
+    again; after :data:`WAITS_WITHOUT_HOLDING` rounds it waits in order.
     """
     support = dialects.get(conn)
     conn.exec_driver_sql(f"SAVEPOINT {_SAVEPOINT}")
@@ -593,25 +480,16 @@ def _write_once_without_waiting_while_holding(
         try:
             result = conn.execute(_write_once(support.name, form), params, execution_options=options)
         except DBAPIError as exc:
-            found = classify(exc)
-            if found is None or found.kind is not RetryableKind.LOCK_TIMEOUT:
+            if not support.lock_not_available(exc):
                 raise
             conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
             _wait_for_busy_rows(conn, form, params, options)
             continue
-        return _returned_stamp(result)
+        return cast(dt.datetime, result.scalar())  # RETURNING: a row per event, one value
     conn.execute(_share_lock(support.name, form), params, execution_options=options)
-    return _returned_stamp(conn.execute(_write_once(support.name, form), params, execution_options=options))
-
-
-def _returned_stamp(result: Any) -> dt.datetime:
-    """The stamp :func:`_write_once` put on the events (``RETURNING``: one row per event, one value)."""
-    stamp: dt.datetime | None = result.scalars().first()
-    if stamp is None:
-        raise AdrqError(
-            "none of the events to queue exists in asset_event (pass flushed, uncommitted events)"
-        )
-    return stamp
+    return cast(
+        dt.datetime, conn.execute(_write_once(support.name, form), params, execution_options=options).scalar()
+    )
 
 
 def _wait_for_busy_rows(
@@ -628,24 +506,23 @@ def _wait_for_busy_rows(
         conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
 
 
-def _fits_one_statement(chunk_params: list[dict[str, Any]]) -> bool:
-    """Whether :func:`_write_once`'s bound values (the ids twice, the multi-team pairs) stay in the limits."""
-    if len(chunk_params) != 1:
-        return False
-    params = chunk_params[0]
-    bound = (
-        2 * len(params["ids"]) + len(params.get("restricted_ids", ())) + 2 * len(params.get("allowed", ()))
-    )
-    return bound <= IDS_PER_STATEMENT
-
-
 def _lock_stamp_write(
     conn: Connection, form: _Form, chunk_params: list[dict[str, Any]], options: Mapping[str, Any]
 ) -> dt.datetime:
     """Share-lock the consumers' ``dag`` rows, then read the clock, then write events and rows with it."""
     support = dialects.get(conn)
     lock = support.lock_order is not None and not form.shape.event_keyed
-    if lock and support.clock_after_locks is not None and _fits_one_statement(chunk_params):
+    # One statement binds the ids twice (and the multi-team pairs): within the limits?
+    bound = sum(
+        2 * len(p["ids"]) + len(p.get("restricted_ids", ())) + 2 * len(p.get("allowed", ()))
+        for p in chunk_params
+    )
+    if (
+        lock
+        and support.clock_after_locks is not None
+        and len(chunk_params) == 1
+        and bound <= IDS_PER_STATEMENT
+    ):
         return _write_once_without_waiting_while_holding(conn, form, chunk_params[0], options)
     if lock:
         for params in chunk_params:
@@ -664,48 +541,6 @@ def _lock_stamp_write(
     stmt = _statement(support.name, form)
     for params in chunk_params:
         conn.execute(stmt, {**params, "created_at": stamp}, execution_options=options)
-    return stamp
-
-
-def _write_then_stamp(
-    conn: Connection,
-    form: _Form,
-    chunk_params: list[dict[str, Any]],
-    asset_ids: list[int],
-    options: Mapping[str, Any],
-) -> dt.datetime:
-    """Where the scheduler locks no rows: the rows (:data:`PENDING`), then the stamp on them and the events.
-
-    Stamped once the queue rows are locked, so that producers sharing a row
-    are stamped in the order they commit: there is no ``dag`` row lock to
-    order them against the scheduler.
-    """
-    stmt = _statement(dialects.get(conn).name, form)
-    for params in chunk_params:
-        conn.execute(stmt, {**params, "created_at": PENDING}, execution_options=options)
-    ids = [event_id for params in chunk_params for event_id in params["ids"]]
-    return _stamp(conn, ids, asset_ids, options)
-
-
-def _stamp(conn: Connection, ids: list[int], asset_ids: list[int], options: Mapping[str, Any]) -> dt.datetime:
-    """Step 2: read the clock, put its value on the events and on this transaction's PENDING rows."""
-    support = dialects.get(conn)
-    if support.stamp_in_one_statement and len(ids) <= IDS_PER_STATEMENT:
-        params = {"ids": ids, "asset_ids": asset_ids, "pending": PENDING}
-        stamp: dt.datetime = conn.execute(
-            _stamp_in_one_statement(support.name), params, execution_options=options
-        ).scalar_one()
-        return stamp
-    # One clock reading, then as many statements as the bound-parameter limits need.
-    clock = support.clock
-    stamp = conn.execute(select(clock())).scalar_one() if clock is not None else utcnow()
-    for start in range(0, len(ids), IDS_PER_STATEMENT):
-        chunk = ids[start : start + IDS_PER_STATEMENT]
-        conn.execute(_STAMP_EVENTS, {"ids": chunk, "stamp": stamp}, execution_options=options)
-    for start in range(0, len(asset_ids), IDS_PER_STATEMENT):
-        chunk = asset_ids[start : start + IDS_PER_STATEMENT]
-        params = {"asset_ids": chunk, "stamp": stamp, "pending": PENDING}
-        conn.execute(_STAMP_ROWS, params, execution_options=options)
     return stamp
 
 
@@ -822,19 +657,19 @@ def queue_events(
             params["allowed"] = [(event_id, dag_id) for event_id in mine for dag_id in allowed[event_id]]
         chunk_params.append(params)
     if mode == "refresh_after_commit":
-        stamp = _write_then_stamp(conn, form, chunk_params, sorted({e.asset_id for e in events}), options)
+        # Imported here: only where the scheduler locks no rows (MariaDB); elsewhere
+        # no Airflow process loads it.
+        from airflow_adrq import refresh
+
+        asset_ids = sorted({event.asset_id for event in events})
+        stamp = refresh.write_then_stamp(conn, form, chunk_params, asset_ids, options)
     else:
         stamp = _lock_stamp_write(conn, form, chunk_params, options)
     for event in events:
         if _is_mapped(event):
             _set_loaded_timestamp(event, stamp)
     if mode == "refresh_after_commit" and not shape.event_keyed and isinstance(bind, Session):
-        # Imported here: only backends whose scheduler locks no rows (MariaDB)
-        # refresh after COMMIT; elsewhere no Airflow process loads it.
-        from airflow_adrq import refresh
-
-        older = _older_rows(_Form("events", "ignore", shape, restricted))
-        refresh.plan(bind, conn, older, chunk_params, stamp, options)
+        refresh.plan(bind, conn, form, chunk_params, stamp, options)
     return stamp
 
 
@@ -846,38 +681,6 @@ def _in_statement(mode: ResolvedPolicy) -> ConflictMode:
 def in_schema(schema: str | None) -> dict[str, Any]:
     """Execution options that put the statement's unqualified tables in ``schema``."""
     return {"schema_translate_map": {None: schema}} if schema else {}
-
-
-def queue_dagruns(
-    bind: Session | Connection,
-    asset_ids: Iterable[int],
-    *,
-    created_at: dt.datetime | None = None,
-    on_conflict: ConflictPolicy = "auto",
-) -> None:
-    """Queue the consumers of assets (without events) now, with one statement.
-
-    Direct, name and URI references only (an alias counts only for events
-    emitted through it); ``created_at`` defaults to now. Runs in the caller's
-    transaction, does not commit. Locks: as :func:`queue_events`, without
-    ``asset_event``. Does not promise: one order with the transaction's other
-    queue writes (this is a statement of its own).
-    """
-    ids = sorted(set(asset_ids))
-    if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
-        raise TypeError(f"asset ids must be ints, got {ids!r}")
-    if not ids:
-        return
-    conn = _connection(bind)
-    support = dialects.get(conn)
-    support.check_connection(conn)
-    stmt = build_queue_statement(
-        conn.dialect, source="assets", on_conflict=_in_statement(dialects.resolve(on_conflict, conn))
-    )
-    for start in range(0, len(ids), IDS_PER_STATEMENT):
-        conn.execute(
-            stmt, {"ids": ids[start : start + IDS_PER_STATEMENT], "created_at": created_at or utcnow()}
-        )
 
 
 # --- commit-time queueing ---------------------------------------------------

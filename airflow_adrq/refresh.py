@@ -56,21 +56,24 @@ MySQL 8.0, PostgreSQL).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from sqlalchemy import Select, Table, bindparam, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.dml import Update
 
-from airflow_adrq.models import AssetDagRunQueue, UtcDateTime
+from airflow_adrq import dialects, queue
+from airflow_adrq.models import AssetDagRunQueue, UtcDateTime, utcnow
 from airflow_adrq.txscope import TransactionScoped
 
-__all__ = ["ROUNDS", "plan"]
+__all__ = ["PENDING", "ROUNDS", "plan", "write_then_stamp"]
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +101,93 @@ _MOVE_FORWARDS = (
 )
 
 
+# --- the write: rows at PENDING, then the stamp on them ------------------------------
+
+
+#: The ``created_at`` of a queue row between the two steps of :func:`write_then_stamp`:
+#: later than any real stamp, so that the refresh (``greatest``) takes every
+#: existing row it meets, yet inside every backend's range (MySQL's TIMESTAMP
+#: ends in January 2038). Step 2 replaces it with the stamp in the same
+#: transaction, before COMMIT can be sent: no other transaction ever reads it.
+PENDING: Final = dt.datetime(2038, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def _pending_rows(stamp: Any) -> Update:
+    # The rows step 1 inserted or took, and no one else's: another
+    # transaction's PENDING rows are uncommitted, so invisible here (READ
+    # COMMITTED reads their committed version, which carries a real stamp).
+    return (
+        update(_ADRQ)
+        .where(
+            _ADRQ.c.asset_id.in_(bindparam("asset_ids", expanding=True)),
+            _ADRQ.c.created_at == bindparam("pending", type_=UtcDateTime()),
+        )
+        .values(created_at=stamp)
+    )
+
+
+_STAMP_ROWS: Update = _pending_rows(bindparam("stamp", type_=UtcDateTime()))
+
+
+@functools.cache
+def _stamp_in_one_statement(dialect_name: str) -> Select[Any]:
+    """``WITH e AS (UPDATE asset_event ...), q AS (UPDATE asset_dag_run_queue ...) SELECT <clock>``.
+
+    For backends with data-modifying CTEs (PostgreSQL): both updates and the
+    stamp in one round trip. The clock is the statement's, so one value.
+    """
+    clock = dialects.get(dialect_name).clock
+    assert clock is not None
+    now = clock()
+    events = queue._stamped_events(now).cte("stamped_events")
+    rows = _pending_rows(now).cte("stamped_rows")
+    return select(now).add_cte(events, rows)
+
+
+def write_then_stamp(
+    conn: Connection,
+    form: queue._Form,
+    chunk_params: list[dict[str, Any]],
+    asset_ids: list[int],
+    options: Mapping[str, Any],
+) -> dt.datetime:
+    """Without the ``dag`` lock: the rows at :data:`PENDING`, then one stamp on them and the events.
+
+    Stamped once the queue rows are locked, so that producers sharing a row
+    are stamped in the order they commit.
+    """
+    stmt = queue._statement(dialects.get(conn).name, form)
+    for params in chunk_params:
+        conn.execute(stmt, {**params, "created_at": PENDING}, execution_options=options)
+    ids = [event_id for params in chunk_params for event_id in params["ids"]]
+    return _stamp(conn, ids, asset_ids, options)
+
+
+def _stamp(conn: Connection, ids: list[int], asset_ids: list[int], options: Mapping[str, Any]) -> dt.datetime:
+    """Step 2: read the clock, put its value on the events and on this transaction's PENDING rows."""
+    support = dialects.get(conn)
+    if support.stamp_in_one_statement and len(ids) <= queue.IDS_PER_STATEMENT:
+        params = {"ids": ids, "asset_ids": asset_ids, "pending": PENDING}
+        stamp: dt.datetime = conn.execute(
+            _stamp_in_one_statement(support.name), params, execution_options=options
+        ).scalar_one()
+        return stamp
+    # One clock reading, then as many statements as the bound-parameter limits need.
+    clock = support.clock
+    stamp = conn.execute(select(clock())).scalar_one() if clock is not None else utcnow()
+    for start in range(0, len(ids), queue.IDS_PER_STATEMENT):
+        chunk = ids[start : start + queue.IDS_PER_STATEMENT]
+        conn.execute(queue._STAMP_EVENTS, {"ids": chunk, "stamp": stamp}, execution_options=options)
+    for start in range(0, len(asset_ids), queue.IDS_PER_STATEMENT):
+        chunk = asset_ids[start : start + queue.IDS_PER_STATEMENT]
+        params = {"asset_ids": chunk, "stamp": stamp, "pending": PENDING}
+        conn.execute(_STAMP_ROWS, params, execution_options=options)
+    return stamp
+
+
+# --- the refresh after COMMIT -------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class _Planned:
     """One refresh to run after the session's COMMIT: which rows of which DAG, which stamp."""
@@ -120,15 +210,30 @@ def _run(_session: Session, planned: list[_Planned]) -> None:
 _SCOPE: TransactionScoped[_Planned] = TransactionScoped("refresh_after_commit", after_commit=_run)
 
 
+@functools.cache
+def _older_rows(form: queue._Form) -> Select[Any]:
+    """``SELECT target_dag_id, asset_id``: existing rows ``form``'s statement queues, older than ``:stamp``.
+
+    In DAG order. Locks nothing.
+    """
+    wanted = queue._wanted(form).subquery("wanted")
+    return (
+        select(_ADRQ.c.target_dag_id, _ADRQ.c.asset_id)
+        .join(wanted, (wanted.c.asset_id == _ADRQ.c.asset_id) & (wanted.c.dag_id == _ADRQ.c.target_dag_id))
+        .where(_ADRQ.c.created_at < bindparam("stamp", type_=UtcDateTime()))
+        .order_by(_ADRQ.c.target_dag_id, _ADRQ.c.asset_id)
+    )
+
+
 def plan(
     session: Session,
     connection: Connection,
-    older_rows: Select[Any],
+    form: queue._Form,
     params: Sequence[Mapping[str, Any]],
     stamp: dt.datetime,
     options: Mapping[str, Any],
 ) -> None:
-    """Find the rows to refresh now (``older_rows``, once per ``params``); refresh them after COMMIT.
+    """Find the rows to refresh now (:func:`_older_rows`, once per ``params``); refresh them after COMMIT.
 
     Locks nothing now: one plain SELECT per parameter set, in the caller's
     (stamped) transaction. After the session's outermost COMMIT, on
@@ -142,7 +247,7 @@ def plan(
     rows: dict[int, list[str]] = {}
     for one in params:
         for dag_id, asset_id in connection.execute(
-            older_rows, {**one, "stamp": stamp}, execution_options=options
+            _older_rows(form), {**one, "stamp": stamp}, execution_options=options
         ):
             rows.setdefault(asset_id, []).append(dag_id)
     if rows:

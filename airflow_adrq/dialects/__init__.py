@@ -112,6 +112,8 @@ class DialectSupport:
     lock_order: Callable[[ColumnElement[str]], ColumnElement[Any]] | None = None
     lock_by_id_list: bool = False
     clock_after_locks: Callable[[], ColumnElement[dt.datetime]] | None = None
+    #: Whether a database error is "lock not available" (a ``NOWAIT`` that met a held row).
+    lock_not_available: Callable[[BaseException], bool] = field(default=lambda error: False)
     #: DDL is transactional: a failed migration's rollback undoes it (not MySQL/MariaDB,
     #: where each DDL statement commits; :mod:`airflow_adrq.migrate` cleans up there).
     transactional_ddl: bool = True

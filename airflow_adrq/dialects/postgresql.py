@@ -21,6 +21,13 @@ from sqlalchemy.dialects import postgresql
 from airflow_adrq.dialects import DialectSupport, _on_conflict, register
 from airflow_adrq.models import UtcDateTime
 
+
+def _lock_not_available(error: BaseException) -> bool:
+    # SQLSTATE 55P03 (lock_not_available): psycopg 3 has .sqlstate, psycopg2 .pgcode.
+    orig = getattr(error, "orig", error)
+    return "55P03" in (getattr(orig, "sqlstate", None), getattr(orig, "pgcode", None))
+
+
 SUPPORT = register("postgresql")(
     DialectSupport(
         name="postgresql",
@@ -37,6 +44,7 @@ SUPPORT = register("postgresql")(
         # The wall clock when it is evaluated: in the one-statement write it is
         # read after the share locks are held (statement_timestamp() is before).
         clock_after_locks=lambda: func.clock_timestamp(type_=UtcDateTime()),
+        lock_not_available=_lock_not_available,
         # PostgreSQL's default READ COMMITTED is what the guarantees assume:
         # no engine settings.
     )

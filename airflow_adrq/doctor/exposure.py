@@ -1,15 +1,17 @@
 """The exposure half of the report: who consumes, produces and aliases which asset.
 
 Consumers are the pairs the plug-in's statement would queue
-(:func:`airflow_adrq.queue.queued_pairs`, :func:`~airflow_adrq.queue.alias_consumers`:
+(:func:`queued_pairs`, :func:`alias_consumers`:
 its own UNION and ``dag`` filter), so the counts are queue rows an event would write.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Inspector
@@ -17,12 +19,41 @@ from sqlalchemy.engine import Connection, Inspector
 from airflow_adrq import queue, shapes
 from airflow_adrq.doctor.backends import scalar
 from airflow_adrq.doctor.report import FANOUT_THRESHOLDS, Exposure
+from airflow_adrq.models import AssetModel, DagScheduleAssetAliasReference
 
 #: The tables the exposure reads (``task_outlet_asset_reference`` is optional).
 TABLES = frozenset(
     {"asset", "asset_active", "dag", "asset_alias", "asset_alias_asset"}
     | {f"dag_schedule_asset_{kind}reference" for kind in ("", "name_", "uri_", "alias_")}
 )
+
+
+@functools.cache
+def queued_pairs(shape: shapes.QueueShape = shapes.PARTITIONED) -> sa.Select[Any]:
+    """``SELECT asset_id, dag_id``: every (asset, consumer) pair an event of the asset would queue.
+
+    The statement's direct, name and URI references and ``dag`` filter over
+    every asset (aliases: :func:`alias_consumers`). Locks nothing; for
+    ``doctor``.
+    """
+    asset = cast(sa.Table, AssetModel.__table__)
+    src = queue._consumers(sa.select(asset.c.id.label("asset_id")).cte("ev"), with_aliases=False)
+    return (
+        sa.select(src.c.asset_id, src.c.dag_id)
+        .join(queue._DAG, queue._DAG.c.dag_id == src.c.dag_id)
+        .where(*shape.consumer_filter(queue._DAG.c))
+    )
+
+
+@functools.cache
+def alias_consumers(shape: shapes.QueueShape = shapes.PARTITIONED) -> sa.Select[Any]:
+    """``SELECT alias_id, dag_id``: the consumers an event emitted through an alias queues, per alias."""
+    by_alias = cast(sa.Table, DagScheduleAssetAliasReference.__table__)
+    return (
+        sa.select(by_alias.c.alias_id, by_alias.c.dag_id)
+        .join(queue._DAG, queue._DAG.c.dag_id == by_alias.c.dag_id)
+        .where(*shape.consumer_filter(queue._DAG.c))
+    )
 
 
 def fallback_shape(inspector: Inspector, schema: str | None) -> shapes.QueueShape:
@@ -40,7 +71,7 @@ def read(conn: Connection, tables: set[str], shape: shapes.QueueShape) -> Exposu
     active = "asset a JOIN asset_active aa ON aa.name = a.name AND aa.uri = a.uri"
     assets = {int(a) for (a,) in conn.execute(sa.text(f"SELECT a.id FROM {active}"))}
     consumers: dict[int, set[str]] = defaultdict(set)
-    for asset_id, dag_id in conn.execute(queue.queued_pairs(shape)):
+    for asset_id, dag_id in conn.execute(queued_pairs(shape)):
         if int(asset_id) in assets:
             consumers[int(asset_id)].add(str(dag_id))
     counts = sorted(len(d) for d in consumers.values())
@@ -65,9 +96,9 @@ def read(conn: Connection, tables: set[str], shape: shapes.QueueShape) -> Exposu
         shared += len(set(rows_per_success)) < len(rows_per_success)
 
     alias_count = int(scalar(conn, "SELECT COUNT(*) FROM asset_alias") or 0)
-    alias_consumers: dict[int, set[str]] = defaultdict(set)
-    for alias_id, dag_id in conn.execute(queue.alias_consumers(shape)):
-        alias_consumers[int(alias_id)].add(str(dag_id))
+    by_alias: dict[int, set[str]] = defaultdict(set)
+    for alias_id, dag_id in conn.execute(alias_consumers(shape)):
+        by_alias[int(alias_id)].add(str(dag_id))
     links = conn.execute(sa.text("SELECT alias_id, asset_id FROM asset_alias_asset")).all()
     alias_assets: dict[int, set[int]] = defaultdict(set)
     for alias_id, asset_id in links:
@@ -75,7 +106,7 @@ def read(conn: Connection, tables: set[str], shape: shapes.QueueShape) -> Exposu
     # An event emitted through an alias queues the alias's consumers and its asset's.
     alias_multirow = sum(
         1
-        for alias_id, dags in alias_consumers.items()
+        for alias_id, dags in by_alias.items()
         if len(dags) > 1
         or any(len(dags | consumers.get(a, set())) > 1 for a in alias_assets.get(alias_id, ()))
     )
@@ -94,7 +125,7 @@ def read(conn: Connection, tables: set[str], shape: shapes.QueueShape) -> Exposu
         multi_outlet_multirow=multirow,
         multi_outlet_shared=shared,
         aliases=alias_count,
-        alias_references=sum(len(d) for d in alias_consumers.values()),
+        alias_references=sum(len(d) for d in by_alias.values()),
         alias_links=len(links),
         alias_multirow=alias_multirow,
     )

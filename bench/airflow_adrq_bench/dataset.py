@@ -39,7 +39,7 @@ from typing import Any, Final, cast
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 
-from airflow_adrq import queue
+from airflow_adrq.doctor import exposure
 from airflow_adrq.engine import create_engine
 from airflow_adrq.models import (
     AssetActive,
@@ -308,10 +308,10 @@ def lost_dag_ids(conn: Connection) -> list[str]:
 def consumer_dags(conn: Connection, asset_ids: Sequence[int]) -> dict[int, frozenset[str]]:
     """The DAGs one event of each asset must queue, as the queue statement defines them.
 
-    :func:`airflow_adrq.queue.queued_pairs`: the statement's references (but
+    :func:`airflow_adrq.doctor.exposure.queued_pairs`: the statement's references (but
     aliases) and its ``dag`` filter, not a second copy of them.
     """
-    pairs = queue.queued_pairs().subquery()
+    pairs = exposure.queued_pairs().subquery()
     rows = conn.execute(sa.select(pairs.c.asset_id, pairs.c.dag_id).where(pairs.c.asset_id.in_(asset_ids)))
     out: dict[int, set[str]] = {a: set() for a in asset_ids}
     for asset_id, dag_name in rows:

@@ -34,7 +34,7 @@ from typing import Any, Final
 from sqlalchemy.engine import Dialect
 
 from airflow_adrq.models import UtcDateTime, utcnow
-from airflow_adrq.queue import PENDING
+from airflow_adrq.refresh import PENDING
 
 _LOOKUP = "SELECT id FROM asset WHERE name = {name} AND uri = {uri}"
 _INSERT_EVENT = (

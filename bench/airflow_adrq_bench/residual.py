@@ -41,7 +41,8 @@ from airflow_adrq.models import (
     DagModel,
     utcnow,
 )
-from airflow_adrq.queue import PENDING, build_queue_statement
+from airflow_adrq.queue import build_queue_statement
+from airflow_adrq.refresh import PENDING
 from airflow_adrq.retry import RetryableKind, classify
 from airflow_adrq_bench import dataset, scheduler
 from airflow_adrq_bench.stats import median, percentile
