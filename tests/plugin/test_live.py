@@ -103,9 +103,9 @@ live_only = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"live Airflow r
 # --- the live run -------------------------------------------------------------------
 
 
-def _live_run(server, out, *extra):
-    """One ``--live --small --expect-stock-worse`` run; its exit status and raw results (None: the
-    run did not start, e.g. no Redis: the reason is on stderr)."""
+def _live_run(server, out, *extra, control=True):
+    """One ``--live --small`` run (``--expect-stock-worse`` with ``control``); its exit status and raw
+    results (None: the run did not start, e.g. no Redis: the reason is on stderr)."""
     status = airflow_mode_main(
         [
             "--airflow",
@@ -118,7 +118,7 @@ def _live_run(server, out, *extra):
             "--time-limit",
             "600",
             # The check can fail: the same harness must show stock failing tasks or stranding events.
-            "--expect-stock-worse",
+            *(["--expect-stock-worse"] if control else []),
             *extra,
         ]
     )
@@ -216,6 +216,40 @@ def test_small_live_run_plugin_is_clean(af_backend, af_server, broker, tmp_path,
     assert others == []
     # 1 only for the negative control, met by a later stock deployment (above).
     assert status == 0 or (first_blind and not others), captured.err[-3000:]
+
+
+@live_only
+@pytest.mark.slow
+@pytest.mark.airflow_backends("postgresql")
+def test_small_live_run_producers_of_different_assets_plugin_is_clean(af_server, broker, tmp_path, capsys):
+    """The shape that found the race the ``dag`` share lock closes: each producer DAG emits assets of
+    its own into the same consumers (half on the OR of every asset, half on the AND), two
+    schedulers, CeleryExecutor, PgBouncer. The plug-in only: the control that loses events in this
+    shape is the forced interleaving of tests/concurrency/test_dag_share_lock.py."""
+    out = tmp_path / "live"
+    status, raw = _live_run(
+        af_server, out, *SHAPES["postgresql"], *broker, "--own-assets", "--manager", "plugin", control=False
+    )
+    captured = capsys.readouterr()
+    print(captured.out)
+    assert raw is not None, f"the live run did not start (exit {status}): {captured.err[-3000:]}"
+    (plugin,) = raw["cells"]
+    assert plugin["error"] is None, f"{plugin['error']} (api-server log: {plugin['api_server_log']})"
+    sizes = config.LiveSizes(**{**config.SMALL.__dict__, "own_assets": True})
+    assert raw["sizes"]["own_assets"] is True
+    assert plugin["tasks"]["tasks"] == sizes.tasks_per_burst * sizes.bursts
+    assert plugin["tasks"]["failed"] == 0
+    deadlocks = plugin["deadlocks"]
+    assert deadlocks["log_lines_components"] == 0 and deadlocks["log_lines_tasks"] == 0, deadlocks
+    assert deadlocks["server"] == 0, deadlocks
+    assert sum(plugin["events"]["written"].values()) == sizes.expected_events
+    # Every event is of one producer's asset; every consumer is scheduled on every asset.
+    assert plugin["after_bursts"]["pairs"] == sizes.expected_events * sizes.consumers
+    assert plugin["after_bursts"]["stranded"] == 0, plugin["after_bursts"]
+    assert plugin["after_bursts"]["consumed_twice"] == 0, plugin["after_bursts"]
+    assert plugin["after_extra"]["stranded"] == 0 and plugin["after_extra"]["consumed_twice"] == 0
+    assert plugin["after_bursts"]["queue_rows"] == 0 and plugin["after_extra"]["queue_rows"] == 0
+    assert raw["problems"] == [] and status == 0, (raw["problems"], captured.err[-3000:])
 
 
 # --- the pieces (no deployment) -----------------------------------------------------------
@@ -325,6 +359,27 @@ def test_dag_files_compile_and_name_the_configured_dags(tmp_path):
     assert '"expected": 6' in producers  # every instance of every producer DAG meets at the barrier
     consumers = paths[1].read_text()
     assert config.consumer_dag_ids(sizes)[-1] in consumers and '"a1"' in consumers
+
+
+def test_own_assets_give_each_producer_its_outlets_and_half_the_consumers_the_and(tmp_path):
+    sizes = config.LiveSizes(instances=3, outlets=2, consumers=4, producer_dags=2, own_assets=True)
+    assert config.asset_names(sizes) == ["p0a0", "p0a1", "p1a0", "p1a1"]
+    assert config.all_of_consumers(sizes) == config.consumer_dag_ids(sizes)[2:]
+    paths = dags.write_dag_files(tmp_path / "dags", tmp_path / "barrier", sizes)
+    for path in paths:
+        compile(path.read_text(), str(path), "exec")
+    producers = json.loads(
+        paths[0].read_text().split("SETTINGS = json.loads(", 1)[1].split(")\n", 1)[0][1:-1]
+    )
+    assert producers["outlets"] == {
+        "adrq_live_producer_0": ["p0a0", "p0a1"],
+        "adrq_live_producer_1": ["p1a0", "p1a1"],
+    }
+    consumers = paths[1].read_text()
+    assert (
+        "operator.and_" in consumers
+        and '"all_of": ["adrq_live_consumer_002", "adrq_live_consumer_003"]' in consumers
+    )
 
 
 def test_default_time_limit_grows_with_the_burst():

@@ -71,6 +71,11 @@ class LiveSizes(Checked):
     producer_dags: int = size(
         1, "producer DAGs (several are needed for stock to deadlock on MySQL/MariaDB)", ">=1"
     )
+    own_assets: bool = size(
+        False,
+        "each producer DAG emits assets of its own (p0a0, p0a1 ..., p1a0 ...) instead of the shared "
+        "a0, a1 ...; half the consumers are scheduled on any of them (|), half on all of them (&)",
+    )
     schedulers: int = size(
         1, "schedulers: 2 runs Airflow's HA mode (PostgreSQL only; MySQL/MariaDB get 1)", ">=1"
     )
@@ -194,10 +199,22 @@ def consumer_dag_ids(sizes: LiveSizes) -> list[str]:
     return [f"adrq_live_consumer_{i:03d}" for i in range(sizes.consumers)]
 
 
+def producer_assets(sizes: LiveSizes, producer: int) -> list[str]:
+    """The outlet assets producer DAG ``producer``'s instances emit: ``a0``, ``a1`` ... (short: an
+    operator sees them in the UI of a kept deployment); with ``own_assets``, ``p<producer>a0`` ..."""
+    prefix = f"p{producer}" if sizes.own_assets else ""
+    return [f"{prefix}a{j}" for j in range(sizes.outlets)]
+
+
 def asset_names(sizes: LiveSizes) -> list[str]:
-    """The outlet assets every producer instance emits: ``a0``, ``a1`` ... (short: an operator sees them
-    in the UI of a kept deployment)."""
-    return [f"a{j}" for j in range(sizes.outlets)]
+    """Every outlet asset of the run, each once (what every consumer is scheduled on)."""
+    producers = range(sizes.producer_dags) if sizes.own_assets else range(1)
+    return [name for p in producers for name in producer_assets(sizes, p)]
+
+
+def all_of_consumers(sizes: LiveSizes) -> list[str]:
+    """The consumer DAGs scheduled on ``a0 & a1 & ...`` (with ``own_assets``: the second half)."""
+    return consumer_dag_ids(sizes)[sizes.consumers // 2 :] if sizes.own_assets else []
 
 
 def burst_run_id(burst: int) -> str:

@@ -3,10 +3,12 @@
 Three files, so that a producer task process (which parses its own DAG's file)
 does not also parse the consumer DAGs: ``producer_dags`` DAGs of one task
 mapped over ``instances`` instances, each with the same ``outlets`` assets
-(``a0``, ``a1`` ...), which meet at a file-system barrier and finish within
-``spread_s`` of each other, so that the burst's task-success calls (``PATCH
+(``a0``, ``a1`` ...; with ``own_assets`` each DAG its own, ``p0a0`` ...),
+which meet at a file-system barrier and finish within ``spread_s`` of each
+other, so that the burst's task-success calls (``PATCH
 /execution/task-instances/{id}/state``: the asset events and queue rows) reach
-the api-server together; ``consumers`` DAGs on ``a0 | a1 | ...``, each one
+the api-server together; ``consumers`` DAGs on ``a0 | a1 | ...`` (with
+``own_assets`` half of them on ``a0 & a1 & ...``), each one
 ``EmptyOperator`` (the scheduler completes it without the executor); one
 warm-up DAG whose outlet no DAG consumes. They use ``airflow.sdk`` and the
 standard provider only; their settings are a JSON literal at the top.
@@ -23,8 +25,10 @@ from airflow_adrq_bench.airflow_mode.live.config import (
     WARM_ASSET,
     WARM_DAG,
     LiveSizes,
+    all_of_consumers,
     asset_names,
     consumer_dag_ids,
+    producer_assets,
     producer_dag_ids,
 )
 
@@ -88,9 +92,8 @@ def wait_for_the_burst(
 _PRODUCERS = '''
 from airflow.sdk import DAG, Asset, get_current_context, task
 
-OUTLETS = [Asset(name) for name in SETTINGS["assets"]]
-
-for dag_id in SETTINGS["dag_ids"]:
+for dag_id, names in SETTINGS["outlets"].items():
+    OUTLETS = [Asset(name) for name in names]
     with DAG(
         dag_id=dag_id,
         schedule=None,
@@ -129,11 +132,15 @@ import operator
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, Asset
 
-# Asset("a0") | Asset("a1") | ...: one event of any of them queues every consumer.
-SCHEDULE = functools.reduce(operator.or_, [Asset(name) for name in SETTINGS["assets"]])
+# Asset("a0") | Asset("a1") | ...: one event of any of them queues every consumer;
+# the DAGs in SETTINGS["all_of"] run on Asset("a0") & Asset("a1") & ...: one event of each.
+ASSETS = [Asset(name) for name in SETTINGS["assets"]]
+ANY_OF = functools.reduce(operator.or_, ASSETS)
+ALL_OF = functools.reduce(operator.and_, ASSETS)
 
 for dag_id in SETTINGS["dag_ids"]:
-    with DAG(dag_id=dag_id, schedule=SCHEDULE, start_date=START, catchup=False, tags=["adrq-live"]):
+    schedule = ALL_OF if dag_id in SETTINGS["all_of"] else ANY_OF
+    with DAG(dag_id=dag_id, schedule=schedule, start_date=START, catchup=False, tags=["adrq-live"]):
         EmptyOperator(task_id="done")
 """
 
@@ -165,8 +172,7 @@ def write_dag_files(dags_folder: Path, barrier_dir: Path, sizes: LiveSizes) -> l
     """Write the three DAG files for ``sizes`` into ``dags_folder``; returns their paths."""
     dags_folder.mkdir(parents=True, exist_ok=True)
     producers = {
-        "dag_ids": producer_dag_ids(sizes),
-        "assets": asset_names(sizes),
+        "outlets": {d: producer_assets(sizes, p) for p, d in enumerate(producer_dag_ids(sizes))},
         "instances": sizes.instances,
         "expected": sizes.tasks_per_burst,
         "retries": sizes.retries,
@@ -175,17 +181,21 @@ def write_dag_files(dags_folder: Path, barrier_dir: Path, sizes: LiveSizes) -> l
         "lead_s": sizes.lead_s,
         "spread_s": sizes.spread_s,
     }
-    consumers = {"dag_ids": consumer_dag_ids(sizes), "assets": asset_names(sizes)}
+    consumers = {
+        "dag_ids": consumer_dag_ids(sizes),
+        "assets": asset_names(sizes),
+        "all_of": all_of_consumers(sizes),
+    }
     warmup = {"dag_id": WARM_DAG, "asset": WARM_ASSET, "instances": sizes.tasks_per_burst}
     files = {
         PRODUCERS_FILE: _render(
-            "Producer DAGs: one mapped task each, every instance with the same outlets.",
+            "Producer DAGs: one mapped task each, every instance of a DAG with the same outlets.",
             producers,
             _BARRIER,
             _PRODUCERS,
         ),
         CONSUMERS_FILE: _render(
-            "Consumer DAGs: each one EmptyOperator on a0 | a1 | ...", consumers, _CONSUMERS
+            "Consumer DAGs: each one EmptyOperator on a0 | a1 | ... (or a0 & a1 & ...)", consumers, _CONSUMERS
         ),
         WARMUP_FILE: _render("The warm-up DAG: every execution-API call once.", warmup, _WARMUP),
     }

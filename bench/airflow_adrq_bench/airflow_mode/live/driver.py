@@ -183,7 +183,7 @@ class Driver:
     def wait_parsed(self) -> None:
         """Until the DAG processor has written every DAG, unpaused, with its asset references."""
         dag_ids = [*self.producers, *self.consumers, WARM_DAG]
-        references = self.sizes.consumers * self.sizes.outlets
+        references = self.sizes.consumers * len(asset_names(self.sizes))
         dag_sql = sa.text(
             "SELECT count(*) FROM dag d WHERE d.dag_id IN :dag_ids AND d.is_paused = :paused "
             "AND EXISTS (SELECT 1 FROM serialized_dag s WHERE s.dag_id = d.dag_id)"

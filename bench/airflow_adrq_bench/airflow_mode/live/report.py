@@ -121,8 +121,13 @@ def format_tables(raw: dict[str, Any]) -> str:
         f"## Live Airflow {raw.get('airflow_version', '?')}: stock AssetManager vs airflow-adrq's plug-in",
         "",
         f"{sizes['producer_dags']} producer DAG(s) x {sizes['instances']} mapped instances x "
-        f"{sizes['outlets']} outlets, {sizes['consumers']} consumer DAGs on the OR of the outlets, "
-        f"{sizes['bursts']} bursts (a burst's instances finish together, each a random 0 to "
+        f"{sizes['outlets']} outlets, {sizes['consumers']} consumer DAGs on "
+        + (
+            "each producer DAG's own outlets (half on the OR of all of them, half on the AND), "
+            if sizes.get("own_assets")
+            else "the OR of the outlets, "
+        )
+        + f"{sizes['bursts']} bursts (a burst's instances finish together, each a random 0 to "
         f"{sizes.get('spread_s', 0):g} s after a common deadline), {raw.get('runs', 1)} run(s); "
         f"{raw.get('cpus')} CPUs.",
     ]
