@@ -9,16 +9,21 @@ parameters:
 1. ``SELECT id FROM asset WHERE name = :name AND uri = :uri``;
 2. ``INSERT INTO asset_event ... RETURNING id`` (PostgreSQL, SQLite,
    MariaDB; MySQL: ``cursor.lastrowid``);
-3. ``INSERT INTO asset_dag_run_queue ... SELECT ... FROM asset_event JOIN
-   dag_schedule_asset_reference ... JOIN dag ... WHERE asset_event.id = :id
-   ... ORDER BY asset_id, dag_id`` with the dialect's conflict clause and
-   ``created_at = :pending``: the rows are locked first...
-4. ...then stamped, the event and its rows with one value of the database's
-   clock (:func:`airflow_adrq.queue.queue_events`' two steps): PostgreSQL
-   ``WITH e AS (UPDATE asset_event ...), q AS (UPDATE asset_dag_run_queue
-   ...) SELECT statement_timestamp()``; MySQL ``SELECT UTC_TIMESTAMP(6)`` and
-   the two UPDATEs; SQLite Python's clock and the two UPDATEs;
-5. COMMIT (SQLite: after ``BEGIN IMMEDIATE``, as the library's engine does).
+3. the queue rows and the stamp, as :func:`airflow_adrq.queue.queue_events`
+   writes them on that backend:
+
+   * PostgreSQL (the scheduler locks ``dag`` rows): ``SAVEPOINT``, then ONE
+     statement that share-locks the consumers' ``dag`` rows (``NOWAIT``),
+     reads ``clock_timestamp()`` once they are held, inserts the queue rows
+     with it in key order (``ON CONFLICT DO UPDATE`` to the greater) and
+     puts it on the event (``UPDATE ... RETURNING``);
+   * MySQL/MariaDB (MariaDB's scheduler takes no row locks): the ordered
+     ``INSERT ... SELECT`` with ``created_at = :pending`` (the rows locked
+     first), ``SELECT UTC_TIMESTAMP(6)``, then that value on the event and
+     the rows (two UPDATEs);
+   * SQLite (one writer at a time): Python's clock on the event, then the
+     ordered ``INSERT ... SELECT`` with it;
+4. COMMIT (SQLite: after ``BEGIN IMMEDIATE``, as the library's engine does).
 
 The benchmark times this against the library call by call, interleaved, in
 one run (:func:`airflow_adrq_bench.engine.run_raw_ratio`).
@@ -44,7 +49,7 @@ _INSERT_EVENT = (
 )
 _QUEUE = (
     "INSERT INTO asset_dag_run_queue (asset_id, target_dag_id, created_at) "
-    "SELECT e.asset_id, r.dag_id, {pending} FROM asset_event e "
+    "SELECT e.asset_id, r.dag_id, {created_at} FROM asset_event e "
     "JOIN dag_schedule_asset_reference r ON r.asset_id = e.asset_id "
     "JOIN dag d ON d.dag_id = r.dag_id "
     "WHERE e.id = {event_id} AND e.partition_key IS NULL "
@@ -55,14 +60,23 @@ _STAMP_EVENT = "UPDATE asset_event SET timestamp = {now} WHERE id = {event_id}"
 _STAMP_ROWS = (
     "UPDATE asset_dag_run_queue SET created_at = {now} WHERE asset_id = {asset_id} AND created_at = {pending}"
 )
-#: PostgreSQL: both UPDATEs and the clock in one statement.
-_STAMP_PG = (
-    "WITH e AS (UPDATE asset_event SET timestamp = statement_timestamp() WHERE id = {event_id}), "
-    "q AS (UPDATE asset_dag_run_queue SET created_at = statement_timestamp() "
-    "WHERE asset_id = {asset_id} AND created_at = {pending}) SELECT statement_timestamp()"
+#: PostgreSQL: the share locks, the clock, the rows and the event in one statement.
+_WRITE_PG = (
+    "WITH locked AS MATERIALIZED (SELECT d.dag_id FROM dag d WHERE d.dag_id IN "
+    "(SELECT r.dag_id FROM dag_schedule_asset_reference r WHERE r.asset_id = {asset_id}) "
+    'ORDER BY d.dag_id COLLATE "C" FOR SHARE OF d NOWAIT), '
+    "stamp AS MATERIALIZED (SELECT clock_timestamp() AS t FROM (SELECT count(*) FROM locked) AS held), "
+    "q AS ("
+    + _QUEUE.replace("{created_at}", "(SELECT t FROM stamp)")
+    + " ON CONFLICT (asset_id, target_dag_id) DO UPDATE SET created_at = "
+    "greatest(asset_dag_run_queue.created_at, excluded.created_at) "
+    "WHERE asset_dag_run_queue.created_at < excluded.created_at) "
+    "UPDATE asset_event SET timestamp = (SELECT t FROM stamp) WHERE id = {event_id} RETURNING timestamp"
 )
+#: A step that reads the database's clock into ``now`` (MySQL).
+_CLOCK = "SELECT UTC_TIMESTAMP(6)"
 _CONFLICT: Final = {
-    "postgresql": " ON CONFLICT (asset_id, target_dag_id) DO NOTHING",
+    "postgresql": "",  # in _WRITE_PG
     "sqlite": " ON CONFLICT (asset_id, target_dag_id) DO NOTHING",
     "mysql": " ON DUPLICATE KEY UPDATE asset_id = asset_dag_run_queue.asset_id",
 }
@@ -85,17 +99,14 @@ class RawSql:
     lookup: str
     insert_event: str
     returning: bool
-    queue: str
-    #: Step 4: the statements that stamp, in order (a ``{now}`` one needs ``clock`` first).
-    stamp: tuple[str, ...]
-    #: The database's clock as a statement (MySQL), or ``None``: in the stamp (PostgreSQL) or Python's.
-    clock: str | None
+    #: Step 3, in order; :data:`_CLOCK` reads the database's clock into ``now`` (else Python's).
+    steps: tuple[str, ...]
     timestamp: Callable[[dt.datetime], Any]
 
     @property
     def statements(self) -> int:
         """Statements sent per call, COMMIT not counted (as ``airflow_adrq_testing.recording`` counts)."""
-        return 3 + (self.clock is not None) + len(self.stamp)
+        return 2 + len(self.steps)
 
     def register(
         self, dbapi_connection: Any, *, name: str, uri: str, source: tuple[str, str, str, int]
@@ -122,17 +133,12 @@ class RawSql:
                 (event_id,) = cursor.fetchone()
             else:
                 event_id = cursor.lastrowid
-            pending = self.timestamp(PENDING)
-            cursor.execute(self.queue, {"pending": pending, "event_id": event_id})
-            if self.clock is not None:
-                cursor.execute(self.clock)
-                (now,) = cursor.fetchone()
-            else:
-                now = self.timestamp(utcnow())
-            for statement in self.stamp:
-                cursor.execute(
-                    statement, {"now": now, "event_id": event_id, "asset_id": asset_id, "pending": pending}
-                )
+            params = {"now": self.timestamp(utcnow()), "event_id": event_id, "asset_id": asset_id}
+            params["pending"] = self.timestamp(PENDING)
+            for step in self.steps:
+                cursor.execute(step, params)
+                if step == _CLOCK:
+                    (params["now"],) = cursor.fetchone()
             dbapi_connection.commit()
             return int(event_id)
         except BaseException:
@@ -159,19 +165,18 @@ def raw_sql(dialect: Dialect) -> RawSql:
     def timestamp(value: dt.datetime) -> Any:
         return bind(value) if bind is not None else value
 
-    stamp = (
-        (_STAMP_PG.format(**p),)
-        if name == "postgresql"
-        else (_STAMP_EVENT.format(**p), _STAMP_ROWS.format(**p))
-    )
+    queue = _QUEUE.replace("{created_at}", "{pending}" if name == "mysql" else "{now}") + _CONFLICT[name]
+    steps = {
+        "postgresql": ("SAVEPOINT adrq_share_lock", _WRITE_PG.format(false=false, **p)),
+        "mysql": (queue.format(false=false, **p), _CLOCK, _STAMP_EVENT.format(**p), _STAMP_ROWS.format(**p)),
+        "sqlite": (_STAMP_EVENT.format(**p), queue.format(false=false, **p)),
+    }[name]
     return RawSql(
         dialect=name,
         begin="BEGIN IMMEDIATE" if name == "sqlite" else None,
         lookup=_LOOKUP.format(**p),
         insert_event=insert_event,
         returning=returning,
-        queue=_QUEUE.format(false=false, **p) + _CONFLICT[name],
-        stamp=stamp,
-        clock="SELECT UTC_TIMESTAMP(6)" if name == "mysql" else None,
+        steps=steps,
         timestamp=timestamp,
     )

@@ -101,8 +101,8 @@ def test_bench_command_runs_end_to_end(tmp_path, capsys):
     ratio = {r["fanout"]: r for r in result["raw_sql_ratio"]["sqlite"]}
     assert set(ratio) == {1, 16}
     for r in ratio.values():
-        # SQLite's reference: lookup, event, queue rows, then the stamp's two UPDATEs (Python's clock).
-        assert r["rows_exact"] is True and r["raw_statements"] == 5 and r["calls"] == 3
+        # SQLite's reference: lookup, event, Python's clock on the event, then the queue rows with it.
+        assert r["rows_exact"] is True and r["raw_statements"] == 4 and r["calls"] == 3
         assert r["ratio_p50"] == pytest.approx(r["ours_p50_ms"] / r["raw_p50_ms"])
     assert "register_asset_change vs raw SQL, sqlite" in printed.out
 

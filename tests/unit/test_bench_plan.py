@@ -177,8 +177,18 @@ def _mariadb():
 @pytest.mark.parametrize(
     ("dialect", "placeholder", "returning", "conflict"),
     [
-        (postgresql.psycopg.dialect(), "%(name)s", True, "ON CONFLICT (asset_id, target_dag_id) DO NOTHING"),
-        (postgresql.psycopg2.dialect(), "%(name)s", True, "ON CONFLICT (asset_id, target_dag_id) DO NOTHING"),
+        (
+            postgresql.psycopg.dialect(),
+            "%(name)s",
+            True,
+            "WHERE asset_dag_run_queue.created_at < excluded.created_at)",
+        ),
+        (
+            postgresql.psycopg2.dialect(),
+            "%(name)s",
+            True,
+            "WHERE asset_dag_run_queue.created_at < excluded.created_at)",
+        ),
         (sqlite.pysqlite.dialect(), ":name", True, "ON CONFLICT (asset_id, target_dag_id) DO NOTHING"),
         (_mariadb(), "%(name)s", True, "ON DUPLICATE KEY UPDATE asset_id = asset_dag_run_queue.asset_id"),
         (
@@ -193,8 +203,11 @@ def test_raw_sql_per_dialect(dialect, placeholder, returning, conflict):
     raw = rawsql.raw_sql(dialect)
     assert placeholder in raw.lookup
     assert raw.returning is returning and raw.insert_event.endswith(" RETURNING id") is returning
-    assert raw.queue.endswith(conflict)
-    assert "ORDER BY e.asset_id, r.dag_id" in raw.queue
+    (queue,) = [step for step in raw.steps if "INSERT INTO asset_dag_run_queue" in step]
+    assert conflict in queue
+    assert "ORDER BY e.asset_id, r.dag_id" in queue
+    # PostgreSQL: the consumers' dag rows share-locked (NOWAIT, under a SAVEPOINT) in the same statement.
+    assert ("FOR SHARE OF d NOWAIT" in queue) is (dialect.name == "postgresql")
     assert (raw.begin == "BEGIN IMMEDIATE") is (dialect.name == "sqlite")
 
 

@@ -99,6 +99,7 @@ def test_celery_settings_give_each_deployment_its_own_broker_database_and_queue(
         "pgbouncer": False,
         "schedulers": 1,
         "api_workers": 2,
+        "reparse_s": 0,
         "broker_url": env["AIRFLOW__CELERY__BROKER_URL"],
     }
     local = _deployment(tmp_path, LiveShape()).env

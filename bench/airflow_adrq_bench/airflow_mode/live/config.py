@@ -152,6 +152,12 @@ class LiveShape(Checked):
         "pgbouncer; PostgreSQL only); airflow db migrate goes directly",
     )
     api_workers: int = size(1, "[api] workers of the api-server", ">=1")
+    reparse_s: int = size(
+        0,
+        "[dag_processor] min_file_process_interval: the DAG processor re-parses (and re-locks the dag "
+        "rows of) every DAG file this often, bursts included (0: Airflow's default, 30 s)",
+        ">=0",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -173,6 +179,7 @@ class LiveShape(Checked):
             "pgbouncer": self.pgbouncer,
             "schedulers": schedulers,
             "api_workers": self.api_workers,
+            "reparse_s": self.reparse_s,
         }
 
 

@@ -149,6 +149,8 @@ class Deployment:
         }
         if manager_kwargs is not None:
             settings["AIRFLOW__CORE__ASSET_MANAGER_KWARGS"] = manager_kwargs
+        if self.shape.reparse_s:
+            settings["AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL"] = str(self.shape.reparse_s)
         if self.broker_url is not None:
             settings.update(self._celery(self.broker_url))
         if self.shape.pgbouncer:

@@ -193,6 +193,8 @@ def shape_label(shape: dict[str, Any]) -> str:
     parts.append("PgBouncer (transaction pooling)" if shape.get("pgbouncer") else "direct")
     parts.append(_count(shape["schedulers"], "scheduler"))
     parts.append(_count(shape["api_workers"], "api-server worker"))
+    if shape.get("reparse_s"):
+        parts.append(f"DAG files re-parsed every {shape['reparse_s']} s")
     return ", ".join(parts)
 
 
