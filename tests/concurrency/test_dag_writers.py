@@ -28,7 +28,6 @@ writer in that order passes; the reverse is shown to deadlock.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import sqlalchemy as sa
@@ -39,6 +38,7 @@ from airflow_adrq.errorcodes import RetryableKind, classify
 from airflow_adrq.models import DagModel
 from tests.concurrency.test_dag_share_lock import HeldCommit
 from tests.factories import add_asset, add_dags, asset_ref, queued, schedule_on_asset
+from tests.support.locks import backend_id, blocked_by
 
 _DAG = DagModel.__table__
 #: Byte order puts "B" before "a"; en_US and most collations put it after.
@@ -90,35 +90,6 @@ def _control(session: Session) -> None:
     _ours(session)
 
 
-def _backend_id(conn: sa.Connection) -> object:
-    query = "SELECT pg_backend_pid()" if conn.dialect.name == "postgresql" else "SELECT CONNECTION_ID()"
-    return conn.exec_driver_sql(query).scalar_one()
-
-
-def _blocked_by(engine: sa.Engine, blocker: object, thread: threading.Thread, waiter: list) -> bool:
-    """Poll until session ``waiter[0]`` waits for a lock ``blocker`` holds; False if ``thread`` ends first."""
-    if engine.dialect.name == "postgresql":
-        query = sa.text("SELECT CAST(:b AS int) = ANY(pg_blocking_pids(:w))")
-    else:
-        query = sa.text(
-            "SELECT count(*) > 0 FROM information_schema.innodb_lock_waits w "
-            "JOIN information_schema.innodb_trx r ON r.trx_id = w.requesting_trx_id "
-            "JOIN information_schema.innodb_trx b ON b.trx_id = w.blocking_trx_id "
-            "WHERE r.trx_mysql_thread_id = :w AND b.trx_mysql_thread_id = :b"
-        )
-    deadline = time.monotonic() + 20
-    with engine.connect() as conn:
-        while time.monotonic() < deadline and thread.is_alive():
-            # InnoDB serves its lock tables from a cache refreshed only when it
-            # was not read for 0.1 s: a read right after another may show a
-            # wait that is over (between connections the pool hands out again).
-            time.sleep(0.15)
-            if waiter and conn.execute(query, {"b": blocker, "w": waiter[0]}).scalar():
-                return True
-            conn.rollback()
-    return False
-
-
 def _deadlocked(exc: BaseException | None) -> bool:
     found = classify(exc) if exc is not None else None
     return found is not None and found.kind is RetryableKind.DEADLOCK
@@ -135,7 +106,7 @@ def _writer_first(engine: sa.Engine, producer, writer, order: list[str]) -> tupl
     def produce() -> None:
         try:
             with Session(engine) as s:
-                waiter.append(_backend_id(s.connection()))
+                waiter.append(backend_id(s.connection()))
                 producer(s)
         except BaseException as exc:
             errors.append(exc)
@@ -146,7 +117,9 @@ def _writer_first(engine: sa.Engine, producer, writer, order: list[str]) -> tupl
         writer(conn, order[0])
         thread = threading.Thread(target=produce, daemon=True)
         thread.start()
-        assert _blocked_by(engine, _backend_id(conn), thread, waiter), f"the producer did not wait: {errors}"
+        assert blocked_by(engine, waiter, backend_id(conn), thread.is_alive), (
+            f"the producer did not wait: {errors}"
+        )
         try:
             writer(conn, order[1])
             conn.commit()
@@ -183,7 +156,7 @@ def _producer_first(engine: sa.Engine, writer) -> None:
     def write() -> None:
         try:
             with engine.begin() as conn:
-                waiter.append(_backend_id(conn))
+                waiter.append(backend_id(conn))
                 for dag_id in DAGS:
                     writer(conn, dag_id)
             done.append(None)
@@ -192,9 +165,7 @@ def _producer_first(engine: sa.Engine, writer) -> None:
 
     thread = threading.Thread(target=write, daemon=True)
     thread.start()
-    assert _blocked_by(engine, held.backend, thread, waiter), (
-        f"the writer did not wait for the producer: {done}"
-    )
+    assert blocked_by(engine, waiter, held.backend, thread.is_alive), f"the writer did not wait: {done}"
     held.release.set()
     held.thread.join(20)
     thread.join(20)

@@ -48,6 +48,7 @@ from airflow_adrq import create_engine, register_asset_change
 from airflow_adrq.models import AssetDagRunQueue, AssetEvent, utcnow
 from airflow_adrq_bench.residual import scheduler_pass, stamp_first
 from tests.factories import add_asset, add_dags, asset_ref, schedule_on_asset
+from tests.support.locks import backend_id, blocked_by
 
 DAG = "d"
 ASSETS = ["a1", "a2", "a3", "a4"]
@@ -97,7 +98,7 @@ class World:
             try:
                 with Session(self.engine) as session:
                     if waits_on is not None:
-                        started.append(_backend_id(session.connection()))
+                        started.append(backend_id(session.connection()))
                     PROTOCOLS[protocol](session, names, self.assets)
             except BaseException as exc:  # reported by the test
                 errors.append(exc)
@@ -116,7 +117,7 @@ class World:
         while not started and thread.is_alive() and time.monotonic() < deadline:
             time.sleep(0.01)
         waiter = [started[0] if started else None]
-        _wait_until_blocked(self.engine, waiter, _backend_id(waits_on), thread)
+        _wait_until_blocked(self.engine, waiter, backend_id(waits_on), thread)
         return thread
 
     def schedule(self, *, locks: bool) -> None:
@@ -148,37 +149,12 @@ class World:
             return list(conn.execute(sa.select(_EVENT.c.id).order_by(_EVENT.c.id)).scalars())
 
 
-def _backend_id(conn) -> object:
-    query = "SELECT pg_backend_pid()" if conn.dialect.name == "postgresql" else "SELECT CONNECTION_ID()"
-    return conn.exec_driver_sql(query).scalar_one()
-
-
-def _wait_until_blocked(engine, waiter, blocker, thread=None, timeout=20.0) -> None:
-    """Poll until connection ``waiter`` waits for a lock that connection ``blocker`` holds (not a sleep)."""
-    if engine.dialect.name == "postgresql":
-        query = sa.text("SELECT CAST(:blocker AS int) = ANY(pg_blocking_pids(:waiter))")
-    else:
-        query = sa.text(
-            "SELECT count(*) > 0 FROM information_schema.innodb_lock_waits w "
-            "JOIN information_schema.innodb_trx r ON r.trx_id = w.requesting_trx_id "
-            "JOIN information_schema.innodb_trx b ON b.trx_id = w.blocking_trx_id "
-            "WHERE r.trx_mysql_thread_id = :waiter AND b.trx_mysql_thread_id = :blocker"
-        )
-    deadline = time.monotonic() + timeout
-    with engine.connect() as conn:
-        while time.monotonic() < deadline:
-            if thread is not None and not thread.is_alive():
-                raise AssertionError(f"the producer finished instead of waiting: {thread.errors}")
-            if (
-                waiter[0] is not None
-                and conn.execute(query, {"waiter": waiter[0], "blocker": blocker}).scalar()
-            ):
-                return
-            conn.rollback()
-            # InnoDB refreshes its INFORMATION_SCHEMA transaction cache only
-            # when it was not read for 0.1 s: poll slower than that.
-            time.sleep(0.15)
-    raise AssertionError(f"the producer {waiter} never waited for blocker {blocker}")
+def _wait_until_blocked(engine, waiter, blocker, thread=None) -> None:
+    """Until connection ``waiter[0]`` waits for a lock that connection ``blocker`` holds."""
+    if not blocked_by(engine, waiter, blocker, alive=lambda: thread is None or thread.is_alive()):
+        if thread is not None and not thread.is_alive():
+            raise AssertionError(f"the producer finished instead of waiting: {thread.errors}")
+        raise AssertionError(f"the producer {waiter} never waited for blocker {blocker}")
 
 
 def _release(blocker: sa.Connection) -> None:
@@ -232,7 +208,7 @@ def _twice(world: World, protocol: str) -> Counter:
     p1 = world.produce(protocol, ["a1", "a2", "a3"], waits_on=first)  # waits on (a1, d)
     world.produce(protocol, ["a2", "a4"])  # Q at T
     _release(first)
-    _wait_until_blocked(world.engine, p1.waiter, _backend_id(second), p1)  # P1 now waits on (a3, d)
+    _wait_until_blocked(world.engine, p1.waiter, backend_id(second), p1)  # P1 now waits on (a3, d)
     world.schedule(locks=True)  # scheduler 1: skips P1's rows, consumes up to T
     _release(second)
     _join(p1)
