@@ -245,6 +245,8 @@ def test_small_live_run_producers_of_different_assets_plugin_is_clean(af_server,
     assert sum(plugin["events"]["written"].values()) == sizes.expected_events
     # Every event is of one producer's asset; every consumer is scheduled on every asset.
     assert plugin["after_bursts"]["pairs"] == sizes.expected_events * sizes.consumers
+    # Pairs of a0 & a1 & ... consumers whose condition the last burst left incomplete wait for
+    # the next event of each asset; none may be stranded otherwise.
     assert plugin["after_bursts"]["stranded"] == 0, plugin["after_bursts"]
     assert plugin["after_bursts"]["consumed_twice"] == 0, plugin["after_bursts"]
     assert plugin["after_extra"]["stranded"] == 0 and plugin["after_extra"]["consumed_twice"] == 0

@@ -46,6 +46,7 @@ from airflow_adrq_bench.airflow_mode.live.config import (
     LiveError,
     LiveShape,
     LiveSizes,
+    all_of_consumers,
     asset_names,
     burst_run_id,
     consumer_dag_ids,
@@ -262,7 +263,8 @@ class Driver:
 
         def drained() -> tuple[bool, str]:
             with self.engine.connect() as conn:
-                queue, runs = queue_rows(conn), measure.run_count(conn, self.consumers)
+                queue = queue_rows(conn) - len(self._waiting_rows(conn))
+                runs = measure.run_count(conn, self.consumers)
             now = time.monotonic()
             if runs != state["runs"] or queue:
                 state["since"] = now
@@ -329,15 +331,37 @@ class Driver:
         with self.engine.connect() as conn:
             result["after_extra"] = self._after(conn, states=True)
 
+    def _waiting_rows(self, conn: sa.Connection) -> frozenset[tuple[int, str]]:
+        """Queue rows of ``a0 & a1 & ...`` consumers still missing an asset: waiting, by design.
+
+        A burst can complete an all-of consumer's condition before its last
+        instances commit; their rows then wait for the next burst's events.
+        """
+        all_of = all_of_consumers(self.sizes)
+        if not all_of:
+            return frozenset()
+        rows = fetch(
+            conn,
+            "SELECT asset_id, target_dag_id FROM asset_dag_run_queue WHERE target_dag_id IN :d",
+            d=all_of,
+        )
+        need = len(asset_names(self.sizes))
+        per_dag: dict[str, list[int]] = {}
+        for asset_id, dag_id in rows:
+            per_dag.setdefault(str(dag_id), []).append(int(asset_id))
+        return frozenset((a, d) for d, assets in per_dag.items() if len(assets) < need for a in assets)
+
     def _after(self, conn: sa.Connection, *, states: bool = False) -> dict[str, Any]:
         """The pairs, the consumer runs (their states) and the queue rows after a drain."""
-        pairs = measure.count_pairs(conn, self.producers, self.consumers, self.run_ids)
+        waiting = self._waiting_rows(conn)
+        pairs = measure.count_pairs(conn, self.producers, self.consumers, self.run_ids, waiting)
         out: dict[str, Any] = {**pairs.as_dict(), "consumer_runs": measure.run_count(conn, self.consumers)}
         if states:
             out["consumer_run_states"] = measure.counts(
                 conn, measure.CONSUMER_RUN_STATES, dag_ids=self.consumers
             )
-        return {**out, "queue_rows": queue_rows(conn)}
+        # Rows left, but those waiting for an all-of consumer's other assets.
+        return {**out, "queue_rows": queue_rows(conn) - len(waiting), "queue_rows_waiting": len(waiting)}
 
 
 def seconds_between(start: str, end: str | None) -> float | None:

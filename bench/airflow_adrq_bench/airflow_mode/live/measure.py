@@ -153,6 +153,9 @@ class Pairs:
     consumed_twice: int
     last_burst_pairs: int
     last_burst_stranded: int
+    #: Unconsumed pairs whose (asset, consumer) row waits for the consumer's other assets
+    #: (``a0 & a1 & ...``): not stranded, consumed once every asset has an event.
+    waiting: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """The JSON form."""
@@ -160,9 +163,16 @@ class Pairs:
 
 
 def count_pairs(
-    conn: sa.Connection, producers: Sequence[str], consumers: Sequence[str], run_ids: Sequence[str]
+    conn: sa.Connection,
+    producers: Sequence[str],
+    consumers: Sequence[str],
+    run_ids: Sequence[str],
+    waiting: frozenset[tuple[int, str]] = frozenset(),
 ) -> Pairs:
     """Count the pairs of the burst runs' events (see the module docstring).
+
+    ``waiting``: the (asset id, consumer) queue rows of all-of consumers still
+    missing an asset; their unconsumed pairs count as ``waiting``, not stranded.
 
     Three reads joined here rather than in SQL: a join of every event with every
     consumer and every consuming run would be events x consumers x runs rows.
@@ -190,17 +200,20 @@ def count_pairs(
     for asset_id, dag_id in references:
         consumers_of.setdefault(int(asset_id), []).append(str(dag_id))
     last = run_ids[-1] if run_ids else None
-    pairs = stranded = twice = last_pairs = last_stranded = 0
+    pairs = stranded = twice = last_pairs = last_stranded = waits = 0
     for event_id, asset_id, run_id in events:
         for dag_id in consumers_of.get(int(asset_id), ()):
             n = runs_of[(int(event_id), dag_id)]
             pairs += 1
+            if n == 0 and (int(asset_id), dag_id) in waiting:
+                waits += 1
+                continue
             stranded += n == 0
             twice += n > 1
             if run_id == last:
                 last_pairs += 1
                 last_stranded += n == 0
-    return Pairs(pairs, stranded, twice, last_pairs, last_stranded)
+    return Pairs(pairs, stranded, twice, last_pairs, last_stranded, waits)
 
 
 def deadlock_counter(conn: sa.Connection, database: str) -> dict[str, Any]:

@@ -92,6 +92,8 @@ ROWS: list[tuple[str, str | Callable[[Cell], str]]] = [
     ),
     ("(event, consumer) pairs", "{after_bursts[pairs]}"),
     ("stranded after the bursts", _share("after_bursts", "stranded", "pairs")),
+    # a0 & a1 & ... consumers (--own-assets) whose condition a burst left incomplete.
+    ("waiting for an all-of consumer's other assets", lambda c: str(c["after_bursts"].get("waiting", 0))),
     ("stranded, of the last burst alone", _share("after_bursts", "last_burst_stranded", "last_burst_pairs")),
     ("still unconsumed after one more event", _share("after_extra", "stranded", "pairs")),
     ("pairs consumed twice", "{after_extra[consumed_twice]}"),
