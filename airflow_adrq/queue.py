@@ -419,12 +419,10 @@ def _share_lock(dialect_name: str, form: _Form, wait: _Wait = "wait") -> Select[
     )
 
 
-@functools.cache
-def _one_dag_share_lock() -> Select[Any]:
-    """``SELECT dag_id FROM dag WHERE dag_id = :dag_id FOR SHARE OF dag``: waits for one row's holder."""
-    return (
-        select(_DAG.c.dag_id).where(_DAG.c.dag_id == bindparam("dag_id")).with_for_update(read=True, of=_DAG)
-    )
+#: ``SELECT dag_id FROM dag WHERE dag_id = :dag_id FOR SHARE OF dag``: waits for one row's holder.
+_ONE_DAG_SHARE_LOCK = (
+    select(_DAG.c.dag_id).where(_DAG.c.dag_id == bindparam("dag_id")).with_for_update(read=True, of=_DAG)
+)
 
 
 @functools.cache
@@ -495,15 +493,19 @@ def _write_once_without_waiting_while_holding(
 def _wait_for_busy_rows(
     conn: Connection, form: _Form, params: dict[str, Any], options: Mapping[str, Any]
 ) -> None:
-    """Wait, holding no ``dag`` row of ours, until each consumer row busy now has been released once."""
+    """Wait, holding no ``dag`` row of ours, until each busy consumer row was released once.
+
+    The last one stays locked: a scheduler's next pass would take it again before the retry.
+    """
     support = dialects.get(conn)
     wanted = set(conn.execute(_referencing_dags(form), params, execution_options=options).scalars())
     free = conn.execute(_share_lock(support.name, form, "skip_locked"), params, execution_options=options)
     busy = sorted(wanted - set(free.scalars()))
     conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
-    for dag_id in busy:
-        conn.execute(_one_dag_share_lock(), {"dag_id": dag_id}, execution_options=options)
-        conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+    for n, dag_id in enumerate(busy, 1):
+        conn.execute(_ONE_DAG_SHARE_LOCK, {"dag_id": dag_id}, execution_options=options)
+        if n < len(busy):
+            conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
 
 
 def _lock_stamp_write(
