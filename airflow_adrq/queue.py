@@ -17,20 +17,12 @@ separate statements, in the same order)::
     ), queued AS (
         INSERT INTO asset_dag_run_queue (asset_id, target_dag_id, created_at)
         SELECT src.asset_id, src.dag_id, (SELECT stamp FROM stamp)
-        FROM (
-            -- DAGs scheduled directly on the event's asset
+        FROM (  -- <references of ev>: DAGs scheduled on the event's asset directly, by
+                --   Asset.ref(name=...) and (uri=...), or on an alias it was emitted through
             SELECT ev.asset_id, r.dag_id FROM ev
               JOIN dag_schedule_asset_reference r ON r.asset_id = ev.asset_id
-            UNION  -- ... on Asset.ref(name=...)
-            SELECT ev.asset_id, n.dag_id FROM ev JOIN asset a ON a.id = ev.asset_id
-              JOIN dag_schedule_asset_name_reference n ON n.name = a.name
-            UNION  -- ... on Asset.ref(uri=...)
-            SELECT ev.asset_id, u.dag_id FROM ev JOIN asset a ON a.id = ev.asset_id
-              JOIN dag_schedule_asset_uri_reference u ON u.uri = a.uri
-            UNION  -- ... on an alias the event was emitted through
-            SELECT ev.asset_id, ar.dag_id FROM ev
-              JOIN asset_alias_asset_event l ON l.event_id = ev.event_id
-              JOIN dag_schedule_asset_alias_reference ar ON ar.alias_id = l.alias_id
+            UNION ... dag_schedule_asset_name_reference / _uri_reference (JOIN asset)
+            UNION ... asset_alias_asset_event JOIN dag_schedule_asset_alias_reference
         ) AS src
         JOIN dag ON dag.dag_id = src.dag_id
         WHERE dag.is_paused = false AND dag.timetable_partitioned = false

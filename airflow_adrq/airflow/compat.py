@@ -451,15 +451,29 @@ def _supported_names() -> str:
     return ", ".join(adapter.name for adapter in ADAPTERS.values())
 
 
+MANAGER_KWARGS = ("on_conflict",)  # the keys [core] asset_manager_kwargs may hold
+
+
+def check_manager_kwargs(kwargs: dict[str, Any]) -> ConflictPolicy | None:
+    """The ``on_conflict`` of ``[core] asset_manager_kwargs``; :class:`ValueError` naming the fix."""
+    unknown = ", ".join(repr(k) for k in sorted(set(kwargs) - set(MANAGER_KWARGS)))
+    if unknown:
+        raise ValueError(f"[core] asset_manager_kwargs: unknown key(s) {unknown} (valid: on_conflict)")
+    try:
+        return None if kwargs.get("on_conflict") is None else check_policy(kwargs["on_conflict"])
+    except ValueError as exc:
+        raise ValueError(f"[core] asset_manager_kwargs: {exc}") from None
+
+
 @functools.lru_cache(maxsize=8)
 def _policy(asset_manager_kwargs: str, row_locking: bool) -> ConflictPolicy:
-    chosen = json.loads(asset_manager_kwargs).get("on_conflict") if asset_manager_kwargs.strip() else None
-    if chosen is not None:
-        try:
-            return check_policy(chosen)
-        except ValueError as exc:
-            raise ValueError(f"[core] asset_manager_kwargs: {exc}") from None
-    return "auto" if row_locking else "refresh_after_commit"
+    try:
+        kwargs = json.loads(asset_manager_kwargs) if asset_manager_kwargs.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"[core] asset_manager_kwargs is not JSON ({exc}): {asset_manager_kwargs}") from None
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"[core] asset_manager_kwargs must be a JSON object, not {asset_manager_kwargs!r}")
+    return check_manager_kwargs(kwargs) or ("auto" if row_locking else "refresh_after_commit")
 
 
 @functools.lru_cache(maxsize=8)

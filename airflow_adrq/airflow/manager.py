@@ -34,7 +34,7 @@ from sqlalchemy.orm import joinedload
 
 from airflow_adrq import queue
 from airflow_adrq.airflow import compat
-from airflow_adrq.dialects import ConflictPolicy, check_policy
+from airflow_adrq.dialects import ConflictPolicy
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -86,18 +86,11 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
     def __init__(self, *, on_conflict: ConflictPolicy | None = None, **kwargs: Any) -> None:
         """Airflow passes ``[core] asset_manager_kwargs`` here (``resolve_asset_manager``).
 
-        ``on_conflict`` is validated now, so a bad value stops the component
-        at start-up; the registrations read it from the same setting
-        (:meth:`compat.ReleaseLine.conflict_policy`), since Airflow calls
-        ``register_asset_change`` on the class too (the triggerer). Nothing
-        is stored on the class.
+        Checked now, naming the setting and its valid keys, so a bad value stops the component at
+        start-up; registrations read the setting itself (the triggerer calls the class), nothing is stored.
         """
-        if on_conflict is not None:
-            try:
-                check_policy(on_conflict)
-            except ValueError as exc:
-                raise ValueError(f"[core] asset_manager_kwargs: {exc}") from None
-        super().__init__(**kwargs)  # type: ignore[no-untyped-call,unused-ignore]
+        compat.check_manager_kwargs({"on_conflict": on_conflict, **kwargs})
+        super().__init__()  # type: ignore[no-untyped-call,unused-ignore]
         # The line lets an operator confirm in any component's log that it is used.
         log.info(
             "airflow-adrq: %s.%s queues asset-triggered runs at commit, sorted by %s, on_conflict=%s",

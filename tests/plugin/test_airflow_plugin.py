@@ -510,6 +510,17 @@ def test_asset_manager_kwargs_choose_on_conflict(af_engine, monkeypatch):
     monkeypatch.setenv("AIRFLOW__CORE__ASSET_MANAGER_KWARGS", '{"on_conflict": "newest"}')
     with pytest.raises(ValueError, match=r"\[core\] asset_manager_kwargs: on_conflict must be one of"):
         compat.current().conflict_policy()
+    # A misspelt key names the setting and the valid keys, at start-up and in registrations.
+    with pytest.raises(
+        ValueError, match=r"\[core\] asset_manager_kwargs: unknown key\(s\) 'on_conflit'.*valid: on_conflict"
+    ):
+        AdrqAssetManager(on_conflit="refresh")
+    monkeypatch.setenv("AIRFLOW__CORE__ASSET_MANAGER_KWARGS", '{"on_conflit": "refresh"}')
+    with pytest.raises(ValueError, match=r"unknown key\(s\) 'on_conflit'"):
+        compat.current().conflict_policy()
+    monkeypatch.setenv("AIRFLOW__CORE__ASSET_MANAGER_KWARGS", "{on_conflict: refresh}")
+    with pytest.raises(ValueError, match=r"\[core\] asset_manager_kwargs is not JSON"):
+        compat.current().conflict_policy()
     monkeypatch.setenv("AIRFLOW__CORE__ASSET_MANAGER_KWARGS", '{"on_conflict": "refresh"}')
     AdrqAssetManager(on_conflict="refresh")  # what resolve_asset_manager does with the kwargs
     assert compat.current().conflict_policy() == "refresh"
