@@ -61,3 +61,40 @@ def test_runtime_wheel_holds_no_benchmark_baseline_or_test_server_module(tmp_pat
     assert offending == []
     # The migrations ship inside the package (alembic's script location).
     assert any(f.startswith("airflow_adrq/migrations/versions/0001_") for f in modules)
+
+
+def test_the_sdist_holds_what_tox_and_the_readme_need(tmp_path, monkeypatch):
+    """The source distribution, built by the project's backend, can run ``tox`` and the README's links."""
+    import tarfile
+
+    from hatchling.build import build_sdist
+
+    monkeypatch.chdir(ROOT)
+    name = build_sdist(str(tmp_path))
+    with tarfile.open(tmp_path / name) as sdist:
+        members = {m.name.split("/", 1)[1] for m in sdist.getmembers() if "/" in m.name}
+    needed = [
+        "tox.ini",
+        "testing/pyproject.toml",  # tox's commands_pre install ./testing and ./bench
+        "bench/pyproject.toml",
+        ".ci/run",
+        "RELIABILITY.md",  # linked from the README
+        "BENCHMARKS.md",
+        "LICENSE",
+        "migrations/env.py",
+        "airflow_adrq/py.typed",
+        "tests/conftest.py",
+    ]
+    assert [path for path in needed if path not in members] == []
+
+
+def test_under_tox_the_suite_imports_the_installed_package_not_the_checkout():
+    """``tox -e py`` tests the built wheel: the package must come from the venv's site-packages."""
+    import os
+
+    import airflow_adrq
+
+    where = Path(airflow_adrq.__file__).resolve()
+    if not os.environ.get("TOX_ENV_NAME"):
+        pytest.skip(f"not under tox (airflow_adrq from {where})")
+    assert Path(sys.prefix).resolve() in where.parents, f"tox imported {where}, not the installed wheel"
