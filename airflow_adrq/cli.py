@@ -149,6 +149,7 @@ def _add_url(parser: argparse.ArgumentParser) -> None:
     default = os.environ.get(URL_ENV)
     parser.add_argument(
         "--url",
+        type=doctor.database_url,
         default=default,
         required=default is None,
         help=f"SQLAlchemy database URL (default: ${URL_ENV})",

@@ -24,6 +24,8 @@ import importlib.util
 import os
 import sys
 
+import sqlalchemy as sa
+
 from airflow_adrq.doctor.airflow_revisions import schema_version
 from airflow_adrq.doctor.backends import read_only_connection
 from airflow_adrq.doctor.checkup import check
@@ -65,10 +67,12 @@ def add_doctor_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         help="read-only check: should this Airflow deployment enable the plug-in?",
         description="Reads an Airflow metadata database in one read-only transaction and reports "
         "compatibility, exposure to the asset_dag_run_queue deadlock, and a verdict. Exit status: "
-        "0 enable, 1 not needed, 2 not supported, 3 no report (not an Airflow database, unreadable).",
+        "0 enable, 1 not needed, 3 not supported, 4 no report (not an Airflow database, unreadable); "
+        "2 a usage error (a bad option or URL).",
     )
     parser.add_argument(
         "--url",
+        type=database_url,
         help="SQLAlchemy URL of Airflow's metadata database (default: Airflow's [database] "
         "sql_alchemy_conn, when Airflow is importable here)",
     )
@@ -97,6 +101,17 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_NO_REPORT
     print(render_json(report) if args.json else render_text(report))
     return report.exit_code
+
+
+def database_url(text: str) -> str:
+    """An argparse ``type=``: ``text`` if SQLAlchemy can parse it as a URL (a usage error, exit 2, if not)."""
+    try:
+        sa.make_url(text)
+    except sa.exc.ArgumentError:
+        raise argparse.ArgumentTypeError(
+            f"not a SQLAlchemy database URL: {text!r} (e.g. postgresql://user@host:5432/airflow)"
+        ) from None
+    return text
 
 
 def _airflow_setting(option: str) -> str | None:

@@ -11,10 +11,10 @@ from airflow_adrq.errors import AdrqError
 ENABLE = "enable"
 NOT_NEEDED = "not needed"
 NOT_SUPPORTED = "not supported"
-#: Exit status of each verdict.
-EXIT_CODES = {ENABLE: 0, NOT_NEEDED: 1, NOT_SUPPORTED: 2}
+#: Exit status of each verdict (2 is argparse's, for a usage error: never a verdict).
+EXIT_CODES = {ENABLE: 0, NOT_NEEDED: 1, NOT_SUPPORTED: 3}
 #: Exit status when there is no report: not an Airflow database, or unreadable.
-EXIT_NO_REPORT = 3
+EXIT_NO_REPORT = 4
 #: Fan-out thresholds the report counts assets above.
 FANOUT_THRESHOLDS = (64, 1024)
 

@@ -99,7 +99,7 @@ def run_cli(capsys, *argv):
     return code, out, err
 
 
-# --- not an Airflow database: exit 3, one line ------------------------------------
+# --- not an Airflow database: exit 4, one line ------------------------------------
 
 
 def _assert_one_line_error(code, out, err, *needles):
@@ -329,8 +329,8 @@ def test_no_consumers_is_not_needed(fresh_db_url, backend):
 def test_unsupported_schema_versions(fresh_db_url, backend, revision, needle, capsys):
     airflow_like(fresh_db_url, revision).dispose()
     code, out, _ = run_cli(capsys, "--url", fresh_db_url)
-    assert code == 2, out
-    assert "Verdict: NOT SUPPORTED (exit 2)" in out
+    assert code == 3, out
+    assert "Verdict: NOT SUPPORTED (exit 3)" in out
     assert needle in out
 
 

@@ -26,8 +26,15 @@ def test_unsupported_dialect(capsys, command):
     assert "oracle" in line and ("sqlite" in line.lower())
 
 
-def test_not_a_url(capsys):
-    assert "not a usable database URL" in _one_line_error(capsys, ["db", "upgrade", "--url", "not a url"])
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["db", "check"], ["doctor"]])
+def test_not_a_url_is_a_usage_error_of_that_command(capsys, command):
+    """Exit 2 (argparse's usage error), never one of doctor's verdicts (0, 1, 3) or its no-report (4)."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main([*command, "--url", "localhost:5432"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"usage: airflow-adrq {' '.join(command)}" in err
+    assert "not a SQLAlchemy database URL: 'localhost:5432'" in err
 
 
 @pytest.mark.backends("postgresql", "mysql")

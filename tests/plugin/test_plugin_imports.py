@@ -17,8 +17,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import airflow_adrq
 
 #: The modules of airflow_adrq the plug-in runs (the dialect backends load at the first statement).
@@ -71,15 +69,3 @@ def test_the_plugin_path_reads_in_an_afternoon():
     paths = [f / "__init__.py" if f.is_dir() else f.with_suffix(".py") for f in files]
     lines = sum(len(path.read_text().splitlines()) for path in paths)
     assert lines <= 3000, f"the plug-in path is {lines} lines"
-
-
-def test_the_airflow_extra_allows_exactly_the_releases_the_plugin_accepts():
-    tomllib = pytest.importorskip("tomllib")
-    from airflow_adrq.airflow import compat
-
-    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
-    extra = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]["airflow"]
-    oldest = min(compat.ADAPTERS.values(), key=lambda adapter: adapter.minimum).minimum
-    newest = max(compat.ADAPTERS.values(), key=lambda adapter: adapter.minimum).line
-    below = f"{newest[0]}.{newest[1] + 1}"
-    assert extra == [f"apache-airflow-core>={'.'.join(map(str, oldest))},<{below}"]

@@ -12,11 +12,12 @@ tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+")
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 
-def test_airflow_extra_matches_the_supported_lines():
+def test_airflow_extra_allows_exactly_the_releases_the_plugin_accepts():
+    """From the oldest line's first accepted release (3.1.7: 3.1.0-3.1.6 are refused) to the newest line."""
     extra = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]["airflow"]
-    lines = sorted(compat.SUPPORTED)
-    low, high = lines[0], lines[-1]
-    assert extra == [f"apache-airflow-core>={low[0]}.{low[1]},<{high[0]}.{high[1] + 1}"]
+    oldest = compat.ADAPTERS[min(compat.SUPPORTED)].minimum
+    high = max(compat.SUPPORTED)
+    assert extra == [f"apache-airflow-core>={'.'.join(map(str, oldest))},<{high[0]}.{high[1] + 1}"]
 
 
 @pytest.mark.parametrize(
