@@ -166,10 +166,8 @@ __all__ = [
     "queue_events",
 ]
 
-#: Ids bound to one statement. The ids are rendered once (in the CTE), so this
-#: stays below SQLite's 32,766 and psycopg 3's 65,535 bound-parameter limits.
-#: Larger sets are written as several statements in one global order (see
-#: :func:`_chunks`).
+#: Ids bound to one statement, below SQLite's 32,766 and psycopg 3's 65,535
+#: bound-parameter limits. Larger sets: several statements (:func:`_chunks`).
 IDS_PER_STATEMENT = 30_000
 
 #: What drives the statement: a transaction's events (the default, with
@@ -543,7 +541,7 @@ def _connection(bind: Session | Connection) -> Connection:
 
 
 def _chunks(events: Iterable[EventLike]) -> Iterator[list[int]]:
-    """Event ids in ``(asset_id, id)`` order, cut only between assets, so the order stays global."""
+    """Event ids in ``(asset_id, id)`` order, cut only between assets (3.3's key leads with the asset)."""
     # (And an asset's rows must come from one statement: which alias rows it
     # reads depends on which events are in it.)
     chunk: list[int] = []

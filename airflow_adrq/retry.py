@@ -1,4 +1,4 @@
-"""Whole-transaction retry, and the one place database errors are classified.
+"""Whole-transaction retry (which errors are retryable: :mod:`airflow_adrq.errorcodes`).
 
 A deadlock victim's transaction is gone: PostgreSQL aborts it, InnoDB rolls
 it back entirely (and discards its SAVEPOINTs, so MariaDB/MySQL then report

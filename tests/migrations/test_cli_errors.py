@@ -45,6 +45,8 @@ def test_unreachable_host(capsys, backend):
     }
     line = _one_line_error(capsys, ["db", "upgrade", "--url", url[backend]])
     assert "127.0.0.1" in line or "connect" in line.lower()
+    # A sentence on every backend, not MySQLdb's (errno, message) tuple.
+    assert not line.removeprefix("airflow-adrq: error: ").startswith("("), line
 
 
 @pytest.mark.backends("postgresql", "mysql")
