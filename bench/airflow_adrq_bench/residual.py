@@ -157,8 +157,7 @@ class Outcome:
     seconds: float = 0.0
 
     HEADER = (
-        "| protocol | events | events/s | runs | deadlocks | lost | consumed twice "
-        "| stamp to visible p50 / p99 ms | COMMIT to run p50 / p99 / max ms |\n"
+        "| protocol | events | ev/s | runs | deadlocks | lost | twice | stamp→seen ms | COMMIT→run ms |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
 
