@@ -60,7 +60,10 @@ def _main(argv: Sequence[str] | None) -> int:
         status: int = external[argv[0]].load()(argv[1:])
         return status
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # Reported by the command that was given them, with its usage (argparse's top level would).
+        getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "func", None) is None:
         return _usage(parser)
     try:
@@ -81,6 +84,7 @@ def one_line(exc: BaseException) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The ``airflow-adrq`` argument parser with every subcommand registered."""
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="airflow-adrq",
         description="Deadlock-free asset_dag_run_queue writes for Apache Airflow.",
         epilog=f"Other installed distributions may add commands (entry-point group {COMMANDS_GROUP}).",
@@ -92,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     external = _external_commands()
     for name, ep in sorted(external.items()):
         dist = ep.dist.name if ep.dist else "another distribution"
-        command = subparsers.add_parser(name, help=f"see `airflow-adrq {name} --help` (from {dist})")
+        command = subparsers.add_parser(
+            name, allow_abbrev=False, help=f"see `airflow-adrq {name} --help` (from {dist})"
+        )
         command.set_defaults(func=lambda _args: 2)
     return parser
 
@@ -101,31 +107,36 @@ def add_db_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     """Register ``db upgrade|downgrade|current|check``."""
     db = subparsers.add_parser(
         "db",
+        allow_abbrev=False,
         help="create or upgrade airflow-adrq's own database (never Airflow's)",
         description="Alembic migrations for a database of airflow-adrq's own. "
         "Refuses a database that holds Airflow's schema.",
     )
     commands = db.add_subparsers(title="db commands", metavar="DB_COMMAND")
 
-    upgrade = commands.add_parser("upgrade", help="upgrade to a revision (default: head)")
+    upgrade = commands.add_parser("upgrade", allow_abbrev=False, help="upgrade to a revision (default: head)")
     _add_url(upgrade)
     _add_revision(upgrade, default="head", what="target revision (default: %(default)s)")
-    upgrade.set_defaults(func=_db_upgrade)
+    upgrade.set_defaults(func=_db_upgrade, command_parser=upgrade)
 
-    downgrade = commands.add_parser("downgrade", help="downgrade to a revision ('base' drops all tables)")
+    downgrade = commands.add_parser(
+        "downgrade", allow_abbrev=False, help="downgrade to a revision ('base' drops all tables)"
+    )
     _add_url(downgrade)
     _add_revision(downgrade, default=None, what="target revision, or 'base' (required)")
-    downgrade.set_defaults(func=_db_downgrade)
+    downgrade.set_defaults(func=_db_downgrade, command_parser=downgrade)
 
-    current = commands.add_parser("current", help="print the database's revision")
+    current = commands.add_parser("current", allow_abbrev=False, help="print the database's revision")
     _add_url(current)
-    current.set_defaults(func=_db_current)
+    current.set_defaults(func=_db_current, command_parser=current)
 
-    check = commands.add_parser("check", help="exit 1 unless at head and identical to the models")
+    check = commands.add_parser(
+        "check", allow_abbrev=False, help="exit 1 unless at head and identical to the models"
+    )
     _add_url(check)
-    check.set_defaults(func=_db_check)
+    check.set_defaults(func=_db_check, command_parser=check)
 
-    db.set_defaults(func=lambda _args: _usage(db))
+    db.set_defaults(func=lambda _args: _usage(db), command_parser=db)
 
 
 def _add_revision(parser: argparse.ArgumentParser, *, default: str | None, what: str) -> None:

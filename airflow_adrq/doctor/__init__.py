@@ -64,6 +64,7 @@ def add_doctor_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     """Register ``doctor [--url URL] [--schema SCHEMA] [--json]``."""
     parser = subparsers.add_parser(
         "doctor",
+        allow_abbrev=False,
         help="read-only check: should this Airflow deployment enable the plug-in?",
         description="Reads an Airflow metadata database in one read-only transaction and reports "
         "compatibility, exposure to the asset_dag_run_queue deadlock, and a verdict. Exit status: "
@@ -82,7 +83,7 @@ def add_doctor_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         "from AIRFLOW__DATABASE__SQL_ALCHEMY_SCHEMA or Airflow's configuration when importable)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=_run, command_parser=parser)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -67,9 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     routed = route(argv)
     if routed is not None:
         return routed
-    top = argparse.ArgumentParser(prog="airflow-adrq")
-    add_bench_parser(top.add_subparsers())
-    args = top.parse_args(["bench", *argv])
+    commands = argparse.ArgumentParser(allow_abbrev=False, prog="airflow-adrq").add_subparsers()
+    add_bench_parser(commands)
+    # The bench parser itself, so that its errors show its own usage, not the top level's.
+    args = commands.choices["bench"].parse_args(argv)
     return options.guarded(args.parser, args, lambda: _bench(args), prog="airflow-adrq")
 
 
@@ -77,6 +78,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     """Register ``bench``."""
     parser = subparsers.add_parser(
         "bench",
+        allow_abbrev=False,
         help="show Airflow's loops and per-call queueing deadlocking and commit-time queueing not",
         description=(
             "Concurrent producer processes (pytest-xdist workers) register asset events through Airflow "
@@ -278,7 +280,9 @@ _SPECS: dict[str, dict[str, Any]] = {
 def _run(mode: str, argv: list[str]) -> int:
     spec = _SPECS[mode]
     parser = argparse.ArgumentParser(
-        prog=f"airflow-adrq bench --{mode}", description=f"{spec['about']}. PostgreSQL and MySQL/MariaDB."
+        allow_abbrev=False,
+        prog=f"airflow-adrq bench --{mode}",
+        description=f"{spec['about']}. PostgreSQL and MySQL/MariaDB.",
     )
     options.add_common(
         parser,

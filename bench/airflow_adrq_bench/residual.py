@@ -277,7 +277,9 @@ def _clock(engine: sa.Engine) -> Callable[[], dt.datetime]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m airflow_adrq_bench.residual", description=__doc__)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m airflow_adrq_bench.residual", description=__doc__
+    )
     parser.add_argument(
         "--db", required=True, help="server URL: scratch databases are created on it, then dropped"
     )

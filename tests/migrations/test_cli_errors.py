@@ -87,3 +87,22 @@ def test_garbage_options_are_usage_errors(capsys, argv):
     assert excinfo.value.code == 2
     err = capsys.readouterr().err
     assert "error:" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage"),
+    [
+        (["doctor", "--jso"], "usage: airflow-adrq doctor"),  # no abbreviations: --jso is not --json
+        (["doctor", "--fast"], "usage: airflow-adrq doctor"),
+        (["db", "check", "--url", "sqlite://", "--fast"], "usage: airflow-adrq db check"),
+        (["bench", "--fast"], "usage: airflow-adrq bench"),
+        (["bench", "--qui"], "usage: airflow-adrq bench"),  # was taken as --quick
+    ],
+)
+def test_an_unknown_option_is_a_usage_error_of_that_command(capsys, argv, usage):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage), err
+    assert "unrecognized arguments" in err

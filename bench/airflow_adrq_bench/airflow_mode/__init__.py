@@ -42,6 +42,7 @@ def parser_for(
 ) -> argparse.ArgumentParser:
     """A parser of an Airflow mode (``mode``: ``--accounting``, ``--live``) with every mode's options."""
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog=" ".join(("airflow-adrq bench --airflow", mode)).strip(),
         description=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,
