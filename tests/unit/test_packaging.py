@@ -34,7 +34,7 @@ FORBIDDEN = ("bench", "baseline", "servers", "strateg", "harness", "factories", 
 def _wheel_files(tmp_path: Path) -> list[str]:
     files = importlib.metadata.files("airflow-adrq") or []
     installed = [str(f) for f in files if str(f).startswith("airflow_adrq/")]
-    if installed:
+    if "airflow_adrq/__init__.py" in installed:  # an editable install's RECORD lists only the extras
         return installed
     # Editable install: build the wheel as `pip wheel --no-deps .` would.
     done = subprocess.run(
