@@ -55,8 +55,14 @@ if TYPE_CHECKING:
     from airflow_adrq.engine import create_engine
     from airflow_adrq.errorcodes import classify
     from airflow_adrq.listeners import AssetEventInfo, add_listener, remove_listener
-    from airflow_adrq.manager import AssetChange, queue_dagruns, register_asset_change, register_asset_changes
-    from airflow_adrq.queue import build_queue_statement, defer_events, flush_queue, queue_events
+    from airflow_adrq.manager import (
+        AssetChange,
+        build_queue_statement,
+        queue_dagruns,
+        register_asset_change,
+        register_asset_changes,
+    )
+    from airflow_adrq.queue import defer_events, flush_queue, queue_events
     from airflow_adrq.retry import run_in_transaction
 
 # Loaded on first access (PEP 562), so that importing a submodule -- the
@@ -71,7 +77,7 @@ _LAZY = {
     "AssetChange": "airflow_adrq.manager",
     "register_asset_change": "airflow_adrq.manager",
     "register_asset_changes": "airflow_adrq.manager",
-    "build_queue_statement": "airflow_adrq.queue",
+    "build_queue_statement": "airflow_adrq.manager",
     "defer_events": "airflow_adrq.queue",
     "flush_queue": "airflow_adrq.queue",
     "queue_dagruns": "airflow_adrq.manager",

@@ -27,16 +27,18 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, cast
 
 from sqlalchemy import Table, and_, bindparam, insert, select
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.orm import Session, make_transient_to_detached
+from sqlalchemy.sql.dml import Insert
 
 from airflow_adrq import dialects, listeners, queue
 from airflow_adrq.aliases import AliasedEvent, write_alias_rows
-from airflow_adrq.dialects import ConflictPolicy, check_policy
+from airflow_adrq.dialects import ConflictMode, ConflictPolicy, check_policy
 from airflow_adrq.listeners import AssetEventInfo
 from airflow_adrq.models import AssetActive, AssetEvent, AssetModel, utcnow
 from airflow_adrq.queue import defer_events, queue_events
 from airflow_adrq.retry import Callback, run_callbacks
+from airflow_adrq.shapes import PARTITIONED, QueueShape
 from airflow_adrq.txscope import TransactionScoped
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "AssetLike",
     "QueueMode",
     "TaskInstanceLike",
+    "build_queue_statement",
     "queue_dagruns",
     "register_asset_change",
     "register_asset_changes",
@@ -379,10 +382,35 @@ def queue_dagruns(
     support = dialects.get(conn)
     support.check_connection(conn)
     refresh = dialects.resolve(on_conflict, conn) == "refresh"  # else the statement leaves the row
-    stmt = queue.build_queue_statement(
+    stmt = build_queue_statement(
         conn.dialect, source="assets", on_conflict="refresh" if refresh else "ignore"
     )
     for start in range(0, len(ids), queue.IDS_PER_STATEMENT):
         conn.execute(
             stmt, {"ids": ids[start : start + queue.IDS_PER_STATEMENT], "created_at": created_at or utcnow()}
         )
+
+
+def build_queue_statement(
+    dialect: Dialect | str,
+    *,
+    source: queue.Source = "events",
+    on_conflict: ConflictMode = "refresh",
+    shape: QueueShape = PARTITIONED,
+) -> Insert:
+    """The one ``INSERT ... SELECT ... ORDER BY`` that queues consumers, for ``dialect``.
+
+    Built once per variant, so SQLAlchemy compiles it once. Execute with
+    ``{"ids": [...], "created_at": aware datetime}``: ``asset_event`` ids for
+    ``source="events"``, ``asset`` ids for ``source="assets"`` (no aliases:
+    an alias counts only for the events emitted through it).
+    ``on_conflict="refresh"`` moves an existing row's ``created_at`` forwards,
+    ``"ignore"`` leaves it (Airflow's ``DO NOTHING``). ``shape``: the schema
+    written (:mod:`airflow_adrq.shapes`; default Airflow 3.3's, the models').
+    Executing it locks as :func:`queue_events`.
+    """
+    if source not in ("events", "assets"):
+        raise ValueError(f"source must be 'events' or 'assets', not {source!r}")
+    if on_conflict not in ("ignore", "refresh"):
+        raise ValueError(f"on_conflict must be 'ignore' or 'refresh', not {on_conflict!r}")
+    return queue._statement(dialects.get(dialect).name, queue._Form(source, on_conflict, shape))

@@ -109,6 +109,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
@@ -129,7 +130,7 @@ from sqlalchemy import (
     union,
     update,
 )
-from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, attributes
 from sqlalchemy.sql.dml import Insert, Update
@@ -157,7 +158,6 @@ __all__ = [
     "IDS_PER_STATEMENT",
     "EventLike",
     "Source",
-    "build_queue_statement",
     "consumers_of_events",
     "defer_events",
     "flush_queue",
@@ -169,6 +169,12 @@ __all__ = [
 #: Ids bound to one statement, below SQLite's 32,766 and psycopg 3's 65,535
 #: bound-parameter limits. Larger sets: several statements (:func:`_chunks`).
 IDS_PER_STATEMENT = 30_000
+
+
+#: Where the commit-time write reports ``(kind, name, value)``: ``"timing"`` (ms) or ``"incr"``. The
+#: plug-in sends them to Airflow's ``Stats`` under ``adrq.`` (README, "Metrics"); by default nowhere.
+def report(kind: str, name: str, value: float) -> None: ...  # replaced by the plug-in
+
 
 #: What drives the statement: a transaction's events (the default, with
 #: aliases) or bare asset ids (direct, name and URI references only).
@@ -339,31 +345,6 @@ def consumers_of_events() -> Select[Any]:
     )
     src = _consumers(ev, with_aliases=True)
     return select(src.c.asset_id, src.c.dag_id)
-
-
-def build_queue_statement(
-    dialect: Dialect | str,
-    *,
-    source: Source = "events",
-    on_conflict: ConflictMode = "refresh",
-    shape: QueueShape = PARTITIONED,
-) -> Insert:
-    """The one ``INSERT ... SELECT ... ORDER BY`` that queues consumers, for ``dialect``.
-
-    Built once per variant, so SQLAlchemy compiles it once. Execute with
-    ``{"ids": [...], "created_at": aware datetime}``: ``asset_event`` ids for
-    ``source="events"``, ``asset`` ids for ``source="assets"`` (no aliases:
-    an alias counts only for the events emitted through it).
-    ``on_conflict="refresh"`` moves an existing row's ``created_at`` forwards,
-    ``"ignore"`` leaves it (Airflow's ``DO NOTHING``). ``shape``: the schema
-    written (:mod:`airflow_adrq.shapes`; default Airflow 3.3's, the models').
-    Executing it locks as :func:`queue_events`.
-    """
-    if source not in ("events", "assets"):
-        raise ValueError(f"source must be 'events' or 'assets', not {source!r}")
-    if on_conflict not in ("ignore", "refresh"):
-        raise ValueError(f"on_conflict must be 'ignore' or 'refresh', not {on_conflict!r}")
-    return _statement(dialects.get(dialect).name, _Form(source, on_conflict, shape))
 
 
 def _stamped_events(stamp: Any) -> Update:
@@ -597,16 +578,12 @@ def queue_events(
     caller's own uncommitted events; the caller should COMMIT next, as the
     commit-time write does. No events: does nothing and returns ``None``.
 
-    ``on_conflict``: ``"refresh"`` takes an existing row (it gets the stamp),
-    ``"ignore"`` leaves it, ``"refresh_after_commit"`` leaves it here and,
-    when ``bind`` is a Session, moves it forwards after that Session's
-    COMMIT (:mod:`airflow_adrq.refresh`; on a bare Connection it is
-    ``"ignore"``), ``"auto"`` is the backend's safe choice
-    (:func:`airflow_adrq.dialects.resolve`). ``allowed``: event id -> the
-    only DAG ids it may queue (Airflow's multi-team rules); other events
-    queue every consumer. ``shape``: the schema written
-    (:mod:`airflow_adrq.shapes`); ``schema``: the database schema of the
-    tables (``[database] sql_alchemy_schema``).
+    ``on_conflict``: ``"refresh"`` gives an existing row the stamp, ``"ignore"``
+    leaves it, ``"refresh_after_commit"`` moves it forwards after the Session's
+    COMMIT (:mod:`airflow_adrq.refresh`; a bare Connection: ``"ignore"``),
+    ``"auto"``: :func:`airflow_adrq.dialects.resolve`. ``allowed``: event id ->
+    the only DAG ids it may queue (multi-team). ``shape``:
+    :mod:`airflow_adrq.shapes`; ``schema``: ``[database] sql_alchemy_schema``.
 
     Locks, until the transaction ends: the consumers' ``dag`` rows ``FOR
     SHARE`` (not with ``"refresh_after_commit"``); the queue rows it inserts
@@ -621,13 +598,10 @@ def queue_events(
 
     Does not promise: no deadlock with earlier statements of the same
     transaction that locked queue or ``dag`` rows (use :func:`defer_events`),
-    or, on MySQL 8, with a writer of ``dag`` locking several of the same rows
-    against primary-key order. On a deadlock, retry the whole transaction
-    (:func:`airflow_adrq.retry.run_in_transaction`). An existing row takes
-    the stamp even if it carried a later one (written by a host whose clock
-    runs ahead of the database's). A consumer popular with many producers is
-    skipped by the scheduler while any of them holds its lock (each for its
-    commit-time write only).
+    or, on MySQL 8, with a ``dag`` writer locking several of these rows against
+    primary-key order (retry the whole transaction:
+    :func:`airflow_adrq.retry.run_in_transaction`). A popular consumer is
+    skipped by the scheduler while any producer holds its lock.
     """
     events = list(events)
     chunks = list(_chunks(events))
@@ -715,6 +689,7 @@ def _queue_deferred(session: Session, entries: list[_Deferred]) -> None:
         session.connection(),
         [AliasedEvent(e.id, e.asset_id, e.alias_names) for e in entries if e.alias_names],
     )
+    start = time.perf_counter()
     stamp = queue_events(
         session,
         entries,
@@ -723,6 +698,8 @@ def _queue_deferred(session: Session, entries: list[_Deferred]) -> None:
         shape=shapes.pop(),
         schema=schemas.pop(),
     )
+    report("timing", "queue_write", (time.perf_counter() - start) * 1000)
+    report("incr", "queue_write.events", len({entry.id for entry in entries}))
     for entry in entries:
         if entry.obj is not None and stamp is not None:
             _set_loaded_timestamp(entry.obj, stamp)
@@ -801,13 +778,9 @@ def pending_events(session: Session) -> list[int]:
 def flush_queue(session: Session) -> int:
     """Stamp and queue everything deferred so far in this session, now; return the event count.
 
-    For callers that read the queue before committing. Written in the
-    current (possibly nested) transaction: if that SAVEPOINT rolls back, the
-    surviving events are queued again at commit. Locks as
-    :func:`queue_events`, from now until the transaction ends.
-
-    Does not promise the commit-time timing: the stamp is read now, so the
-    longer the transaction goes on, the longer its events carry a stamp
-    no other transaction can see yet (README, "Timing").
+    For callers that read the queue before committing. Written in the current (possibly nested)
+    transaction: if that SAVEPOINT rolls back, the survivors are queued again at commit. Locks as
+    :func:`queue_events`, until the transaction ends (so a scheduler skips those DAGs until then).
+    Does not promise the commit-time timing: the stamp is read now (README, "Timing").
     """
     return len({entry.id for entry in _DEFERRED.flush(session)})

@@ -201,10 +201,14 @@ class _Planned:
 
 def _run(_session: Session, planned: list[_Planned]) -> None:
     for item in planned:
+        queue.report("incr", "refresh_after_commit", 1)
         try:
-            _refresh(item)
+            moved = _refresh(item)
         except Exception:  # never fail a committed transaction's caller (a task's success call)
+            queue.report("incr", "refresh_after_commit.failures", 1)
             log.warning("airflow-adrq: refreshing queue rows after COMMIT failed", exc_info=True)
+        else:
+            queue.report("incr", "refresh_after_commit.rows", moved)
 
 
 _SCOPE: TransactionScoped[_Planned] = TransactionScoped("refresh_after_commit", after_commit=_run)
@@ -254,23 +258,29 @@ def plan(
         _SCOPE.add(session, _Planned(connection, rows, stamp, options))
 
 
-def _refresh(item: _Planned) -> None:
+def _refresh(item: _Planned) -> int:
+    """The rounds of one refresh; returns the rows it moved forwards."""
     conn = item.connection
     if conn.closed or conn.in_transaction():
         log.debug("airflow-adrq: no refresh after COMMIT: the connection is closed or in a transaction")
-        return
+        return 0
     todo = {asset_id: list(dag_ids) for asset_id, dag_ids in item.rows.items()}
+    moved = 0
     for round_ in range(1, ROUNDS + 1):
         if round_ > 1:
             # The rows skipped are held by a short transaction (another refresh: three round
             # trips) or by a scheduler consuming them: a few milliseconds is enough.
             time.sleep(random.uniform(0.001, 0.003) * round_)
+        before = sum(map(len, todo.values()))
         todo = _one_round(conn, todo, item)
+        # (Rows left out that were consumed meanwhile count as moved: they need nothing more.)
+        moved += before - sum(map(len, todo.values()))
         if not todo:
-            return
+            return moved
     log.debug(
         "airflow-adrq: %d queue rows stayed locked for every refresh round", sum(map(len, todo.values()))
     )
+    return moved
 
 
 def _one_round(conn: Connection, todo: Mapping[int, Sequence[str]], item: _Planned) -> dict[int, list[str]]:

@@ -451,14 +451,21 @@ def _supported_names() -> str:
     return ", ".join(adapter.name for adapter in ADAPTERS.values())
 
 
-MANAGER_KWARGS = ("on_conflict",)  # the keys [core] asset_manager_kwargs may hold
+MANAGER_KWARGS = ("on_conflict", "slow_write_ms")  # the keys [core] asset_manager_kwargs may hold
 
 
 def check_manager_kwargs(kwargs: dict[str, Any]) -> ConflictPolicy | None:
     """The ``on_conflict`` of ``[core] asset_manager_kwargs``; :class:`ValueError` naming the fix."""
     unknown = ", ".join(repr(k) for k in sorted(set(kwargs) - set(MANAGER_KWARGS)))
     if unknown:
-        raise ValueError(f"[core] asset_manager_kwargs: unknown key(s) {unknown} (valid: on_conflict)")
+        raise ValueError(
+            f"[core] asset_manager_kwargs: unknown key(s) {unknown} (valid: {', '.join(MANAGER_KWARGS)})"
+        )
+    slow = kwargs.get("slow_write_ms", 1)
+    if isinstance(slow, bool) or not isinstance(slow, int | float) or slow <= 0:
+        raise ValueError(
+            f"[core] asset_manager_kwargs: slow_write_ms must be a positive number, not {slow!r}"
+        )
     try:
         return None if kwargs.get("on_conflict") is None else check_policy(kwargs["on_conflict"])
     except ValueError as exc:

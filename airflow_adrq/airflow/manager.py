@@ -83,13 +83,16 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
     the COMMIT, and so the whole transaction, not the registration call.
     """
 
-    def __init__(self, *, on_conflict: ConflictPolicy | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *, on_conflict: ConflictPolicy | None = None, slow_write_ms: float = 1000.0, **kwargs: Any
+    ) -> None:
         """Airflow passes ``[core] asset_manager_kwargs`` here (``resolve_asset_manager``).
 
         Checked now, naming the setting and its valid keys, so a bad value stops the component at
         start-up; registrations read the setting itself (the triggerer calls the class), nothing is stored.
         """
-        compat.check_manager_kwargs({"on_conflict": on_conflict, **kwargs})
+        compat.check_manager_kwargs({"on_conflict": on_conflict, "slow_write_ms": slow_write_ms, **kwargs})
+        _SLOW_MS[0] = slow_write_ms
         super().__init__()  # type: ignore[no-untyped-call,unused-ignore]
         # The line lets an operator confirm in any component's log that it is used.
         log.info(
@@ -238,6 +241,19 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         if not ids:
             return set()
         return set(session.scalars(select(DagModel).where(DagModel.dag_id.in_(ids))))
+
+
+def _to_stats(kind: str, name: str, value: float) -> None:
+    """:data:`airflow_adrq.queue.report` in Airflow: ``Stats.timing`` / ``Stats.incr`` of ``adrq.<name>``."""
+    from airflow.stats import Stats
+
+    getattr(Stats, kind)(f"adrq.{name}", value)
+    if name == "queue_write" and value > _SLOW_MS[0]:
+        log.warning("airflow-adrq: the queue write at COMMIT took %.0f ms (slow_write_ms)", value)
+
+
+queue.report = _to_stats
+_SLOW_MS = [1000.0]  # [core] asset_manager_kwargs' slow_write_ms, set when Airflow builds the manager
 
 
 @functools.cache

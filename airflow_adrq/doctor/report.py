@@ -138,7 +138,7 @@ def first_line(exc: BaseException) -> str:
     """The first line of an error (the driver's own, under SQLAlchemy's): no SQL, no traceback."""
     if isinstance(exc, DBAPIError) and exc.orig is not None:
         exc = exc.orig
-    args = getattr(exc, "args", ())
+    args: tuple[object, ...] = tuple(getattr(exc, "args", ()))
     if len(args) == 2 and isinstance(args[0], int) and isinstance(args[1], str):
         # mysqlclient / PyMySQL: (2013, "Lost connection ...") -> a sentence, as psycopg's are.
         return f"{args[1].strip().splitlines()[0]} (MySQL error {args[0]})"

@@ -36,12 +36,12 @@ from sqlalchemy.orm import Session
 
 from airflow_adrq import create_engine, dialects, migrate, register_asset_change
 from airflow_adrq.dialects import ConflictPolicy
+from airflow_adrq.manager import build_queue_statement
 from airflow_adrq.models import (
     AssetModel,
     DagModel,
     utcnow,
 )
-from airflow_adrq.queue import build_queue_statement
 from airflow_adrq.refresh import PENDING
 from airflow_adrq.retry import RetryableKind, classify
 from airflow_adrq_bench import dataset, scheduler

@@ -32,8 +32,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from airflow_adrq import create_engine, dialects, register_asset_change
+from airflow_adrq.manager import build_queue_statement
 from airflow_adrq.models import AssetDagRunQueue, AssetEvent, utcnow
-from airflow_adrq.queue import build_queue_statement
 from airflow_adrq.refresh import PENDING
 from airflow_adrq_bench.residual import scheduler_pass
 from tests.factories import add_asset, add_dags, asset_ref, schedule_on_asset
