@@ -244,10 +244,11 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
 
 
 def _to_stats(kind: str, name: str, value: float) -> None:
-    """:data:`airflow_adrq.queue.report` in Airflow: ``Stats.timing`` / ``Stats.incr`` of ``adrq.<name>``."""
-    from airflow.stats import Stats
+    """:data:`airflow_adrq.queue.report` in Airflow: ``timing`` / ``incr`` of ``adrq.<name>``."""
+    from airflow.assets import manager as airflow_manager
 
-    getattr(Stats, kind)(f"adrq.{name}", value)
+    stats = getattr(airflow_manager, "stats", None) or airflow_manager.Stats  # as Airflow's own counts
+    getattr(stats, kind)(f"adrq.{name}", value)
     if name == "queue_write" and value > _SLOW_MS[0]:
         log.warning("airflow-adrq: the queue write at COMMIT took %.0f ms (slow_write_ms)", value)
 

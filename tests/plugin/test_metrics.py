@@ -26,6 +26,18 @@ pytest.importorskip("statsd", reason="Airflow's StatsD client needs the statsd p
 _PROBE = textwrap.dedent(
     """
     from airflow import settings
+    from airflow.configuration import conf
+
+    try:  # 3.3+: every component initializes its metrics backend at start, as the api-server does
+        from airflow._shared.observability.metrics import stats
+        from airflow.observability.metrics import stats_utils
+    except ImportError:  # 3.1, 3.2: airflow.stats.Stats configures itself
+        pass
+    else:
+        stats.initialize(
+            factory=stats_utils.get_stats_factory(),
+            export_legacy_names=conf.getboolean("metrics", "legacy_names_on"),
+        )
     from airflow.assets.manager import asset_manager
     from airflow.serialization.definitions.assets import SerializedAssetUniqueKey
 
