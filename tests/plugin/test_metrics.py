@@ -38,13 +38,13 @@ _PROBE = textwrap.dedent(
             factory=stats_utils.get_stats_factory(),
             export_legacy_names=conf.getboolean("metrics", "legacy_names_on"),
         )
+    from types import SimpleNamespace
+
     from airflow.assets.manager import asset_manager
-    from airflow.serialization.definitions.assets import SerializedAssetUniqueKey
 
     session = settings.Session()
-    event = asset_manager.register_asset_change(
-        asset=SerializedAssetUniqueKey(name="a1", uri=URI), session=session
-    )
+    # What the plug-in reads of an asset: its name and URI (every release line's key types have them).
+    event = asset_manager.register_asset_change(asset=SimpleNamespace(name="a1", uri=URI), session=session)
     session.commit()
     print("EVENT", event.id, type(asset_manager).__name__)
     """
