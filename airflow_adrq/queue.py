@@ -354,6 +354,16 @@ def _stamped_events(stamp: Any) -> Update:
 _STAMP_EVENTS: Update = _stamped_events(bindparam("stamp", type_=UtcDateTime()))
 
 
+def clock_on_events(conn: Connection, ids: list[int], options: Mapping[str, Any]) -> dt.datetime:
+    """One reading of the database's clock (SQLite: Python's), put on the events ``ids``; returns it."""
+    clock = dialects.get(conn).clock
+    stamp = conn.execute(select(clock())).scalar_one() if clock is not None else utcnow()
+    for start in range(0, len(ids), IDS_PER_STATEMENT):
+        chunk = ids[start : start + IDS_PER_STATEMENT]
+        conn.execute(_STAMP_EVENTS, {"ids": chunk, "stamp": stamp}, execution_options=options)
+    return stamp
+
+
 # --- the share lock and the one write -----------------------------------------
 
 
@@ -486,17 +496,10 @@ def _lock_stamp_write(
     support = dialects.get(conn)
     lock = support.lock_order is not None and not form.shape.event_keyed
     # One statement binds the ids twice (and the multi-team pairs): within the limits?
-    bound = sum(
-        2 * len(p["ids"]) + len(p.get("restricted_ids", ())) + 2 * len(p.get("allowed", ()))
-        for p in chunk_params
-    )
-    if (
-        lock
-        and support.clock_after_locks is not None
-        and len(chunk_params) == 1
-        and bound <= IDS_PER_STATEMENT
-    ):
-        return _write_once_without_waiting_while_holding(conn, form, chunk_params[0], options)
+    (one, *more) = chunk_params
+    bound = 2 * len(one["ids"]) + len(one.get("restricted_ids", ())) + 2 * len(one.get("allowed", ()))
+    if lock and support.clock_after_locks is not None and not more and bound <= IDS_PER_STATEMENT:
+        return _write_once_without_waiting_while_holding(conn, form, one, options)
     if lock:
         for params in chunk_params:
             if support.lock_by_id_list:
@@ -505,12 +508,7 @@ def _lock_stamp_write(
                 if not params["dag_ids"]:
                     continue
             conn.execute(_share_lock(support.name, form), params, execution_options=options)
-    clock = support.clock
-    stamp = conn.execute(select(clock())).scalar_one() if clock is not None else utcnow()
-    ids = [event_id for params in chunk_params for event_id in params["ids"]]
-    for start in range(0, len(ids), IDS_PER_STATEMENT):
-        chunk = ids[start : start + IDS_PER_STATEMENT]
-        conn.execute(_STAMP_EVENTS, {"ids": chunk, "stamp": stamp}, execution_options=options)
+    stamp = clock_on_events(conn, [event_id for p in chunk_params for event_id in p["ids"]], options)
     stmt = _statement(support.name, form)
     for params in chunk_params:
         conn.execute(stmt, {**params, "created_at": stamp}, execution_options=options)

@@ -12,7 +12,7 @@ stamp::
 
     -- in the producer's transaction, once it is stamped, just before COMMIT:
     SELECT target_dag_id, asset_id FROM asset_dag_run_queue JOIN (<the statement's pairs>) ...
-     WHERE created_at < :stamp ORDER BY target_dag_id, asset_id       -- no locks
+     WHERE created_at < :stamp                                        -- no locks
     -- after COMMIT, only if it found rows, ONE short transaction:
     SELECT target_dag_id FROM asset_dag_run_queue
      WHERE asset_id = :of_asset AND target_dag_id IN (:dag_ids) AND created_at < :stamp
@@ -70,7 +70,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Update
 
 from airflow_adrq import dialects, queue
-from airflow_adrq.models import AssetDagRunQueue, UtcDateTime, utcnow
+from airflow_adrq.models import AssetDagRunQueue, UtcDateTime
 from airflow_adrq.txscope import TransactionScoped
 
 __all__ = ["PENDING", "ROUNDS", "plan", "write_then_stamp"]
@@ -88,7 +88,7 @@ _OLDER = (
     _ADRQ.c.created_at < _STAMP,
 )
 _STILL_OLDER = select(_ADRQ.c.target_dag_id).where(*_OLDER)
-_LOCK_OLDER = select(_ADRQ.c.target_dag_id).where(*_OLDER).with_for_update(skip_locked=True)
+_LOCK_OLDER = _STILL_OLDER.with_for_update(skip_locked=True)
 # InnoDB would take the UPDATE through the target_dag_id index: a range over
 # every asset's rows of those DAGs, locking (and waiting for) rows this
 # transaction does not hold. The primary key reaches exactly the held rows.
@@ -126,7 +126,7 @@ def _pending_rows(stamp: Any) -> Update:
     )
 
 
-_STAMP_ROWS: Update = _pending_rows(bindparam("stamp", type_=UtcDateTime()))
+_STAMP_ROWS: Update = _pending_rows(_STAMP)
 
 
 @functools.cache
@@ -173,11 +173,7 @@ def _stamp(conn: Connection, ids: list[int], asset_ids: list[int], options: Mapp
         ).scalar_one()
         return stamp
     # One clock reading, then as many statements as the bound-parameter limits need.
-    clock = support.clock
-    stamp = conn.execute(select(clock())).scalar_one() if clock is not None else utcnow()
-    for start in range(0, len(ids), queue.IDS_PER_STATEMENT):
-        chunk = ids[start : start + queue.IDS_PER_STATEMENT]
-        conn.execute(queue._STAMP_EVENTS, {"ids": chunk, "stamp": stamp}, execution_options=options)
+    stamp = queue.clock_on_events(conn, ids, options)
     for start in range(0, len(asset_ids), queue.IDS_PER_STATEMENT):
         chunk = asset_ids[start : start + queue.IDS_PER_STATEMENT]
         params = {"asset_ids": chunk, "stamp": stamp, "pending": PENDING}
@@ -218,14 +214,13 @@ _SCOPE: TransactionScoped[_Planned] = TransactionScoped("refresh_after_commit", 
 def _older_rows(form: queue._Form) -> Select[Any]:
     """``SELECT target_dag_id, asset_id``: existing rows ``form``'s statement queues, older than ``:stamp``.
 
-    In DAG order. Locks nothing.
+    In no particular order (the refresh waits for nothing). Locks nothing.
     """
     wanted = queue._wanted(form).subquery("wanted")
     return (
         select(_ADRQ.c.target_dag_id, _ADRQ.c.asset_id)
         .join(wanted, (wanted.c.asset_id == _ADRQ.c.asset_id) & (wanted.c.dag_id == _ADRQ.c.target_dag_id))
-        .where(_ADRQ.c.created_at < bindparam("stamp", type_=UtcDateTime()))
-        .order_by(_ADRQ.c.target_dag_id, _ADRQ.c.asset_id)
+        .where(_ADRQ.c.created_at < _STAMP)
     )
 
 
