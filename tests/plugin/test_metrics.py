@@ -28,16 +28,20 @@ _PROBE = textwrap.dedent(
     from airflow import settings
     from airflow.configuration import conf
 
-    try:  # 3.3+: every component initializes its metrics backend at start, as the api-server does
+    # Every component initializes its metrics backend at start, as the api-server does.
+    try:  # 3.2+
         from airflow._shared.observability.metrics import stats
         from airflow.observability.metrics import stats_utils
-    except ImportError:  # 3.1, 3.2: airflow.stats.Stats configures itself
+    except ImportError:  # 3.1: airflow.stats.Stats configures itself
         pass
     else:
-        stats.initialize(
-            factory=stats_utils.get_stats_factory(),
-            export_legacy_names=conf.getboolean("metrics", "legacy_names_on"),
-        )
+        if hasattr(stats, "initialize"):  # 3.3+: the module's initialize
+            stats.initialize(
+                factory=stats_utils.get_stats_factory(),
+                export_legacy_names=conf.getboolean("metrics", "legacy_names_on"),
+            )
+        else:  # 3.2: the Stats class's, as its scheduler does
+            stats.Stats.initialize(factory=stats_utils.get_stats_factory(stats.Stats))
     from types import SimpleNamespace
 
     from airflow.assets.manager import asset_manager
