@@ -123,9 +123,12 @@ from sqlalchemy import (
     String,
     Table,
     bindparam,
+    cast as sql_cast,
     func,
     or_,
     select,
+    ARRAY,
+    any_,
     tuple_,
     union,
     update,
@@ -215,7 +218,14 @@ def _assets_cte() -> CTE:
 
 
 def _consumers(ev: CTE, *, with_aliases: bool, with_event_id: bool = False) -> Any:
-    """UNION of (asset_id, dag_id) -- or (event_id, asset_id, dag_id) -- over every kind of reference."""
+    """UNION of (asset_id, dag_id) -- or (event_id, asset_id, dag_id) -- over every kind of reference.
+
+    A subquery named ``src``; :func:`_consumers_union` for the bare ``UNION``.
+    """
+    return _consumers_union(ev, with_aliases=with_aliases, with_event_id=with_event_id).subquery("src")
+
+
+def _consumers_union(ev: CTE, *, with_aliases: bool, with_event_id: bool = False) -> Any:
     asset = cast(Table, AssetModel.__table__)
     direct = cast(Table, DagScheduleAssetReference.__table__)
     by_name = cast(Table, DagScheduleAssetNameReference.__table__)
@@ -238,7 +248,7 @@ def _consumers(ev: CTE, *, with_aliases: bool, with_event_id: bool = False) -> A
             .join(link, link.c.event_id == ev.c.event_id)
             .join(by_alias, by_alias.c.alias_id == link.c.alias_id)
         )
-    return union(*parts).subquery("src")
+    return union(*parts)
 
 
 # The columns the statement reads of ``dag`` and writes of the queue, per
@@ -283,15 +293,25 @@ def _source(form: _Form) -> CTE:
     return _events_cte(form.shape) if form.source == "events" else _assets_cte()
 
 
-def _wanted(form: _Form) -> Select[Any]:
-    """``SELECT asset_id, dag_id`` (3.4: ``, event_id``): the rows ``form``'s statement queues, unordered."""
+def _form_consumers(form: _Form) -> Any:
+    """:func:`_consumers_union` of ``form``'s source: with aliases and event ids where it needs them."""
+    with_event_id = form.restricted or form.shape.event_keyed
+    return _consumers_union(_source(form), with_aliases=form.source == "events", with_event_id=with_event_id)
+
+
+def _wanted(form: _Form, src: Any = None, dag: Any = _DAG) -> Select[Any]:
+    """``SELECT asset_id, dag_id`` (3.4: ``, event_id``): the rows ``form``'s statement queues, unordered.
+
+    ``src``: the consumers (default: :func:`_form_consumers` as a subquery);
+    ``dag``: where the consumers' ``dag`` columns are read (default: the table).
+    """
     source, shape, restricted = form.source, form.shape, form.restricted
     if shape.event_keyed and source != "events":
         raise ValueError(f"{shape.name}'s queue is keyed by event: it can only be driven by events")
-    ev = _source(form)
-    src = _consumers(ev, with_aliases=source == "events", with_event_id=restricted or shape.event_keyed)
+    if src is None:
+        src = _form_consumers(form).subquery("src")
     picked = [src.c.asset_id, src.c.dag_id, *([src.c.event_id] if shape.event_keyed else [])]
-    rows = select(*picked).join(_DAG, _DAG.c.dag_id == src.c.dag_id).where(*shape.consumer_filter(_DAG.c))
+    rows = select(*picked).join(dag, dag.c.dag_id == src.c.dag_id).where(*shape.consumer_filter(dag.c))
     if restricted:
         # Events listed in :restricted_ids queue only their (event_id, dag_id)
         # pairs in :allowed (Airflow's multi-team filter, computed by the
@@ -308,9 +328,11 @@ def _statement(dialect_name: str, form: _Form) -> Insert:
     return _insert(dialect_name, form, bindparam("created_at", type_=UtcDateTime()))
 
 
-def _insert(dialect_name: str, form: _Form, created_at: ColumnElement[dt.datetime]) -> Insert:
+def _insert(
+    dialect_name: str, form: _Form, created_at: ColumnElement[dt.datetime], wanted: Select[Any] | None = None
+) -> Insert:
     on_conflict, shape = form.on_conflict, form.shape
-    rows = _wanted(form).add_columns(created_at)
+    rows = (_wanted(form) if wanted is None else wanted).add_columns(created_at)
     src = rows.selected_columns
     target: Any
     if shape.event_keyed:
@@ -380,21 +402,41 @@ _Wait = Literal["wait", "nowait", "skip_locked"]
 
 @functools.cache
 def _share_lock(dialect_name: str, form: _Form, wait: _Wait = "wait") -> Select[Any]:
-    """``SELECT dag_id FROM dag WHERE dag_id IN (<consumers>) ORDER BY <lock order> FOR SHARE OF dag``.
+    """``SELECT dag_id, <filter columns> FROM dag WHERE dag_id <in consumers> ORDER BY <lock order> FOR SHARE OF dag``.
 
-    ``<consumers>``: :func:`_referencing_dags`, or ``:dag_ids`` where the
-    backend locks by id list (``lock_by_id_list``). ``wait``: block, fail at
-    once (``NOWAIT``) or leave the row out (``SKIP LOCKED``).
+    ``<in consumers>``: ``IN (:dag_ids)`` where the backend locks by id list
+    (``lock_by_id_list``), else ``= ANY(<array of the consumers>)``
+    (:func:`_locking_read`). ``wait``: block, fail at once (``NOWAIT``) or
+    leave the row out (``SKIP LOCKED``).
     """
     support = dialects.get(dialect_name)
-    assert support.lock_order is not None
     if support.lock_by_id_list:
-        consumers: Any = bindparam("dag_ids", expanding=True)
-    else:
-        consumers = _referencing_dags(form)
+        return _locking_read(dialect_name, form, _DAG.c.dag_id.in_(bindparam("dag_ids", expanding=True)), wait)
+    return _locking_read(dialect_name, form, _in_consumers(_form_consumers(form).subquery("src")), wait)
+
+
+def _in_consumers(src: Any) -> ColumnElement[bool]:
+    """``dag.dag_id = ANY((SELECT array_agg(dag_id) FROM src))`` (PostgreSQL).
+
+    One array, so PostgreSQL probes ``dag``'s primary key once per consumer.
+    ``dag_id IN (<subquery>)`` is planned as a join, and the planner, which
+    cannot know the events' assets, estimates the average fan-out: with a
+    few thousand DAGs it hashes all of ``dag`` (a sequential scan) for an
+    event with one consumer.
+    """
+    # The CAST makes the subquery one value (an array), not ANY's row source.
+    consumers = sql_cast(select(func.array_agg(src.c.dag_id)).scalar_subquery(), ARRAY(String))
+    return _DAG.c.dag_id == any_(consumers)
+
+
+def _locking_read(dialect_name: str, form: _Form, consumers: ColumnElement[bool], wait: _Wait) -> Select[Any]:
+    support = dialects.get(dialect_name)
+    assert support.lock_order is not None
+    # The columns the consumer filter reads: the statement filters on the row it holds.
+    columns = [_DAG.c[name] for name in form.shape.dag_columns]
     return (
-        select(_DAG.c.dag_id)
-        .where(_DAG.c.dag_id.in_(consumers))
+        select(_DAG.c.dag_id, *columns)
+        .where(consumers)
         .order_by(support.lock_order(_DAG.c.dag_id))
         .with_for_update(read=True, of=_DAG, nowait=wait == "nowait", skip_locked=wait == "skip_locked")
     )
@@ -410,13 +452,19 @@ _ONE_DAG_SHARE_LOCK = (
 def _write_once(dialect_name: str, form: _Form) -> Update:
     """The whole queue write as ONE statement (PostgreSQL; the SQL is in the module docstring).
 
+    The consumers (``src``) are read once; ``locked`` share-locks their
+    ``dag`` rows and returns the columns the consumer filter reads, so the
+    INSERT filters on the rows it holds and reads ``dag`` no second time.
     ``stamp`` is computed once, and only after ``count(*)`` has read (so
     locked) every consumer row: the clock is read once the share locks are
     held, however long they took. Each queue row is written once, with it.
     """
     support = dialects.get(dialect_name)
     assert support.clock_after_locks is not None
-    locked = _share_lock(dialect_name, form, "nowait").cte("locked").prefix_with("MATERIALIZED")
+    src = _form_consumers(form).cte("src").prefix_with("MATERIALIZED")
+    locked = (
+        _locking_read(dialect_name, form, _in_consumers(src), "nowait").cte("locked").prefix_with("MATERIALIZED")
+    )
     held = select(func.count().label("rows")).select_from(locked).subquery("held")
     stamp = (
         select(support.clock_after_locks().label("stamp"))
@@ -424,13 +472,14 @@ def _write_once(dialect_name: str, form: _Form) -> Update:
         .cte("stamp")
         .prefix_with("MATERIALIZED")
     )
-    queued = _insert(dialect_name, form, select(stamp.c.stamp).scalar_subquery()).cte("queued")
+    wanted = _wanted(form, src, locked)
+    queued = _insert(dialect_name, form, select(stamp.c.stamp).scalar_subquery(), wanted).cte("queued")
     return (
         update(_EVENT)
         .where(_EVENT.c.id.in_(bindparam("ids", expanding=True)))
         .values(timestamp=select(stamp.c.stamp).scalar_subquery())
         .returning(_EVENT.c.timestamp)
-        .add_cte(locked, stamp, queued)
+        .add_cte(src, locked, stamp, queued)
     )
 
 

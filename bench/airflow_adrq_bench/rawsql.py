@@ -60,15 +60,19 @@ _STAMP_EVENT = "UPDATE asset_event SET timestamp = {now} WHERE id = {event_id}"
 _STAMP_ROWS = (
     "UPDATE asset_dag_run_queue SET created_at = {now} WHERE asset_id = {asset_id} AND created_at = {pending}"
 )
-#: PostgreSQL: the share locks, the clock, the rows and the event in one statement.
+#: PostgreSQL: the share locks, the clock, the rows and the event in one statement. The consumers are
+#: read once; their dag rows by primary key (= ANY of one array) and filtered as locked.
 _WRITE_PG = (
-    "WITH locked AS MATERIALIZED (SELECT d.dag_id FROM dag d WHERE d.dag_id IN "
-    "(SELECT r.dag_id FROM dag_schedule_asset_reference r WHERE r.asset_id = {asset_id}) "
-    'ORDER BY d.dag_id COLLATE "C" FOR SHARE OF d NOWAIT), '
+    "WITH src AS MATERIALIZED (SELECT e.asset_id, r.dag_id FROM asset_event e "
+    "JOIN dag_schedule_asset_reference r ON r.asset_id = e.asset_id "
+    "WHERE e.id = {event_id} AND e.partition_key IS NULL), "
+    "locked AS MATERIALIZED (SELECT d.dag_id, d.is_paused, d.timetable_partitioned FROM dag d "
+    'WHERE d.dag_id = ANY (ARRAY(SELECT dag_id FROM src)) ORDER BY d.dag_id COLLATE "C" FOR SHARE OF d NOWAIT), '
     "stamp AS MATERIALIZED (SELECT clock_timestamp() AS t FROM (SELECT count(*) FROM locked) AS held), "
-    "q AS ("
-    + _QUEUE.replace("{created_at}", "(SELECT t FROM stamp)")
-    + " ON CONFLICT (asset_id, target_dag_id) DO UPDATE SET created_at = "
+    "q AS (INSERT INTO asset_dag_run_queue (asset_id, target_dag_id, created_at) "
+    "SELECT src.asset_id, src.dag_id, (SELECT t FROM stamp) FROM src JOIN locked l ON l.dag_id = src.dag_id "
+    "WHERE NOT l.is_paused AND NOT l.timetable_partitioned ORDER BY src.asset_id, src.dag_id "
+    "ON CONFLICT (asset_id, target_dag_id) DO UPDATE SET created_at = "
     "greatest(asset_dag_run_queue.created_at, excluded.created_at) "
     "WHERE asset_dag_run_queue.created_at < excluded.created_at) "
     "UPDATE asset_event SET timestamp = (SELECT t FROM stamp) WHERE id = {event_id} RETURNING timestamp"
@@ -167,7 +171,7 @@ def raw_sql(dialect: Dialect) -> RawSql:
 
     queue = _QUEUE.replace("{created_at}", "{pending}" if name == "mysql" else "{now}") + _CONFLICT[name]
     steps = {
-        "postgresql": ("SAVEPOINT adrq_share_lock", _WRITE_PG.format(false=false, **p)),
+        "postgresql": ("SAVEPOINT adrq_share_lock", _WRITE_PG.format(**p)),
         "mysql": (queue.format(false=false, **p), _CLOCK, _STAMP_EVENT.format(**p), _STAMP_ROWS.format(**p)),
         "sqlite": (_STAMP_EVENT.format(**p), queue.format(false=false, **p)),
     }[name]
