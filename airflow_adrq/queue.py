@@ -70,10 +70,11 @@ The route from the entry point to that SQL, the one place it is written down:
    Keyed events are filtered in ``_events_cte``, partitioned and paused DAGs
    by the shape's ``consumer_filter``. Then the COMMIT itself.
 4. With ``on_conflict="refresh_after_commit"``, :mod:`airflow_adrq.refresh`
-   reads the pairs whose row is older than the stamp, still before COMMIT,
-   and if there are any, the ``after_commit`` listener moves them forwards
-   on the same connection (the module is loaded the first time it is
-   needed: where the scheduler locks rows, it never is).
+   reads the pairs whose row is older than the stamp, still before COMMIT;
+   if there are any, it moves those no one holds forwards (``SKIP
+   LOCKED``), and the ``after_commit`` listener the others, on the same
+   connection (the module is loaded the first time it is needed: where the
+   scheduler locks rows, it never is).
 
 Why this shape:
 
@@ -115,6 +116,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
 
 from sqlalchemy import (
+    ARRAY,
     Boolean,
     Column,
     ColumnElement,
@@ -122,16 +124,17 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    any_,
     bindparam,
-    cast as sql_cast,
     func,
     or_,
     select,
-    ARRAY,
-    any_,
     tuple_,
     union,
     update,
+)
+from sqlalchemy import (
+    cast as sql_cast,
 )
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
@@ -402,7 +405,7 @@ _Wait = Literal["wait", "nowait", "skip_locked"]
 
 @functools.cache
 def _share_lock(dialect_name: str, form: _Form, wait: _Wait = "wait") -> Select[Any]:
-    """``SELECT dag_id, <filter columns> FROM dag WHERE dag_id <in consumers> ORDER BY <lock order> FOR SHARE OF dag``.
+    """``SELECT dag_id, <filter columns> FROM dag WHERE <in consumers> ORDER BY <lock order> FOR SHARE``.
 
     ``<in consumers>``: ``IN (:dag_ids)`` where the backend locks by id list
     (``lock_by_id_list``), else ``= ANY(<array of the consumers>)``
@@ -411,7 +414,8 @@ def _share_lock(dialect_name: str, form: _Form, wait: _Wait = "wait") -> Select[
     """
     support = dialects.get(dialect_name)
     if support.lock_by_id_list:
-        return _locking_read(dialect_name, form, _DAG.c.dag_id.in_(bindparam("dag_ids", expanding=True)), wait)
+        by_id = _DAG.c.dag_id.in_(bindparam("dag_ids", expanding=True))
+        return _locking_read(dialect_name, form, by_id, wait)
     return _locking_read(dialect_name, form, _in_consumers(_form_consumers(form).subquery("src")), wait)
 
 
@@ -462,9 +466,8 @@ def _write_once(dialect_name: str, form: _Form) -> Update:
     support = dialects.get(dialect_name)
     assert support.clock_after_locks is not None
     src = _form_consumers(form).cte("src").prefix_with("MATERIALIZED")
-    locked = (
-        _locking_read(dialect_name, form, _in_consumers(src), "nowait").cte("locked").prefix_with("MATERIALIZED")
-    )
+    locking = _locking_read(dialect_name, form, _in_consumers(src), "nowait")
+    locked = locking.cte("locked").prefix_with("MATERIALIZED")
     held = select(func.count().label("rows")).select_from(locked).subquery("held")
     stamp = (
         select(support.clock_after_locks().label("stamp"))
@@ -626,8 +629,9 @@ def queue_events(
     commit-time write does. No events: does nothing and returns ``None``.
 
     ``on_conflict``: ``"refresh"`` gives an existing row the stamp, ``"ignore"``
-    leaves it, ``"refresh_after_commit"`` moves it forwards after the Session's
-    COMMIT (:mod:`airflow_adrq.refresh`; a bare Connection: ``"ignore"``),
+    leaves it, ``"refresh_after_commit"`` moves it forwards without waiting for
+    it: now if no one holds it, else after the Session's COMMIT
+    (:mod:`airflow_adrq.refresh`; a bare Connection: ``"ignore"``),
     ``"auto"``: :func:`airflow_adrq.dialects.resolve`. ``allowed``: event id ->
     the only DAG ids it may queue (multi-team). ``shape``:
     :mod:`airflow_adrq.shapes`; ``schema``: ``[database] sql_alchemy_schema``.
@@ -778,8 +782,8 @@ def defer_events(
     the strongest ``on_conflict`` deferred (``"refresh"`` > ``"auto"`` >
     ``"refresh_after_commit"`` > ``"ignore"``): one lock order for all of
     them, held only for the commit; the stamp is read last, then COMMIT.
-    With ``"refresh_after_commit"``, existing rows are moved forwards after
-    the COMMIT (:mod:`airflow_adrq.refresh`).
+    With ``"refresh_after_commit"``, existing rows are moved forwards without
+    waiting for them, the held ones after the COMMIT (:mod:`airflow_adrq.refresh`).
     ``events``: flushed ``asset_event`` objects, or anything with integer
     ``id`` and ``asset_id``. ``allowed_dags``, ``shape`` and ``schema`` as in
     :func:`queue_events`. ``alias_names`` (event id -> the aliases it was

@@ -1,56 +1,57 @@
-"""``on_conflict="refresh_after_commit"``: existing queue rows moved forwards after COMMIT, never waiting.
+"""``on_conflict="refresh_after_commit"``: existing queue rows moved forwards without ever waiting.
 
 Where Airflow's scheduler takes no row locks (MariaDB, whose dialect has no
 ``FOR UPDATE OF``; any backend with ``[scheduler] use_row_level_locking =
 False``), it reads a DAG's queue rows plainly and deletes them, DAG by DAG in
-Python-set order, in one transaction. A producer refreshing existing rows in
-its own transaction would lock them in key order across DAGs, and the two
+Python-set order, in one transaction. A producer refreshing existing rows by
+waiting for their locks would lock them in key order across DAGs, and the two
 deadlock. So there the queue statement leaves existing rows alone, as
-Airflow's ``DO NOTHING`` does, and once the producer has committed, this
-module gives the rows its events should have refreshed the transaction's
-stamp::
+Airflow's ``DO NOTHING`` does, and this module gives the rows its events
+should have refreshed the transaction's stamp, taking only rows no one holds::
 
-    -- in the producer's transaction, once it is stamped, just before COMMIT:
+    -- in the producer's transaction, once it is stamped, as its last statements before COMMIT:
     SELECT target_dag_id, asset_id FROM asset_dag_run_queue JOIN (<the statement's pairs>) ...
      WHERE created_at < :stamp                                        -- no locks
-    -- after COMMIT, only if it found rows, ONE short transaction:
+    -- only if it found rows, per asset:
     SELECT target_dag_id FROM asset_dag_run_queue
      WHERE asset_id = :of_asset AND target_dag_id IN (:dag_ids) AND created_at < :stamp
-       FOR UPDATE SKIP LOCKED                                          -- per asset
+       FOR UPDATE SKIP LOCKED
     UPDATE asset_dag_run_queue SET created_at = :stamp
      WHERE asset_id = :of_asset AND target_dag_id IN (<the rows it locked>) AND created_at < :stamp
-    COMMIT
+    -- only if it skipped rows: which of them are still older (no locks), and
+    -- after COMMIT, ONE short transaction doing the same for those
 
-and, for rows it skipped, the same again a few milliseconds later, up to
-:data:`ROUNDS` times.
+and, for rows skipped again, the same again a few milliseconds later, up to
+:data:`ROUNDS` times. The rows it moves before COMMIT become visible with the
+events, as a refresh inside the statement would make them; the usual event,
+whose rows are all new, costs the one lock-free SELECT.
 
-Reading the rows before COMMIT finds those a read after it would, plus
-rows consumed in between (the locking read then finds nothing): every row
-of the statement's pairs that is not the producer's own already exists,
-committed, once the statement ran (it waited for any producer inserting the
-same pair), and what happens to such a row later is guarded by
-``created_at < :stamp``. The usual event, whose rows are all new, costs one
-lock-free SELECT and nothing after COMMIT.
+Reading the rows before COMMIT finds every row of the statement's pairs that
+is not the producer's own: it exists, committed, once the statement ran (it
+waited for any producer inserting the same pair), and what happens to such a
+row later is guarded by ``created_at < :stamp``.
 
 Why this cannot deadlock, lose or double an event:
 
 * It never waits for a lock: ``SKIP LOCKED`` leaves out the rows a scheduler
   is deleting or another producer is refreshing, and the UPDATE touches only
   rows it holds (a range of the primary key: ``asset_id`` and a ``dag_id``
-  list). A transaction that never waits is in no cycle. A row the scheduler
-  held is gone once it commits (consumed); one another producer held is
-  tried again.
+  list). Before COMMIT these are the transaction's last statements, and after
+  it they are a transaction of their own: a transaction that waits for
+  nothing once it holds these rows closes no cycle through them. A row the
+  scheduler held is gone once it commits (consumed); one another producer
+  held is tried again after COMMIT.
 * Forwards only, never an INSERT: a row the scheduler deleted in between was
   consumed, and re-creating it would make a second run over the same window.
-* The events are committed before any of this starts; a refresh that does not
-  happen (the row stayed locked for every round, the connection broke) leaves
-  the event waiting for its asset's next event, as Airflow's own ``DO
-  NOTHING`` would. Nothing here raises: failures are logged.
+* A refresh that does not happen (the row stayed locked for every round, the
+  connection broke after COMMIT) leaves the event waiting for its asset's
+  next event, as Airflow's own ``DO NOTHING`` would. Nothing after COMMIT
+  raises: failures are logged and counted.
 
-It runs on the session's own connection, after COMMIT and before the session
-hands the connection back to its pool (SQLAlchemy's ``after_commit``): no
-second connection per transaction. It needs ``SKIP LOCKED`` (MariaDB 10.6,
-MySQL 8.0, PostgreSQL).
+The part after COMMIT runs on the session's own connection, before the
+session hands it back to its pool (SQLAlchemy's ``after_commit``): no second
+connection per transaction. It needs ``SKIP LOCKED`` (MariaDB 10.6, MySQL
+8.0, PostgreSQL).
 """
 
 from __future__ import annotations
@@ -232,16 +233,19 @@ def plan(
     stamp: dt.datetime,
     options: Mapping[str, Any],
 ) -> None:
-    """Find the rows to refresh now (:func:`_older_rows`, once per ``params``); refresh them after COMMIT.
+    """Move the older rows forwards now where no one holds them; the others after COMMIT.
 
-    Locks nothing now: one plain SELECT per parameter set, in the caller's
-    (stamped) transaction. After the session's outermost COMMIT, on
-    ``connection``: one short transaction that locks only rows no one else
-    holds (``SKIP LOCKED``) and moves them forwards, again for the rows it
-    skipped (see the module docstring); dropped on rollback, as its events
-    are. Skipped if the connection is still inside a transaction then (a
-    session joined to an outer one). Does not promise the refresh: it is best
-    effort by design.
+    In the caller's (stamped) transaction, as its last statements: one plain
+    SELECT per parameter set (:func:`_older_rows`); if it finds rows, per
+    asset a ``SELECT ... FOR UPDATE SKIP LOCKED`` of them and an UPDATE of
+    those it got (:func:`_move_forwards`). It never waits, and the caller's
+    next statement is its COMMIT, so these locks close no cycle. Rows another
+    transaction held are moved after the session's outermost COMMIT, on
+    ``connection``, by one short transaction doing the same, again for the
+    rows it skipped (see the module docstring); dropped on rollback, as its
+    events are. Skipped if the connection is still inside a transaction then
+    (a session joined to an outer one). Does not promise the refresh of a
+    held row: it is best effort by design.
     """
     rows: dict[int, list[str]] = {}
     for one in params:
@@ -249,8 +253,12 @@ def plan(
             _older_rows(form), {**one, "stamp": stamp}, execution_options=options
         ):
             rows.setdefault(asset_id, []).append(dag_id)
-    if rows:
-        _SCOPE.add(session, _Planned(connection, rows, stamp, options))
+    if not rows:
+        return
+    todo = _move_forwards(connection, rows, stamp, options)
+    queue.report("incr", "refresh.rows", sum(map(len, rows.values())) - sum(map(len, todo.values())))
+    if todo:
+        _SCOPE.add(session, _Planned(connection, todo, stamp, options))
 
 
 def _refresh(item: _Planned) -> int:
@@ -279,24 +287,32 @@ def _refresh(item: _Planned) -> int:
 
 
 def _one_round(conn: Connection, todo: Mapping[int, Sequence[str]], item: _Planned) -> dict[int, list[str]]:
-    """One transaction: lock the rows no one holds, move them forwards; return the rows left out."""
-    skipped: dict[int, list[str]] = {}
+    """One transaction of :func:`_move_forwards`; returns the rows left out."""
     with conn.begin():
-        for asset_id, dag_ids in todo.items():
-            params = {"of_asset": asset_id, "dag_ids": list(dag_ids), "stamp": item.stamp}
-            held = set(conn.execute(_LOCK_OLDER, params, execution_options=item.options).scalars())
-            if held:
-                conn.execute(
-                    _MOVE_FORWARDS, {**params, "dag_ids": sorted(held)}, execution_options=item.options
-                )
-            left = [dag_id for dag_id in dag_ids if dag_id not in held]
-            if left:
-                # Left out: locked by someone, or consumed / moved on already. Only
-                # those still older (as last committed) are worth another round.
-                still = conn.execute(
-                    _STILL_OLDER, {**params, "dag_ids": left}, execution_options=item.options
-                )
-                skipped_here = sorted(set(still.scalars()))
-                if skipped_here:
-                    skipped[asset_id] = skipped_here
+        return _move_forwards(conn, todo, item.stamp, item.options)
+
+
+def _move_forwards(
+    conn: Connection, todo: Mapping[int, Sequence[str]], stamp: dt.datetime, options: Mapping[str, Any]
+) -> dict[int, list[str]]:
+    """Lock the rows no one holds (``SKIP LOCKED``) and move them forwards; return the rows left out.
+
+    In the caller's transaction. Per asset of ``todo`` (asset_id -> DAG ids):
+    the locking read, the UPDATE of the rows it got, and, if some were left
+    out, a plain read of which of those are still older.
+    """
+    skipped: dict[int, list[str]] = {}
+    for asset_id, dag_ids in todo.items():
+        params = {"of_asset": asset_id, "dag_ids": list(dag_ids), "stamp": stamp}
+        held = set(conn.execute(_LOCK_OLDER, params, execution_options=options).scalars())
+        if held:
+            conn.execute(_MOVE_FORWARDS, {**params, "dag_ids": sorted(held)}, execution_options=options)
+        left = [dag_id for dag_id in dag_ids if dag_id not in held]
+        if left:
+            # Left out: locked by someone, or consumed / moved on already. Only
+            # those still older (as last committed) are worth another round.
+            still = conn.execute(_STILL_OLDER, {**params, "dag_ids": left}, execution_options=options)
+            skipped_here = sorted(set(still.scalars()))
+            if skipped_here:
+                skipped[asset_id] = skipped_here
     return skipped

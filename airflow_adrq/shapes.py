@@ -57,7 +57,11 @@ class QueueShape:
     @property
     def dag_columns(self) -> tuple[str, ...]:
         """The ``dag`` columns :meth:`consumer_filter` reads."""
-        return ("is_paused", *(["is_draining"] if self.draining else []), *(["timetable_partitioned"] if self.partitions else []))
+        return (
+            "is_paused",
+            *(["is_draining"] if self.draining else []),
+            *(["timetable_partitioned"] if self.partitions else []),
+        )
 
     def consumer_filter(self, dag: Any, *, partitioned: bool = False) -> list[ColumnElement[bool]]:
         """The conditions on ``dag``'s columns (``table.c``) of a consumer Airflow queues.

@@ -75,7 +75,7 @@ class DialectSupport:
     never the other way round. Where it takes no row locks (MariaDB), it
     deletes the rows DAG by DAG in Python-set order while a refresh locks them
     in key order: the two deadlock, so ``"auto"`` is ``"refresh_after_commit"``
-    there (after COMMIT, never waiting: :mod:`airflow_adrq.refresh`).
+    there (never waiting: :mod:`airflow_adrq.refresh`).
 
     ``clock()`` is the database's clock as a SQL expression with one value
     per statement (``None``: Python's, for a database on the caller's host);

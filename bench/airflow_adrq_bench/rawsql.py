@@ -67,7 +67,8 @@ _WRITE_PG = (
     "JOIN dag_schedule_asset_reference r ON r.asset_id = e.asset_id "
     "WHERE e.id = {event_id} AND e.partition_key IS NULL), "
     "locked AS MATERIALIZED (SELECT d.dag_id, d.is_paused, d.timetable_partitioned FROM dag d "
-    'WHERE d.dag_id = ANY (ARRAY(SELECT dag_id FROM src)) ORDER BY d.dag_id COLLATE "C" FOR SHARE OF d NOWAIT), '
+    "WHERE d.dag_id = ANY (ARRAY(SELECT dag_id FROM src)) "
+    'ORDER BY d.dag_id COLLATE "C" FOR SHARE OF d NOWAIT), '
     "stamp AS MATERIALIZED (SELECT clock_timestamp() AS t FROM (SELECT count(*) FROM locked) AS held), "
     "q AS (INSERT INTO asset_dag_run_queue (asset_id, target_dag_id, created_at) "
     "SELECT src.asset_id, src.dag_id, (SELECT t FROM stamp) FROM src JOIN locked l ON l.dag_id = src.dag_id "

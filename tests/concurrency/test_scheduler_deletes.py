@@ -22,14 +22,15 @@ pass, while 4 producers commit events of their asset.
   refresh locks existing rows in key order: they deadlock, in this harness
   hundreds of times in a few seconds, which is why ``"auto"`` is
   ``"refresh_after_commit"`` on MariaDB: the producer's statement skips
-  existing rows with a lock-free ``NOT EXISTS`` (``"ignore"``), and after
-  COMMIT one short transaction per DAG moves them forwards
-  (:mod:`airflow_adrq.refresh`). What remains is the race on a row deleted
+  existing rows with a lock-free ``NOT EXISTS`` (``"ignore"``), and the
+  refresh moves forwards only the rows no one holds (``SKIP LOCKED``), the
+  held ones after COMMIT (:mod:`airflow_adrq.refresh`). What remains is the race on a row deleted
   and re-inserted at the same moment (an insert's duplicate check waits on
   the row the scheduler deleted but has not committed, while the scheduler's
   DELETE waits on a row the producer just inserted), a small fraction of the
   no-op ``ON DUPLICATE KEY UPDATE`` shape's. The counts are one harness run;
-  the tests compare shapes side by side, not against a fixed rate.
+  the tests compare shapes side by side, per committed transaction, not
+  against a fixed rate.
 """
 
 from __future__ import annotations
@@ -175,30 +176,38 @@ def test_unlocking_scheduler_ignore_and_the_default_deadlock_a_fraction_as_often
     """MariaDB's scheduler: the no-op ODKU shape and an in-statement refresh deadlock with it.
 
     The statement's "ignore" (what "auto" = "refresh_after_commit" runs in the
-    producer's transaction) has a small fraction of their deadlocks; the
-    refresh after COMMIT, one DAG per statement, adds none (its failures are
-    logged, never raised: none may be logged).
+    producer's transaction) has a small fraction of their deadlocks, per
+    committed transaction; the default's refresh, which never waits for a
+    row, adds none (its failures after COMMIT are logged, never raised: none
+    may be logged).
     """
     with create_engine(db_url).connect() as conn:
         assert dialects.resolve("auto", conn) == "refresh_after_commit"
     old, old_committed = _run(db_url, "old", scheduler_locks=False)
-    refresh, _ = _run(db_url, "refresh", scheduler_locks=False)
+    refresh, refresh_committed = _run(db_url, "refresh", scheduler_locks=False)
     ignore, ignore_committed = _run(db_url, "ignore", scheduler_locks=False)
     with caplog.at_level(logging.WARNING, logger="airflow_adrq.refresh"):
         after, after_committed = _run(db_url, "refresh_after_commit", scheduler_locks=False)
     print(
-        f"unlocked scheduler: old {old} ({old_committed} commits), refresh {refresh}, "
-        f"ignore {ignore} ({ignore_committed} commits), after COMMIT {after} ({after_committed} commits)"
+        f"unlocked scheduler: old {old} ({old_committed} commits), refresh {refresh} ({refresh_committed} "
+        f"commits), ignore {ignore} ({ignore_committed} commits), default {after} ({after_committed} commits)"
     )
     # The harness catches the locking shapes' deadlocks...
     assert sum(old.values()) > 20, old
     assert sum(refresh.values()) > 20, refresh
+
+    def per_commit(deadlocks: dict[str, int], committed: int) -> float:
+        # Per committed transaction: on a loaded machine every shape commits less and deadlocks less.
+        return sum(deadlocks.values()) / max(committed, 1)
+
+    locking = min(per_commit(old, old_committed), per_commit(refresh, refresh_committed))
     # ...the statement's "ignore" has a small fraction of them, committing more...
     # (A factor 4, not the 8-15 measured: the counts are one 5 s run on a shared machine.)
-    assert sum(ignore.values()) * 4 < min(sum(old.values()), sum(refresh.values())), (ignore, old, refresh)
+    assert per_commit(ignore, ignore_committed) * 4 < locking, (ignore, old, refresh)
     assert ignore_committed > old_committed
-    # ...and so has the default, whose refresh after COMMIT never failed.
-    assert sum(after.values()) * 4 < min(sum(old.values()), sum(refresh.values())), (after, old, refresh)
+    # ...and so has the default, whose refresh (never waiting) never failed after COMMIT. (A factor
+    # 3: measured 4-5 against refresh and 10-15 against old, per commit, in four runs.)
+    assert per_commit(after, after_committed) * 3 < locking, (after, old, refresh)
     assert after_committed > 20
     assert [r.getMessage() for r in caplog.records if r.name == "airflow_adrq.refresh"] == []
 

@@ -55,7 +55,9 @@ def test_an_event_with_one_consumer_does_not_scan_dag(engine, fan):
         form = queue._Form("events", "refresh")
         plans = {
             "the queue write": _plan(session.connection(), queue._write_once("postgresql", form), event_id),
-            "the share lock alone": _plan(session.connection(), queue._share_lock("postgresql", form), event_id),
+            "the share lock alone": _plan(
+                session.connection(), queue._share_lock("postgresql", form), event_id
+            ),
         }
         session.rollback()
     for name, plan in plans.items():
