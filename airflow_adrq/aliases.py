@@ -16,17 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Table, bindparam, insert, select
+from sqlalchemy import bindparam, insert, select
 from sqlalchemy.engine import Connection
 
 from airflow_adrq import dialects
-from airflow_adrq.models import (
-    AssetAliasModel,
-    alias_association_table,
-    asset_alias_asset_event_association_table,
-)
+from airflow_adrq.tables import asset_alias, asset_alias_asset, asset_alias_asset_event
 
 __all__ = ["ROWS_PER_STATEMENT", "AliasedEvent", "write_alias_rows"]
 
@@ -34,13 +30,12 @@ __all__ = ["ROWS_PER_STATEMENT", "AliasedEvent", "write_alias_rows"]
 #: and psycopg 3's 65,535 bound parameters.
 ROWS_PER_STATEMENT = 5_000
 
-_ALIAS = cast(Table, AssetAliasModel.__table__)
-_ALIASES_BY_NAME = select(_ALIAS.c.name, _ALIAS.c.id).where(
-    _ALIAS.c.name.in_(bindparam("names", expanding=True))
+_ALIASES_BY_NAME = select(asset_alias.c.name, asset_alias.c.id).where(
+    asset_alias.c.name.in_(bindparam("names", expanding=True))
 )
-_LINKS = select(alias_association_table.c.alias_id, alias_association_table.c.asset_id).where(
-    alias_association_table.c.alias_id.in_(bindparam("alias_ids", expanding=True)),
-    alias_association_table.c.asset_id.in_(bindparam("asset_ids", expanding=True)),
+_LINKS = select(asset_alias_asset.c.alias_id, asset_alias_asset.c.asset_id).where(
+    asset_alias_asset.c.alias_id.in_(bindparam("alias_ids", expanding=True)),
+    asset_alias_asset.c.asset_id.in_(bindparam("asset_ids", expanding=True)),
 )
 # Lookups bind one expanding list; keep them within the same parameter limits.
 _IDS_PER_LOOKUP = 10_000
@@ -74,20 +69,20 @@ def write_alias_rows(conn: Connection, events: Iterable[AliasedEvent]) -> None:
     alias_ids = _alias_ids(conn, names)
     missing = [name for name in names if name not in alias_ids]
     if missing:
-        _insert_sorted(conn, support.insert_ignore(_ALIAS), [{"name": n, "group": ""} for n in missing])
+        _insert_sorted(conn, support.insert_ignore(asset_alias), [{"name": n, "group": ""} for n in missing])
         alias_ids.update(_alias_ids(conn, missing))
     wanted = {(alias_ids[name], e.asset_id) for e in events for name in e.alias_names}
     links = sorted(wanted - _existing_links(conn, wanted))
     if links:
         _insert_sorted(
             conn,
-            support.insert_ignore(alias_association_table),
+            support.insert_ignore(asset_alias_asset),
             [{"alias_id": alias_id, "asset_id": asset_id} for alias_id, asset_id in links],
         )
     event_rows = sorted({(alias_ids[name], e.event_id) for e in events for name in e.alias_names})
     _insert_sorted(
         conn,
-        insert(asset_alias_asset_event_association_table),
+        insert(asset_alias_asset_event),
         [{"alias_id": alias_id, "event_id": event_id} for alias_id, event_id in event_rows],
     )
 

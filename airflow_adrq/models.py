@@ -30,10 +30,9 @@ from sqlalchemy import (
     String,
     Table,
 )
-from sqlalchemy.dialects import mysql
-from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-from sqlalchemy.types import TypeDecorator
+
+from airflow_adrq.tables import UtcDateTime, utcnow
 
 __all__ = [
     "ID_LEN",
@@ -77,11 +76,6 @@ ID_LEN = 250
 _MYSQL_FAMILY = ("mysql", "mariadb")
 
 
-def utcnow() -> dt.datetime:
-    """Timezone-aware now in UTC (Airflow's ``timezone.utcnow``)."""
-    return dt.datetime.now(dt.timezone.utc)
-
-
 def StringID(length: int = ID_LEN) -> sa.types.TypeEngine[str]:
     """Airflow's ``StringID``: VARCHAR(250), ``utf8mb3_bin`` on MySQL."""
     variant = String(length, collation="utf8mb3_bin")
@@ -92,43 +86,6 @@ def AssetString() -> sa.types.TypeEngine[str]:
     """Airflow's asset name/uri/group type: VARCHAR(1500), ``latin1_general_cs`` on MySQL."""
     variant = String(1500, collation="latin1_general_cs")
     return String(1500).with_variant(variant, *_MYSQL_FAMILY)
-
-
-class UtcDateTime(TypeDecorator[dt.datetime]):
-    """Airflow's ``UtcDateTime``: ``TIMESTAMP WITH TIME ZONE``, UTC in and out.
-
-    Naive datetimes are rejected. MySQL's TIMESTAMP has no time zone, so values
-    are sent as naive UTC there (as Airflow does) and read back as aware UTC.
-    """
-
-    impl = sa.TIMESTAMP(timezone=True)
-    cache_ok = True
-
-    def load_dialect_impl(self, dialect: Dialect) -> sa.types.TypeEngine[Any]:
-        if dialect.name in _MYSQL_FAMILY:
-            return dialect.type_descriptor(mysql.TIMESTAMP(fsp=6))
-        # As Airflow: the TIMESTAMP impl itself, so SQLite's DDL says
-        # TIMESTAMP (dialect.type_descriptor would adapt it to DATETIME).
-        return super().load_dialect_impl(dialect)
-
-    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
-        if value is None:
-            return None
-        if not isinstance(value, dt.datetime):
-            raise TypeError(f"expected datetime.datetime, not {value!r}")
-        if value.tzinfo is None:
-            raise ValueError("naive datetime is disallowed")
-        value = value.astimezone(dt.timezone.utc)
-        if dialect.name in _MYSQL_FAMILY:
-            return value.replace(tzinfo=None)
-        return value
-
-    def process_result_value(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            return value.replace(tzinfo=dt.timezone.utc)
-        return value.astimezone(dt.timezone.utc)
 
 
 class Base(DeclarativeBase):

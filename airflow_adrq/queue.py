@@ -9,23 +9,23 @@ separate statements, in the same order)::
     WITH ev AS (                    -- this transaction's events
         SELECT e.id AS event_id, e.asset_id FROM asset_event e
          WHERE e.id IN (:ids) AND e.partition_key IS NULL
+    ), src AS MATERIALIZED (        -- their consumers, read once: DAGs scheduled on the event's
+        SELECT ev.asset_id, r.dag_id FROM ev     -- asset directly, by Asset.ref(name=...) and
+          JOIN dag_schedule_asset_reference r    -- (uri=...), or on an alias it was emitted through
+            ON r.asset_id = ev.asset_id
+        UNION ... dag_schedule_asset_name_reference / _uri_reference (JOIN asset)
+        UNION ... asset_alias_asset_event JOIN dag_schedule_asset_alias_reference
     ), locked AS MATERIALIZED (     -- every consumer's dag row, FOR SHARE, in byte order
-        SELECT dag_id FROM dag WHERE dag_id IN (SELECT dag_id FROM <references of ev>)
+        SELECT dag_id, is_paused, timetable_partitioned FROM dag
+         WHERE dag_id = ANY (CAST((SELECT array_agg(dag_id) FROM src) AS VARCHAR[]))
          ORDER BY dag_id COLLATE "C" FOR SHARE OF dag NOWAIT
     ), stamp AS MATERIALIZED (      -- the database's clock, read once the locks are held
         SELECT clock_timestamp() AS stamp FROM (SELECT count(*) FROM locked) AS held
     ), queued AS (
         INSERT INTO asset_dag_run_queue (asset_id, target_dag_id, created_at)
         SELECT src.asset_id, src.dag_id, (SELECT stamp FROM stamp)
-        FROM (  -- <references of ev>: DAGs scheduled on the event's asset directly, by
-                --   Asset.ref(name=...) and (uri=...), or on an alias it was emitted through
-            SELECT ev.asset_id, r.dag_id FROM ev
-              JOIN dag_schedule_asset_reference r ON r.asset_id = ev.asset_id
-            UNION ... dag_schedule_asset_name_reference / _uri_reference (JOIN asset)
-            UNION ... asset_alias_asset_event JOIN dag_schedule_asset_alias_reference
-        ) AS src
-        JOIN dag ON dag.dag_id = src.dag_id
-        WHERE dag.is_paused = false AND dag.timetable_partitioned = false
+        FROM src JOIN locked ON locked.dag_id = src.dag_id   -- filtered on the rows it holds
+        WHERE locked.is_paused = false AND locked.timetable_partitioned = false
         ORDER BY src.asset_id, src.dag_id
         ON CONFLICT (asset_id, target_dag_id) DO UPDATE
             SET created_at = greatest(asset_dag_run_queue.created_at, excluded.created_at)
@@ -117,13 +117,8 @@ from typing import Any, Literal, Protocol, cast
 
 from sqlalchemy import (
     ARRAY,
-    Boolean,
-    Column,
     ColumnElement,
-    Integer,
-    MetaData,
     String,
-    Table,
     any_,
     bindparam,
     func,
@@ -142,22 +137,11 @@ from sqlalchemy.orm import Session, attributes
 from sqlalchemy.sql.dml import Insert, Update
 from sqlalchemy.sql.selectable import CTE, Select
 
-from airflow_adrq import dialects
+from airflow_adrq import dialects, tables
 from airflow_adrq.aliases import AliasedEvent, write_alias_rows
 from airflow_adrq.dialects import ConflictMode, ConflictPolicy, ResolvedPolicy
-from airflow_adrq.models import (
-    AssetDagRunQueue,
-    AssetEvent,
-    AssetModel,
-    DagScheduleAssetAliasReference,
-    DagScheduleAssetNameReference,
-    DagScheduleAssetReference,
-    DagScheduleAssetUriReference,
-    UtcDateTime,
-    asset_alias_asset_event_association_table,
-    utcnow,
-)
 from airflow_adrq.shapes import PARTITIONED, QueueShape
+from airflow_adrq.tables import UtcDateTime, utcnow
 from airflow_adrq.txscope import DeferredWrites
 
 __all__ = [
@@ -186,8 +170,8 @@ def report(kind: str, name: str, value: float) -> None: ...  # replaced by the p
 #: aliases) or bare asset ids (direct, name and URI references only).
 Source = Literal["events", "assets"]
 
-_ADRQ = cast(Table, AssetDagRunQueue.__table__)
-_EVENT = cast(Table, AssetEvent.__table__)
+_ADRQ = tables.asset_dag_run_queue
+_EVENT = tables.asset_event
 
 
 class EventLike(Protocol):
@@ -214,7 +198,7 @@ def _events_cte(shape: QueueShape) -> CTE:
 
 
 def _assets_cte() -> CTE:
-    asset = cast(Table, AssetModel.__table__)
+    asset = tables.asset
     return (
         select(asset.c.id.label("asset_id")).where(asset.c.id.in_(bindparam("ids", expanding=True))).cte("ev")
     )
@@ -229,10 +213,8 @@ def _consumers(ev: CTE, *, with_aliases: bool, with_event_id: bool = False) -> A
 
 
 def _consumers_union(ev: CTE, *, with_aliases: bool, with_event_id: bool = False) -> Any:
-    asset = cast(Table, AssetModel.__table__)
-    direct = cast(Table, DagScheduleAssetReference.__table__)
-    by_name = cast(Table, DagScheduleAssetNameReference.__table__)
-    by_uri = cast(Table, DagScheduleAssetUriReference.__table__)
+    asset, direct = tables.asset, tables.dag_schedule_asset_reference
+    by_name, by_uri = tables.dag_schedule_asset_name_reference, tables.dag_schedule_asset_uri_reference
     key = [ev.c.event_id, ev.c.asset_id] if with_event_id else [ev.c.asset_id]
     parts = [
         select(*key, direct.c.dag_id).join(direct, direct.c.asset_id == ev.c.asset_id),
@@ -244,8 +226,7 @@ def _consumers_union(ev: CTE, *, with_aliases: bool, with_event_id: bool = False
         .join(by_uri, by_uri.c.uri == asset.c.uri),
     ]
     if with_aliases:
-        link = asset_alias_asset_event_association_table
-        by_alias = cast(Table, DagScheduleAssetAliasReference.__table__)
+        link, by_alias = tables.asset_alias_asset_event, tables.dag_schedule_asset_alias_reference
         parts.append(
             select(*key, by_alias.c.dag_id)
             .join(link, link.c.event_id == ev.c.event_id)
@@ -254,29 +235,8 @@ def _consumers_union(ev: CTE, *, with_aliases: bool, with_event_id: bool = False
     return union(*parts)
 
 
-# The columns the statement reads of ``dag`` and writes of the queue, per
-# release line (see airflow_adrq.shapes), since the models describe one
-# release's tables.
-# Tables in a metadata of their own (not the models'): schema_translate_map
-# applies to Table objects only, and Airflow may keep its tables in a schema
-# (``[database] sql_alchemy_schema``).
-_COLUMN_VIEWS = MetaData()
-_DAG = Table(
-    "dag",
-    _COLUMN_VIEWS,
-    Column("dag_id", String, primary_key=True),
-    Column("is_paused", Boolean),
-    Column("timetable_partitioned", Boolean),
-    Column("is_draining", Boolean),
-)
-_ADRQ_BY_EVENT = Table(
-    "asset_dag_run_queue",
-    _COLUMN_VIEWS,
-    Column("target_dag_id", String, primary_key=True),
-    Column("asset_event_id", Integer, primary_key=True),
-    Column("asset_id", Integer),
-    Column("created_at", UtcDateTime()),
-)
+_DAG = tables.dag
+_ADRQ_BY_EVENT = tables.asset_dag_run_queue_by_event
 
 
 @dataclass(frozen=True)

@@ -63,15 +63,15 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, cast
+from typing import Any, Final
 
-from sqlalchemy import Select, Table, bindparam, select, update
+from sqlalchemy import Select, bindparam, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Update
 
 from airflow_adrq import dialects, queue
-from airflow_adrq.models import AssetDagRunQueue, UtcDateTime
+from airflow_adrq.tables import UtcDateTime, asset_dag_run_queue
 from airflow_adrq.txscope import TransactionScoped
 
 __all__ = ["PENDING", "ROUNDS", "plan", "write_then_stamp"]
@@ -81,7 +81,7 @@ log = logging.getLogger(__name__)
 #: Rounds of the after-COMMIT transaction for rows another transaction held.
 ROUNDS = 3
 
-_ADRQ = cast(Table, AssetDagRunQueue.__table__)
+_ADRQ = asset_dag_run_queue
 _STAMP = bindparam("stamp", type_=UtcDateTime())
 _OLDER = (
     _ADRQ.c.asset_id == bindparam("of_asset"),

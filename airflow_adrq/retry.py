@@ -13,9 +13,9 @@ from __future__ import annotations
 import contextvars
 import logging
 from collections.abc import Callable, Iterable
-from typing import TypeVar, cast
+from typing import TypeVar
 
-from sqlalchemy import Table, event, func, select
+from sqlalchemy import event, func, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
@@ -23,7 +23,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_at
 from airflow_adrq import queue
 from airflow_adrq.errorcodes import Retryable, RetryableKind, classify, is_retryable
 from airflow_adrq.errors import CommitOutcomeUnknownError, RetriesExhaustedError
-from airflow_adrq.models import AssetEvent
+from airflow_adrq.tables import asset_event
 
 __all__ = [
     "Retryable",
@@ -186,7 +186,7 @@ def commit_outcome(session_factory: Callable[[], Session], error: CommitOutcomeU
     ids = sorted(set(error.event_ids))
     if not ids:
         return None
-    table = cast(Table, AssetEvent.__table__)
+    table = asset_event
     with session_factory() as session:
         found = session.execute(
             select(func.count()).select_from(table).where(table.c.id.in_(ids))

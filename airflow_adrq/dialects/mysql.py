@@ -38,7 +38,7 @@ from sqlalchemy.sql.dml import Insert
 
 from airflow_adrq.dialects import ConflictMode, DialectSupport, register
 from airflow_adrq.errors import AdrqError, IsolationLevelError
-from airflow_adrq.models import UtcDateTime
+from airflow_adrq.tables import UtcDateTime
 
 #: Execution option that lets a connection write the queue at any isolation level.
 ALLOW_ISOLATION_OPTION = "adrq_allow_isolation"
@@ -139,7 +139,7 @@ SUPPORT = register("mysql", "mariadb")(
         # MariaDB's does not, and deletes DAG by DAG: refresh would deadlock.
         refresh_by_default=_scheduler_locks_queue_rows,
         # UTC wall time, as the naive UTC values sent for TIMESTAMP columns
-        # (models.UtcDateTime); evaluated once per statement.
+        # (tables.UtcDateTime); evaluated once per statement.
         clock=lambda: func.utc_timestamp(6, type_=UtcDateTime()),
         # MySQL 8's scheduler skips share-locked dag rows (FOR UPDATE SKIP
         # LOCKED). InnoDB locks in access order: the consumers are locked by

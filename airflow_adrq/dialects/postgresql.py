@@ -19,7 +19,7 @@ from sqlalchemy import func
 from sqlalchemy.dialects import postgresql
 
 from airflow_adrq.dialects import DialectSupport, _on_conflict, register
-from airflow_adrq.models import UtcDateTime
+from airflow_adrq.tables import UtcDateTime
 
 
 def _lock_not_available(error: BaseException) -> bool:

@@ -15,9 +15,13 @@ and Airflow 3.3.2's scheduler step (:func:`scheduler_pass`) in a loop, with
 ``FOR UPDATE SKIP LOCKED`` (PostgreSQL, MySQL 8) or without row locks
 (``--no-row-locks``: MariaDB's). Then the queue is drained and every event's
 runs are counted. Side by side: airflow-adrq's protocol (lock, stamp from the
-database's clock, COMMIT) and the one before it (:func:`stamp_first`), each
-on its own scratch database. Also the window itself: the time from the
-stamp to the moment the commit is visible to another connection.
+database's clock, COMMIT) and the one before it (:func:`landed`), each
+on its own scratch database, every side writing its events the same way.
+Also the window itself: the time from the stamp to the moment the commit is
+visible to another connection, and the time from an event's COMMIT to the
+run that consumes it. ``--scheduler-interval-ms`` pauses between scheduler
+passes, as the rest of a real scheduler loop does (default: none, the worst
+case for producers waiting on the scheduler's ``dag`` row lock).
 """
 
 from __future__ import annotations
@@ -34,11 +38,10 @@ from typing import cast
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from airflow_adrq import create_engine, dialects, migrate, register_asset_change
+from airflow_adrq import create_engine, dialects, migrate, queue_events
 from airflow_adrq.dialects import ConflictPolicy
 from airflow_adrq.manager import build_queue_statement
 from airflow_adrq.models import (
-    AssetModel,
     DagModel,
     utcnow,
 )
@@ -81,13 +84,18 @@ def scheduler_pass(
     return triggered, events
 
 
+def _events(conn: sa.Connection, asset_ids: Sequence[int]) -> list[int]:
+    """One ``asset_event`` per asset, as every protocol here writes them: the same work before the queue."""
+    insert = sa.insert(_EVENT).returning(_EVENT.c.id)
+    return [
+        conn.execute(insert.values(asset_id=a, extra={}, timestamp=utcnow())).scalar_one() for a in asset_ids
+    ]
+
+
 def stamp_first(session: Session, asset_ids: Sequence[int]) -> list[int]:
     """The protocol before the fix: the events, Python's clock on them, then the statement; COMMIT."""
     conn = session.connection()
-    insert = sa.insert(_EVENT).returning(_EVENT.c.id)
-    ids = [
-        conn.execute(insert.values(asset_id=a, extra={}, timestamp=utcnow())).scalar_one() for a in asset_ids
-    ]
+    ids = _events(conn, asset_ids)
     stamp = utcnow()
     conn.execute(sa.update(_EVENT).where(_EVENT.c.id.in_(ids)).values(timestamp=stamp))
     conn.execute(
@@ -106,10 +114,7 @@ def landed(session: Session, asset_ids: Sequence[int]) -> list[int]:
     of each row); COMMIT. No ``dag`` row lock.
     """
     conn = session.connection()
-    insert = sa.insert(_EVENT).returning(_EVENT.c.id)
-    ids = [
-        conn.execute(insert.values(asset_id=a, extra={}, timestamp=utcnow())).scalar_one() for a in asset_ids
-    ]
+    ids = _events(conn, asset_ids)
     conn.execute(
         build_queue_statement(conn.dialect, on_conflict="refresh"), {"ids": ids, "created_at": PENDING}
     )
@@ -122,10 +127,21 @@ def landed(session: Session, asset_ids: Sequence[int]) -> list[int]:
     return ids
 
 
+@dataclass(frozen=True)
+class _Event:
+    id: int
+    asset_id: int
+
+
 def _ours(session: Session, asset_ids: Sequence[int], policy: ConflictPolicy) -> list[int]:
-    assets = session.scalars(sa.select(AssetModel).where(AssetModel.id.in_(asset_ids)))
-    events = [register_asset_change(asset=a, session=session, on_conflict=policy) for a in assets]
-    ids = [e.id for e in events if e is not None]
+    """The installed airflow-adrq's queue write (:func:`airflow_adrq.queue_events`) after the same events.
+
+    The same events as the other protocols, written the same way, so that the
+    sides differ only in the queue write (``register_asset_change`` would add
+    its lookup, and Python time, to this side alone).
+    """
+    ids = _events(session.connection(), asset_ids)
+    queue_events(session, [_Event(i, a) for i, a in zip(ids, asset_ids, strict=True)], on_conflict=policy)
     session.commit()
     return ids
 
@@ -172,7 +188,9 @@ class Outcome:
         )
 
 
-def measure(url: str, protocol: str, *, producers: int, seconds: float, locks: bool) -> Outcome:
+def measure(
+    url: str, protocol: str, *, producers: int, seconds: float, locks: bool, interval_s: float = 0.0
+) -> Outcome:
     """One side of the comparison on the scratch database ``url`` (migrated here)."""
     migrate.upgrade(url)
     engine = create_engine(url, pool_size=producers + 3)
@@ -234,6 +252,7 @@ def measure(url: str, protocol: str, *, producers: int, seconds: float, locks: b
                 one_pass()
             except sa.exc.DBAPIError as exc:
                 deadlocked(exc)
+            stop.wait(interval_s)  # the rest of a scheduler loop (0: pass after pass)
 
     threads = [threading.Thread(target=produce, args=(a,)) for a in asset_ids]
     threads.append(threading.Thread(target=schedule))
@@ -289,6 +308,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--no-row-locks", action="store_true", help="a scheduler without row locks (MariaDB's)"
     )
     parser.add_argument(
+        "--scheduler-interval-ms",
+        type=float,
+        default=0.0,
+        help="pause between scheduler passes, the rest of a scheduler loop (default 0: pass after pass)",
+    )
+    parser.add_argument(
         "--protocols",
         default="landed,ours",
         help="comma-separated, side by side: landed (rows at PENDING, then stamped; no dag lock), "
@@ -299,7 +324,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for protocol in args.protocols.split(","):
         with dataset.scratch_database(args.db) as url:
             locks = not args.no_row_locks
-            found = measure(url, protocol, producers=args.producers, seconds=args.seconds, locks=locks)
+            found = measure(
+                url,
+                protocol,
+                producers=args.producers,
+                seconds=args.seconds,
+                locks=locks,
+                interval_s=args.scheduler_interval_ms / 1000,
+            )
         print(found.line(), flush=True)
     return 0
 

@@ -1,7 +1,8 @@
 """What ``asset_manager_class = airflow_adrq.airflow.AdrqAssetManager`` loads into every Airflow process.
 
 The plug-in path alone: the statement, the commit-time bookkeeping,
-dialects, shapes, compat, the tables, errors. Not the standalone manager,
+dialects, shapes, compat, the tables (Core ``Table`` objects of
+the columns it uses, not the models), errors. Not the standalone manager,
 the whole-transaction retry, the listeners registry, the engine factory, the
 migrations or doctor; not the opt-in triggerer patch, nor the after-COMMIT
 refresh (with its error classification), which load where they are used
@@ -28,9 +29,9 @@ PLUGIN_PATH = [
     "airflow_adrq.aliases",
     "airflow_adrq.dialects",
     "airflow_adrq.errors",
-    "airflow_adrq.models",
     "airflow_adrq.queue",
     "airflow_adrq.shapes",
+    "airflow_adrq.tables",
     "airflow_adrq.txscope",
 ]
 

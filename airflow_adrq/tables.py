@@ -1,0 +1,160 @@
+"""The columns the queueing SQL reads and writes, as SQLAlchemy Core tables.
+
+This is what the plug-in imports, in every Airflow process: the statements
+name Airflow's tables and these columns only, so a table here declares no
+more (no keys beyond the primary key, no indexes, no ORM class). The full,
+Airflow-identical DDL, for standalone databases and the migrations, is
+:mod:`airflow_adrq.models`; both describe the same tables, and the tests run
+these statements against databases made from the models and by
+``airflow db migrate``.
+
+A metadata of their own: ``schema_translate_map`` (``[database]
+sql_alchemy_schema``) rewrites these tables wherever they appear.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Boolean, Column, Integer, MetaData, String, Table
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator
+
+__all__ = [
+    "UtcDateTime",
+    "asset",
+    "asset_alias",
+    "asset_alias_asset",
+    "asset_alias_asset_event",
+    "asset_dag_run_queue",
+    "asset_dag_run_queue_by_event",
+    "asset_event",
+    "dag",
+    "dag_schedule_asset_alias_reference",
+    "dag_schedule_asset_name_reference",
+    "dag_schedule_asset_reference",
+    "dag_schedule_asset_uri_reference",
+    "utcnow",
+]
+
+_MYSQL_FAMILY = ("mysql", "mariadb")
+
+
+def utcnow() -> dt.datetime:
+    """Timezone-aware now in UTC (Airflow's ``timezone.utcnow``)."""
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class UtcDateTime(TypeDecorator[dt.datetime]):
+    """Airflow's ``UtcDateTime``: ``TIMESTAMP WITH TIME ZONE``, UTC in and out.
+
+    Naive datetimes are rejected. MySQL's TIMESTAMP has no time zone, so values
+    are sent as naive UTC there (as Airflow does) and read back as aware UTC.
+    """
+
+    impl = sa.TIMESTAMP(timezone=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> sa.types.TypeEngine[Any]:
+        if dialect.name in _MYSQL_FAMILY:
+            return dialect.type_descriptor(mysql.TIMESTAMP(fsp=6))
+        # As Airflow: the TIMESTAMP impl itself, so SQLite's DDL says
+        # TIMESTAMP (dialect.type_descriptor would adapt it to DATETIME).
+        return super().load_dialect_impl(dialect)
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if not isinstance(value, dt.datetime):
+            raise TypeError(f"expected datetime.datetime, not {value!r}")
+        if value.tzinfo is None:
+            raise ValueError("naive datetime is disallowed")
+        value = value.astimezone(dt.timezone.utc)
+        if dialect.name in _MYSQL_FAMILY:
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value.astimezone(dt.timezone.utc)
+
+
+metadata = MetaData()
+
+
+def _table(name: str, *columns: Column[Any], into: MetaData = metadata) -> Table:
+    return Table(name, into, *columns)
+
+
+def _id(name: str = "id") -> Column[int]:
+    return Column(name, Integer, primary_key=True)
+
+
+dag = _table(
+    "dag",
+    Column("dag_id", String, primary_key=True),
+    Column("is_paused", Boolean),
+    Column("timetable_partitioned", Boolean),  # 3.2+
+    Column("is_draining", Boolean),  # 3.4
+)
+asset = _table("asset", _id(), Column("name", String), Column("uri", String))
+asset_event = _table(
+    "asset_event",
+    _id(),
+    Column("asset_id", Integer),
+    Column("timestamp", UtcDateTime()),
+    Column("partition_key", String),  # 3.2+
+)
+#: Airflow 3.0-3.3's queue: one row per (asset, consumer DAG).
+asset_dag_run_queue = _table(
+    "asset_dag_run_queue",
+    Column("asset_id", Integer, primary_key=True),
+    Column("target_dag_id", String, primary_key=True),
+    Column("created_at", UtcDateTime()),
+)
+#: Airflow 3.4's queue: one row per (consumer DAG, event). Same name, so a metadata of its own.
+asset_dag_run_queue_by_event = _table(
+    "asset_dag_run_queue",
+    Column("target_dag_id", String, primary_key=True),
+    Column("asset_event_id", Integer, primary_key=True),
+    Column("asset_id", Integer),
+    Column("created_at", UtcDateTime()),
+    into=MetaData(),
+)
+dag_schedule_asset_reference = _table(
+    "dag_schedule_asset_reference",
+    Column("asset_id", Integer, primary_key=True),
+    Column("dag_id", String, primary_key=True),
+)
+dag_schedule_asset_name_reference = _table(
+    "dag_schedule_asset_name_reference",
+    Column("name", String, primary_key=True),
+    Column("dag_id", String, primary_key=True),
+)
+dag_schedule_asset_uri_reference = _table(
+    "dag_schedule_asset_uri_reference",
+    Column("uri", String, primary_key=True),
+    Column("dag_id", String, primary_key=True),
+)
+dag_schedule_asset_alias_reference = _table(
+    "dag_schedule_asset_alias_reference",
+    Column("alias_id", Integer, primary_key=True),
+    Column("dag_id", String, primary_key=True),
+)
+asset_alias = _table("asset_alias", _id(), Column("name", String), Column("group", String))
+asset_alias_asset = _table(
+    "asset_alias_asset",
+    Column("alias_id", Integer, primary_key=True),
+    Column("asset_id", Integer, primary_key=True),
+)
+asset_alias_asset_event = _table(
+    "asset_alias_asset_event",
+    Column("alias_id", Integer, primary_key=True),
+    Column("event_id", Integer, primary_key=True),
+)
