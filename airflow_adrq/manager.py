@@ -36,7 +36,7 @@ from airflow_adrq.aliases import AliasedEvent, write_alias_rows
 from airflow_adrq.dialects import ConflictMode, ConflictPolicy, check_policy
 from airflow_adrq.listeners import AssetEventInfo
 from airflow_adrq.models import AssetActive, AssetEvent, AssetModel, utcnow
-from airflow_adrq.queue import defer_events, queue_events
+from airflow_adrq.queue import check_one_policy, defer_events, queue_events
 from airflow_adrq.retry import Callback, run_callbacks
 from airflow_adrq.shapes import PARTITIONED, QueueShape
 from airflow_adrq.txscope import TransactionScoped
@@ -207,7 +207,10 @@ def register_asset_changes(
     changes = list(changes)
     if queue_mode not in ("commit", "immediate"):
         raise ValueError(f"queue_mode must be 'commit' or 'immediate', not {queue_mode!r}")
-    check_policy(on_conflict)
+    if queue_mode == "commit":
+        check_one_policy(session, on_conflict)  # before any write: the call fails whole
+    else:
+        check_policy(on_conflict)
     if not changes:
         return []
     found = _lookup_assets(session, {(c.asset.name, c.asset.uri) for c in changes})

@@ -148,6 +148,7 @@ __all__ = [
     "IDS_PER_STATEMENT",
     "EventLike",
     "Source",
+    "check_one_policy",
     "consumers_of_events",
     "defer_events",
     "flush_queue",
@@ -682,10 +683,11 @@ class _Deferred:
 
 
 def _queue_deferred(session: Session, entries: list[_Deferred]) -> None:
-    # One statement for all: the strongest policy asked for wins.
+    # One statement for all, so one policy: a mix is the caller's mistake, not something to merge.
     policies = {entry.on_conflict for entry in entries}
-    strongest: tuple[ConflictPolicy, ...] = ("refresh", "auto", "refresh_after_commit", "ignore")
-    on_conflict = next(p for p in strongest if p in policies)
+    if len(policies) != 1:
+        raise ValueError(f"one transaction cannot queue with two on_conflict policies: {sorted(policies)}")
+    on_conflict = policies.pop()
     allowed = {entry.id: entry.allowed for entry in entries if entry.allowed is not None}
     shapes = {entry.shape for entry in entries}
     if len(shapes) != 1:
@@ -738,10 +740,11 @@ def defer_events(
     """Record ``events`` to be stamped and queued by ONE statement just before COMMIT.
 
     The session's ``before_commit`` hook (after a final flush) passes every
-    event deferred in the transaction to one :func:`queue_events` call, with
-    the strongest ``on_conflict`` deferred (``"refresh"`` > ``"auto"`` >
-    ``"refresh_after_commit"`` > ``"ignore"``): one lock order for all of
-    them, held only for the commit; the stamp is read last, then COMMIT.
+    event deferred in the transaction to one :func:`queue_events` call: one
+    lock order for all of them, held only for the commit; the stamp is read
+    last, then COMMIT. One statement has one ``on_conflict``: deferring with
+    a policy other than the one already pending in the transaction raises
+    :class:`ValueError`.
     With ``"refresh_after_commit"``, existing rows are moved forwards without
     waiting for them, the held ones after the COMMIT (:mod:`airflow_adrq.refresh`).
     ``events``: flushed ``asset_event`` objects, or anything with integer
@@ -761,7 +764,7 @@ def defer_events(
     transaction. Does not promise anything for a transaction committed other
     than by ``Session.commit()`` (on the raw connection, say).
     """
-    dialects.check_policy(on_conflict)
+    check_one_policy(session, on_conflict)
     for event in events:
         event_id, asset_id = event.id, event.asset_id
         if not isinstance(event_id, int) or not isinstance(asset_id, int):
@@ -771,6 +774,21 @@ def defer_events(
         allowed = frozenset(only) if only is not None else None
         names = tuple(alias_names.get(event_id, ())) if alias_names is not None else ()
         _DEFERRED.add(session, _Deferred(event_id, asset_id, on_conflict, allowed, names, shape, schema, obj))
+
+
+def check_one_policy(session: Session, on_conflict: object) -> ConflictPolicy:
+    """``on_conflict``, if it is a policy and the one already pending in this transaction, if any.
+
+    Else :class:`ValueError`: one transaction is queued by one statement, with one policy.
+    """
+    policy = dialects.check_policy(on_conflict)
+    pending = {entry.on_conflict for entry in _DEFERRED.pending(session)} - {policy}
+    if pending:
+        raise ValueError(
+            f"on_conflict={policy!r}, but this transaction already queues with {pending.pop()!r}: "
+            "one transaction is queued by one statement, with one policy"
+        )
+    return policy
 
 
 def _is_mapped(obj: object) -> bool:

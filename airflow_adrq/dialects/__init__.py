@@ -1,8 +1,10 @@
-"""Per-dialect SQL differences behind one small registry.
+"""Per-dialect SQL differences: one plain module per backend, looked up by name.
 
 Generic code asks :func:`get` for the :class:`DialectSupport` of a bind and
-never compares dialect names itself. Each backend module registers itself
-with :func:`register`; adding a backend means adding a module here.
+never compares dialect names itself. Each backend module
+(``airflow_adrq.dialects.postgresql``, ``.mysql``, ``.sqlite``) defines one
+``SUPPORT``; :data:`MODULES` maps SQLAlchemy's dialect names to them. Adding
+a backend means adding a module and a line there.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import datetime as dt
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Literal, cast
 
 from sqlalchemy import Column, ColumnElement, Select, Table
 from sqlalchemy.engine import Connection, Dialect, Engine
@@ -22,14 +24,13 @@ from airflow_adrq.errors import UnsupportedDialectError
 
 __all__ = [
     "CONFLICT_POLICIES",
+    "MODULES",
     "ConflictMode",
     "ConflictPolicy",
     "DialectSupport",
-    "Registry",
     "ResolvedPolicy",
     "check_policy",
     "get",
-    "register",
     "resolve",
 ]
 
@@ -122,63 +123,16 @@ class DialectSupport:
     check_before_ddl: Callable[[Connection], None] = field(default=lambda connection: None)
 
 
-T = TypeVar("T")
-
-
-class Registry(Generic[T]):
-    """Backend name -> one entry per backend module of ``package``, which registers itself.
-
-    The modules are imported on the first lookup, not with the package: they
-    import the package (for :meth:`register`), and importing the package
-    should not import every backend's SQLAlchemy extension up front.
-    """
-
-    def __init__(
-        self, package: str, modules: Sequence[str], unknown: Callable[[str, list[str]], Exception]
-    ) -> None:
-        self._modules = [f"{package}.{module}" for module in modules]
-        self._unknown = unknown
-        self._entries: dict[str, T] = {}
-        self._loaded = False
-
-    def register(self, *names: str) -> Callable[[T], T]:
-        """Decorator: register an entry under one or more backend names."""
-
-        def decorate(entry: T) -> T:
-            for name in names:
-                self._entries[name] = entry
-            return entry
-
-        return decorate
-
-    def lookup(self, name: str) -> T:
-        """The entry for ``name``; ``unknown(name, known names)`` is raised if there is none."""
-        if not self._loaded:
-            for module in self._modules:
-                importlib.import_module(module)
-            self._loaded = True
-        try:
-            return self._entries[name]
-        except KeyError:
-            raise self._unknown(name, sorted(self._entries)) from None
-
-
-_REGISTRY: Registry[DialectSupport] = Registry(
-    __name__,
-    ("mysql", "postgresql", "sqlite"),
-    lambda name, known: UnsupportedDialectError(
-        f"no airflow-adrq support for dialect {name!r} (supported: {', '.join(known)})"
-    ),
-)
-#: Register a :class:`DialectSupport` under one or more dialect names.
-register = _REGISTRY.register
+#: SQLAlchemy dialect name -> the module of this package that supports it. Imported on first
+#: use, not with the package: each imports its SQLAlchemy dialect extension.
+MODULES = {"postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql", "sqlite": "sqlite"}
 
 
 def get(bind: Session | Connection | Engine | Dialect | str) -> DialectSupport:
     """The :class:`DialectSupport` for a session, connection, engine or dialect.
 
     Raises :class:`~airflow_adrq.errors.UnsupportedDialectError` for a backend
-    without a registered module.
+    not in :data:`MODULES`.
     """
     if isinstance(bind, str):
         name = bind
@@ -188,7 +142,12 @@ def get(bind: Session | Connection | Engine | Dialect | str) -> DialectSupport:
         name = bind.name
     else:
         name = bind.dialect.name
-    return _REGISTRY.lookup(name)
+    module = MODULES.get(name)
+    if module is None:
+        raise UnsupportedDialectError(
+            f"no airflow-adrq support for dialect {name!r} (supported: {', '.join(sorted(MODULES))})"
+        )
+    return cast(DialectSupport, importlib.import_module(f"{__name__}.{module}").SUPPORT)
 
 
 def check_policy(policy: object) -> ConflictPolicy:

@@ -36,7 +36,7 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.dml import Insert
 
-from airflow_adrq.dialects import ConflictMode, DialectSupport, register
+from airflow_adrq.dialects import ConflictMode, DialectSupport
 from airflow_adrq.errors import AdrqError, IsolationLevelError
 from airflow_adrq.tables import UtcDateTime
 
@@ -126,29 +126,27 @@ def _scheduler_locks_queue_rows(connection: Connection) -> bool:
     return bool(getattr(connection.dialect, "supports_for_update_of", False))
 
 
-SUPPORT = register("mysql", "mariadb")(
-    DialectSupport(
-        name="mysql",
-        insert_from_select=_insert_from_select,
-        insert_ignore=_insert_ignore,
-        # Airflow forces READ COMMITTED on MySQL (settings.prepare_engine_args);
-        # under REPEATABLE READ the SELECT would take shared next-key locks.
-        engine_kwargs={"isolation_level": "READ COMMITTED"},
-        check_connection=_check_connection,
-        # MySQL 8's scheduler locks the rows it consumes: refresh waits for it.
-        # MariaDB's does not, and deletes DAG by DAG: refresh would deadlock.
-        refresh_by_default=_scheduler_locks_queue_rows,
-        # UTC wall time, as the naive UTC values sent for TIMESTAMP columns
-        # (tables.UtcDateTime); evaluated once per statement.
-        clock=lambda: func.utc_timestamp(6, type_=UtcDateTime()),
-        # MySQL 8's scheduler skips share-locked dag rows (FOR UPDATE SKIP
-        # LOCKED). InnoDB locks in access order: the consumers are locked by
-        # their id list, a range scan of the primary key in its collation's
-        # order; Airflow's utf8mb3_bin compares code points, as Python does.
-        # SQLAlchemy renders FOR SHARE (MySQL 8) or LOCK IN SHARE MODE (MariaDB).
-        lock_order=lambda dag_id: dag_id,
-        lock_by_id_list=True,
-        transactional_ddl=False,
-        check_before_ddl=_require_explicit_timestamp_defaults,
-    )
+SUPPORT = DialectSupport(
+    name="mysql",
+    insert_from_select=_insert_from_select,
+    insert_ignore=_insert_ignore,
+    # Airflow forces READ COMMITTED on MySQL (settings.prepare_engine_args);
+    # under REPEATABLE READ the SELECT would take shared next-key locks.
+    engine_kwargs={"isolation_level": "READ COMMITTED"},
+    check_connection=_check_connection,
+    # MySQL 8's scheduler locks the rows it consumes: refresh waits for it.
+    # MariaDB's does not, and deletes DAG by DAG: refresh would deadlock.
+    refresh_by_default=_scheduler_locks_queue_rows,
+    # UTC wall time, as the naive UTC values sent for TIMESTAMP columns
+    # (tables.UtcDateTime); evaluated once per statement.
+    clock=lambda: func.utc_timestamp(6, type_=UtcDateTime()),
+    # MySQL 8's scheduler skips share-locked dag rows (FOR UPDATE SKIP
+    # LOCKED). InnoDB locks in access order: the consumers are locked by
+    # their id list, a range scan of the primary key in its collation's
+    # order; Airflow's utf8mb3_bin compares code points, as Python does.
+    # SQLAlchemy renders FOR SHARE (MySQL 8) or LOCK IN SHARE MODE (MariaDB).
+    lock_order=lambda dag_id: dag_id,
+    lock_by_id_list=True,
+    transactional_ddl=False,
+    check_before_ddl=_require_explicit_timestamp_defaults,
 )

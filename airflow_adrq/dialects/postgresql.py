@@ -18,7 +18,7 @@ from __future__ import annotations
 from sqlalchemy import func
 from sqlalchemy.dialects import postgresql
 
-from airflow_adrq.dialects import DialectSupport, _on_conflict, register
+from airflow_adrq.dialects import DialectSupport, _on_conflict
 from airflow_adrq.tables import UtcDateTime
 
 
@@ -28,24 +28,22 @@ def _lock_not_available(error: BaseException) -> bool:
     return "55P03" in (getattr(orig, "sqlstate", None), getattr(orig, "pgcode", None))
 
 
-SUPPORT = register("postgresql")(
-    DialectSupport(
-        name="postgresql",
-        insert_from_select=_on_conflict.insert_from_select(postgresql.insert, "greatest"),
-        insert_ignore=_on_conflict.insert_ignore(postgresql.insert),
-        # The start of the statement that reads it, which runs once the rows
-        # are locked: one value for the whole statement.
-        clock=lambda: func.statement_timestamp(type_=UtcDateTime()),
-        # WITH e AS (UPDATE asset_event ...), q AS (UPDATE ...) SELECT ...: one round trip.
-        stamp_in_one_statement=True,
-        # Byte order, as Python sorts the ids the DAG processor flushes: a
-        # database collated en_US.UTF-8 sorts 'B' after 'a', "C" before it.
-        lock_order=lambda dag_id: dag_id.collate("C"),
-        # The wall clock when it is evaluated: in the one-statement write it is
-        # read after the share locks are held (statement_timestamp() is before).
-        clock_after_locks=lambda: func.clock_timestamp(type_=UtcDateTime()),
-        lock_not_available=_lock_not_available,
-        # PostgreSQL's default READ COMMITTED is what the guarantees assume:
-        # no engine settings.
-    )
+SUPPORT = DialectSupport(
+    name="postgresql",
+    insert_from_select=_on_conflict.insert_from_select(postgresql.insert, "greatest"),
+    insert_ignore=_on_conflict.insert_ignore(postgresql.insert),
+    # The start of the statement that reads it, which runs once the rows
+    # are locked: one value for the whole statement.
+    clock=lambda: func.statement_timestamp(type_=UtcDateTime()),
+    # WITH e AS (UPDATE asset_event ...), q AS (UPDATE ...) SELECT ...: one round trip.
+    stamp_in_one_statement=True,
+    # Byte order, as Python sorts the ids the DAG processor flushes: a
+    # database collated en_US.UTF-8 sorts 'B' after 'a', "C" before it.
+    lock_order=lambda dag_id: dag_id.collate("C"),
+    # The wall clock when it is evaluated: in the one-statement write it is
+    # read after the share locks are held (statement_timestamp() is before).
+    clock_after_locks=lambda: func.clock_timestamp(type_=UtcDateTime()),
+    lock_not_available=_lock_not_available,
+    # PostgreSQL's default READ COMMITTED is what the guarantees assume:
+    # no engine settings.
 )

@@ -16,7 +16,7 @@ from sqlalchemy import event
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection, Engine
 
-from airflow_adrq.dialects import DialectSupport, _on_conflict, register
+from airflow_adrq.dialects import DialectSupport, _on_conflict
 
 #: Seconds a writer waits for the database lock before SQLITE_BUSY.
 BUSY_TIMEOUT_SECONDS = 30
@@ -39,12 +39,10 @@ def _configure_engine(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-SUPPORT = register("sqlite")(
-    DialectSupport(
-        name="sqlite",
-        # SQLite's two-argument max() is a scalar function, like GREATEST.
-        insert_from_select=_on_conflict.insert_from_select(sqlite.insert, "max"),
-        insert_ignore=_on_conflict.insert_ignore(sqlite.insert),
-        configure_engine=_configure_engine,
-    )
+SUPPORT = DialectSupport(
+    name="sqlite",
+    # SQLite's two-argument max() is a scalar function, like GREATEST.
+    insert_from_select=_on_conflict.insert_from_select(sqlite.insert, "max"),
+    insert_ignore=_on_conflict.insert_ignore(sqlite.insert),
+    configure_engine=_configure_engine,
 )

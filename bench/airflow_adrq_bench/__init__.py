@@ -16,7 +16,17 @@ Modules, one job each:
 * :mod:`.cli`        -- ``main(argv)``: ``airflow-adrq bench`` and its modes (an entry point);
 * :mod:`.options`    -- what every mode's command line shares;
 * :mod:`.load`       -- ``--faults`` and ``--soak``: producers under connection kills and sustained load;
-* :mod:`.baselines`  -- the loop versions airflow-adrq replaces, kept faithfully.
+* :mod:`.baselines`  -- the loop versions airflow-adrq replaces, kept faithfully;
+* :mod:`.scheduler`  -- what Airflow 3.3.2's scheduler does to the queue, for the consumer loops;
+* :mod:`.residual`   -- ``python -m airflow_adrq_bench.residual``: producers of different assets
+  feeding one DAG against a scheduler step, events lost or consumed twice, COMMIT-to-run times;
+* :mod:`.stats`, :mod:`.tables`, :mod:`.plots`, :mod:`.errors` -- percentiles, Markdown/JSON
+  tables, the PNG set-up and the one error type every mode shares;
+* :mod:`.suite`      -- the pytest-xdist suite the standalone run drives, one test per producer;
+* :mod:`.airflow_mode` -- ``bench --airflow``: the managers through Apache Airflow's own code
+  (scratch databases made by ``airflow db migrate``), with ``accounting/`` (events no run
+  consumes, through Airflow's scheduler), ``live/`` (``--live``: a deployment it starts itself)
+  and its own residual (Airflow's ``dags_needing_dagruns`` and ``_create_dag_runs_asset_triggered``).
 """
 
 __version__ = "0.1.0"

@@ -103,6 +103,20 @@ def test_deferral_after_the_commit_time_write_raises(engine, fan):
     assert events == {}
 
 
+def test_one_transaction_one_policy(engine, fan):
+    """One statement queues the transaction: a second policy is refused at the call, not merged."""
+    ids = fan({"a": ["c1"], "b": ["c2"]})
+    with Session(engine) as session:
+        register_asset_change(asset=asset_ref("a"), session=session, on_conflict="ignore")
+        with pytest.raises(ValueError, match="already queues with 'ignore'"):
+            register_asset_change(asset=asset_ref("b"), session=session, on_conflict="refresh")
+        register_asset_change(asset=asset_ref("b"), session=session, on_conflict="ignore")
+        session.commit()
+    assert queued(engine) == {(ids["a"], "c1"), (ids["b"], "c2")}
+    events, _ = _stamps(engine)
+    assert len(events) == 2  # the refused call wrote nothing
+
+
 @pytest.mark.backends("mysql")
 def test_mysql_repeatable_read_is_refused_unless_allowed(db_url, engine, fan):
     fan({"a": ["c1"]})
