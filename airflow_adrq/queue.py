@@ -72,9 +72,10 @@ The route from the entry point to that SQL, the one place it is written down:
 4. With ``on_conflict="refresh_after_commit"``, :mod:`airflow_adrq.refresh`
    reads the pairs whose row is older than the stamp, still before COMMIT;
    if there are any, it moves those no one holds forwards (``SKIP
-   LOCKED``), and the ``after_commit`` listener the others, on the same
-   connection (the module is loaded the first time it is needed: where the
-   scheduler locks rows, it never is).
+   LOCKED``) as the transaction's last statements, and the ``after_commit``
+   listener the others, on the same connection. The module is loaded the
+   first time a transaction uses that policy: by default on MariaDB, and on
+   any backend with ``[scheduler] use_row_level_locking = False``.
 
 Why this shape:
 

@@ -17,25 +17,22 @@ release line            differences the statement must follow      :class:`Queue
                         row per (consumer, event) (PR #70972)
 ======================  =========================================  ===============================
 
-:func:`detect` reads the shape off a database's catalog (once per engine), so
-the Airflow plug-in writes whatever schema the metadata database has. The
+The Airflow plug-in writes its release line's shape
+(:mod:`airflow_adrq.airflow.compat`): the metadata database is the one
+Airflow's own migrations made. ``airflow-adrq doctor`` reads a database's
+shape off its catalog (:func:`airflow_adrq.doctor.shape.detect`). The
 library's own tables (:mod:`airflow_adrq.models`, migration 0001) are the
 3.3 shape, :data:`PARTITIONED`.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, false, inspect
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy import ColumnElement, false
 
-from airflow_adrq.errors import UnsupportedSchemaError
-
-__all__ = ["EVENT_KEYED", "PARTITIONED", "UNPARTITIONED", "QueueShape", "clear_cache", "detect"]
+__all__ = ["EVENT_KEYED", "KNOWN", "PARTITIONED", "UNPARTITIONED", "QueueShape"]
 
 
 @dataclass(frozen=True)
@@ -89,63 +86,5 @@ PARTITIONED = QueueShape("partitioned", partitions=True)
 #: Airflow 3.4: draining DAGs, one queue row per (consumer, event).
 EVENT_KEYED = QueueShape("event-keyed", partitions=True, draining=True, event_keyed=True)
 
-_KNOWN = (UNPARTITIONED, PARTITIONED, EVENT_KEYED)
-_cache: weakref.WeakKeyDictionary[Engine, dict[str | None, QueueShape]] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-
-
-def detect(connection: Connection, schema: str | None = None) -> QueueShape:
-    """The :class:`QueueShape` of the database behind ``connection``; cached per engine and schema.
-
-    Reads the catalog (columns of ``dag`` and ``asset_event``, the primary
-    key of ``asset_dag_run_queue``, in ``schema`` if given) through the
-    connection, inside the caller's transaction; takes no row locks. Raises
-    :class:`~airflow_adrq.errors.UnsupportedSchemaError` for a queue keyed in
-    any other way, or a combination no Airflow release has.
-    """
-    engine = connection.engine
-    with _lock:
-        cached = _cache.get(engine, {}).get(schema)
-    if cached is not None:
-        return cached
-    inspector = inspect(connection)
-
-    def columns(name: str) -> set[str]:
-        if not inspector.has_table(name, schema=schema):
-            return set()
-        return {c["name"] for c in inspector.get_columns(name, schema=schema)}
-
-    if not inspector.has_table("asset_dag_run_queue", schema=schema):
-        raise UnsupportedSchemaError("no asset_dag_run_queue table: not an Airflow 3 metadata database")
-    pk = tuple(
-        inspector.get_pk_constraint("asset_dag_run_queue", schema=schema).get("constrained_columns") or ()
-    )
-    dag_columns, event_columns = columns("dag"), columns("asset_event")
-    found = QueueShape(
-        "detected",
-        partitions="timetable_partitioned" in dag_columns and "partition_key" in event_columns,
-        draining="is_draining" in dag_columns,
-        event_keyed=set(pk) == {"target_dag_id", "asset_event_id"} and len(pk) == 2,
-    )
-    matches = [
-        s
-        for s in _KNOWN
-        if (s.partitions, s.draining, s.event_keyed) == (found.partitions, found.draining, found.event_keyed)
-    ]
-    if set(pk) != set(found.queue_key) or "is_paused" not in dag_columns or not matches:
-        key = f"({', '.join(pk)})" if pk else "no primary key"
-        relevant = sorted(dag_columns & {"is_paused", "timetable_partitioned", "is_draining"})
-        raise UnsupportedSchemaError(
-            f"asset_dag_run_queue has primary key {key}; dag has columns {', '.join(relevant) or 'none'} "
-            "of is_paused, timetable_partitioned, is_draining: not an Airflow 3.0-3.4 schema airflow-adrq "
-            "knows how to write."
-        )
-    with _lock:
-        _cache.setdefault(engine, {})[schema] = matches[0]
-    return matches[0]
-
-
-def clear_cache() -> None:
-    """Forget the detected shapes (tests; after migrating a database in place)."""
-    with _lock:
-        _cache.clear()
+#: Every shape, oldest first.
+KNOWN = (UNPARTITIONED, PARTITIONED, EVENT_KEYED)

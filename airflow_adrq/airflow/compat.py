@@ -41,7 +41,9 @@ its ``asset_alias_asset_event`` rows (inserted directly, as 3.3 does; 3.1 and
 3.2 append the event to ``AssetAliasModel.asset_events``, which writes the
 same row after lazy-loading every earlier event of the alias, apache/airflow#66853),
 and the queue statement itself (:mod:`airflow_adrq.queue`, written for the
-schema shape :func:`queue_shape` finds).
+release line's schema shape, ``ReleaseLine.shape``: the plug-in trusts that
+Airflow's own migrations made the metadata database; ``airflow-adrq doctor``
+reads the catalog).
 
 ``callback_sink`` (Airflow 3.3+) is honoured on every line: on 3.1 and 3.2
 nothing in Airflow passes it, so the hooks run inline there as in Airflow.
@@ -58,7 +60,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_adrq import shapes
 from airflow_adrq.dialects import ConflictPolicy, check_policy
-from airflow_adrq.errors import UnsupportedSchemaError
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -82,7 +83,6 @@ __all__ = [
     "ReleaseLine",
     "check_supported",
     "current",
-    "queue_shape",
     "release_line",
 ]
 
@@ -529,24 +529,3 @@ def check_supported() -> ReleaseLine:
             "Remove [core] asset_manager_class to use Airflow's own AssetManager."
         )
     return adapter
-
-
-def queue_shape(session: Any) -> shapes.QueueShape:
-    """The schema shape of the metadata database, checked against this Airflow's release line.
-
-    Catalog reads only, once per engine (:func:`airflow_adrq.shapes.detect`).
-    Raises :class:`~airflow_adrq.errors.UnsupportedSchemaError` when the
-    database is not the shape this Airflow's migrations make (for example
-    Airflow 3.4's event-keyed queue under a 3.3 installation: the database
-    was migrated by another Airflow than the one running).
-    """
-    found = shapes.detect(session.connection(), schema=current().metadata_schema())
-    expected = current().shape
-    if found != expected:
-        key = ", ".join(found.queue_key)
-        raise UnsupportedSchemaError(
-            f"the metadata database has the {found.name} schema (asset_dag_run_queue keyed by ({key})); "
-            f"Airflow {_airflow_version()} with airflow-adrq expects {expected.name}. Run `airflow db "
-            "migrate`, or remove [core] asset_manager_class to use Airflow's own manager."
-        )
-    return found

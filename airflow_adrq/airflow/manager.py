@@ -123,8 +123,8 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
     ) -> AssetEvent | None:
         """The installed Airflow line's ``register_asset_change``, queueing at COMMIT with one statement."""
         line = compat.current()
-        # The metadata database's schema, checked before anything is written.
-        shape = compat.queue_shape(session)
+        # The schema Airflow's own migrations made for this release line (doctor reads the catalog).
+        shape = line.shape
         call = compat.Registration(
             manager=cls,
             session=session,

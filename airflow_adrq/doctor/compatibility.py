@@ -1,7 +1,7 @@
 """The compatibility half of the report: Airflow's schema version, the queue's shape, the plug-in's support.
 
 ``alembic_version`` places the database in Airflow's migration history
-(:mod:`.airflow_revisions`); :func:`airflow_adrq.shapes.detect` reads the
+(:mod:`.airflow_revisions`); :func:`airflow_adrq.doctor.shape.detect` reads the
 queue table; :mod:`airflow_adrq.airflow.compat` says which release lines the
 plug-in supports and which shape each makes.
 """
@@ -18,6 +18,7 @@ from airflow_adrq.airflow import compat
 from airflow_adrq.doctor.airflow_revisions import KNOWN_UP_TO, REVISIONS, schema_version
 from airflow_adrq.doctor.backends import Probe, scalar
 from airflow_adrq.doctor.report import Compatibility, DoctorError, SchemaVersion
+from airflow_adrq.doctor.shape import detect
 from airflow_adrq.errors import UnsupportedSchemaError
 
 
@@ -39,7 +40,7 @@ def read(
         pk = inspector.get_pk_constraint("asset_dag_run_queue", schema=schema)
         queue_key = tuple(pk.get("constrained_columns") or ())
     try:
-        found = shapes.detect(conn, schema=schema)
+        found = detect(conn, schema=schema)
     except UnsupportedSchemaError as exc:
         shape_error = str(exc)
     supported, why, tested = _support(version, found, shape_error)

@@ -53,7 +53,7 @@ class Compatibility:
     schema: SchemaVersion
     #: The primary key of ``asset_dag_run_queue`` as found (``None``: no such table).
     queue_key: tuple[str, ...] | None
-    #: :class:`airflow_adrq.shapes.QueueShape` name (``None``: :func:`shapes.detect` refused it).
+    #: :class:`airflow_adrq.shapes.QueueShape` name (``None``: :func:`.shape.detect` refused it).
     shape: str | None
     supported: bool
     #: Why (not) supported, one sentence.

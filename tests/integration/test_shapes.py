@@ -9,20 +9,14 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from airflow_adrq import defer_events, shapes
+from airflow_adrq.doctor.shape import detect
 from airflow_adrq.errors import UnsupportedSchemaError
 from tests.factories import add_asset, add_dags, schedule_on_asset
 
 
-@pytest.fixture(autouse=True)
-def _fresh_cache():
-    shapes.clear_cache()
-    yield
-    shapes.clear_cache()
-
-
 def test_the_librarys_tables_are_the_3_3_shape(engine):
     with engine.connect() as conn:
-        assert shapes.detect(conn) == shapes.PARTITIONED
+        assert detect(conn) == shapes.PARTITIONED
 
 
 def _reshape(engine, backend, *, drop_partitions=False, event_keyed=False):
@@ -58,7 +52,7 @@ def test_detect_and_write_other_release_shapes(fresh_db_url, backend, target):
         _reshape(engine, backend, drop_partitions=target == "3.0", event_keyed=target == "3.4")
         expected = {"3.0": shapes.UNPARTITIONED, "3.4": shapes.EVENT_KEYED}[target]
         with engine.connect() as conn:
-            assert shapes.detect(conn) == expected
+            assert detect(conn) == expected
         event_table = sa.table("asset_event", sa.column("id"), sa.column("asset_id"))
         ids = []
         for _ in range(2):
@@ -91,10 +85,10 @@ def test_unknown_shapes_are_refused(fresh_db_url):
     engine = sa.create_engine(fresh_db_url)
     try:
         with engine.connect() as conn, pytest.raises(UnsupportedSchemaError, match="no asset_dag_run_queue"):
-            shapes.detect(conn)
+            detect(conn)
         with engine.begin() as conn:
             conn.exec_driver_sql("CREATE TABLE asset_dag_run_queue (x INTEGER PRIMARY KEY)")
         with engine.connect() as conn, pytest.raises(UnsupportedSchemaError, match=r"primary key \(x\)"):
-            shapes.detect(conn)
+            detect(conn)
     finally:
         engine.dispose()

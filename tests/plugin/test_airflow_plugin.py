@@ -26,9 +26,8 @@ from airflow.listeners import hookimpl
 from airflow.models.taskinstance import TaskInstance
 from sqlalchemy.orm import Session
 
-from airflow_adrq import queue, shapes
+from airflow_adrq import queue
 from airflow_adrq.airflow import AdrqAssetManager, compat, flush_queue
-from airflow_adrq.errors import UnsupportedSchemaError
 from airflow_adrq_testing.recording import recorded
 from tests.plugin import adrq_af_scenario as scenario
 from tests.plugin.adrq_af_scenario import LINE, alias_event, outlet, task_instance
@@ -638,37 +637,6 @@ def test_config_line_and_local_settings_in_a_real_airflow_process(airflow_db, tm
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[-2:] == ["AdrqAssetManager", "AdrqAssetManager"]
     assert "queues asset-triggered runs at commit" in result.stdout + result.stderr
-
-
-def test_refuses_a_database_of_another_line(airflow_db):
-    """A queue keyed otherwise than this line's migrations make it is refused, not written.
-
-    On 3.1-3.3 that is Airflow 3.4's ``(target_dag_id, asset_event_id)``; on 3.4 the older
-    ``(asset_id, target_dag_id)``.
-    """
-    other = ("asset_id", "target_dag_id") if LINE.shape.event_keyed else ("target_dag_id", "asset_event_id")
-    engine = sa.create_engine(airflow_db.scratch_url)
-    metadata = sa.MetaData()
-    sa.Table(
-        "asset_dag_run_queue",
-        metadata,
-        sa.Column("target_dag_id", sa.String(250), nullable=False),
-        sa.Column("asset_event_id", sa.Integer, nullable=False),
-        sa.Column("asset_id", sa.Integer, nullable=False),
-        sa.Column("created_at", sa.DateTime, nullable=False),
-        sa.PrimaryKeyConstraint(*other),
-    )
-    metadata.create_all(engine)
-    shapes.clear_cache()
-    try:
-        with Session(engine) as session, pytest.raises(UnsupportedSchemaError) as info:
-            AdrqAssetManager.register_asset_change(asset=SimpleNamespace(name="a", uri="a"), session=session)
-        assert f"({', '.join(other)})" in str(info.value)
-        assert not queue.pending_events(session)
-    finally:
-        metadata.drop_all(engine)
-        engine.dispose()
-        shapes.clear_cache()
 
 
 def test_refuses_to_load_without_the_members_its_line_calls(monkeypatch):

@@ -34,7 +34,8 @@ from airflow.models.base import metadata as airflow_metadata
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql import visitors
 
-from airflow_adrq import manager, queue, shapes
+from airflow_adrq import manager, queue
+from airflow_adrq.doctor.shape import detect
 from airflow_adrq.models import metadata as our_metadata
 from tests.plugin.adrq_af_scenario import LINE
 
@@ -233,9 +234,7 @@ def test_statement_columns_exist_in_the_migrated_database(airflow_db):
             assert columns <= reflected, f"{table_name}: missing {sorted(columns - reflected)}"
         pk = inspector.get_pk_constraint("asset_dag_run_queue")["constrained_columns"]
         assert set(pk) == set(LINE.shape.queue_key)
-        shapes.clear_cache()
         with migrated.connect() as conn:
-            assert shapes.detect(conn) == LINE.shape
+            assert detect(conn) == LINE.shape
     finally:
-        shapes.clear_cache()
         migrated.dispose()
