@@ -51,15 +51,6 @@ class QueueShape:
     def queue_key(self) -> tuple[str, str]:
         return ("target_dag_id", "asset_event_id") if self.event_keyed else ("asset_id", "target_dag_id")
 
-    @property
-    def dag_columns(self) -> tuple[str, ...]:
-        """The ``dag`` columns :meth:`consumer_filter` reads."""
-        return (
-            "is_paused",
-            *(["is_draining"] if self.draining else []),
-            *(["timetable_partitioned"] if self.partitions else []),
-        )
-
     def consumer_filter(self, dag: Any, *, partitioned: bool = False) -> list[ColumnElement[bool]]:
         """The conditions on ``dag``'s columns (``table.c``) of a consumer Airflow queues.
 
