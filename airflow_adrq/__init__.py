@@ -52,6 +52,7 @@ from airflow_adrq.errors import (
 )
 
 if TYPE_CHECKING:
+    from airflow_adrq.deferral import defer_events, flush_queue
     from airflow_adrq.engine import create_engine
     from airflow_adrq.errorcodes import classify
     from airflow_adrq.listeners import AssetEventInfo, add_listener, remove_listener
@@ -62,7 +63,7 @@ if TYPE_CHECKING:
         register_asset_change,
         register_asset_changes,
     )
-    from airflow_adrq.queue import defer_events, flush_queue, queue_events
+    from airflow_adrq.queue import queue_events
     from airflow_adrq.retry import run_in_transaction
 
 # Loaded on first access (PEP 562), so that importing a submodule -- the
@@ -78,8 +79,8 @@ _LAZY = {
     "register_asset_change": "airflow_adrq.manager",
     "register_asset_changes": "airflow_adrq.manager",
     "build_queue_statement": "airflow_adrq.manager",
-    "defer_events": "airflow_adrq.queue",
-    "flush_queue": "airflow_adrq.queue",
+    "defer_events": "airflow_adrq.deferral",
+    "flush_queue": "airflow_adrq.deferral",
     "queue_dagruns": "airflow_adrq.manager",
     "queue_events": "airflow_adrq.queue",
     "run_in_transaction": "airflow_adrq.retry",

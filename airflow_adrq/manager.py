@@ -31,12 +31,13 @@ from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.sql.dml import Insert
 
-from airflow_adrq import dialects, listeners, queue
+from airflow_adrq import dialects, listeners, queue, statement
 from airflow_adrq.aliases import AliasedEvent, write_alias_rows
+from airflow_adrq.deferral import check_one_policy, defer_events
 from airflow_adrq.dialects import ConflictMode, ConflictPolicy, check_policy
 from airflow_adrq.listeners import AssetEventInfo
 from airflow_adrq.models import AssetActive, AssetEvent, AssetModel, utcnow
-from airflow_adrq.queue import check_one_policy, defer_events, queue_events
+from airflow_adrq.queue import queue_events
 from airflow_adrq.retry import Callback, run_callbacks
 from airflow_adrq.shapes import PARTITIONED, QueueShape
 from airflow_adrq.txscope import TransactionScoped
@@ -397,7 +398,7 @@ def queue_dagruns(
 def build_queue_statement(
     dialect: Dialect | str,
     *,
-    source: queue.Source = "events",
+    source: statement.Source = "events",
     on_conflict: ConflictMode = "refresh",
     shape: QueueShape = PARTITIONED,
 ) -> Insert:
@@ -416,4 +417,4 @@ def build_queue_statement(
         raise ValueError(f"source must be 'events' or 'assets', not {source!r}")
     if on_conflict not in ("ignore", "refresh"):
         raise ValueError(f"on_conflict must be 'ignore' or 'refresh', not {on_conflict!r}")
-    return queue._statement(dialects.get(dialect).name, queue._Form(source, on_conflict, shape))
+    return statement.insert_statement(dialects.get(dialect).name, statement.Form(source, on_conflict, shape))

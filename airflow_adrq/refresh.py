@@ -70,7 +70,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Update
 
-from airflow_adrq import dialects, queue
+from airflow_adrq import dialects, queue, statement
 from airflow_adrq.tables import UtcDateTime, asset_dag_run_queue
 from airflow_adrq.txscope import TransactionScoped
 
@@ -140,14 +140,14 @@ def _stamp_in_one_statement(dialect_name: str) -> Select[Any]:
     clock = dialects.get(dialect_name).clock
     assert clock is not None
     now = clock()
-    events = queue._stamped_events(now).cte("stamped_events")
+    events = statement.stamped_events(now).cte("stamped_events")
     rows = _pending_rows(now).cte("stamped_rows")
     return select(now).add_cte(events, rows)
 
 
 def write_then_stamp(
     conn: Connection,
-    form: queue._Form,
+    form: statement.Form,
     chunk_params: list[dict[str, Any]],
     asset_ids: list[int],
     options: Mapping[str, Any],
@@ -157,7 +157,7 @@ def write_then_stamp(
     Stamped once the queue rows are locked, so that producers sharing a row
     are stamped in the order they commit.
     """
-    stmt = queue._statement(dialects.get(conn).name, form)
+    stmt = statement.insert_statement(dialects.get(conn).name, form)
     for params in chunk_params:
         conn.execute(stmt, {**params, "created_at": PENDING}, execution_options=options)
     ids = [event_id for params in chunk_params for event_id in params["ids"]]
@@ -212,12 +212,12 @@ _SCOPE: TransactionScoped[_Planned] = TransactionScoped("refresh_after_commit", 
 
 
 @functools.cache
-def _older_rows(form: queue._Form) -> Select[Any]:
+def _older_rows(form: statement.Form) -> Select[Any]:
     """``SELECT target_dag_id, asset_id``: existing rows ``form``'s statement queues, older than ``:stamp``.
 
     In no particular order (the refresh waits for nothing). Locks nothing.
     """
-    wanted = queue._wanted(form).subquery("wanted")
+    wanted = statement.wanted(form).subquery("wanted")
     return (
         select(_ADRQ.c.target_dag_id, _ADRQ.c.asset_id)
         .join(wanted, (wanted.c.asset_id == _ADRQ.c.asset_id) & (wanted.c.dag_id == _ADRQ.c.target_dag_id))
@@ -228,7 +228,7 @@ def _older_rows(form: queue._Form) -> Select[Any]:
 def plan(
     session: Session,
     connection: Connection,
-    form: queue._Form,
+    form: statement.Form,
     params: Sequence[Mapping[str, Any]],
     stamp: dt.datetime,
     options: Mapping[str, Any],

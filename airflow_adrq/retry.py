@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from airflow_adrq import queue
+from airflow_adrq import deferral
 from airflow_adrq.errorcodes import Retryable, RetryableKind, classify, is_retryable
 from airflow_adrq.errors import CommitOutcomeUnknownError, RetriesExhaustedError
 from airflow_adrq.tables import asset_event
@@ -154,7 +154,7 @@ def _attempt(
         with session_factory() as session, session.begin():
             result = work(session, callbacks)
             # What to look for if the COMMIT's outcome is lost.
-            event_ids = queue.pending_events(session)
+            event_ids = deferral.pending_events(session)
             sent[0] = False  # only the COMMIT that follows counts
         return result
     except Exception as exc:

@@ -127,34 +127,19 @@ asset_dag_run_queue_by_event = _table(
     Column("created_at", UtcDateTime()),
     into=MetaData(),
 )
-dag_schedule_asset_reference = _table(
-    "dag_schedule_asset_reference",
-    Column("asset_id", Integer, primary_key=True),
-    Column("dag_id", String, primary_key=True),
-)
-dag_schedule_asset_name_reference = _table(
-    "dag_schedule_asset_name_reference",
-    Column("name", String, primary_key=True),
-    Column("dag_id", String, primary_key=True),
-)
-dag_schedule_asset_uri_reference = _table(
-    "dag_schedule_asset_uri_reference",
-    Column("uri", String, primary_key=True),
-    Column("dag_id", String, primary_key=True),
-)
-dag_schedule_asset_alias_reference = _table(
-    "dag_schedule_asset_alias_reference",
-    Column("alias_id", Integer, primary_key=True),
-    Column("dag_id", String, primary_key=True),
-)
+
+
+def _pair(name: str, first: str, first_type: Any, second: str = "dag_id", second_type: Any = String) -> Table:
+    """A table keyed by two columns (a reference or a link) and holding nothing else the SQL reads."""
+    return _table(
+        name, Column(first, first_type, primary_key=True), Column(second, second_type, primary_key=True)
+    )
+
+
+dag_schedule_asset_reference = _pair("dag_schedule_asset_reference", "asset_id", Integer)
+dag_schedule_asset_name_reference = _pair("dag_schedule_asset_name_reference", "name", String)
+dag_schedule_asset_uri_reference = _pair("dag_schedule_asset_uri_reference", "uri", String)
+dag_schedule_asset_alias_reference = _pair("dag_schedule_asset_alias_reference", "alias_id", Integer)
 asset_alias = _table("asset_alias", _id(), Column("name", String), Column("group", String))
-asset_alias_asset = _table(
-    "asset_alias_asset",
-    Column("alias_id", Integer, primary_key=True),
-    Column("asset_id", Integer, primary_key=True),
-)
-asset_alias_asset_event = _table(
-    "asset_alias_asset_event",
-    Column("alias_id", Integer, primary_key=True),
-    Column("event_id", Integer, primary_key=True),
-)
+asset_alias_asset = _pair("asset_alias_asset", "alias_id", Integer, "asset_id", Integer)
+asset_alias_asset_event = _pair("asset_alias_asset_event", "alias_id", Integer, "event_id", Integer)

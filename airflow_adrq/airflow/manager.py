@@ -10,7 +10,7 @@ step, with the same arguments (the steps that differ between lines are
   whole write here, and up to 3.3 the set order deadlocks.
 * Here the event is recorded on the session, and just before COMMIT one
   ordered ``INSERT ... SELECT`` over Airflow's reference tables queues every
-  event of the transaction (:func:`airflow_adrq.queue.defer_events`). No
+  event of the transaction (:func:`airflow_adrq.deferral.defer_events`). No
   consumer ``DagModel`` is loaded for it.
 
 Kept as Airflow does it, in its order: the asset lookup and its warnings,
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import String, bindparam, exists, false, insert, or_, select
 from sqlalchemy.orm import joinedload
 
-from airflow_adrq import queue
+from airflow_adrq import deferral, queue, statement
 from airflow_adrq.airflow import compat
 from airflow_adrq.dialects import ConflictPolicy
 
@@ -201,7 +201,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         # As Airflow: an event with a partition key queues no non-partitioned
         # DAG (a line without partitions has no such key: Airflow ignores it).
         if (partition_key is None or not line.partitions) and (allowed is None or allowed):
-            queue.defer_events(
+            deferral.defer_events(
                 session,
                 [asset_event],
                 allowed_dags=None if allowed is None else {asset_event.id: allowed},
@@ -218,7 +218,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
                 # registers one event per transaction: no other queue write to
                 # order against. 3.3+ flags it with source_is_api; 3.1 and 3.2
                 # only by the timestamp= it passes (which Airflow ignores).
-                queue.flush_queue(session)
+                deferral.flush_queue(session)
         return asset_event
 
     @classmethod
@@ -264,7 +264,7 @@ def _consumer_ids(partitioned: bool) -> Any:
     from airflow.models.dag import DagModel
 
     dag = DagModel.__table__
-    consumers = queue.consumers_of_events().subquery()
+    consumers = statement.consumers_of_events().subquery()
     conditions = [
         dag.c.dag_id.in_(select(consumers.c.dag_id)),
         *compat.current().shape.consumer_filter(dag.c, partitioned=True),
@@ -344,4 +344,4 @@ def flush_queue(session: Session) -> int:
     Same statement and locks as the write at COMMIT; for code that reads
     ``asset_dag_run_queue`` in the producing transaction.
     """
-    return queue.flush_queue(session)
+    return deferral.flush_queue(session)

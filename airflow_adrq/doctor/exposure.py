@@ -16,7 +16,7 @@ from typing import Any, cast
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Inspector
 
-from airflow_adrq import queue, shapes
+from airflow_adrq import shapes, statement, tables
 from airflow_adrq.doctor.backends import scalar
 from airflow_adrq.doctor.report import FANOUT_THRESHOLDS, Exposure
 from airflow_adrq.models import AssetModel, DagScheduleAssetAliasReference
@@ -37,11 +37,11 @@ def queued_pairs(shape: shapes.QueueShape = shapes.PARTITIONED) -> sa.Select[Any
     ``doctor``.
     """
     asset = cast(sa.Table, AssetModel.__table__)
-    src = queue._consumers(sa.select(asset.c.id.label("asset_id")).cte("ev"), with_aliases=False)
+    src = statement.consumers(sa.select(asset.c.id.label("asset_id")).cte("ev"), with_aliases=False)
     return (
         sa.select(src.c.asset_id, src.c.dag_id)
-        .join(queue._DAG, queue._DAG.c.dag_id == src.c.dag_id)
-        .where(*shape.consumer_filter(queue._DAG.c))
+        .join(tables.dag, tables.dag.c.dag_id == src.c.dag_id)
+        .where(*shape.consumer_filter(tables.dag.c))
     )
 
 
@@ -51,8 +51,8 @@ def alias_consumers(shape: shapes.QueueShape = shapes.PARTITIONED) -> sa.Select[
     by_alias = cast(sa.Table, DagScheduleAssetAliasReference.__table__)
     return (
         sa.select(by_alias.c.alias_id, by_alias.c.dag_id)
-        .join(queue._DAG, queue._DAG.c.dag_id == by_alias.c.dag_id)
-        .where(*shape.consumer_filter(queue._DAG.c))
+        .join(tables.dag, tables.dag.c.dag_id == by_alias.c.dag_id)
+        .where(*shape.consumer_filter(tables.dag.c))
     )
 
 

@@ -24,7 +24,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from airflow_adrq import queue, register_asset_change
+from airflow_adrq import register_asset_change, statement
 from tests.factories import asset_ref
 
 pytestmark = pytest.mark.backends("postgresql")
@@ -57,11 +57,13 @@ def test_an_event_with_one_consumer_does_not_scan_dag(engine, fan):
         event = register_asset_change(asset=asset_ref("quiet"), session=session, queue_mode="immediate")
         assert event is not None
         event_id = event.id
-        form = queue._Form("events", "refresh")
+        form = statement.Form("events", "refresh")
         plans = {
-            "the queue write": _plan(session.connection(), queue._write_once("postgresql", form), event_id),
+            "the queue write": _plan(
+                session.connection(), statement.write_once("postgresql", form), event_id
+            ),
             "the share lock alone": _plan(
-                session.connection(), queue._share_lock("postgresql", form), event_id
+                session.connection(), statement.share_lock("postgresql", form), event_id
             ),
         }
         session.rollback()
@@ -79,8 +81,8 @@ def test_a_popular_asset_among_quiet_ones_is_not_a_nested_loop_over_the_consumer
     with Session(engine) as session:
         event = register_asset_change(asset=asset_ref("popular"), session=session, queue_mode="immediate")
         assert event is not None
-        form = queue._Form("events", "refresh")
-        plan = _plan(session.connection(), queue._write_once("postgresql", form), event.id)
+        form = statement.Form("events", "refresh")
+        plan = _plan(session.connection(), statement.write_once("postgresql", form), event.id)
         session.rollback()
     # The locked rows are only counted (for the stamp), never joined to the consumers.
     assert plan.count("CTE Scan on locked") == 1, plan

@@ -18,8 +18,8 @@ from airflow_adrq import (
     register_asset_changes,
     remove_listener,
 )
+from airflow_adrq.deferral import pending_events
 from airflow_adrq.models import AssetDagRunQueue, AssetEvent, UtcDateTime, utcnow
-from airflow_adrq.queue import pending_events
 from tests.factories import (
     add_alias,
     add_asset,

@@ -26,7 +26,7 @@ from airflow.listeners import hookimpl
 from airflow.models.taskinstance import TaskInstance
 from sqlalchemy.orm import Session
 
-from airflow_adrq import queue
+from airflow_adrq import deferral
 from airflow_adrq.airflow import AdrqAssetManager, compat, flush_queue
 from airflow_adrq_testing.recording import recorded
 from tests.plugin import adrq_af_scenario as scenario
@@ -309,9 +309,9 @@ def test_events_are_queued_at_commit_by_the_ordered_statement(af_engine):
             )
             for name in ("b", "a")
         ]
-        assert queue.pending_events(session) == sorted(e.id for e in events)
+        assert deferral.pending_events(session) == sorted(e.id for e in events)
         session.commit()
-        assert queue.pending_events(session) == []
+        assert deferral.pending_events(session) == []
     ((insert, _, _),) = seen.queue_inserts()
     # The library's statement, driven by the events: the database orders the rows, not Python,
     # in the queue's key order.
@@ -371,7 +371,7 @@ def test_flush_queue_writes_before_commit(af_engine):
             assert flush_queue(session) == 1
             raise RuntimeError("roll this savepoint back")
         assert session.scalar(sa.text("SELECT count(*) FROM asset_dag_run_queue")) == 0
-        assert queue.pending_events(session)
+        assert deferral.pending_events(session)
         session.commit()
     with af_engine.connect() as conn:
         assert scenario.snapshot(conn)["asset_dag_run_queue"] == [("a1", "c1"), ("a1", "c2")]

@@ -34,7 +34,7 @@ from airflow.models.base import metadata as airflow_metadata
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql import visitors
 
-from airflow_adrq import manager, queue
+from airflow_adrq import manager, statement
 from airflow_adrq.doctor.shape import detect
 from airflow_adrq.models import metadata as our_metadata
 from tests.plugin.adrq_af_scenario import LINE
@@ -176,7 +176,7 @@ def _statement_columns(shape) -> tuple[dict[str, set[str]], set[str]]:
     """(table -> columns the plug-in's statements read or write, the queue columns the INSERT writes)."""
     insert = manager.build_queue_statement("postgresql", shape=shape)
     used: dict[str, set[str]] = {}
-    for stmt in (insert, queue.consumers_of_events()):
+    for stmt in (insert, statement.consumers_of_events()):
         for element in visitors.iterate(stmt, {"column_collections": True}):
             table = getattr(element, "table", None)
             if isinstance(element, sa.sql.expression.ColumnClause) and type(table) in (

@@ -27,10 +27,12 @@ PLUGIN_PATH = [
     "airflow_adrq.airflow.compat",
     "airflow_adrq.airflow.manager",
     "airflow_adrq.aliases",
+    "airflow_adrq.deferral",
     "airflow_adrq.dialects",
     "airflow_adrq.errors",
     "airflow_adrq.queue",
     "airflow_adrq.shapes",
+    "airflow_adrq.statement",
     "airflow_adrq.tables",
     "airflow_adrq.txscope",
 ]
