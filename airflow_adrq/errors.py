@@ -35,7 +35,11 @@ class AirflowSchemaError(AdrqError):
 
 
 class RetriesExhaustedError(AdrqError):
-    """The transaction kept failing with retryable database errors."""
+    """The transaction kept failing with retryable database errors; ``attempts``: how many were made."""
+
+    def __init__(self, message: str, *, attempts: int = 0) -> None:
+        super().__init__(message)
+        self.attempts = attempts
 
 
 class IsolationLevelError(AdrqError):

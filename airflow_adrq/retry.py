@@ -12,13 +12,22 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from sqlalchemy import event, func, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
-from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_any,
+    wait_random_exponential,
+)
+from tenacity.stop import stop_base
 
 from airflow_adrq import deferral
 from airflow_adrq.errorcodes import Retryable, RetryableKind, classify, is_retryable
@@ -73,6 +82,8 @@ def run_in_transaction(
     initial_wait: float = 0.05,
     max_wait: float = 2.0,
     on_retry: Callable[[int, Retryable], None] | None = None,
+    deadline: float | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> T:
     """Run ``work(session, callback_sink)`` in a fresh transaction; retry it from BEGIN.
 
@@ -81,7 +92,9 @@ def run_in_transaction(
     is rolled back, its callbacks dropped, ``on_retry(attempt, retryable)``
     called, and the whole unit runs again after a jittered exponential backoff
     (``initial_wait`` doubling up to ``max_wait``), at most ``max_attempts``
-    times. What ``work`` appends to ``callback_sink`` (e.g. through
+    times, and none once ``time.monotonic()`` has passed ``deadline`` or
+    ``stop()`` returns true (checked after a failed attempt: a caller's
+    budget, or a run ending). What ``work`` appends to ``callback_sink`` (e.g. through
     ``register_asset_change(callback_sink=...)``) runs once, after the COMMIT
     that succeeded (:func:`run_callbacks`).
 
@@ -95,8 +108,10 @@ def run_in_transaction(
     Locks: whatever ``work`` locks, released by each attempt's COMMIT or
     ROLLBACK. Does not promise: that ``work``'s side effects outside the
     database happen once (it may run several times; use the callback sink),
-    or success: after ``max_attempts`` retryable failures it raises
-    :class:`~airflow_adrq.errors.RetriesExhaustedError` from the last error.
+    or success: after the last retryable failure it may make (``max_attempts``,
+    ``deadline``, ``stop``) it raises
+    :class:`~airflow_adrq.errors.RetriesExhaustedError` from the last error,
+    with ``attempts``, the number made.
     Other errors propagate unchanged after the rollback.
     """
     if max_attempts < 1:
@@ -117,7 +132,7 @@ def run_in_transaction(
                 on_retry(state.attempt_number, found)
 
     retrying = Retrying(
-        stop=stop_after_attempt(max_attempts),
+        stop=stop_any(stop_after_attempt(max_attempts), _Until(deadline, stop)),
         wait=wait_random_exponential(multiplier=initial_wait, max=max_wait),
         retry=retry_if_exception(is_retryable),
         before_sleep=before_sleep,
@@ -133,12 +148,24 @@ def run_in_transaction(
         raise
     except Exception as exc:
         if is_retryable(exc):
+            made = retrying.statistics.get("attempt_number", max_attempts)
             raise RetriesExhaustedError(
-                f"transaction failed {max_attempts} times with retryable errors; last: {classify(exc)}"
+                f"transaction failed {made} times with retryable errors; last: {classify(exc)}", attempts=made
             ) from exc
         raise
     run_callbacks(callbacks)
     return result
+
+
+class _Until(stop_base):
+    """Stop once ``time.monotonic()`` has passed ``deadline`` or ``stop()`` is true."""
+
+    def __init__(self, deadline: float | None, stop: Callable[[], bool] | None) -> None:
+        self.deadline, self.stop = deadline, stop
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        late = self.deadline is not None and time.monotonic() >= self.deadline
+        return late or (self.stop is not None and self.stop())
 
 
 def _attempt(

@@ -30,6 +30,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 import airflow_adrq
+from airflow_adrq.errorcodes import Retryable
 from airflow_adrq.models import UtcDateTime, utcnow
 from airflow_adrq_bench import barrier, dataset, rawsql, scheduler, strategies
 from airflow_adrq_bench.config import COMMITTED, GAVE_UP, NOT_STARTED, Cell, Plan, Sizes
@@ -84,39 +85,53 @@ def run_transaction(
     assets: Sequence[int] = (),
     give_up: Callable[[], bool] = lambda: False,
 ) -> TxResult:
-    """Run ``work`` + hold + COMMIT, retrying the whole transaction on retryable failures (others
-    propagate) until ``max_attempts``, ``deadline`` or ``give_up()`` (``TxResult.gave_up`` says which)."""
+    """Run ``work`` + hold + COMMIT under :func:`airflow_adrq.run_in_transaction` (retried from BEGIN on
+    retryable failures, others propagate) until ``max_attempts``, ``deadline`` or ``give_up()``
+    (``TxResult.gave_up`` says which)."""
+    del rng  # the retry's jitter is run_in_transaction's own
     failures: Counter[str] = Counter()
-    last: str | None = None
-    start = time.perf_counter()
-    for attempt in range(1, max_attempts + 1):
+    made = [0]
+    last: list[str | None] = [None]
+
+    def attempt(session: Session, _callbacks: list[Any]) -> None:
+        made[0] += 1
         counting.reset()
-        try:
-            with Session(engine) as session:
-                work(session)
-                if hold_s:
-                    time.sleep(hold_s)
-                session.commit()
-        except Exception as exc:
-            retryable = airflow_adrq.classify(exc)
-            if retryable is None:
-                raise
-            last = retryable.kind.value
-            failures[last] += 1
-            reason = GAVE_UP_ATTEMPTS if attempt >= max_attempts else None
-            if reason is None and time.monotonic() > deadline:
-                reason = GAVE_UP_TIMEOUT
-            if reason is None and give_up():
-                reason = GAVE_UP_STOPPED
-            if reason is not None:
-                elapsed = time.perf_counter() - start
-                return TxResult(False, attempt, elapsed, 0, list(assets), dict(failures), reason, last)
-            # Jittered backoff, so two victims do not restart in lockstep.
-            time.sleep(rng.uniform(0, min(0.05, 0.005 * attempt)))
-            continue
+        work(session)
+        if hold_s:
+            time.sleep(hold_s)
+
+    def on_retry(_n: int, found: Retryable) -> None:
+        failures[found.kind.value] += 1
+        last[0] = found.kind.value
+
+    start = time.perf_counter()
+    try:
+        airflow_adrq.run_in_transaction(
+            lambda: Session(engine),
+            attempt,
+            max_attempts=max_attempts,
+            # Jittered, so two victims do not restart in lockstep; short, as a task's retry is.
+            initial_wait=0.005,
+            max_wait=0.05,
+            on_retry=on_retry,
+            deadline=deadline,
+            stop=give_up,
+        )
+    except airflow_adrq.RetriesExhaustedError as exc:
+        final = airflow_adrq.classify(exc.__cause__) if exc.__cause__ is not None else None
+        if final is not None:
+            failures[final.kind.value] += 1
+        if exc.attempts >= max_attempts:
+            reason = GAVE_UP_ATTEMPTS
+        elif time.monotonic() >= deadline:
+            reason = GAVE_UP_TIMEOUT
+        else:
+            reason = GAVE_UP_STOPPED
         elapsed = time.perf_counter() - start
-        return TxResult(True, attempt, elapsed, counting.value(), list(assets), dict(failures), None, last)
-    raise ValueError("max_attempts must be at least 1")
+        kind = final.kind.value if final is not None else last[0]
+        return TxResult(False, exc.attempts, elapsed, 0, list(assets), dict(failures), reason, kind)
+    elapsed = time.perf_counter() - start
+    return TxResult(True, made[0], elapsed, counting.value(), list(assets), dict(failures), None, last[0])
 
 
 def producer_work(

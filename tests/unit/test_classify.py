@@ -99,3 +99,42 @@ def test_run_in_transaction_does_not_retry_a_user_error_over_a_deadlock():
     with pytest.raises(ValueError, match="user error"):
         run_in_transaction(FakeSession, work, max_attempts=3, initial_wait=0)
     assert calls == [1]
+
+
+def test_run_in_transaction_stops_at_its_deadline_or_stop_and_says_how_many_attempts():
+    import time
+
+    from airflow_adrq.errors import RetriesExhaustedError
+    from airflow_adrq.retry import run_in_transaction
+
+    class FakeSession:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def begin(self):
+            return self
+
+    calls = []
+
+    def deadlocked(_session, _sink):
+        calls.append(1)
+        raise _wrapped(MySQLdb.OperationalError(1213, "Deadlock found"))
+
+    with pytest.raises(RetriesExhaustedError, match="failed 1 times") as info:
+        run_in_transaction(
+            FakeSession, deadlocked, max_attempts=50, initial_wait=0, deadline=time.monotonic()
+        )
+    assert calls == [1] and info.value.attempts == 1
+    calls.clear()
+    with pytest.raises(RetriesExhaustedError) as info:
+        run_in_transaction(
+            FakeSession, deadlocked, max_attempts=50, initial_wait=0, stop=lambda: len(calls) >= 3
+        )
+    assert calls == [1, 1, 1] and info.value.attempts == 3
+    calls.clear()
+    with pytest.raises(RetriesExhaustedError) as info:
+        run_in_transaction(FakeSession, deadlocked, max_attempts=4, initial_wait=0)
+    assert calls == [1, 1, 1, 1] and info.value.attempts == 4
