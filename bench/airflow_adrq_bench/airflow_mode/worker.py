@@ -20,7 +20,6 @@ import contextlib
 import logging
 import multiprocessing
 import os
-import random
 import signal
 import time
 import traceback
@@ -184,42 +183,52 @@ class _Worker(AirflowOrm):
 
         A retryable failure (deadlock, lock timeout, serialization failure,
         SQLite busy) rolls the whole transaction back and replays it after a
-        jittered back-off, until ``deadline``; anything else is raised.
+        jittered back-off (:func:`airflow_adrq.run_in_transaction`), until
+        ``deadline``; anything else is raised. Airflow's callbacks run after
+        the COMMIT that succeeded, outside the timing.
         """
         from airflow.api_fastapi.execution_api.datamodels.asset import AssetProfile
         from airflow.models.taskinstance import TaskInstance
 
-        from airflow_adrq.retry import classify
+        from airflow_adrq.errors import RetriesExhaustedError
+        from airflow_adrq.retry import Retryable, classify, run_in_transaction
 
         outlets = [AssetProfile(name=name, uri=asset_uri(name), type="Asset") for name in assets]
         ti: Any = _task_instance(f"t{self.index}", run_id)
         failures: Counter[str] = Counter()
-        start = time.monotonic()
-        attempts = 0
-        while True:
-            attempts += 1
+        attempts = [0]
+
+        def attempt(session: Any, _sink: list[Any]) -> Any:
+            attempts[0] += 1
             self.statements.value = 0
-            try:
-                with self.session_factory() as session:
-                    callbacks: Any = TaskInstance.register_asset_changes_in_db(
-                        ti, outlets, [], session=session
-                    )
-                    if hold_s:
-                        time.sleep(hold_s)
-                    session.commit()
-            except Exception as exc:
-                found = classify(exc)
-                if found is None:
-                    raise
-                failures[found.kind.value] += 1
-                if time.monotonic() > deadline:
-                    return _tx(False, None, attempts, failures, 0)
-                time.sleep(random.uniform(0, 0.01 * 2 ** min(attempts, 5)))
-                continue
-            latency, statements = time.monotonic() - start, self.statements.value
-            for callback in callbacks:
-                callback()
-            return _tx(True, latency, attempts, failures, statements)
+            callbacks = TaskInstance.register_asset_changes_in_db(ti, outlets, [], session=session)
+            if hold_s:
+                time.sleep(hold_s)
+            return callbacks
+
+        def on_retry(_n: int, found: Retryable) -> None:
+            failures[found.kind.value] += 1
+
+        start = time.monotonic()
+        try:
+            callbacks = run_in_transaction(
+                self.session_factory,
+                attempt,
+                max_attempts=1_000_000,  # the deadline ends it
+                initial_wait=0.01,
+                max_wait=0.32,
+                on_retry=on_retry,
+                deadline=deadline,
+            )
+        except RetriesExhaustedError as exc:
+            final = classify(exc.__cause__) if exc.__cause__ is not None else None
+            if final is not None:
+                failures[final.kind.value] += 1
+            return _tx(False, None, attempts[0], failures, 0)
+        latency, statements = time.monotonic() - start, self.statements.value
+        for callback in callbacks:  # Airflow's, after the COMMIT that succeeded
+            callback()
+        return _tx(True, latency, attempts[0], failures, statements)
 
 
 def _task_instance(task_id: str, run_id: str) -> SimpleNamespace:
