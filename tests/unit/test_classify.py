@@ -74,20 +74,23 @@ def test_user_error_raised_while_handling_a_deadlock_is_not_retryable():
         assert classify(exc).kind is RetryableKind.DEADLOCK
 
 
+class _FakeSession:
+    """A session that begins and commits nothing: run_in_transaction's attempts without a database."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def begin(self):
+        return self
+
+
 def test_run_in_transaction_does_not_retry_a_user_error_over_a_deadlock():
     from airflow_adrq.retry import run_in_transaction
 
     calls = []
-
-    class FakeSession:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def begin(self):
-            return self
 
     def work(_session, _sink):
         calls.append(1)
@@ -97,7 +100,7 @@ def test_run_in_transaction_does_not_retry_a_user_error_over_a_deadlock():
             raise ValueError("user error") from None
 
     with pytest.raises(ValueError, match="user error"):
-        run_in_transaction(FakeSession, work, max_attempts=3, initial_wait=0)
+        run_in_transaction(_FakeSession, work, max_attempts=3, initial_wait=0)
     assert calls == [1]
 
 
@@ -107,16 +110,6 @@ def test_run_in_transaction_stops_at_its_deadline_or_stop_and_says_how_many_atte
     from airflow_adrq.errors import RetriesExhaustedError
     from airflow_adrq.retry import run_in_transaction
 
-    class FakeSession:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def begin(self):
-            return self
-
     calls = []
 
     def deadlocked(_session, _sink):
@@ -125,16 +118,16 @@ def test_run_in_transaction_stops_at_its_deadline_or_stop_and_says_how_many_atte
 
     with pytest.raises(RetriesExhaustedError, match="failed 1 times") as info:
         run_in_transaction(
-            FakeSession, deadlocked, max_attempts=50, initial_wait=0, deadline=time.monotonic()
+            _FakeSession, deadlocked, max_attempts=50, initial_wait=0, deadline=time.monotonic()
         )
     assert calls == [1] and info.value.attempts == 1
     calls.clear()
     with pytest.raises(RetriesExhaustedError) as info:
         run_in_transaction(
-            FakeSession, deadlocked, max_attempts=50, initial_wait=0, stop=lambda: len(calls) >= 3
+            _FakeSession, deadlocked, max_attempts=50, initial_wait=0, stop=lambda: len(calls) >= 3
         )
     assert calls == [1, 1, 1] and info.value.attempts == 3
     calls.clear()
     with pytest.raises(RetriesExhaustedError) as info:
-        run_in_transaction(FakeSession, deadlocked, max_attempts=4, initial_wait=0)
+        run_in_transaction(_FakeSession, deadlocked, max_attempts=4, initial_wait=0)
     assert calls == [1, 1, 1, 1] and info.value.attempts == 4
