@@ -157,6 +157,6 @@ def flush_queue(session: Session) -> int:
     For callers that read the queue before committing. Written in the current (possibly nested)
     transaction: if that SAVEPOINT rolls back, the survivors are queued again at commit. Locks as
     :func:`queue_events`, until the transaction ends (so a scheduler skips those DAGs until then).
-    Does not promise the commit-time timing: the stamp is read now (README, "Timing").
+    Does not promise the commit-time timing: the stamp is read now (GUARANTEES.md, "Timing").
     """
     return len({entry.id for entry in _DEFERRED.flush(session)})

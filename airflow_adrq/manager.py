@@ -163,7 +163,7 @@ def register_asset_change(
     transaction's own event rows, both stamped
     (:func:`airflow_adrq.queue.queue_events`, which also says what
     ``on_conflict`` does and how the share locks wait). So the returned event's ``timestamp`` is the time
-    of that write, not of this call; why: the README's "Timing: which events a
+    of that write, not of this call; why: GUARANTEES.md's "Timing: which events a
     run consumes".
 
     Does not commit, and does not retry: run the whole transaction under

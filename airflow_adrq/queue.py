@@ -245,7 +245,7 @@ def queue_events(
     scheduler takes no row locks) there is no such lock to order by: the
     rows are written at :data:`PENDING` first, then stamped once they are
     all locked, so that producers sharing a row are stamped in commit order.
-    Why that matters, and what is left: the README's "Timing". Pass only the
+    Why that matters, and what is left: GUARANTEES.md, "Timing". Pass only the
     caller's own uncommitted events; the caller should COMMIT next, as the
     commit-time write does. No events: does nothing and returns ``None``.
 

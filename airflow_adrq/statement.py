@@ -57,7 +57,7 @@ Why this shape:
   ``dag`` rows are share-locked (without that lock: once every queue row is
   locked), and an existing row moves forwards to it (``on_conflict``; where
   the scheduler locks no rows, after COMMIT: :mod:`airflow_adrq.refresh`);
-  why, in the README's "Timing: which events a run consumes".
+  why, in GUARANTEES.md, "Timing: which events a run consumes".
 * **Same rows as Airflow 3.3.** Direct, alias, name and URI references;
   unpaused DAGs only; each (asset, DAG) once; partitioned DAGs and events
   with a ``partition_key`` go to Airflow's ``asset_partition_dag_run``

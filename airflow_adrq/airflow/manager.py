@@ -206,7 +206,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
                 [asset_event],
                 allowed_dags=None if allowed is None else {asset_event.id: allowed},
                 # The row keeps the newest stamp of the events it stands for
-                # where the scheduler locks the rows it consumes (README, Timing).
+                # where the scheduler locks the rows it consumes (GUARANTEES.md, "Timing").
                 on_conflict=line.conflict_policy(),
                 shape=shape,
                 schema=line.metadata_schema(),

@@ -209,7 +209,7 @@ def test_small_live_run_plugin_is_clean(af_backend, af_server, broker, tmp_path,
         assert key in cells["stock"] and key in plugin
     stranded = plugin["after_bursts"]["stranded"]
     # 0 on PostgreSQL; on MariaDB, whose scheduler takes no row locks and where the
-    # plug-in refreshes after COMMIT, a note (README, "Timing"; BENCHMARKS.md measures
+    # plug-in refreshes after COMMIT, a note (GUARANTEES.md, "Timing"; BENCHMARKS.md measures
     # the share at the default size), never a pair lost to the next event (above).
     assert stranded <= report.stranded_allowed(plugin), plugin["after_bursts"]
     assert raw["notes"] == report.notes(raw["cells"])

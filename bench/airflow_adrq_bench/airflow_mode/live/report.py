@@ -207,7 +207,7 @@ def plugin_policy(cell: Cell) -> str:
 
 
 def stranded_allowed(cell: Cell) -> int:
-    """Stranded pairs after the bursts that are a note, not a problem (README, "Timing").
+    """Stranded pairs after the bursts that are a note, not a problem (GUARANTEES.md, "Timing").
 
     None where the scheduler locks the rows it consumes (PostgreSQL, MySQL 8)
     and the plug-in refreshes in the statement. All of them on MariaDB,
@@ -227,7 +227,8 @@ def notes(cells: Sequence[Cell]) -> list[str]:
     """What the table shows that is by design, with why (printed, exit status unchanged)."""
     return [
         f"{c['db']} plugin run {c['run']}: {c['after_bursts']['stranded']} pairs waited for the next "
-        f"event, within the {stranded_allowed(c)} on_conflict={plugin_policy(c)} allows here (README, Timing)"
+        f"event, within the {stranded_allowed(c)} on_conflict={plugin_policy(c)} allows here "
+        "(GUARANTEES.md, Timing)"
         for c in cells
         if c["manager"] == "plugin"
         and not c.get("error")
