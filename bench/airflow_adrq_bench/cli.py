@@ -29,7 +29,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from airflow_adrq_bench import dataset, options, report, runner, tables
+from airflow_adrq_bench import dataset, options, report, runner, tables, verdict
 from airflow_adrq_bench.config import DEFAULT, DEFAULT_STRATEGY, QUICK, SCENARIOS, STRATEGIES, Sizes
 from airflow_adrq_bench.config import clear_of_deadlock_timeout as clear
 from airflow_adrq_bench.load import FaultSizes, SoakSizes, run_faults, run_soak
@@ -92,6 +92,11 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     )
     options.add_common(
         parser, db_help=DB_HELP, preset=("--quick", "small sizes (the --quick values below)"), out=""
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when a target of the verdict (printed last) is missed, for an operator's own CI",
     )
     parser.add_argument(
         "--keep-scratch",
@@ -160,7 +165,11 @@ def _bench(args: argparse.Namespace) -> int:
         )
     rows, lost = report.aggregate(raw), report.aggregate_lost(raw)
     parts = (report.format_table(raw, rows), report.format_lost(raw, lost), report.format_sweep(raw))
-    text = "\n".join(part for part in (*parts, report.format_ratio(raw)) if part)
+    lines = verdict.standalone(raw, rows, lost)
+    # The verdict last: what the user came for, under the detail.
+    text = "\n".join(
+        part for part in (*parts, report.format_ratio(raw), verdict.format_verdict(lines)) if part
+    )
     report.write_json(raw, rows, out / "bench.json", lost)
     pngs = report.plot(raw, rows, out)
     errors = [
@@ -181,6 +190,10 @@ def _bench(args: argparse.Namespace) -> int:
         for r in results
         if not r["rows_exact"]
     ]
+    if args.check:
+        errors += [
+            f"target missed: {m.db} {m.what}: {m.measured} (target {m.goal})" for m in verdict.missed(lines)
+        ]
     return options.publish(
         out / "bench.md", text, [out / "bench.json", *pngs], errors, took=raw["duration_s"]
     )

@@ -1,0 +1,63 @@
+"""The verdict ``airflow-adrq bench`` prints last: targets met or missed, no ratio over an unfinished side."""
+
+from __future__ import annotations
+
+from airflow_adrq_bench import verdict
+
+
+def _row(strategy, *, tx_per_s=10.0, deadlocks=0, abandoned=0, not_started=0, exact=True):
+    return {
+        "db": "postgresql",
+        "scenario": "single",
+        "strategy": strategy,
+        "planned": 12,
+        "deadlocks": deadlocks,
+        "abandoned": abandoned,
+        "not_started": not_started,
+        "rows_exact": exact,
+        "tx_per_s": tx_per_s,
+    }
+
+
+RAW = {"targets": [{"name": "postgresql"}]}
+
+
+def _by_what(lines):
+    return {line.what: line for line in lines}
+
+
+def test_all_met_and_the_table_fits_100_columns():
+    rows = [_row("airflow_3_3", tx_per_s=5.0), _row("sorted_loop", tx_per_s=8.0), _row("commit_time")]
+    lines = verdict.standalone(RAW, rows, [])
+    assert [line.verdict for line in lines] == ["met"] * 5
+    text = verdict.format_verdict(lines)
+    assert "all 5 targets met" in text
+    assert max(map(len, text.splitlines())) <= 100
+    assert _by_what(lines)["tx/s, single outlet, vs airflow_3_3"].measured == "2.00x"
+
+
+def test_a_baseline_that_did_not_finish_gets_no_ratio():
+    rows = [_row("airflow_3_3", tx_per_s=0.1, abandoned=70, not_started=2), _row("commit_time")]
+    line = _by_what(verdict.standalone(RAW, rows, []))["tx/s, single outlet, vs airflow_3_3"]
+    assert line.measured == "airflow_3_3: 72 of 12 not committed" and line.verdict == "met"
+    assert "x" not in line.measured.split(":")[0]
+
+
+def test_a_deadlock_or_inexact_rows_is_missed_and_named():
+    rows = [_row("commit_time", deadlocks=1, exact=False)]
+    lines = verdict.standalone(RAW, rows, [])
+    assert [m.what for m in verdict.missed(lines)] == ["deadlocks", "queue rows exact after every round"]
+    assert "2 of 3 targets missed" in verdict.format_verdict(lines)
+
+
+def test_lost_events_and_raw_sql_rows():
+    lost = [
+        {"db": "postgresql", "strategy": "commit_time", "lost_pairs": 3},
+        {"db": "postgresql", "strategy": "airflow_3_3", "lost_pairs": 10},
+    ]
+    ratio = {"fanout": 1, "ours_p50_ms": 3.0, "ours_p95_ms": 4.0, "raw_p50_ms": 1.0, "raw_p95_ms": 1.2}
+    raw = {**RAW, "raw_sql_ratio": {"postgresql": [{**ratio, "ratio_p50": 3.0}]}}
+    lines = _by_what(verdict.standalone(raw, [], lost))
+    assert lines["events no run consumed, vs Airflow"].verdict == "MISSED"  # 0.3x > 0.2x
+    assert lines["one call at F=1 vs raw SQL (p50)"].measured == "3.00x"
+    assert lines["one call at F=1 vs raw SQL (p50)"].verdict == "MISSED"
