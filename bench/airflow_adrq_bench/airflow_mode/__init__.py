@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-sweep", action="store_true", help="skip the one-caller sweep")
     parser.add_argument("--no-contention", action="store_true", help="skip the contention runs")
     parser.add_argument(
+        "--check", action="store_true", help="exit 1 when a target of the Targets table is not met"
+    )
+    parser.add_argument(
         "--pg-deadlock-timeout-ms",
         type=int,
         help="PostgreSQL: SET deadlock_timeout on the producers' connections (needs superuser; "
@@ -124,6 +127,11 @@ def _bench(args: argparse.Namespace, sizes: Sizes) -> int:
     report.write_json(raw, summary, out / "airflow-bench.json")
     written = [out / "airflow-bench.json", *report.plot(raw, summary, out)]
     text = report.format_tables(raw, summary)
-    return options.publish(
-        out / "airflow-bench.md", text, written, report.errors(raw, summary), took=raw["duration_s"]
-    )
+    problems = report.errors(raw, summary)
+    if args.check:
+        problems += [
+            f"target missed: {t['db']} {t['what']}: {t['measured']:.2f}x (target >= {t['target']:g}x)"
+            for t in summary["targets"]
+            if t["met"] is False
+        ]
+    return options.publish(out / "airflow-bench.md", text, written, problems, took=raw["duration_s"])
