@@ -130,7 +130,8 @@ def _bench(args: argparse.Namespace, sizes: Sizes) -> int:
     problems = report.errors(raw, summary)
     if args.check:
         problems += [
-            f"target missed: {t['db']} {t['what']}: {t['measured']:.2f}x (target >= {t['target']:g}x)"
+            f"target missed: {t['db']} {t['what']}: {t.get('shown') or format(t['measured'], '.2f') + 'x'} "
+            f"(target >= {t['target']:g}x)"
             for t in summary["targets"]
             if t["met"] is False
         ]
