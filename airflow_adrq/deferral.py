@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from airflow_adrq import dialects, queue
+from airflow_adrq import dialects, metrics
 from airflow_adrq.aliases import AliasedEvent, write_alias_rows
 from airflow_adrq.dialects import ConflictPolicy
 from airflow_adrq.queue import EventLike, is_mapped, queue_events, set_loaded_timestamp
@@ -72,8 +72,8 @@ def _queue_deferred(session: Session, entries: list[_Deferred]) -> None:
         shape=shapes.pop(),
         schema=schemas.pop(),
     )
-    queue.report("timing", "queue_write", (time.perf_counter() - start) * 1000)
-    queue.report("incr", "queue_write.events", len({entry.id for entry in entries}))
+    metrics.report("timing", "queue_write", (time.perf_counter() - start) * 1000)
+    metrics.report("incr", "queue_write.events", len({entry.id for entry in entries}))
     for entry in entries:
         if entry.obj is not None and stamp is not None:
             set_loaded_timestamp(entry.obj, stamp)

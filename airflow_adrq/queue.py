@@ -56,35 +56,23 @@ import datetime as dt
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol, cast
 
-from sqlalchemy import select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, attributes
 
-from airflow_adrq import dialects
+from airflow_adrq import dialects, stamping
 from airflow_adrq.dialects import ConflictMode, ConflictPolicy, ResolvedPolicy
 from airflow_adrq.shapes import PARTITIONED, QueueShape
 from airflow_adrq.statement import (
     ONE_DAG_SHARE_LOCK,
-    STAMP_EVENTS,
     Form,
     insert_statement,
     referencing_dags,
     share_lock,
     write_once,
 )
-from airflow_adrq.tables import utcnow
 
-__all__ = ["IDS_PER_STATEMENT", "EventLike", "clock_on_events", "in_schema", "queue_events", "report"]
-
-#: Ids bound to one statement, below SQLite's 32,766 and psycopg 3's 65,535
-#: bound-parameter limits. Larger sets: several statements (:func:`_chunks`).
-IDS_PER_STATEMENT = 30_000
-
-
-#: Where the commit-time write reports ``(kind, name, value)``: ``"timing"`` (ms) or ``"incr"``. The
-#: plug-in sends them to Airflow's ``Stats`` under ``adrq.`` (README, "Metrics"); by default nowhere.
-def report(kind: str, name: str, value: float) -> None: ...  # replaced by the plug-in
+__all__ = ["EventLike", "in_schema", "queue_events"]
 
 
 class EventLike(Protocol):
@@ -95,16 +83,6 @@ class EventLike(Protocol):
 
     @property
     def asset_id(self) -> int: ...
-
-
-def clock_on_events(conn: Connection, ids: list[int], options: Mapping[str, Any]) -> dt.datetime:
-    """One reading of the database's clock (SQLite: Python's), put on the events ``ids``; returns it."""
-    clock = dialects.get(conn).clock
-    stamp = conn.execute(select(clock())).scalar_one() if clock is not None else utcnow()
-    for start in range(0, len(ids), IDS_PER_STATEMENT):
-        chunk = ids[start : start + IDS_PER_STATEMENT]
-        conn.execute(STAMP_EVENTS, {"ids": chunk, "stamp": stamp}, execution_options=options)
-    return stamp
 
 
 #: Times :func:`_write_once_without_waiting_while_holding` waits for a busy ``dag`` row
@@ -171,7 +149,7 @@ def _lock_stamp_write(
     # One statement binds the ids twice (and the multi-team pairs): within the limits?
     (one, *more) = chunk_params
     bound = 2 * len(one["ids"]) + len(one.get("restricted_ids", ())) + 2 * len(one.get("allowed", ()))
-    if lock and support.clock_after_locks is not None and not more and bound <= IDS_PER_STATEMENT:
+    if lock and support.clock_after_locks is not None and not more and bound <= stamping.IDS_PER_STATEMENT:
         return _write_once_without_waiting_while_holding(conn, form, one, options)
     if lock:
         for params in chunk_params:
@@ -181,7 +159,7 @@ def _lock_stamp_write(
                 if not params["dag_ids"]:
                     continue
             conn.execute(share_lock(support.name, form), params, execution_options=options)
-    stamp = clock_on_events(conn, [event_id for p in chunk_params for event_id in p["ids"]], options)
+    stamp = stamping.clock_on_events(conn, [event_id for p in chunk_params for event_id in p["ids"]], options)
     stmt = insert_statement(support.name, form)
     for params in chunk_params:
         conn.execute(stmt, {**params, "created_at": stamp}, execution_options=options)
@@ -203,7 +181,7 @@ def _chunks(events: Iterable[EventLike]) -> Iterator[list[int]]:
         if event.id in seen:
             continue
         seen.add(event.id)
-        if len(chunk) >= IDS_PER_STATEMENT and event.asset_id != last_asset:
+        if len(chunk) >= stamping.IDS_PER_STATEMENT and event.asset_id != last_asset:
             yield chunk
             chunk = []
         chunk.append(event.id)
@@ -236,7 +214,7 @@ def queue_events(
        locks are held, ``UTC_TIMESTAMP(6)``; SQLite: Python's, one host).
     3. **Write** the events' ``timestamp`` and the queue rows with it, each
        row once, by ONE ordered ``INSERT ... SELECT`` (past
-       :data:`IDS_PER_STATEMENT` events, several); it may wait for producers
+       :data:`~airflow_adrq.stamping.IDS_PER_STATEMENT` events, several); it may wait for producers
        inserting the same rows. PostgreSQL: steps 1-3 are one statement.
 
     A scheduler skips a DAG whose ``dag`` row is share-locked, so no run is

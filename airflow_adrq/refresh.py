@@ -70,7 +70,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Update
 
-from airflow_adrq import dialects, queue, statement
+from airflow_adrq import dialects, metrics, stamping, statement
 from airflow_adrq.tables import UtcDateTime, asset_dag_run_queue
 from airflow_adrq.txscope import TransactionScoped
 
@@ -167,16 +167,16 @@ def write_then_stamp(
 def _stamp(conn: Connection, ids: list[int], asset_ids: list[int], options: Mapping[str, Any]) -> dt.datetime:
     """Step 2: read the clock, put its value on the events and on this transaction's PENDING rows."""
     support = dialects.get(conn)
-    if support.stamp_in_one_statement and len(ids) <= queue.IDS_PER_STATEMENT:
+    if support.stamp_in_one_statement and len(ids) <= stamping.IDS_PER_STATEMENT:
         params = {"ids": ids, "asset_ids": asset_ids, "pending": PENDING}
         stamp: dt.datetime = conn.execute(
             _stamp_in_one_statement(support.name), params, execution_options=options
         ).scalar_one()
         return stamp
     # One clock reading, then as many statements as the bound-parameter limits need.
-    stamp = queue.clock_on_events(conn, ids, options)
-    for start in range(0, len(asset_ids), queue.IDS_PER_STATEMENT):
-        chunk = asset_ids[start : start + queue.IDS_PER_STATEMENT]
+    stamp = stamping.clock_on_events(conn, ids, options)
+    for start in range(0, len(asset_ids), stamping.IDS_PER_STATEMENT):
+        chunk = asset_ids[start : start + stamping.IDS_PER_STATEMENT]
         params = {"asset_ids": chunk, "stamp": stamp, "pending": PENDING}
         conn.execute(_STAMP_ROWS, params, execution_options=options)
     return stamp
@@ -198,14 +198,14 @@ class _Planned:
 
 def _run(_session: Session, planned: list[_Planned]) -> None:
     for item in planned:
-        queue.report("incr", "refresh_after_commit", 1)
+        metrics.report("incr", "refresh_after_commit", 1)
         try:
             moved = _refresh(item)
         except Exception:  # never fail a committed transaction's caller (a task's success call)
-            queue.report("incr", "refresh_after_commit.failures", 1)
+            metrics.report("incr", "refresh_after_commit.failures", 1)
             log.warning("airflow-adrq: refreshing queue rows after COMMIT failed", exc_info=True)
         else:
-            queue.report("incr", "refresh_after_commit.rows", moved)
+            metrics.report("incr", "refresh_after_commit.rows", moved)
 
 
 _SCOPE: TransactionScoped[_Planned] = TransactionScoped("refresh_after_commit", after_commit=_run)
@@ -256,7 +256,7 @@ def plan(
     if not rows:
         return
     todo = _move_forwards(connection, rows, stamp, options)
-    queue.report("incr", "refresh.rows", sum(map(len, rows.values())) - sum(map(len, todo.values())))
+    metrics.report("incr", "refresh.rows", sum(map(len, rows.values())) - sum(map(len, todo.values())))
     if todo:
         _SCOPE.add(session, _Planned(connection, todo, stamp, options))
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import String, bindparam, exists, false, insert, or_, select
 from sqlalchemy.orm import joinedload
 
-from airflow_adrq import deferral, queue, statement
+from airflow_adrq import deferral, metrics, queue, statement
 from airflow_adrq.airflow import compat
 from airflow_adrq.dialects import ConflictPolicy
 
@@ -244,7 +244,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
 
 
 def _to_stats(kind: str, name: str, value: float) -> None:
-    """:data:`airflow_adrq.queue.report` in Airflow: ``timing`` / ``incr`` of ``adrq.<name>``."""
+    """:func:`airflow_adrq.metrics.report` in Airflow: ``timing`` / ``incr`` of ``adrq.<name>``."""
     from airflow.assets import manager as airflow_manager
 
     names: dict[str, Any] = vars(airflow_manager)
@@ -254,7 +254,7 @@ def _to_stats(kind: str, name: str, value: float) -> None:
         log.warning("airflow-adrq: the queue write at COMMIT took %.0f ms (slow_write_ms)", value)
 
 
-queue.report = _to_stats
+metrics.report = _to_stats
 _SLOW_MS = [1000.0]  # [core] asset_manager_kwargs' slow_write_ms, set when Airflow builds the manager
 
 
