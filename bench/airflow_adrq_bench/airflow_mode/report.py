@@ -112,13 +112,13 @@ def _targets(
             if key.startswith("F="):
                 row = _find(sweep, db=db, fanout=int(key[2:]), manager="plugin")
                 if row:
-                    label = f"one caller, fan-out {row['fanout']:,}: plug-in vs stock"
+                    label = f"one caller, F={row['fanout']:,}: vs stock"
                     items.append((label, row["vs_stock"]))
             elif at_target_sizes:
                 for scenario in raw.get("scenarios", []):
                     row = _find(contention, db=db, scenario=scenario, manager="plugin")
                     if row:
-                        label = f"8 producers, fan-out 64, hold 5 ms, {scenario}: plug-in tx/s vs sorted_loop"
+                        label = f"8 producers, {scenario}: tx/s vs sorted_loop"
                         items.append((label, row["vs_sorted_loop"]))
                         base = _find(contention, db=db, scenario=scenario, manager="sorted_loop")
                         for who, r in (("plug-in", row), ("sorted_loop", base)):
