@@ -44,11 +44,8 @@ class _Deferred:
 
 
 def _queue_deferred(session: Session, entries: list[_Deferred]) -> None:
-    # One statement for all, so one policy: a mix is the caller's mistake, not something to merge.
-    policies = {entry.on_conflict for entry in entries}
-    if len(policies) != 1:
-        raise ValueError(f"one transaction cannot queue with two on_conflict policies: {sorted(policies)}")
-    on_conflict = policies.pop()
+    # One statement for all, so one policy: defer_events admits no second one (check_one_policy).
+    on_conflict = entries[0].on_conflict
     allowed = {entry.id: entry.allowed for entry in entries if entry.allowed is not None}
     shapes = {entry.shape for entry in entries}
     if len(shapes) != 1:
