@@ -1,82 +1,120 @@
 """Commit-time queueing: events recorded on the session, queued by ONE statement just before COMMIT.
 
-:func:`defer_events` records; the ``before_commit`` hook that
-:mod:`airflow_adrq.txscope` installs runs ``_queue_deferred`` once per
-outermost COMMIT, which writes the alias rows and calls
-:func:`airflow_adrq.queue.queue_events` with every event still alive in the
-transaction (those of rolled-back SAVEPOINTs dropped).
+:func:`defer_events` records the events in the session's current transaction
+(:class:`airflow_adrq.txscope.TransactionScoped`, which drops those of a
+rolled-back SAVEPOINT) and, at the first deferral, the one
+:class:`_Statement` (``on_conflict``, shape, schema) the transaction is
+queued with. Just before the outermost COMMIT, ``_before_commit`` flushes
+the session, writes the alias rows and calls
+:func:`airflow_adrq.queue.queue_events` once with every event not written yet.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, SessionTransaction
 
 from airflow_adrq import dialects, metrics
-from airflow_adrq.aliases import AliasedEvent, write_alias_rows
 from airflow_adrq.dialects import ConflictPolicy
+from airflow_adrq.errors import DeferredTooLateError
 from airflow_adrq.queue import EventLike, is_mapped, queue_events, set_loaded_timestamp
 from airflow_adrq.shapes import PARTITIONED, QueueShape
-from airflow_adrq.txscope import DeferredWrites
+from airflow_adrq.txscope import TransactionScoped, current_transaction, descends_from
 
 __all__ = ["check_one_policy", "defer_events", "flush_queue", "pending_events"]
 
 
 @dataclass(frozen=True)
+class _Statement:
+    """What the transaction's one queue statement is built with: set by its first deferral."""
+
+    on_conflict: ConflictPolicy
+    shape: QueueShape = PARTITIONED
+    schema: str | None = None
+
+
+@dataclass
 class _Deferred:
     """One event recorded by :func:`defer_events`."""
 
     id: int
     asset_id: int
-    on_conflict: ConflictPolicy
     # The DAG ids this event may queue (None: every consumer).
     allowed: frozenset[str] | None
     # Aliases whose rows (alias, asset link, event link) are written at COMMIT.
     alias_names: tuple[str, ...]
-    shape: QueueShape
-    schema: str | None
     # The caller's ORM object, if any: its ``timestamp`` is set to the stamp
     # without a reload (expire_on_commit=False sessions keep it).
     obj: object | None
+    # The transaction whose statement wrote it (flush_queue or the commit); None until then.
+    written_in: SessionTransaction | None = None
 
 
-def _queue_deferred(session: Session, entries: list[_Deferred]) -> None:
-    # One statement for all, so one policy: defer_events admits no second one (check_one_policy).
-    on_conflict = entries[0].on_conflict
-    allowed = {entry.id: entry.allowed for entry in entries if entry.allowed is not None}
-    shapes = {entry.shape for entry in entries}
-    if len(shapes) != 1:
-        raise ValueError(f"one transaction cannot write two queue shapes: {sorted(s.name for s in shapes)}")
-    schemas = {entry.schema for entry in entries}
-    if len(schemas) != 1:
-        raise ValueError(
-            f"one transaction cannot write the queues of two schemas: {sorted(map(str, schemas))}"
+_STATEMENT_KEY = "airflow_adrq.deferral.statement"
+_WRITTEN_KEY = "airflow_adrq.deferral.written_at_commit"
+
+
+def _write(session: Session) -> list[_Deferred]:
+    """Queue the events not written yet with one :func:`queue_events` call; return them."""
+    entries = _pending(session)
+    if not entries:
+        return []
+    settings: _Statement = session.info[_STATEMENT_KEY]
+    conn = session.connection()
+    if any(entry.alias_names for entry in entries):
+        # Only the standalone manager defers alias names (the plug-in writes
+        # Airflow's alias rows itself): the plug-in never loads this module.
+        from airflow_adrq.aliases import AliasedEvent, write_alias_rows
+
+        # Before the statement, which reads asset_alias_asset_event.
+        write_alias_rows(
+            conn, [AliasedEvent(e.id, e.asset_id, e.alias_names) for e in entries if e.alias_names]
         )
-    # The alias rows first: the statement reads asset_alias_asset_event.
-    write_alias_rows(
-        session.connection(),
-        [AliasedEvent(e.id, e.asset_id, e.alias_names) for e in entries if e.alias_names],
-    )
     start = time.perf_counter()
     stamp = queue_events(
         session,
         entries,
-        on_conflict=on_conflict,
-        allowed=allowed or None,
-        shape=shapes.pop(),
-        schema=schemas.pop(),
+        on_conflict=settings.on_conflict,
+        allowed={e.id: e.allowed for e in entries if e.allowed is not None} or None,
+        shape=settings.shape,
+        schema=settings.schema,
     )
     metrics.report("timing", "queue_write", (time.perf_counter() - start) * 1000)
     metrics.report("incr", "queue_write.events", len({entry.id for entry in entries}))
+    current = current_transaction(session)
     for entry in entries:
+        entry.written_in = current
         if entry.obj is not None and stamp is not None:
             set_loaded_timestamp(entry.obj, stamp)
+    return entries
 
 
-_DEFERRED: DeferredWrites[_Deferred] = DeferredWrites("deferred_events", _queue_deferred)
+def _before_commit(session: Session, _entries: list[_Deferred]) -> None:
+    session.flush()  # flush hooks may defer more events: they are queued too
+    _write(session)
+    root = session.get_transaction()
+    if root is not None:
+        session.info[_WRITTEN_KEY] = weakref.ref(root)
+
+
+def _rolled_back(_session: Session, rolled_back: SessionTransaction, entries: list[_Deferred]) -> None:
+    # Rows written inside a rolled-back SAVEPOINT are gone: write those events again at COMMIT.
+    for entry in entries:
+        if entry.written_in is not None and descends_from(entry.written_in, rolled_back):
+            entry.written_in = None
+
+
+_DEFERRED: TransactionScoped[_Deferred] = TransactionScoped(
+    "deferred_events", before_commit=_before_commit, on_rollback=_rolled_back
+)
+
+
+def _pending(session: Session) -> list[_Deferred]:
+    return [entry for entry in _DEFERRED.items(session) if entry.written_in is None]
 
 
 def defer_events(
@@ -94,9 +132,9 @@ def defer_events(
     The session's ``before_commit`` hook (after a final flush) passes every
     event deferred in the transaction to one :func:`queue_events` call: one
     lock order for all of them, held only for the commit; the stamp is read
-    last, then COMMIT. One statement has one ``on_conflict``: deferring with
-    a policy other than the one already pending in the transaction raises
-    :class:`ValueError`.
+    last, then COMMIT. One statement has one ``on_conflict``, shape and
+    schema: those of the first deferral still pending; another raises
+    :class:`ValueError` (:func:`check_one_policy`).
     With ``"refresh_after_commit"``, existing rows are moved forwards without
     waiting for them, the held ones after the COMMIT (:mod:`airflow_adrq.refresh`).
     ``events``: flushed ``asset_event`` objects, or anything with integer
@@ -108,7 +146,7 @@ def defer_events(
     Nothing is visible before the commit (or :func:`flush_queue`); a rollback
     queues nothing; events of a rolled-back SAVEPOINT are dropped, those of a
     released one queued at the outermost COMMIT. Deferring after the
-    commit-time write ran raises :class:`~airflow_adrq.errors.AdrqError`.
+    commit-time write ran raises :class:`~airflow_adrq.errors.DeferredTooLateError`.
 
     Locks: none until the commit; then as :mod:`airflow_adrq.aliases` and
     :func:`queue_events`. If the statement fails (a deadlock, say),
@@ -116,36 +154,56 @@ def defer_events(
     transaction. Does not promise anything for a transaction committed other
     than by ``Session.commit()`` (on the raw connection, say).
     """
-    check_one_policy(session, on_conflict)
+    _hold(session, _Statement(dialects.check_policy(on_conflict), shape, schema))
+    written: weakref.ref[SessionTransaction] | None = session.info.get(_WRITTEN_KEY)
+    if written is not None and written() is not None and written() is session.get_transaction():
+        raise DeferredTooLateError(
+            "deferred_events: recorded after this transaction's commit-time write had run "
+            "(from a before_commit listener registered after airflow-adrq's?). Register it "
+            "before committing, or call the flush function from that listener first."
+        )
     for event in events:
         event_id, asset_id = event.id, event.asset_id
         if not isinstance(event_id, int) or not isinstance(asset_id, int):
             raise TypeError(f"events need integer id and asset_id (flush them first), got {event!r}")
-        obj = event if is_mapped(event) else None
         only = allowed_dags.get(event_id) if allowed_dags is not None else None
-        allowed = frozenset(only) if only is not None else None
         names = tuple(alias_names.get(event_id, ())) if alias_names is not None else ()
-        _DEFERRED.add(session, _Deferred(event_id, asset_id, on_conflict, allowed, names, shape, schema, obj))
+        obj = event if is_mapped(event) else None
+        _DEFERRED.add(
+            session, _Deferred(event_id, asset_id, None if only is None else frozenset(only), names, obj)
+        )
+
+
+def _hold(session: Session, wanted: _Statement) -> None:
+    """Make ``wanted`` the transaction's statement settings, unless events wait with others."""
+    held: _Statement | None = session.info.get(_STATEMENT_KEY)
+    if held is None or held == wanted or not _pending(session):
+        session.info[_STATEMENT_KEY] = wanted
+        return
+    if held.on_conflict != wanted.on_conflict:
+        raise ValueError(
+            f"on_conflict={wanted.on_conflict!r}, but this transaction already queues with "
+            f"{held.on_conflict!r}: one transaction is queued by one statement, with one policy"
+        )
+    raise ValueError(f"one transaction is queued by one statement: {wanted} differs from {held}")
 
 
 def check_one_policy(session: Session, on_conflict: object) -> ConflictPolicy:
-    """``on_conflict``, if it is a policy and the one already pending in this transaction, if any.
+    """``on_conflict``, if it is a policy and the one events of this transaction wait with, if any.
 
     Else :class:`ValueError`: one transaction is queued by one statement, with one policy.
+    Emits no SQL, locks nothing.
     """
     policy = dialects.check_policy(on_conflict)
-    pending = {entry.on_conflict for entry in _DEFERRED.pending(session)} - {policy}
-    if pending:
-        raise ValueError(
-            f"on_conflict={policy!r}, but this transaction already queues with {pending.pop()!r}: "
-            "one transaction is queued by one statement, with one policy"
-        )
+    held: _Statement | None = session.info.get(_STATEMENT_KEY)
+    if held is not None and held.on_conflict != policy and _pending(session):
+        _hold(session, _Statement(policy, held.shape, held.schema))  # raises, naming both
     return policy
 
 
 def pending_events(session: Session) -> list[int]:
     """Ids of the events deferred in this session's open transaction and not queued yet, sorted."""
-    return sorted({entry.id for entry in _DEFERRED.pending(session)})
+    return sorted({entry.id for entry in _pending(session)})
 
 
 def flush_queue(session: Session) -> int:
@@ -156,4 +214,4 @@ def flush_queue(session: Session) -> int:
     :func:`queue_events`, until the transaction ends (so a scheduler skips those DAGs until then).
     Does not promise the commit-time timing: the stamp is read now (GUARANTEES.md, "Timing").
     """
-    return len({entry.id for entry in _DEFERRED.flush(session)})
+    return len({entry.id for entry in _write(session)})

@@ -19,35 +19,17 @@ inserted with ``created_at =`` :data:`~airflow_adrq.refresh.PENDING`, then one c
 on the events and those rows (:func:`airflow_adrq.refresh.write_then_stamp`), and existing rows
 are moved forwards after COMMIT (:mod:`airflow_adrq.refresh`).
 
-The route from the entry point to the SQL, file by file:
-
-1. ``register_asset_change`` (:mod:`airflow_adrq.manager`, or the plug-in's
-   ``AdrqAssetManager.register_asset_change``) flushes the ``asset_event``
-   row and calls :func:`airflow_adrq.deferral.defer_events`, which records
-   it on the session. No SQL.
-2. ``Session.commit()`` fires the ``before_commit`` listener that
-   :mod:`airflow_adrq.txscope` installs on the ``Session`` class the first
-   time an event is deferred: a final flush, then one call of
-   :mod:`airflow_adrq.deferral`'s ``_queue_deferred`` with every event
-   still alive in the transaction (rolled-back SAVEPOINTs' events dropped).
-3. ``_queue_deferred`` writes the alias rows
-   (:func:`airflow_adrq.aliases.write_alias_rows`), then calls
-   :func:`queue_events` once: with the scheduler's ``dag`` lock,
-   :func:`_lock_stamp_write` (:func:`airflow_adrq.statement.write_once` on PostgreSQL; the share
-   lock, the clock, the events and the rows as four statements on MySQL 8;
-   no lock on SQLite, whose writers take turns); without it,
-   :func:`airflow_adrq.refresh.write_then_stamp`.
-   The statements come from :mod:`airflow_adrq.statement` (keyed events
-   filtered there, partitioned and paused DAGs by the shape's
-   ``consumer_filter``); the backend's conflict clause from its module in
-   :mod:`airflow_adrq.dialects`. Then the COMMIT itself.
-4. With ``on_conflict="refresh_after_commit"``, :mod:`airflow_adrq.refresh`
-   reads the pairs whose row is older than the stamp, still before COMMIT;
-   if there are any, it moves those no one holds forwards (``SKIP
-   LOCKED``) as the transaction's last statements, and the ``after_commit``
-   listener the others, on the same connection. The module is loaded the
-   first time a transaction uses that policy: by default on MariaDB, and on
-   any backend with ``[scheduler] use_row_level_locking = False``.
+The route from the entry point to the SQL: ``register_asset_change``
+(:mod:`airflow_adrq.manager` or the plug-in) flushes the event and calls
+:func:`airflow_adrq.deferral.defer_events`; ``Session.commit()`` runs
+:mod:`airflow_adrq.deferral`'s ``before_commit`` hook, which calls
+:func:`queue_events` once; that runs :func:`_lock_stamp_write` (or
+:func:`airflow_adrq.refresh.write_then_stamp`) with the statements of
+:mod:`airflow_adrq.statement`, whose conflict clause comes from the backend's
+module in :mod:`airflow_adrq.dialects`. :mod:`airflow_adrq.refresh` is loaded
+the first time a transaction resolves to ``"refresh_after_commit"``: by
+default on MariaDB, and on any backend with ``[scheduler]
+use_row_level_locking = False``.
 """
 
 from __future__ import annotations
@@ -217,15 +199,12 @@ def queue_events(
        :data:`~airflow_adrq.stamping.IDS_PER_STATEMENT` events, several); it may wait for producers
        inserting the same rows. PostgreSQL: steps 1-3 are one statement.
 
-    A scheduler skips a DAG whose ``dag`` row is share-locked, so no run is
-    made while an event of it is stamped and not yet visible, whichever
-    asset it is of. With ``"refresh_after_commit"`` (``"auto"`` where the
-    scheduler takes no row locks) there is no such lock to order by: the
-    rows are written at :data:`PENDING` first, then stamped once they are
-    all locked, so that producers sharing a row are stamped in commit order.
-    Why that matters, and what is left: GUARANTEES.md, "Timing". Pass only the
-    caller's own uncommitted events; the caller should COMMIT next, as the
-    commit-time write does. No events: does nothing and returns ``None``.
+    With ``"refresh_after_commit"`` (``"auto"`` where the scheduler takes no
+    row locks) there is no ``dag`` lock to order by: the rows are written at
+    :data:`~airflow_adrq.refresh.PENDING` first, then stamped once all are
+    locked, so producers sharing a row are stamped in commit order
+    (GUARANTEES.md, "Timing"). Pass only the caller's own uncommitted events,
+    and COMMIT next, as the commit-time write does. No events: returns ``None``.
 
     ``on_conflict``: ``"refresh"`` gives an existing row the stamp, ``"ignore"``
     leaves it, ``"refresh_after_commit"`` moves it forwards without waiting for

@@ -1,28 +1,17 @@
 """Which Airflow schema the queue statement writes: the tables differ between release lines.
 
-The statement (:mod:`airflow_adrq.queue`) reads the same reference tables in
-every Airflow 3 release; what differs is a few columns and the queue's key:
+The statement reads the same reference tables in every Airflow 3 release;
+what differs is a few columns and the queue's key: 3.0 and 3.1 have no
+``dag.timetable_partitioned`` nor ``asset_event.partition_key``
+(:data:`UNPARTITIONED`); 3.2 and 3.3 do, and partitioned DAGs and keyed
+events are not queued (:data:`PARTITIONED`); 3.4 skips ``dag.is_draining``
+DAGs and keys the queue by ``(target_dag_id, asset_event_id)``, one row per
+(consumer, event) (:data:`EVENT_KEYED`).
 
-======================  =========================================  ===============================
-release line            differences the statement must follow      :class:`QueueShape`
-======================  =========================================  ===============================
-3.0, 3.1                no ``dag.timetable_partitioned`` nor       :data:`UNPARTITIONED`
-                        ``asset_event.partition_key`` (partitioned
-                        assets came in 3.2, migrations 0095/0107)
-3.2, 3.3                partitioned DAGs and keyed events are not  :data:`PARTITIONED`
-                        put in the queue
-3.4                     ``dag.is_draining`` DAGs are not queued    :data:`EVENT_KEYED`
-                        (migration 0134); the queue is keyed by
-                        ``(target_dag_id, asset_event_id)``: one
-                        row per (consumer, event) (PR #70972)
-======================  =========================================  ===============================
-
-The Airflow plug-in writes its release line's shape
-(:mod:`airflow_adrq.airflow.compat`): the metadata database is the one
-Airflow's own migrations made. ``airflow-adrq doctor`` reads a database's
-shape off its catalog (:func:`airflow_adrq.doctor.shape.detect`). The
-library's own tables (:mod:`airflow_adrq.models`, migration 0001) are the
-3.3 shape, :data:`PARTITIONED`.
+The plug-in writes its release line's shape (:mod:`airflow_adrq.airflow.compat`);
+``airflow-adrq doctor`` reads a database's off its catalog
+(:func:`airflow_adrq.doctor.shape.detect`); the library's own tables
+(:mod:`airflow_adrq.models`, migration 0001) are :data:`PARTITIONED`.
 """
 
 from __future__ import annotations

@@ -44,20 +44,14 @@ Why this shape:
   level because MariaDB may ignore it in a derived table. Neither PostgreSQL
   nor MySQL documents that ``INSERT ... SELECT ... ORDER BY`` inserts in
   order, though both do; the concurrency tests fail if that changes.
-* **One statement per transaction.** A task with several outlets registers
-  each asset separately; one statement per asset would still lock ``(A, d)``
-  and ``(B, d)`` in opposite orders in two such tasks. :func:`defer_events`
-  queues all of a transaction's events in one statement just before COMMIT,
-  which also holds the queue rows only for the commit.
-* **Constant shape.** The only parameters are the event ids; aliases come
-  from the ``asset_alias_asset_event`` rows the transaction wrote. Built and
-  compiled once per dialect.
+* **One statement per transaction.** One statement per asset would still
+  lock ``(A, d)`` and ``(B, d)`` in opposite orders in two tasks with several
+  outlets: :func:`defer_events` queues all of a transaction's events at once.
+* **Constant shape.** The only parameters are the event ids (aliases come
+  from the ``asset_alias_asset_event`` rows): built and compiled once.
 * **Timing.** The events' ``timestamp`` and their rows' ``created_at`` are one
-  value of the database's clock, read just before COMMIT once the consumers'
-  ``dag`` rows are share-locked (without that lock: once every queue row is
-  locked), and an existing row moves forwards to it (``on_conflict``; where
-  the scheduler locks no rows, after COMMIT: :mod:`airflow_adrq.refresh`);
-  why, in GUARANTEES.md, "Timing: which events a run consumes".
+  value of the database's clock, read once the consumers' ``dag`` rows are
+  share-locked (GUARANTEES.md, "Timing: which events a run consumes").
 * **Same rows as Airflow 3.3.** Direct, alias, name and URI references;
   unpaused DAGs only; each (asset, DAG) once; partitioned DAGs and events
   with a ``partition_key`` go to Airflow's ``asset_partition_dag_run``
@@ -326,11 +320,8 @@ ONE_DAG_SHARE_LOCK = (
 def write_once(dialect_name: str, form: Form) -> Update:
     """The whole queue write as ONE statement (PostgreSQL; the SQL is in the module docstring).
 
-    The consumers (``src``) are read once; ``locked`` share-locks their
-    ``dag`` rows. ``stamp`` is computed once, and only after ``count(*)`` has
-    read (so locked) every consumer row: the clock is read once the share
-    locks are held, however long they took. Each queue row is written once,
-    with it. The INSERT reads the consumers' ``dag`` columns by the same
+    ``stamp`` is read only after ``count(*)`` has read (so locked) every
+    consumer row. The INSERT reads the consumers' ``dag`` columns by the same
     primary-key probe as the lock (``= ANY(<array>)``), never by joining the
     two CTEs: PostgreSQL has no statistics for a CTE and plans that join from
     the average fan-out, and with a small average a popular asset's join

@@ -18,7 +18,6 @@ installs nothing.
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -26,9 +25,7 @@ from typing import Generic, TypeVar
 from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction
 
-from airflow_adrq.errors import DeferredTooLateError
-
-__all__ = ["DeferredWrites", "TransactionScoped", "current_transaction", "descends_from"]
+__all__ = ["TransactionScoped", "current_transaction", "descends_from"]
 
 T = TypeVar("T")
 
@@ -92,27 +89,6 @@ class TransactionScoped(Generic[T]):
         found: dict[SessionTransaction, list[T]] = session.info.setdefault(self._key, {})
         return found
 
-    # -- event dispatch (see _install) --------------------------------------
-
-    def _before_commit(self, session: Session) -> None:
-        # Called even without items: an owner may need to know the commit began.
-        if self.before_commit is not None:
-            self.before_commit(session, self.items(session))
-
-    def _after_commit(self, session: Session) -> None:
-        items = self.items(session)
-        self.clear(session)
-        if self.after_commit is not None and items:
-            self.after_commit(session, items)
-
-    def _rolled_back(self, session: Session, rolled_back: SessionTransaction) -> None:
-        mapping = self._map(session)
-        for trans in list(mapping):
-            if descends_from(trans, rolled_back):
-                del mapping[trans]
-        if self.on_rollback is not None:
-            self.on_rollback(session, rolled_back, self.items(session))
-
 
 def _install(session: Session, scope: TransactionScoped[T]) -> None:
     _listen()
@@ -137,18 +113,27 @@ def _scopes(session: Session) -> list[TransactionScoped[object]]:
 def _on_before_commit(session: Session) -> None:
     if _SCOPES_KEY in session.info and session.get_nested_transaction() is None:
         for scope in _scopes(session):
-            scope._before_commit(session)
+            # Called even without items: an owner may need to know the commit began.
+            if scope.before_commit is not None:
+                scope.before_commit(session, scope.items(session))
 
 
 def _on_after_commit(session: Session) -> None:
     if _SCOPES_KEY in session.info and session.get_nested_transaction() is None:
         for scope in _scopes(session):
-            scope._after_commit(session)
+            items = scope.items(session)
+            scope.clear(session)
+            if scope.after_commit is not None and items:
+                scope.after_commit(session, items)
 
 
-def _on_soft_rollback(session: Session, previous_transaction: SessionTransaction) -> None:
+def _on_soft_rollback(session: Session, rolled_back: SessionTransaction) -> None:
     for scope in _scopes(session):
-        scope._rolled_back(session, previous_transaction)
+        mapping = scope._map(session)
+        for trans in [trans for trans in mapping if descends_from(trans, rolled_back)]:
+            del mapping[trans]
+        if scope.on_rollback is not None:
+            scope.on_rollback(session, rolled_back, scope.items(session))
 
 
 def _on_transaction_end(session: Session, transaction: SessionTransaction) -> None:
@@ -178,78 +163,3 @@ def _listen() -> None:
             if not event.contains(Session, name, listener):
                 event.listen(Session, name, listener)
         _installed = True
-
-
-@dataclass
-class _Write(Generic[T]):
-    item: T
-    # The transaction whose statement wrote the item (a flush or the commit);
-    # None while it still has to be written.
-    written_in: SessionTransaction | None = None
-
-
-class DeferredWrites(Generic[T]):
-    """Items written by one ``write(session, items)`` call just before the outermost COMMIT.
-
-    :meth:`flush` writes the unwritten items earlier, in the current (maybe
-    nested) transaction; if that SAVEPOINT is rolled back, its rows are gone
-    and the items are written again at COMMIT (items *recorded* in it are
-    dropped, as in :class:`TransactionScoped`). At COMMIT the session is
-    flushed first, so items recorded by flush hooks are written too; an
-    exception from ``write`` makes ``Session.commit()`` raise. An item
-    recorded after the commit-time write (by a later ``before_commit``
-    listener) can no longer be written: :meth:`add` raises
-    :class:`DeferredTooLateError` rather than drop it.
-    """
-
-    def __init__(self, name: str, write: Callable[[Session, list[T]], None]) -> None:
-        self._write = write
-        self._written_key = f"airflow_adrq.written_at_commit.{name}"
-        self._scope: TransactionScoped[_Write[T]] = TransactionScoped(
-            name, before_commit=self._before_commit, on_rollback=self._rolled_back
-        )
-
-    def add(self, session: Session, item: T) -> None:
-        """Record ``item`` in the session's current transaction; emits no SQL."""
-        written: weakref.ref[SessionTransaction] | None = session.info.get(self._written_key)
-        if written is not None and written() is not None and written() is session.get_transaction():
-            raise DeferredTooLateError(
-                f"{self._scope.name}: recorded after this transaction's commit-time write had run "
-                "(from a before_commit listener registered after airflow-adrq's?). Register it "
-                "before committing, or call the flush function from that listener first."
-            )
-        self._scope.add(session, _Write(item))
-
-    def pending(self, session: Session) -> list[T]:
-        """Items recorded and not written yet, in recording order."""
-        return [entry.item for entry in self._unwritten(session)]
-
-    def flush(self, session: Session) -> list[T]:
-        """Write the pending items now with one ``write`` call; return them."""
-        entries = self._unwritten(session)
-        if not entries:
-            return []
-        items = [entry.item for entry in entries]
-        self._write(session, items)
-        current = current_transaction(session)
-        for entry in entries:
-            entry.written_in = current
-        return items
-
-    def _unwritten(self, session: Session) -> list[_Write[T]]:
-        return [entry for entry in self._scope.items(session) if entry.written_in is None]
-
-    def _before_commit(self, session: Session, _entries: list[_Write[T]]) -> None:
-        # Flush hooks may record more; flush now so they are written too.
-        session.flush()
-        self.flush(session)
-        root = session.get_transaction()
-        if root is not None:
-            session.info[self._written_key] = weakref.ref(root)
-
-    def _rolled_back(
-        self, _session: Session, rolled_back: SessionTransaction, entries: list[_Write[T]]
-    ) -> None:
-        for entry in entries:
-            if entry.written_in is not None and descends_from(entry.written_in, rolled_back):
-                entry.written_in = None

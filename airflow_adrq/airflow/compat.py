@@ -1,25 +1,18 @@
 """The Airflow pieces :class:`~airflow_adrq.airflow.AdrqAssetManager` relies on, one class per release line.
 
 ``AdrqAssetManager.register_asset_change`` runs the same steps on every
-supported Airflow: look the asset up, add the alias associations, write the
-event and its alias rows, call the listener hooks, count ``asset.updates``,
-apply the multi-team filter, hand partitioned consumers to Airflow, and queue
-the rest with the library's one statement at COMMIT. What a step does differs
-between release lines; each difference is a method of the line's adapter
-below, and each adapter is a subclass of the previous line's that overrides
-only what that line changed (read from ``airflow/assets/manager.py``,
-``airflow/models/asset.py`` and ``airflow/models/taskinstance.py`` of each
-release's ``apache-airflow-core`` wheel):
+supported Airflow; each step that differs between release lines is a method
+of the line's adapter, a subclass of the previous line's overriding only what
+that line changed (read from each ``apache-airflow-core`` wheel's
+``airflow/assets/manager.py``, ``models/asset.py`` and ``models/taskinstance.py``):
 
 =======  ===========  ==============================================================================
 line     tested       what changed in ``register_asset_change`` (and what the adapter does about it)
 =======  ===========  ==============================================================================
 3.0      refused      apache-airflow-core 3.0 requires SQLAlchemy < 2.0; airflow-adrq is built on
                       SQLAlchemy 2, so the two cannot be installed together (:data:`REFUSED`).
-3.1      3.1.8        :class:`Airflow31` (3.1.7 and later: 3.1.0-3.1.6 skip stale DAGs on direct and
-                      alias references and queue paused ones on ``Asset.ref`` references; 3.1.7
-                      changed both, apache/airflow PR #60022, and the statement follows 3.1.7+):
-                      no partitions (schema :data:`~airflow_adrq.shapes.UNPARTITIONED`),
+3.1      3.1.8        :class:`Airflow31` (3.1.7 and later: ``Airflow31.below_minimum`` says why): no
+                      partitions (schema :data:`~airflow_adrq.shapes.UNPARTITIONED`),
                       no multi-team filter; ``extra`` stored as given; one listener hook
                       (``on_asset_changed`` with ``to_public()``); ``Stats.incr("asset.updates")``
                       untagged; "not found" also goes to the task's log.
@@ -35,15 +28,13 @@ line     tested       what changed in ``register_asset_change`` (and what the ad
                       the public map index (``get_public_map_index``).
 =======  ===========  ==============================================================================
 
-Things every supported line shares, so they are no adapter method: the
-asset lookup, ``_add_asset_alias_association``, the event flushed at once,
-its ``asset_alias_asset_event`` rows (inserted directly, as 3.3 does; 3.1 and
-3.2 append the event to ``AssetAliasModel.asset_events``, which writes the
-same row after lazy-loading every earlier event of the alias, apache/airflow#66853),
-and the queue statement itself (:mod:`airflow_adrq.queue`, written for the
-release line's schema shape, ``ReleaseLine.shape``: the plug-in trusts that
-Airflow's own migrations made the metadata database; ``airflow-adrq doctor``
-reads the catalog).
+Shared by every line, so no adapter method: the asset lookup,
+``_add_asset_alias_association``, the event flushed at once, its
+``asset_alias_asset_event`` rows (inserted directly, as 3.3 does; 3.1 and 3.2
+append to ``AssetAliasModel.asset_events``, lazy-loading every earlier event
+of the alias, apache/airflow#66853), and the queue statement, written for
+the line's ``shape`` (Airflow's own migrations made the metadata database;
+``airflow-adrq doctor`` reads the catalog).
 
 ``callback_sink`` (Airflow 3.3+) is honoured on every line: on 3.1 and 3.2
 nothing in Airflow passes it, so the hooks run inline there as in Airflow.
@@ -53,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -80,7 +72,6 @@ __all__ = [
     "Airflow33",
     "Airflow34",
     "Registration",
-    "ReleaseLine",
     "check_supported",
     "current",
     "release_line",
@@ -111,26 +102,34 @@ class Registration:
             self.callback_sink.append(partial(hook, **arguments))
 
 
-class ReleaseLine:
-    """The steps of one Airflow release line's ``register_asset_change`` that differ between lines.
+class Airflow31:
+    """Airflow 3.1 (tested: 3.1.8), and the base of the later lines' adapters.
 
-    Subclasses, one per line, override what their line changed; the manager
+    Each later line's subclass overrides what that line changed; the manager
     calls only these methods and attributes, never a version check.
     """
 
     #: ``(major, minor)``.
-    line: ClassVar[tuple[int, int]]
+    line: ClassVar[tuple[int, int]] = (3, 1)
     #: The release the tests pin (tox -e airflowNN).
-    tested: ClassVar[str]
+    tested: ClassVar[str] = "3.1.8"
     #: The first release of the line whose rows the plug-in reproduces, and why earlier ones differ.
-    minimum: ClassVar[tuple[int, int, int]]
-    below_minimum: ClassVar[str] = ""
+    minimum: ClassVar[tuple[int, int, int]] = (3, 1, 7)
+    below_minimum: ClassVar[str] = (
+        "before 3.1.7, Airflow skips stale DAGs scheduled directly or through an alias and queues paused "
+        "DAGs scheduled through Asset.ref(name=...) / Asset.ref(uri=...) (changed in 3.1.7, apache/airflow "
+        "PR #60022); the plug-in queues by 3.1.7's rules"
+    )
     #: The schema of this line's metadata database (airflow_adrq.shapes).
-    shape: ClassVar[shapes.QueueShape]
+    shape: ClassVar[shapes.QueueShape] = shapes.UNPARTITIONED
     #: ``AssetManager`` members the plug-in calls; a release without them is refused at import.
-    required_members: ClassVar[tuple[str, ...]]
+    required_members: ClassVar[tuple[str, ...]] = (
+        "register_asset_change",
+        "_add_asset_alias_association",
+        "notify_asset_changed",
+    )
     #: Partitioned consumers exist (``dag.timetable_partitioned``, ``asset_event.partition_key``).
-    partitions: ClassVar[bool]
+    partitions: ClassVar[bool] = False
     #: ``_filter_dags_by_team`` exists (applied with ``[core] multi_team``).
     team_filter: ClassVar[bool] = False
     #: The order the queue statement inserts (and locks) rows in, for the start-up log line.
@@ -143,20 +142,40 @@ class ReleaseLine:
     # --- steps, in the order register_asset_change runs them ---------------
 
     def warn_not_found(self, call: Registration, asset: Any) -> None:
-        raise NotImplementedError
+        msg = f"AssetModel {asset} not found; cannot create asset event."
+        call.manager.logger().warning(msg)
+        if call.task_instance is not None and hasattr(call.task_instance, "log"):
+            call.task_instance.log.warning(msg)
 
     def event_kwargs(self, call: Registration, asset_model: AssetModel, extra: Any) -> dict[str, Any]:
-        """The ``AssetEvent`` constructor arguments."""
-        raise NotImplementedError
+        """The ``AssetEvent`` arguments (3.1: ``extra`` as given, the column's default for None)."""
+        kwargs: dict[str, Any] = {"asset_id": asset_model.id, "extra": extra}
+        ti = call.task_instance
+        if ti:
+            kwargs.update(
+                source_task_id=ti.task_id,
+                source_dag_id=ti.dag_id,
+                source_run_id=ti.run_id,
+                source_map_index=ti.map_index,
+            )
+        return kwargs
 
     def notify_listeners(
         self, call: Registration, asset_model: AssetModel, event: AssetEvent, aliases: list[AssetAliasModel]
     ) -> None:
-        raise NotImplementedError
+        # 3.1's name for the public asset (typed against a later line, where it is gone).
+        model: Any = asset_model
+        call.run_hook(call.manager.notify_asset_changed, asset=model.to_public())
 
     def emit_updates_metric(self, call: Registration) -> str | None:
         """Count ``asset.updates``; return the producing DAG's team when the line tags it with one."""
-        raise NotImplementedError
+        # The name Airflow's manager module uses (patching it there patches it here);
+        # 3.1's name, typed against a later line, where it is gone.
+        from airflow.assets import manager
+
+        airflow_manager: Any = manager
+        airflow_manager.Stats.incr("asset.updates")
+        return None
 
     def multi_team(self) -> bool:
         """Whether ``_filter_dags_by_team`` applies (``[core] multi_team`` on a line that has it)."""
@@ -177,12 +196,10 @@ class ReleaseLine:
 
         ``[core] asset_manager_kwargs = {"on_conflict": ...}`` when set
         (validated: :class:`ValueError` naming the setting); otherwise
-        ``"auto"``, which refreshes an existing row in the statement where the
-        scheduler locks the rows it consumes and after COMMIT where it does
-        not (:func:`airflow_adrq.dialects.resolve`); with ``[scheduler]
-        use_row_level_locking = False`` the scheduler locks none on any
-        backend: ``"refresh_after_commit"``. Two config reads per call; the
-        rest is resolved once per pair of values.
+        ``"auto"``, or ``"refresh_after_commit"`` with ``[scheduler]
+        use_row_level_locking = False`` (the scheduler then locks no queue
+        rows on any backend). Two config reads per call; the rest is
+        resolved once per pair of values.
         """
         from airflow.configuration import conf
 
@@ -191,10 +208,7 @@ class ReleaseLine:
         return _policy(kwargs, locking)
 
     def metadata_schema(self) -> str | None:
-        """The database schema of Airflow's tables (``[database] sql_alchemy_schema``), or ``None``.
-
-        Read off Airflow's own model, which is where Airflow itself writes.
-        """
+        """``[database] sql_alchemy_schema`` or ``None``: read off Airflow's own model, where it writes."""
         from airflow.models.asset import AssetDagRunQueue
 
         schema: str | None = AssetDagRunQueue.__table__.schema
@@ -206,70 +220,13 @@ class ReleaseLine:
         raise NotImplementedError(f"Airflow {self.name} has no partitioned consumers")
 
 
-def _source_columns(task_instance: TaskInstance) -> dict[str, Any]:
-    return {
-        "source_task_id": task_instance.task_id,
-        "source_dag_id": task_instance.dag_id,
-        "source_run_id": task_instance.run_id,
-        "source_map_index": task_instance.map_index,
-    }
-
-
-class Airflow31(ReleaseLine):
-    """Airflow 3.1 (tested: 3.1.8)."""
-
-    line = (3, 1)
-    tested = "3.1.8"
-    minimum = (3, 1, 7)
-    below_minimum = (
-        "before 3.1.7, Airflow skips stale DAGs scheduled directly or through an alias and queues paused "
-        "DAGs scheduled through Asset.ref(name=...) / Asset.ref(uri=...) (changed in 3.1.7, apache/airflow "
-        "PR #60022); the plug-in queues by 3.1.7's rules"
-    )
-    shape = shapes.UNPARTITIONED
-    required_members: ClassVar[tuple[str, ...]] = (
-        "register_asset_change",
-        "_add_asset_alias_association",
-        "notify_asset_changed",
-    )
-    partitions = False
-
-    def warn_not_found(self, call: Registration, asset: Any) -> None:
-        msg = f"AssetModel {asset} not found; cannot create asset event."
-        call.manager.logger().warning(msg)
-        if call.task_instance is not None and hasattr(call.task_instance, "log"):
-            call.task_instance.log.warning(msg)
-
-    def event_kwargs(self, call: Registration, asset_model: AssetModel, extra: Any) -> dict[str, Any]:
-        # ``extra`` as given: the column's default ({}) applies to None.
-        kwargs: dict[str, Any] = {"asset_id": asset_model.id, "extra": extra}
-        if call.task_instance:
-            kwargs.update(_source_columns(call.task_instance))
-        return kwargs
-
-    def notify_listeners(
-        self, call: Registration, asset_model: AssetModel, event: AssetEvent, aliases: list[AssetAliasModel]
-    ) -> None:
-        # 3.1's name for the public asset (typed against a later line, where it is gone).
-        model: Any = asset_model
-        call.run_hook(call.manager.notify_asset_changed, asset=model.to_public())
-
-    def emit_updates_metric(self, call: Registration) -> str | None:
-        # The name Airflow's manager module uses, so that patching it there patches it here.
-        from airflow.assets import manager
-
-        # 3.1's name (typed against a later line, where it is gone).
-        airflow_manager: Any = manager
-        airflow_manager.Stats.incr("asset.updates")
-        return None
-
-
 class Airflow32(Airflow31):
     """Airflow 3.2 (tested: 3.2.2): partitioned assets, the ``on_asset_event_emitted`` hook."""
 
     line = (3, 2)
     tested = "3.2.2"
     minimum = (3, 2, 0)
+    below_minimum = ""
     shape = shapes.PARTITIONED
     required_members: ClassVar[tuple[str, ...]] = (
         *Airflow31.required_members,
@@ -282,11 +239,7 @@ class Airflow32(Airflow31):
         call.manager.logger().warning("AssetModel %s not found; cannot create asset event.", asset)
 
     def event_kwargs(self, call: Registration, asset_model: AssetModel, extra: Any) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"asset_id": asset_model.id, "extra": extra or {}}
-        kwargs["partition_key"] = call.partition_key
-        if call.task_instance:
-            kwargs.update(_source_columns(call.task_instance))
-        return kwargs
+        return {**super().event_kwargs(call, asset_model, extra or {}), "partition_key": call.partition_key}
 
     def _partition_fields(self, call: Registration) -> dict[str, Any]:
         """The partition arguments of this line's listener event and ``_queue_partitioned_dags``."""
@@ -401,7 +354,7 @@ class Airflow34(Airflow33):
 
 
 #: The supported release lines, oldest first.
-ADAPTERS: dict[tuple[int, int], ReleaseLine] = {
+ADAPTERS: dict[tuple[int, int], Airflow31] = {
     adapter.line: adapter for adapter in (Airflow31(), Airflow32(), Airflow33(), Airflow34())
 }
 
@@ -420,35 +373,21 @@ SUPPORTED = tuple(SHAPES)
 
 
 def _airflow_version() -> str:
-    try:
-        from airflow import __version__
-    except ImportError:  # pragma: no cover - Airflow always has it
-        return "unknown"
+    from airflow import __version__
+
     return str(__version__)
 
 
 def release_line(version: str) -> tuple[int, int] | None:
     """``(major, minor)`` of an Airflow version (``"3.3.2"`` -> ``(3, 3)``); ``None`` if it has none."""
-    parts = version.split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return None
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return (int(found[1]), int(found[2])) if found else None
 
 
 def _patch(version: str) -> int:
     """The patch number of ``3.1.8`` or ``3.4.0b2`` (its leading digits; 0 if none)."""
-    parts = version.split(".")
-    digits = ""
-    for char in parts[2] if len(parts) > 2 else "":
-        if not char.isdigit():
-            break
-        digits += char
-    return int(digits or 0)
-
-
-def _supported_names() -> str:
-    return ", ".join(adapter.name for adapter in ADAPTERS.values())
+    found = re.match(r"\d+\.\d+\.(\d+)", version)
+    return int(found.group(1)) if found else 0
 
 
 MANAGER_KWARGS = ("on_conflict", "slow_write_ms")  # the keys [core] asset_manager_kwargs may hold
@@ -484,7 +423,7 @@ def _policy(asset_manager_kwargs: str, row_locking: bool) -> ConflictPolicy:
 
 
 @functools.lru_cache(maxsize=8)
-def _adapter(version: str) -> ReleaseLine:
+def _adapter(version: str) -> Airflow31:
     line = release_line(version)
     remedy = "Remove [core] asset_manager_class to use Airflow's own AssetManager."
     # (`import airflow_adrq` usually refuses REFUSED's lines first, on their
@@ -494,8 +433,9 @@ def _adapter(version: str) -> ReleaseLine:
         raise ImportError(f"airflow_adrq.airflow does not support Airflow {version}: {reason}. {remedy}")
     adapter = ADAPTERS.get(line) if line is not None else None
     if adapter is None:
+        names = ", ".join(adapter.name for adapter in ADAPTERS.values())
         raise ImportError(
-            f"airflow_adrq.airflow supports Airflow {_supported_names()}; this is Airflow {version}. {remedy}"
+            f"airflow_adrq.airflow supports Airflow {names}; this is Airflow {version}. {remedy}"
         )
     if (*adapter.line, _patch(version)) < adapter.minimum:
         first = ".".join(map(str, adapter.minimum))
@@ -506,12 +446,12 @@ def _adapter(version: str) -> ReleaseLine:
     return adapter
 
 
-def current() -> ReleaseLine:
+def current() -> Airflow31:
     """The adapter of the installed Airflow's release line (``ImportError`` if it is not supported)."""
     return _adapter(_airflow_version())
 
 
-def check_supported() -> ReleaseLine:
+def check_supported() -> Airflow31:
     """Return the installed Airflow's adapter; ``ImportError`` unless it is supported and complete.
 
     Refused: a release line not in :data:`ADAPTERS` (with the reason from

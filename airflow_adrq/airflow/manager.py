@@ -13,13 +13,10 @@ step, with the same arguments (the steps that differ between lines are
   event of the transaction (:func:`airflow_adrq.deferral.defer_events`). No
   consumer ``DagModel`` is loaded for it.
 
-Kept as Airflow does it, in its order: the asset lookup and its warnings,
-``_add_asset_alias_association``, the flushed ``AssetEvent`` and its alias
-rows, the listener hooks (inline or into ``callback_sink``), the
-``asset.updates`` metric, the multi-team filter (3.3+) and the partitioned
-path (3.2+). Only the consumers those two need are loaded: the partitioned
-ones, or with ``[core] multi_team`` all of them (the filter's result
-restricts the statement to the allowed pairs: still one statement, one order).
+Kept as Airflow does it, in its order: every other step
+(:mod:`~airflow_adrq.airflow.compat`). Only the consumers Airflow's own code
+needs are loaded: the partitioned ones, or with ``[core] multi_team`` all of
+them (the filter's result restricts the statement: still one statement).
 """
 
 from __future__ import annotations
@@ -34,6 +31,7 @@ from sqlalchemy.orm import joinedload
 
 from airflow_adrq import deferral, metrics, queue, statement
 from airflow_adrq.airflow import compat
+from airflow_adrq.deferral import flush_queue
 from airflow_adrq.dialects import ConflictPolicy
 
 if TYPE_CHECKING:
@@ -94,13 +92,15 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         compat.check_manager_kwargs({"on_conflict": on_conflict, "slow_write_ms": slow_write_ms, **kwargs})
         _SLOW_MS[0] = slow_write_ms
         super().__init__()  # type: ignore[no-untyped-call,unused-ignore]
-        # The line lets an operator confirm in any component's log that it is used.
+        # The line lets an operator confirm in any component's log that it is used. The
+        # policy is the one registrations read (what "auto" means on the backend is logged
+        # at the first queue write: airflow_adrq.dialects.resolve).
         log.info(
             "airflow-adrq: %s.%s queues asset-triggered runs at commit, sorted by %s, on_conflict=%s",
             type(self).__module__,
             type(self).__qualname__,
             compat.current().queue_order,
-            on_conflict or compat.current().conflict_policy(),
+            compat.current().conflict_policy(),
         )
 
     @classmethod
@@ -123,8 +123,6 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
     ) -> AssetEvent | None:
         """The installed Airflow line's ``register_asset_change``, queueing at COMMIT with one statement."""
         line = compat.current()
-        # The schema Airflow's own migrations made for this release line (doctor reads the catalog).
-        shape = line.shape
         call = compat.Registration(
             manager=cls,
             session=session,
@@ -208,7 +206,8 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
                 # The row keeps the newest stamp of the events it stands for
                 # where the scheduler locks the rows it consumes (GUARANTEES.md, "Timing").
                 on_conflict=line.conflict_policy(),
-                shape=shape,
+                # The schema Airflow's own migrations made for this release line (doctor reads the catalog).
+                shape=line.shape,
                 schema=line.metadata_schema(),
             )
             if source_is_api or "timestamp" in kwargs:
@@ -336,12 +335,3 @@ def _partitioned_consumer_exists() -> Any:
             alias.c.name.in_(bindparam("alias_names", expanding=True)),
         ),
     ).label("any_partitioned")
-
-
-def flush_queue(session: Session) -> int:
-    """Queue the events registered on ``session`` now, not at COMMIT; return how many events it queued.
-
-    Same statement and locks as the write at COMMIT; for code that reads
-    ``asset_dag_run_queue`` in the producing transaction.
-    """
-    return deferral.flush_queue(session)

@@ -10,7 +10,9 @@ a backend means adding a module and a line there.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import importlib
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
@@ -34,6 +36,8 @@ __all__ = [
     "resolve",
 ]
 
+log = logging.getLogger(__name__)
+
 #: What the statement does with an existing queue row (see DialectSupport).
 ConflictMode = Literal["ignore", "refresh"]
 #: What a caller asks for: ``"refresh"`` in the statement, ``"ignore"``, ``"refresh_after_commit"``
@@ -47,71 +51,42 @@ CONFLICT_POLICIES: tuple[ConflictPolicy, ...] = ("auto", "ignore", "refresh", "r
 
 @dataclass(frozen=True)
 class DialectSupport:
-    """What differs between backends on the queueing path.
-
-    ``insert_from_select(table, columns, select, key, on_conflict, refresh)``
-    returns ``INSERT INTO table (columns) <select>`` with the backend's
-    conflict clause on the primary key ``key``:
-
-    * ``"ignore"``: an existing row is left untouched;
-    * ``"refresh"``: the existing row's ``refresh`` column becomes the greater
-      of its value and the new one (never moves backwards).
-
-    ``insert_ignore(table)`` is an ``INSERT`` (add ``.values()``) that leaves
-    an existing row with the same primary key untouched.
-
-    ``engine_kwargs`` and ``configure_engine(engine)`` are the connection
-    settings the guarantees rely on (isolation level, busy handling, FK
-    enforcement); :func:`airflow_adrq.engine.create_engine` applies both.
-
-    ``check_connection(connection)`` runs before every queue write and raises
-    :class:`~airflow_adrq.errors.AdrqError` for a connection whose settings
-    break those guarantees (MySQL/MariaDB above READ COMMITTED). It must be
-    cheap: cache per DBAPI connection.
-
-    ``refresh_by_default(connection)`` says whether ``on_conflict="auto"`` is
-    ``"refresh"`` on this connection: whether Airflow's scheduler locks the
-    queue rows it consumes (``FOR UPDATE SKIP LOCKED``) before deleting them,
-    so that a producer refreshing a row only ever waits for the scheduler,
-    never the other way round. Where it takes no row locks (MariaDB), it
-    deletes the rows DAG by DAG in Python-set order while a refresh locks them
-    in key order: the two deadlock, so ``"auto"`` is ``"refresh_after_commit"``
-    there (never waiting: :mod:`airflow_adrq.refresh`).
-
-    ``clock()`` is the database's clock as a SQL expression with one value
-    per statement (``None``: Python's, for a database on the caller's host);
-    the queue's stamp is read from it once the rows are locked
-    (:func:`airflow_adrq.queue.queue_events`). ``stamp_in_one_statement``:
-    the backend runs data-modifying CTEs, so the stamp goes on the events
-    and the rows in the statement that reads it.
-
-    ``lock_order(dag_id)`` is the sort key under which the queue write
-    share-locks its consumers' ``dag`` rows (``None``: the backend has one
-    writer at a time and takes no row locks); it must be the order Airflow's
-    other writers of ``dag`` lock rows in, Python's ``sorted()`` of the ids
-    (the DAG processor's flushes): byte order, whatever the database's
-    collation. ``lock_by_id_list``: the consumers are read first and locked
-    by their id list (InnoDB locks a locking read's rows in access order, not
-    in ``ORDER BY`` order; an ``IN`` list on the primary key is accessed in
-    the key's order). ``clock_after_locks()``: a clock read when it is
-    evaluated, not when the statement starts, for the one-statement write
-    (:func:`airflow_adrq.queue.queue_events`) that reads it once its share
-    locks are held.
-    """
+    """What differs between backends on the queueing path (each backend module defines one)."""
 
     name: str
+    #: ``(table, columns, select, key, on_conflict, column)``: ``INSERT INTO table (columns) <select>``
+    #: with the conflict clause on the primary key ``key``: ``"ignore"`` leaves an existing row,
+    #: ``"refresh"`` sets its ``column`` to the greater of its value and the new one.
     insert_from_select: Callable[
         [Table, Sequence[Column[Any]], Select[Any], Sequence[str], ConflictMode, str], Insert
     ]
+    #: An ``INSERT`` (add ``.values()``) that leaves an existing row with the same key untouched.
     insert_ignore: Callable[[Table], Insert]
+    #: The connection settings the guarantees rely on (isolation level, busy handling, FK
+    #: enforcement), applied by :func:`airflow_adrq.engine.create_engine`.
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
     configure_engine: Callable[[Engine], None] = field(default=lambda engine: None)
+    #: Runs before every queue write (cheap: cached per DBAPI connection); raises
+    #: :class:`~airflow_adrq.errors.AdrqError` for settings that break the guarantees.
     check_connection: Callable[[Connection], None] = field(default=lambda connection: None)
+    #: The database's clock, one value per statement (``None``: Python's, a database on this host).
     clock: Callable[[], ColumnElement[dt.datetime]] | None = None
+    #: Data-modifying CTEs: the stamp goes on the events and the rows in the statement reading it.
     stamp_in_one_statement: bool = False
+    #: Whether ``"auto"`` is ``"refresh"`` here: whether Airflow's scheduler locks the queue rows
+    #: it consumes (``FOR UPDATE SKIP LOCKED``), so a refreshing producer only waits for it. Where
+    #: it locks none (MariaDB) it deletes DAG by DAG in set order and a refresh in key order would
+    #: deadlock with it: ``"refresh_after_commit"`` (:mod:`airflow_adrq.refresh`).
     refresh_by_default: Callable[[Connection], bool] = field(default=lambda connection: True)
+    #: The sort key of the consumers' ``dag`` share locks: the order Airflow's other ``dag``
+    #: writers lock in, Python's ``sorted()`` (byte order, whatever the collation). ``None``:
+    #: one writer at a time, no row locks.
     lock_order: Callable[[ColumnElement[str]], ColumnElement[Any]] | None = None
+    #: Read the consumers first, lock them by id list (InnoDB locks a locking read's rows in
+    #: access order, not ``ORDER BY`` order; an ``IN`` list on the key is read in key order).
     lock_by_id_list: bool = False
+    #: A clock read when evaluated, not at statement start: the one-statement write reads it
+    #: once its share locks are held (:func:`airflow_adrq.queue.queue_events`).
     clock_after_locks: Callable[[], ColumnElement[dt.datetime]] | None = None
     #: Whether a database error is "lock not available" (a ``NOWAIT`` that met a held row).
     lock_not_available: Callable[[BaseException], bool] = field(default=lambda error: False)
@@ -160,8 +135,20 @@ def check_policy(policy: object) -> ConflictPolicy:
 
 
 def resolve(policy: ConflictPolicy, connection: Connection) -> ResolvedPolicy:
-    """What ``policy`` means on ``connection`` (``"auto"``: the backend's safe choice)."""
+    """What ``policy`` means on ``connection`` (``"auto"``: the backend's safe choice).
+
+    Logs the value in force once per process for each policy and backend.
+    """
     policy = check_policy(policy)
     if policy == "auto":
-        return "refresh" if get(connection).refresh_by_default(connection) else "refresh_after_commit"
-    return policy
+        refresh = get(connection).refresh_by_default(connection)
+        resolved: ResolvedPolicy = "refresh" if refresh else "refresh_after_commit"
+    else:
+        resolved = policy
+    _log_in_force(policy, resolved, connection.dialect.name)
+    return resolved
+
+
+@functools.cache
+def _log_in_force(policy: ConflictPolicy, resolved: ResolvedPolicy, backend: str) -> None:
+    log.info("airflow-adrq: on_conflict=%s is %r on %s", policy, resolved, backend)

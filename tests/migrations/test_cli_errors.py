@@ -97,6 +97,8 @@ def test_garbage_options_are_usage_errors(capsys, argv):
         (["db", "check", "--url", "sqlite://", "--fast"], "usage: airflow-adrq db check"),
         (["bench", "--fast"], "usage: airflow-adrq bench"),
         (["bench", "--qui"], "usage: airflow-adrq bench"),  # was taken as --quick
+        (["db", "current", "--url", "sqlite://", "--ur", "x"], "usage: airflow-adrq db current"),
+        (["--versio"], "usage: airflow-adrq "),  # the top level refuses abbreviations too
     ],
 )
 def test_an_unknown_option_is_a_usage_error_of_that_command(capsys, argv, usage):
