@@ -29,11 +29,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from airflow_adrq_bench import dataset, options, report, runner, tables, verdict
+from airflow_adrq_bench import options, report, runner, tables, verdict
 from airflow_adrq_bench.config import DEFAULT, DEFAULT_STRATEGY, QUICK, SCENARIOS, STRATEGIES, Sizes
 from airflow_adrq_bench.config import clear_of_deadlock_timeout as clear
 from airflow_adrq_bench.load import FaultSizes, SoakSizes, run_faults, run_soak
-from airflow_adrq_testing import servers
+from airflow_adrq_testing import dataset, servers
 
 __all__ = ["MODES", "add_bench_parser", "main", "route"]
 

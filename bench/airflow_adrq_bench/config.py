@@ -9,18 +9,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from airflow_adrq_bench.options import Checked, size
+from airflow_adrq_testing.strategies import STRATEGIES as STRATEGIES
 
-#: Strategies in report order: the three loop versions (Airflow 3.3.2's whole
-#: ``register_asset_change``, :mod:`airflow_adrq_bench.baselines`), then ours
-#: (:func:`airflow_adrq.register_asset_change`, immediate and commit mode).
-STRATEGIES: Final = ("airflow_3_3", "sorted_loop", "values_batch", "per_call", "commit_time")
 #: What :func:`airflow_adrq.register_asset_change` does when not told otherwise
 #: (``queue_mode="commit"``), and the plug-in always.
 DEFAULT_STRATEGY: Final = "commit_time"
-#: ``outcome`` of a producer transaction record: every planned transaction gets exactly one.
-COMMITTED: Final = "committed"
-GAVE_UP: Final = "gave up"
-NOT_STARTED: Final = "not started"
 #: What each scenario does: the ``--scenario`` help in :mod:`.cli`.
 SCENARIOS: Final = ("single", "multi_outlet", "with_consumer", "lost_events")
 #: ``lost_events`` compares ours (commit mode) with Airflow 3.3.2's shape.
@@ -73,11 +66,6 @@ class Sizes(Checked):
     lost_timeout_s: float = size(
         60.0, "seconds after a lost_events round's start when producers stop starting transactions", ">0"
     )
-
-    @property
-    def max_fanout(self) -> int:
-        """The most consumer DAGs any asset of the seed data has."""
-        return max(self.fanout, *self.sweep, *self.ratio_fanouts)
 
 
 #: ``--help`` text of every size option (its default and ``--quick`` value are added).

@@ -13,10 +13,8 @@ strategy's whole ``register_asset_change`` per emitted asset, ``hold_ms`` open, 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import functools
 import json
-import os
 import random
 import time
 from collections import Counter
@@ -30,126 +28,19 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 import airflow_adrq
-from airflow_adrq.errorcodes import Retryable
-from airflow_adrq.models import UtcDateTime, utcnow
-from airflow_adrq_bench import barrier, dataset, rawsql, scheduler, strategies
-from airflow_adrq_bench.config import COMMITTED, GAVE_UP, NOT_STARTED, Cell, Plan, Sizes
+from airflow_adrq.models import utcnow
+from airflow_adrq_bench import barrier, rawsql
+from airflow_adrq_bench.config import Cell, Plan, Sizes
 from airflow_adrq_bench.stats import median, percentile
+from airflow_adrq_testing import dataset, scheduler, strategies
 from airflow_adrq_testing.recording import counting
-
-
-def process_rng() -> random.Random:
-    """A generator seeded from ``os.urandom`` (not ``PYTHONHASHSEED``, which xdist may pin): every
-    process its own order, as a ``set`` of freshly loaded ``DagModel`` objects (:mod:`.baselines`)."""
-    return random.Random(int.from_bytes(os.urandom(8), "big"))
-
-
-# --- one producer transaction ---------------------------------------------------
-
-#: Why :func:`run_transaction` gave up (``TxResult.gave_up``).
-GAVE_UP_ATTEMPTS = "max attempts"
-GAVE_UP_TIMEOUT = "round timeout"
-GAVE_UP_STOPPED = "stopped"
-
-
-@dataclass
-class TxResult:
-    """One producer transaction, over all its attempts."""
-
-    ok: bool
-    attempts: int
-    latency_s: float
-    #: Statements sent by the attempt that committed (0 if none did).
-    statements: int
-    assets: list[int]
-    failures: dict[str, int] = field(default_factory=dict)
-    #: Not committed: why it stopped retrying (:data:`GAVE_UP_ATTEMPTS`,
-    #: :data:`GAVE_UP_TIMEOUT` or :data:`GAVE_UP_STOPPED`); ``None`` if it committed.
-    gave_up: str | None = None
-    #: The failure kind of the last failed attempt (``None`` if none failed).
-    last_failure: str | None = None
-
-    @property
-    def outcome(self) -> str:
-        return COMMITTED if self.ok else GAVE_UP
-
-
-def run_transaction(
-    engine: Engine,
-    work: Callable[[Session], None],
-    *,
-    max_attempts: int,
-    deadline: float,
-    hold_s: float,
-    rng: random.Random,
-    assets: Sequence[int] = (),
-    give_up: Callable[[], bool] = lambda: False,
-) -> TxResult:
-    """Run ``work`` + hold + COMMIT under :func:`airflow_adrq.run_in_transaction` (retried from BEGIN on
-    retryable failures, others propagate) until ``max_attempts``, ``deadline`` or ``give_up()``
-    (``TxResult.gave_up`` says which)."""
-    del rng  # the retry's jitter is run_in_transaction's own
-    failures: Counter[str] = Counter()
-    made = [0]
-    last: list[str | None] = [None]
-
-    def attempt(session: Session, _callbacks: list[Any]) -> None:
-        made[0] += 1
-        counting.reset()
-        work(session)
-        if hold_s:
-            time.sleep(hold_s)
-
-    def on_retry(_n: int, found: Retryable) -> None:
-        failures[found.kind.value] += 1
-        last[0] = found.kind.value
-
-    start = time.perf_counter()
-    try:
-        airflow_adrq.run_in_transaction(
-            lambda: Session(engine),
-            attempt,
-            max_attempts=max_attempts,
-            # Jittered, so two victims do not restart in lockstep; short, as a task's retry is.
-            initial_wait=0.005,
-            max_wait=0.05,
-            on_retry=on_retry,
-            deadline=deadline,
-            stop=give_up,
-        )
-    except airflow_adrq.RetriesExhaustedError as exc:
-        final = airflow_adrq.classify(exc.__cause__) if exc.__cause__ is not None else None
-        if final is not None:
-            failures[final.kind.value] += 1
-        if exc.attempts >= max_attempts:
-            reason = GAVE_UP_ATTEMPTS
-        elif time.monotonic() >= deadline:
-            reason = GAVE_UP_TIMEOUT
-        else:
-            reason = GAVE_UP_STOPPED
-        elapsed = time.perf_counter() - start
-        kind = final.kind.value if final is not None else last[0]
-        return TxResult(False, exc.attempts, elapsed, 0, list(assets), dict(failures), reason, kind)
-    elapsed = time.perf_counter() - start
-    return TxResult(True, made[0], elapsed, counting.value(), list(assets), dict(failures), None, last[0])
-
-
-def producer_work(
-    emit: strategies.Emit, assets: Sequence[dataset.SeedAsset], rng: random.Random
-) -> Callable[[Session], None]:
-    """The strategy's whole ``register_asset_change`` for each asset, in this order."""
-    return lambda session: emit(session, assets, rng)
-
-
-def emitted_assets(
-    scenario: str, assets: Sequence[dataset.SeedAsset], rng: random.Random
-) -> list[dataset.SeedAsset]:
-    """The assets one transaction emits: the first, or all outlets in random order."""
-    if scenario in ("single", "lost_events"):
-        return [assets[0]]
-    emitted = list(assets)
-    rng.shuffle(emitted)
-    return emitted
+from airflow_adrq_testing.transactions import (
+    NOT_STARTED,
+    TxResult,
+    emitted_assets,
+    process_rng,
+    run_transaction,
+)
 
 
 def round_records(
@@ -212,10 +103,14 @@ class _Party:
     ) -> TxResult:
         """One producer transaction of ``cell``'s strategy over the assets its scenario emits."""
         emitted = emitted_assets(cell.scenario, assets, self.rng)
-        work = producer_work(strategies.get(cell.strategy), emitted, self.rng)
+        emit = strategies.get(cell.strategy)
         ids = [a.id for a in emitted]
         return run_transaction(
-            engine, work, max_attempts=self.sizes.max_attempts, rng=self.rng, assets=ids, **kw
+            engine,
+            lambda session: emit(session, emitted, self.rng),
+            max_attempts=self.sizes.max_attempts,
+            assets=ids,
+            **kw,
         )
 
 
@@ -325,10 +220,8 @@ class _Round:
             taken.clear()
             made[0] = work(session, taken)
 
-        sizes, rng = self.party.sizes, self.party.rng
-        result = run_transaction(
-            self.engine, attempt, max_attempts=sizes.max_attempts, deadline=deadline, hold_s=0, rng=rng
-        )
+        max_attempts = self.party.sizes.max_attempts
+        result = run_transaction(self.engine, attempt, max_attempts=max_attempts, deadline=deadline, hold_s=0)
         self.failures.update(result.failures)
         if not result.ok:
             return result, 0
@@ -400,42 +293,6 @@ def _claimer(current: _Round, dags: Sequence[str]) -> tuple[Callable[[], None], 
 
 # --- lost events: Airflow 3.3.2's scheduler rule ----------------------------------
 
-#: The floor of last resort (Airflow: ``date.min``); UtcDateTime needs an aware value.
-_FLOOR = dt.datetime(1970, 1, 2, tzinfo=dt.timezone.utc)
-
-
-def scheduler_pass(session: Session, dags: Sequence[str], consumed: list[tuple[int, str]]) -> int:
-    """One pass of Airflow 3.3.2's ``_create_dag_runs_asset_triggered`` over ``dags`` (catchup off):
-    per DAG :mod:`.scheduler`'s step, floor = ``coalesce(max(run_after) of its earlier runs below
-    triggered_date, min(created_at) of its references)``, a run with ``run_after = triggered_date``;
-    ``(event_id, dag_id)`` appended to ``consumed``. Returns the runs created; the caller commits."""
-    conn, run = session.connection(), dataset.bench_run
-    runs = 0
-    for dag in dags:
-        rows = scheduler.queued(conn, dag)
-        if not rows:
-            continue
-        triggered = rows[0][1]
-        previous = sa.select(sa.func.max(run.c.run_after)).where(
-            run.c.dag_id == dag, run.c.run_after < triggered
-        )
-        ref = scheduler.REF
-        first_reference = sa.select(sa.func.min(ref.c.created_at)).where(ref.c.dag_id == dag)
-        last_resort = sa.bindparam("floor", _FLOOR, type_=UtcDateTime())
-        floor = sa.func.coalesce(previous.scalar_subquery(), first_reference.scalar_subquery(), last_resort)
-        events = scheduler.window(conn, dag, triggered, floor)
-        values = {
-            "dag_id": dag,
-            "queued_rows": len(rows),
-            "run_after": triggered,
-            "consumed_events": len(events),
-        }
-        conn.execute(sa.insert(run).values(**values))
-        consumed.extend((e, dag) for e in events)
-        scheduler.delete(conn, dag, rows)
-        runs += 1
-    return runs
-
 
 def _lost_events_round(current: _Round) -> dict[str, Any]:
     """Consume with Airflow 3.3.2's rule while the producers run, drain, count unconsumed pairs."""
@@ -448,7 +305,7 @@ def _lost_events_round(current: _Round) -> dict[str, Any]:
     def one_pass() -> int:
         deadline = time.monotonic() + current.party.plan.barrier_timeout_s
         result, made = current.consume(
-            lambda session, taken: scheduler_pass(session, dags, taken), deadline=deadline
+            lambda session, taken: scheduler.recorded_pass(session, dags, taken), deadline=deadline
         )
         pass_ms.append(result.latency_s * 1000)
         runs[0] += made

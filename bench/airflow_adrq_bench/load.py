@@ -49,7 +49,7 @@ from airflow_adrq import manager, retry
 from airflow_adrq.engine import create_engine
 from airflow_adrq.errors import CommitOutcomeUnknownError, RetriesExhaustedError
 from airflow_adrq.models import AssetEvent
-from airflow_adrq_bench import dataset, scheduler
+from airflow_adrq_testing import dataset, scheduler
 
 T = TypeVar("T")
 Log = Callable[[str], None]

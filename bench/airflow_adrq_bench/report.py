@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from airflow_adrq_bench import plots, tables
-from airflow_adrq_bench.config import DEFAULT_STRATEGY, NOT_STARTED, SCENARIOS, STRATEGIES
+from airflow_adrq_bench.config import DEFAULT_STRATEGY, SCENARIOS, STRATEGIES
 from airflow_adrq_bench.stats import latency, median
 from airflow_adrq_bench.tables import fmt, times
+from airflow_adrq_testing.transactions import NOT_STARTED
 
 __all__ = [
     "LOST_LEGEND",

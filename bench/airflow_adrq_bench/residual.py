@@ -11,11 +11,11 @@ scheduler read between them, all before the first one's COMMIT is visible;
 the run's window then covers the first event's stamp without it, and the next
 window starts after it. How often, here: ``--producers`` threads, each
 emitting its own asset in a loop, one consumer DAG scheduled on all of them,
-and Airflow 3.3.2's scheduler step (:func:`scheduler_pass`) in a loop, with
+and Airflow 3.3.2's scheduler step (:func:`airflow_adrq_testing.scheduler.scheduler_pass`) in a loop, with
 ``FOR UPDATE SKIP LOCKED`` (PostgreSQL, MySQL 8) or without row locks
 (``--no-row-locks``: MariaDB's). Then the queue is drained and every event's
 runs are counted. Side by side: airflow-adrq's protocol (lock, stamp from the
-database's clock, COMMIT) and the one before it (:func:`landed`), each
+database's clock, COMMIT) and the ones before it (:mod:`airflow_adrq_testing.protocols`), each
 on its own scratch database, every side writing its events the same way.
 Also the window itself: the time from the stamp to the moment the commit is
 visible to another connection, and the time from an event's COMMIT to the
@@ -33,98 +33,20 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from airflow_adrq import create_engine, dialects, migrate, queue_events
 from airflow_adrq.dialects import ConflictPolicy
-from airflow_adrq.manager import build_queue_statement
-from airflow_adrq.models import (
-    DagModel,
-    utcnow,
-)
-from airflow_adrq.refresh import PENDING
+from airflow_adrq.models import utcnow
 from airflow_adrq.retry import RetryableKind, classify
-from airflow_adrq_bench import dataset, scheduler
 from airflow_adrq_bench.stats import median, percentile
+from airflow_adrq_testing import dataset, scheduler
+from airflow_adrq_testing.protocols import events, landed, stamp_first
+from airflow_adrq_testing.scheduler import Run, scheduler_pass
 
 _EVENT = scheduler.EVENT
-_ADRQ = scheduler.ADRQ
-_DAG = cast(sa.Table, DagModel.__table__)
-
-#: The ``(run_after, consumed event ids)`` of one DAG run.
-Run = tuple[dt.datetime, list[int]]
-
-
-def scheduler_pass(
-    conn: sa.Connection, dag_id: str, *, locks: bool, runs: Sequence[Run], lock_dag: bool = True
-) -> Run | None:
-    """Airflow 3.3.2's scheduler for one DAG, on ``conn``'s open transaction; the run it would create.
-
-    ``dags_needing_dagruns`` first takes the DAG's ``dag`` row (``FOR NO
-    KEY UPDATE SKIP LOCKED``; MySQL ``FOR UPDATE SKIP LOCKED``) with
-    ``locks`` and ``lock_dag``: a DAG whose row another transaction holds
-    is skipped this pass (on InnoDB that includes a producer whose insert's
-    FK check share-locked it). Then :mod:`.scheduler`'s step, the floor
-    being the newest of ``runs`` below ``triggered_date``. The caller records
-    the run once the transaction committed.
-    """
-    if locks and lock_dag:
-        dag = sa.select(_DAG.c.dag_id).where(_DAG.c.dag_id == dag_id)
-        if conn.execute(dag.with_for_update(skip_locked=True, key_share=True)).first() is None:
-            return None
-    rows = scheduler.queued(conn, dag_id, locks=locks)
-    if not rows:
-        return None
-    triggered = rows[0][1]
-    events = scheduler.window(conn, dag_id, triggered, scheduler.floor_of(runs, triggered))
-    scheduler.delete(conn, dag_id, rows)
-    return triggered, events
-
-
-def _events(conn: sa.Connection, asset_ids: Sequence[int]) -> list[int]:
-    """One ``asset_event`` per asset, as every protocol here writes them: the same work before the queue."""
-    insert = sa.insert(_EVENT).returning(_EVENT.c.id)
-    return [
-        conn.execute(insert.values(asset_id=a, extra={}, timestamp=utcnow())).scalar_one() for a in asset_ids
-    ]
-
-
-def stamp_first(session: Session, asset_ids: Sequence[int]) -> list[int]:
-    """The protocol before the fix: the events, Python's clock on them, then the statement; COMMIT."""
-    conn = session.connection()
-    ids = _events(conn, asset_ids)
-    stamp = utcnow()
-    conn.execute(sa.update(_EVENT).where(_EVENT.c.id.in_(ids)).values(timestamp=stamp))
-    conn.execute(
-        build_queue_statement(conn.dialect, on_conflict="refresh"), {"ids": ids, "created_at": stamp}
-    )
-    session.commit()
-    return ids
-
-
-def landed(session: Session, asset_ids: Sequence[int]) -> list[int]:
-    """The protocol before the ``dag`` share lock: rows written at PENDING, then the clock on rows and events.
-
-    The plug-in as it was where the scheduler locks rows: the one ordered
-    statement with ``created_at = PENDING``, then, with every row locked,
-    the database's clock put on the events and on those rows (a second write
-    of each row); COMMIT. No ``dag`` row lock.
-    """
-    conn = session.connection()
-    ids = _events(conn, asset_ids)
-    conn.execute(
-        build_queue_statement(conn.dialect, on_conflict="refresh"), {"ids": ids, "created_at": PENDING}
-    )
-    clock = dialects.get(conn).clock
-    stamp = conn.execute(sa.select(clock())).scalar_one() if clock is not None else utcnow()
-    conn.execute(sa.update(_EVENT).where(_EVENT.c.id.in_(ids)).values(timestamp=stamp))
-    pending = _ADRQ.c.asset_id.in_(list(asset_ids)) & (_ADRQ.c.created_at == PENDING)
-    conn.execute(sa.update(_ADRQ).where(pending).values(created_at=stamp))
-    session.commit()
-    return ids
 
 
 @dataclass(frozen=True)
@@ -140,7 +62,7 @@ def _ours(session: Session, asset_ids: Sequence[int], policy: ConflictPolicy) ->
     sides differ only in the queue write (``register_asset_change`` would add
     its lookup, and Python time, to this side alone).
     """
-    ids = _events(session.connection(), asset_ids)
+    ids = events(session.connection(), asset_ids)
     queue_events(session, [_Event(i, a) for i, a in zip(ids, asset_ids, strict=True)], on_conflict=policy)
     session.commit()
     return ids

@@ -32,12 +32,13 @@ from typing import Any
 import sqlalchemy as sa
 
 import airflow_adrq
-from airflow_adrq_bench import dataset, engine
-from airflow_adrq_bench import strategies as strategy_registry
+from airflow_adrq_bench import engine
 from airflow_adrq_bench.config import LOST_EVENT_STRATEGIES, SCENARIOS, STRATEGIES, Cell, Plan, Sizes
-from airflow_adrq_bench.dataset import Target
-from airflow_adrq_bench.dataset import describe as describe
 from airflow_adrq_bench.errors import BenchError as BenchError
+from airflow_adrq_testing import dataset
+from airflow_adrq_testing import strategies as strategy_registry
+from airflow_adrq_testing.dataset import Target
+from airflow_adrq_testing.dataset import describe as describe
 
 SUITE = "airflow_adrq_bench.suite"
 PLAN_ENV = "ADRQ_BENCH_PLAN"
@@ -128,7 +129,15 @@ def _run(
             scratch[target.name] = stack.enter_context(dataset.scratch_database(target.server_url))
             seed_engine = dataset.bench_engine(scratch[target.name], lock_timeout_s=sizes.lock_timeout_s)
             try:
-                dataset.seed(seed_engine, sizes)
+                dataset.seed(
+                    seed_engine,
+                    fanout=sizes.fanout,
+                    outlets=sizes.outlets,
+                    paused=sizes.paused,
+                    parties=max(sizes.producers, sizes.lost_producers),
+                    sweeps=(*sizes.sweep, *sizes.ratio_fanouts),
+                    lost_consumers=sizes.lost_consumers,
+                )
             finally:
                 seed_engine.dispose()
         order_seed = int.from_bytes(os.urandom(4), "big")
@@ -165,7 +174,7 @@ def _prefixed(progress: Callable[[str], None], name: str, msg: str) -> None:
     progress(f"{name}: {msg}")
 
 
-#: Why ``values_batch`` is not run on a backend (see :func:`airflow_adrq_bench.baselines.applies_to`).
+#: Why ``values_batch`` is not run on a backend (see :func:`airflow_adrq_testing.baselines.applies_to`).
 VALUES_BATCH_NOTE = (
     "values_batch is apache/airflow PR #69977, which changed the MySQL/MariaDB branch only; "
     "on this backend it is airflow_3_3's code, so it is not run here"

@@ -23,9 +23,10 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else math.nan
 
 
-def latency(values_ms: Sequence[float]) -> dict[str, float]:
-    """A summary row's latency columns: ``p50_ms``, ``p95_ms``, ``p99_ms`` (nearest rank) and ``max_ms``."""
+def latency(values_ms: Sequence[float], prefix: str = "") -> dict[str, float]:
+    """A summary row's latency columns: ``p25_ms`` .. ``p99_ms`` (nearest rank; p25 and p75 are the
+    spread the verdict compares) and ``max_ms``, each name after ``prefix``."""
     return {
-        **{f"p{q}_ms": percentile(values_ms, q) for q in (50, 95, 99)},
-        "max_ms": max(values_ms, default=math.nan),
+        **{f"{prefix}p{q}_ms": percentile(values_ms, q) for q in (25, 50, 75, 95, 99)},
+        f"{prefix}max_ms": max(values_ms, default=math.nan),
     }

@@ -1,11 +1,12 @@
-"""The verdict at the end of ``airflow-adrq bench``: what a user runs it for, each with its target.
+"""The verdict at the end of every ``airflow-adrq bench`` run: what a user runs it for, each with its target.
 
-One short table per run (at most 100 columns): per database, airflow-adrq's
-default (``commit_time``) against the targets defined here, once. A ratio
-is printed only where both sides finished their work; where the baseline
-did not, the row says what did not finish instead. ``--check`` turns a
-missed target into exit status 1, so an operator can run the benchmark in
-their own CI against their own database.
+One short table per run (at most 100 columns) of :class:`Line` rows, built with
+:func:`line` and :func:`ratio_line` by every mode (:func:`standalone` for the
+main run). A ratio is printed only where both sides finished their work; where
+a side did not, the row says what did not finish instead. Where the spreads of
+the two sides overlap, the row says so and judges the two as equal instead of
+naming a winner. ``--check`` turns a missed target into exit status 1, so an
+operator can run the benchmark in their own CI against their own database.
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ from typing import Any
 from airflow_adrq_bench.config import DEFAULT_STRATEGY
 from airflow_adrq_bench.tables import markdown
 
+__all__ = ["Line", "Target", "format_verdict", "line", "missed", "overlap", "ratio_line", "standalone"]
+
 #: The baselines: Airflow 3.3.2's own loop, and the same loop sorted (the seed's fix).
 STOCK, SORTED = "airflow_3_3", "sorted_loop"
+#: The spread a timed side shows: its (p25, p75), the interquartile range.
+Spread = tuple[float, float]
 
 
 @dataclass(frozen=True)
@@ -51,9 +56,42 @@ class Line:
     verdict: str  # "met", "MISSED" or "n/a" (with the reason in ``measured``)
 
 
-def _line(db: str, target: Target, value: float, shown: str, what: str | None = None) -> Line:
+def line(db: str, target: Target, value: float, shown: str, what: str | None = None) -> Line:
+    """``target`` judged on ``value`` (NaN: not measured, ``n/a``), ``shown`` as the measured cell."""
     verdict = "n/a" if math.isnan(value) else ("met" if target.met(value) else "MISSED")
     return Line(db, what or target.what, target.goal, shown, verdict)
+
+
+def overlap(a: Spread, b: Spread) -> bool:
+    """Whether two spreads (low, high) share any value: then neither side is measurably ahead."""
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def ratio_line(
+    db: str,
+    target: Target,
+    ours: float,
+    base: float,
+    *,
+    what: str | None = None,
+    spreads: tuple[Spread, Spread] | None = None,
+    unfinished: tuple[str, str] = ("", ""),
+) -> Line:
+    """``ours / base`` judged by ``target``, unless a side did not finish or the spreads overlap.
+
+    ``unfinished``: what ours and the baseline left undone (``""``: all done). Ours not done: missed,
+    saying what; only the baseline not done: met, saying what (a ratio would measure the time budget,
+    not speed). ``spreads`` (ours, base) that overlap: judged as equal (a ratio of 1), shown as such.
+    """
+    what = what or target.what
+    if unfinished[0]:
+        return Line(db, what, target.goal, f"ours: {unfinished[0]}", "MISSED")
+    if unfinished[1]:
+        return Line(db, what, target.goal, unfinished[1], "met")
+    value = ours / base if base else math.nan
+    if spreads is not None and overlap(*spreads) and not math.isnan(value):
+        return line(db, target, 1.0, f"{value:.2f}x, spreads overlap", what)
+    return line(db, target, value, f"{value:.2f}x", what)
 
 
 def _unfinished(row: dict[str, Any]) -> int:
@@ -69,38 +107,45 @@ def standalone(
         ours = [r for r in rows if r["db"] == db and r["strategy"] == DEFAULT_STRATEGY]
         if ours:
             deadlocks = sum(r["deadlocks"] for r in ours)
-            lines.append(_line(db, DEADLOCKS, deadlocks, f"{deadlocks}"))
+            lines.append(line(db, DEADLOCKS, deadlocks, f"{deadlocks}"))
             unfinished, planned = sum(map(_unfinished, ours)), sum(r["planned"] for r in ours)
-            lines.append(_line(db, NOT_COMMITTED, unfinished, f"{unfinished} of {planned}"))
+            lines.append(line(db, NOT_COMMITTED, unfinished, f"{unfinished} of {planned}"))
             exact = all(r["rows_exact"] for r in ours)
-            lines.append(_line(db, ROWS_EXACT, 1.0 if exact else 0.0, "all" if exact else "NOT all"))
+            lines.append(line(db, ROWS_EXACT, 1.0 if exact else 0.0, "all" if exact else "NOT all"))
         lines += _speed(db, rows)
         lines += _lost(db, lost)
         lines += _raw_sql(db, raw.get("raw_sql_ratio", {}).get(db, []))
     return lines
 
 
+def _not_done(row: dict[str, Any], who: str = "") -> str:
+    n = _unfinished(row)
+    return f"{who}{n} of {row['planned']} not committed" if n else ""
+
+
+def _spread(row: dict[str, Any], prefix: str = "") -> Spread:
+    return (row.get(f"{prefix}p25_ms", math.nan), row.get(f"{prefix}p75_ms", math.nan))
+
+
 def _speed(db: str, rows: Sequence[dict[str, Any]]) -> list[Line]:
+    """Ours against each baseline in the single-outlet scenario: tx/s, judged on transaction latencies."""
     by = {r["strategy"]: r for r in rows if r["db"] == db and r["scenario"] == "single"}
     ours = by.get(DEFAULT_STRATEGY)
     if ours is None:
         return []
-    lines = []
-    for base in (STOCK, SORTED):
-        other = by.get(base)
-        if other is None:
-            continue
-        what = SPEED.what.format(base=base)
-        if _unfinished(ours):
-            lines.append(Line(db, what, SPEED.goal, f"ours: {_unfinished(ours)} not committed", "MISSED"))
-        elif _unfinished(other):
-            # A ratio would measure the round's time budget, not speed: say what did not finish.
-            shown = f"{base}: {_unfinished(other)} of {other['planned']} not committed"
-            lines.append(Line(db, what, SPEED.goal, shown, "met"))
-        else:
-            ratio = ours["tx_per_s"] / other["tx_per_s"] if other["tx_per_s"] else math.nan
-            lines.append(_line(db, SPEED, ratio, f"{ratio:.2f}x", what))
-    return lines
+    return [
+        ratio_line(
+            db,
+            SPEED,
+            ours["tx_per_s"],
+            by[base]["tx_per_s"],
+            what=SPEED.what.format(base=base),
+            spreads=(_spread(ours), _spread(by[base])),
+            unfinished=(_not_done(ours), _not_done(by[base], f"{base}: ")),
+        )
+        for base in (STOCK, SORTED)
+        if base in by
+    ]
 
 
 def _lost(db: str, lost: Sequence[dict[str, Any]]) -> list[Line]:
@@ -110,7 +155,7 @@ def _lost(db: str, lost: Sequence[dict[str, Any]]) -> list[Line]:
         return []
     mine, theirs = sum(r["lost_pairs"] for r in ours), sum(r["lost_pairs"] for r in stock)
     value = 0.0 if mine == 0 else (mine / theirs if theirs else math.inf)
-    return [_line(db, LOST, value, f"{mine} pairs vs {theirs}")]
+    return [line(db, LOST, value, f"{mine} pairs vs {theirs}")]
 
 
 def _raw_sql(db: str, results: Sequence[dict[str, Any]]) -> list[Line]:
@@ -118,13 +163,13 @@ def _raw_sql(db: str, results: Sequence[dict[str, Any]]) -> list[Line]:
     if not one:
         return []
     r = one[0]
-    overlap = r["ours_p50_ms"] <= r["raw_p95_ms"] and r["raw_p50_ms"] <= r["ours_p95_ms"]
-    shown = f"{r['ratio_p50']:.2f}x" + (" (spreads overlap)" if overlap else "")
-    return [_line(db, RAW_SQL, r["ratio_p50"], shown)]
+    spreads = (_spread(r, "ours_"), _spread(r, "raw_"))
+    return [ratio_line(db, RAW_SQL, r["ours_p50_ms"], r["raw_p50_ms"], spreads=spreads)]
 
 
 def missed(lines: Sequence[Line]) -> list[Line]:
-    return [line for line in lines if line.verdict == "MISSED"]
+    """The lines whose target was missed."""
+    return [ln for ln in lines if ln.verdict == "MISSED"]
 
 
 def format_verdict(lines: Sequence[Line]) -> str:

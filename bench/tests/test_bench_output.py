@@ -10,6 +10,7 @@ import random
 import pytest
 
 from airflow_adrq_bench import cli, config, engine, options, report, runner
+from airflow_adrq_testing.transactions import GAVE_UP_ATTEMPTS, GAVE_UP_TIMEOUT, NOT_STARTED, TxResult
 
 # --- every planned transaction is accounted for ------------------------------------
 
@@ -39,17 +40,17 @@ def test_round_records_account_for_every_planned_transaction(outcomes, deadline)
         clock.now += 1.0  # every transaction takes a second
         gave_up = next(script, "commit") == "gave up"
         if gave_up:
-            return engine.TxResult(False, 3, 1.0, 0, [1], {"deadlock": 3}, engine.GAVE_UP_TIMEOUT, "deadlock")
-        return engine.TxResult(True, 1, 1.0, 4, [1])
+            return TxResult(False, 3, 1.0, 0, [1], {"deadlock": 3}, GAVE_UP_TIMEOUT, "deadlock")
+        return TxResult(True, 1, 1.0, 4, [1])
 
     planned = 7
     records = list(engine.round_records(planned, deadline, run_one, clock=clock))
 
     assert len(records) == planned
-    started = [r for r in records if r["outcome"] != config.NOT_STARTED]
+    started = [r for r in records if r["outcome"] != NOT_STARTED]
     committed = [r for r in records if r["outcome"] == "committed"]
     gave_up = [r for r in records if r["outcome"] == "gave up"]
-    not_started = [r for r in records if r["outcome"] == config.NOT_STARTED]
+    not_started = [r for r in records if r["outcome"] == NOT_STARTED]
     assert len(committed) + len(gave_up) + len(not_started) == planned
     # Transactions start while the deadline has not passed, each taking 1 s of the fake clock.
     assert len(started) == min(planned, int(deadline) + 1)
@@ -83,7 +84,7 @@ def _tx(cell, outcome, *, gave_up=None, last=None, attempts=1, **failures):
         "cell": cell,
         "party": 1,
         "ok": outcome == "committed",
-        "attempts": 0 if outcome == config.NOT_STARTED else attempts,
+        "attempts": 0 if outcome == NOT_STARTED else attempts,
         "latency_s": 0.01,
         "statements": 4,
         "assets": [1],
@@ -108,10 +109,10 @@ def test_summary_rows_add_up_to_the_plan_and_say_why_transactions_gave_up():
     txs = [
         *[_tx(0, "committed") for _ in range(5)],
         _tx(0, "committed", attempts=3, deadlock=2),
-        _tx(0, "gave up", gave_up=engine.GAVE_UP_TIMEOUT, last="deadlock", attempts=4, deadlock=4),
-        _tx(0, "gave up", gave_up=engine.GAVE_UP_TIMEOUT, last="deadlock", attempts=2, deadlock=2),
-        _tx(0, "gave up", gave_up=engine.GAVE_UP_ATTEMPTS, last="lock_timeout", attempts=2, lock_timeout=2),
-        *[_tx(0, config.NOT_STARTED) for _ in range(3)],
+        _tx(0, "gave up", gave_up=GAVE_UP_TIMEOUT, last="deadlock", attempts=4, deadlock=4),
+        _tx(0, "gave up", gave_up=GAVE_UP_TIMEOUT, last="deadlock", attempts=2, deadlock=2),
+        _tx(0, "gave up", gave_up=GAVE_UP_ATTEMPTS, last="lock_timeout", attempts=2, lock_timeout=2),
+        *[_tx(0, NOT_STARTED) for _ in range(3)],
         *[_tx(1, "committed") for _ in range(12)],
     ]
     raw = _raw([_cell(0, "per_call", 12), _cell(1, "commit_time", 12)], txs)
@@ -145,7 +146,7 @@ def test_summary_rows_add_up_to_the_plan_and_say_why_transactions_gave_up():
 
 def test_counts_that_do_not_add_up_are_an_error():
     # A producer's records went missing: 10 recorded, 12 planned.
-    txs = [_tx(0, "committed") for _ in range(9)] + [_tx(0, config.NOT_STARTED)]
+    txs = [_tx(0, "committed") for _ in range(9)] + [_tx(0, NOT_STARTED)]
     raw = _raw([_cell(0, "commit_time", 12)], txs)
 
     rows = report.aggregate(raw)
@@ -174,8 +175,8 @@ def test_lost_events_rows_add_up_to_the_plan():
     }
     txs = (
         [_tx(0, "committed") for _ in range(44)]
-        + [_tx(0, "gave up", gave_up=engine.GAVE_UP_ATTEMPTS, last="deadlock", attempts=50, deadlock=50)]
-        + [_tx(0, config.NOT_STARTED) for _ in range(3)]
+        + [_tx(0, "gave up", gave_up=GAVE_UP_ATTEMPTS, last="deadlock", attempts=50, deadlock=50)]
+        + [_tx(0, NOT_STARTED) for _ in range(3)]
     )
     lost = report.aggregate_lost(_raw([cell], txs))
 

@@ -1,7 +1,7 @@
-"""The loop versions airflow-adrq replaces, reproduced for the benchmark only.
+"""The loop versions airflow-adrq replaces, reproduced for the tests and the benchmark.
 
-Nothing in the package calls these; ``airflow-adrq bench`` and the
-concurrency tests run them side by side with :func:`airflow_adrq.register_asset_change`
+Nothing in the package calls these; the concurrency tests and ``airflow-adrq bench``
+run them side by side with :func:`airflow_adrq.register_asset_change`
 to compare the whole drop-in with the whole Airflow code path on a real
 database.
 

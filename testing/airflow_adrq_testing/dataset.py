@@ -1,18 +1,18 @@
-"""The benchmark's database: a scratch database, its seed data and the exact-rows check.
+"""The data set the tests and ``airflow-adrq bench`` share: scratch databases, seed data, exact rows.
 
-The benchmark never writes to the database a URL names. It creates a scratch
-database next to it (``adrq_bench_<random>`` on the same server, or a
-temporary file for SQLite; see :func:`airflow_adrq_testing.servers.create_database`),
-creates Airflow's tables there from :data:`airflow_adrq.models.metadata`, and
-drops it at the end.
+Nothing is written to the database a URL names: :func:`scratch_database`
+creates one next to it (``adrq_bench_<random>`` on the same server, or a
+temporary file for SQLite; see :func:`airflow_adrq_testing.servers.create_database`)
+and drops it at the end; :func:`seed` creates Airflow's tables there from
+:data:`airflow_adrq.models.metadata`.
 
-Seed data (``dag_bundle`` "bench"):
+Seed data (``dag_bundle`` "bench", :func:`seed`):
 
 * ``outlets`` assets ``bench_asset_<i>``; each is scheduled on by the same
   ``fanout`` unpaused DAGs ``dag_<n>`` and ``paused`` paused DAGs, which
   must never be queued;
 * per producer party ``p``, ``outlets`` warm-up assets ``bench_warm_<p>_<i>``
-  with the same consumers (a cell's warm-up transactions touch no row the
+  with the same consumers (a round's warm-up transactions touch no row the
   others touch, so they cannot block or deadlock each other);
 * for the fan-out sweep and the raw-SQL ratio, asset ``sweep_<F>`` is
   scheduled on by ``dag_0`` .. ``dag_<F-1>``;
@@ -41,6 +41,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 
 from airflow_adrq.doctor import exposure
 from airflow_adrq.engine import create_engine
+from airflow_adrq.errors import UnsupportedDialectError
 from airflow_adrq.models import (
     AssetActive,
     AssetDagRunQueue,
@@ -53,8 +54,6 @@ from airflow_adrq.models import (
     metadata,
     utcnow,
 )
-from airflow_adrq_bench.config import Sizes
-from airflow_adrq_bench.errors import BenchError
 from airflow_adrq_testing import servers
 from airflow_adrq_testing.recording import counting
 
@@ -118,7 +117,9 @@ def describe(url: str, driver: Callable[[str], str] = str) -> Target:
         return Target("sqlite", "sqlite", url, f"SQLite {sqlite3.sqlite_version}")
     backend = "mysql" if backend == "mariadb" else backend
     if backend not in servers.BACKENDS:
-        raise BenchError(f"unsupported database {parsed.drivername!r}: PostgreSQL, MySQL/MariaDB or SQLite")
+        raise UnsupportedDialectError(
+            f"unsupported database {parsed.drivername!r}: PostgreSQL, MySQL/MariaDB or SQLite"
+        )
     version = servers.server_version(url)
     return Target("mariadb" if version.startswith("MariaDB") else backend, backend, driver(url), version)
 
@@ -198,26 +199,34 @@ def bench_engine(url: str | URL, *, lock_timeout_s: float, pool_size: int = 2) -
     return engine
 
 
-def seed(engine: Engine, sizes: Sizes) -> None:
-    """Create the tables and the benchmark's DAGs, assets and references."""
+def seed(
+    engine: Engine,
+    *,
+    fanout: int,
+    outlets: int,
+    paused: int,
+    parties: int,
+    sweeps: Sequence[int] = (),
+    lost_consumers: int = 1,
+) -> None:
+    """Create the tables and the data set above, with warm-up assets for ``parties`` producers."""
     bench_metadata.create_all(engine)
-    parties = range(1, max(sizes.producers, sizes.lost_producers) + 1)
-    sweeps = sorted({*sizes.sweep, *sizes.ratio_fanouts})
-    paused = [f"paused_dag_{n:03d}" for n in range(sizes.paused)]
-    consumers = [dag_id(n) for n in range(sizes.fanout)] + paused
-    lost_dags = [f"lost_dag_{k}" for k in range(sizes.lost_consumers)]
+    paused_dags = [f"paused_dag_{n:03d}" for n in range(paused)]
+    consumers = [dag_id(n) for n in range(fanout)] + paused_dags
+    lost_dags = [f"lost_dag_{k}" for k in range(lost_consumers)]
+    every = range(1, parties + 1)
     # (name, uri, consumer DAGs) of every asset.
-    assets = [(f"bench_asset_{i}", f"s3://bench/main/{i}", consumers) for i in range(sizes.outlets)]
+    assets = [(f"bench_asset_{i}", f"s3://bench/main/{i}", consumers) for i in range(outlets)]
     assets += [
-        (f"bench_warm_{p}_{i}", f"s3://bench/warm/{p}/{i}", consumers)
-        for p in parties
-        for i in range(sizes.outlets)
+        (f"bench_warm_{p}_{i}", f"s3://bench/warm/{p}/{i}", consumers) for p in every for i in range(outlets)
     ]
-    assets += [(f"sweep_{f}", f"s3://bench/sweep/{f}", [dag_id(n) for n in range(f)]) for f in sweeps]
+    assets += [
+        (f"sweep_{f}", f"s3://bench/sweep/{f}", [dag_id(n) for n in range(f)]) for f in sorted(set(sweeps))
+    ]
     assets += [("lost_asset", "s3://bench/lost", lost_dags)]
-    assets += [(f"lost_warm_{p}", f"s3://bench/lost-warm/{p}", lost_dags) for p in parties]
-    unpaused = [dag_id(n) for n in range(sizes.max_fanout)] + lost_dags
-    _seed(engine, BUNDLE, unpaused, paused, assets)
+    assets += [(f"lost_warm_{p}", f"s3://bench/lost-warm/{p}", lost_dags) for p in every]
+    unpaused = [dag_id(n) for n in range(max(fanout, *sweeps, 0))] + lost_dags
+    _seed(engine, BUNDLE, unpaused, paused_dags, assets)
 
 
 def seed_fan(engine: Engine, prefix: str, *, outlets: int, fanout: int) -> list[SeedAsset]:

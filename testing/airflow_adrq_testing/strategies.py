@@ -8,7 +8,7 @@ find the consumers, queue them.
 
 * ``airflow_3_3``, ``sorted_loop``, ``values_batch``: a copy of Airflow
   3.3.2's whole ``register_asset_change``
-  (:func:`airflow_adrq_bench.baselines.register_asset_change`), differing only in
+  (:func:`airflow_adrq_testing.baselines.register_asset_change`), differing only in
   how the queue rows are written;
 * ``per_call``: :func:`airflow_adrq.register_asset_change` with
   ``queue_mode="immediate"``: one ordered set-based statement per call;
@@ -32,9 +32,8 @@ from sqlalchemy.orm import Session
 
 import airflow_adrq
 from airflow_adrq.manager import AssetLike
-from airflow_adrq_bench import baselines
-from airflow_adrq_bench.baselines import applies_to as applies_to
-from airflow_adrq_bench.config import STRATEGIES
+from airflow_adrq_testing import baselines
+from airflow_adrq_testing.baselines import applies_to as applies_to
 
 
 @dataclass(frozen=True)
@@ -73,6 +72,8 @@ def _baseline(name: baselines.Queueing) -> Emit:
     return emit
 
 
+#: Strategies in report order: the three loop versions, then ours (immediate and commit mode).
+STRATEGIES: Final = ("airflow_3_3", "sorted_loop", "values_batch", "per_call", "commit_time")
 _STRATEGIES: Final[dict[str, Emit]] = {
     **{name: _baseline(name) for name in baselines.BASELINES},
     "per_call": functools.partial(_emit, airflow_adrq.register_asset_change, queue_mode="immediate"),

@@ -2,7 +2,7 @@
 
 Producers run in waves: all threads start a transaction together (a
 barrier), each runs one whole producer transaction through
-:func:`airflow_adrq_bench.engine.run_transaction` (insert the event(s), queue,
+the test support's :func:`~airflow_adrq_testing.transactions.run_transaction` (insert the event(s), queue,
 hold the transaction open, COMMIT; on a deadlock retry the whole transaction
 and count it), and when all are done the queue is checked for exactly the
 rows the committed transactions emitted, then emptied.
@@ -17,7 +17,7 @@ count). Threads are enough: every wait happens in the database, outside the
 GIL. ``airflow-adrq bench`` runs the same transactions in separate processes.
 
 A strategy's transaction is its whole ``register_asset_change`` path per
-emitted asset (see :mod:`airflow_adrq_bench.strategies`).
+emitted asset (see :mod:`airflow_adrq_testing.strategies`).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from airflow_adrq.models import AssetDagRunQueue
-from airflow_adrq_bench import dataset, engine, strategies
-from airflow_adrq_bench.config import Sizes
+from airflow_adrq_testing import dataset, strategies
+from airflow_adrq_testing.transactions import emitted_assets, process_rng, run_transaction
 
 Work = Callable[[Session], None]
 EXACT = {"unexpected": 0, "missing": 0, "consumed_unemitted": 0}
@@ -68,17 +68,7 @@ class Outcome:
 def seeded_engine(db_url: str, *, fanout: int, outlets: int, threads: int):
     """A pooled engine with bounded lock waits, on a database seeded like the benchmark's."""
     eng = dataset.bench_engine(db_url, lock_timeout_s=5, pool_size=threads)
-    sizes = Sizes(
-        fanout=fanout,
-        outlets=outlets,
-        paused=1,
-        sweep=(1,),
-        ratio_fanouts=(1,),
-        producers=threads,
-        lost_producers=1,
-        lost_consumers=1,
-    )
-    dataset.seed(eng, sizes)
+    dataset.seed(eng, fanout=fanout, outlets=outlets, paused=1, parties=threads, sweeps=(1,))
     return eng
 
 
@@ -91,8 +81,8 @@ class Producer:
         self.assets = assets
 
     def __call__(self, rng) -> tuple[list[int], Work]:
-        assets = engine.emitted_assets(self.scenario, self.assets, rng)
-        return [a.id for a in assets], engine.producer_work(self.emit, assets, rng)
+        assets = emitted_assets(self.scenario, self.assets, rng)
+        return [a.id for a in assets], lambda session: self.emit(session, assets, rng)
 
 
 def run_waves(
@@ -139,20 +129,19 @@ def run_waves(
     end = threading.Barrier(len(producers), action=end_of_wave, timeout=timeout_s + 30)
 
     def body(producer):
-        rng = engine.process_rng()
+        rng = process_rng()
         try:
             for _ in range(waves):
                 start.wait()
                 if stop.is_set():
                     return
                 assets, work = producer(rng)
-                result = engine.run_transaction(
+                result = run_transaction(
                     eng,
                     work,
                     max_attempts=20,
                     deadline=deadline,
                     hold_s=hold_ms / 1000,
-                    rng=rng,
                     assets=assets,
                     # When only the first deadlock matters, do not retry into more.
                     give_up=lambda: stop_on_deadlock,

@@ -1,4 +1,4 @@
-"""The benchmark's baselines are Airflow 3.3.2's whole ``register_asset_change``, on every backend.
+"""The test support's baselines are Airflow 3.3.2's whole ``register_asset_change``, on every backend.
 
 * Statements per call, empty queue, no aliases: PostgreSQL 5 (lookup, alias
   SELECT, event INSERT, ref SELECT, one queue INSERT); MySQL/MariaDB and
@@ -7,7 +7,6 @@
 * The same queue rows, events and alias rows as :func:`airflow_adrq.register_asset_change`
   over a graph with direct, name, URI and alias references, paused and
   partitioned consumers.
-* The raw-SQL reference writes the same rows as the library.
 * The lost-events consumer applies Airflow 3.3.2's window rule.
 """
 
@@ -29,7 +28,7 @@ from airflow_adrq.models import (
     asset_alias_asset_event_association_table,
     utcnow,
 )
-from airflow_adrq_bench import baselines, dataset, engine, rawsql, strategies
+from airflow_adrq_testing import baselines, dataset, scheduler, strategies
 from airflow_adrq_testing.recording import counting
 from tests.factories import (
     add_graph,
@@ -185,25 +184,7 @@ def test_values_batch_applies_to_mysql_only():
     assert strategies.applies_to("commit_time", "sqlite")
 
 
-def test_raw_sql_reference_writes_the_library_rows(backend, bench_engine):
-    asset_id = _graph(bench_engine)
-    raw = rawsql.raw_sql(bench_engine.dialect)
-    connection = bench_engine.raw_connection()
-    try:
-        event_id = raw.register(connection, name="a", uri="s3://bucket/a", source=("dag", "task", "run", -1))
-    finally:
-        connection.close()
-    with bench_engine.connect() as conn:
-        rows = conn.execute(sa.select(AssetDagRunQueue.target_dag_id, AssetDagRunQueue.created_at)).all()
-        stamp = conn.execute(sa.select(AssetEvent.timestamp).where(AssetEvent.id == event_id)).scalar_one()
-    # Direct references only (the reference the ratio row uses has no other kind).
-    assert {d for d, _ in rows} == {"d0", "d1", "d2"}
-    # The event and its queue rows carry the same stamp, as the library's commit mode.
-    assert {c for _, c in rows} == {stamp}
-    assert queued(bench_engine) == {(asset_id, d) for d in ("d0", "d1", "d2")}
-
-
-def test_scheduler_pass_applies_airflow_3_3_2_window_rule(backend, bench_engine):
+def test_recorded_pass_applies_airflow_3_3_2_window_rule(backend, bench_engine):
     """triggered_date = newest created_at; events with previous run_after < timestamp <= it."""
     with Session(bench_engine) as session:
         asset_id = add_scheduled_assets(session, {"a": ["c"]})["a"]
@@ -231,7 +212,7 @@ def test_scheduler_pass_applies_airflow_3_3_2_window_rule(backend, bench_engine)
     def run_pass():
         consumed = []
         with Session(bench_engine) as session:
-            runs = engine.scheduler_pass(session, ["c"], consumed)
+            runs = scheduler.recorded_pass(session, ["c"], consumed)
             session.commit()
         return runs, sorted(e for e, _ in consumed)
 

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from airflow_adrq import dialects
 from airflow_adrq.manager import build_queue_statement
 from airflow_adrq.models import AssetDagRunQueue, DagModel, DagScheduleAssetReference, UtcDateTime, utcnow
-from airflow_adrq_bench import dataset
+from airflow_adrq_testing import dataset
 from tests.concurrency.concurrency_harness import run_producers, run_waves, seeded_engine
 
 pytestmark = [pytest.mark.backends("postgresql", "mysql"), pytest.mark.slow]

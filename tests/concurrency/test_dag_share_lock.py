@@ -31,11 +31,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from airflow_adrq import create_engine, dialects, register_asset_change
-from airflow_adrq.manager import build_queue_statement
-from airflow_adrq.models import AssetDagRunQueue, AssetEvent, utcnow
-from airflow_adrq.refresh import PENDING
-from airflow_adrq_bench.residual import scheduler_pass
+from airflow_adrq import create_engine, register_asset_change
+from airflow_adrq.models import AssetDagRunQueue, AssetEvent
+from airflow_adrq_testing.protocols import landed
+from airflow_adrq_testing.scheduler import scheduler_pass
 from tests.factories import add_asset, add_dags, asset_ref, schedule_on_asset
 
 DAG = "d"
@@ -45,17 +44,8 @@ _EVENT = AssetEvent.__table__
 
 def _landed(session: Session, name: str) -> None:
     """The protocol before the ``dag`` lock: rows at PENDING, then the database's clock on rows and event."""
-    conn = session.connection()
-    asset_id = conn.execute(sa.text("SELECT id FROM asset WHERE name = :n"), {"n": name}).scalar_one()
-    insert = sa.insert(_EVENT).values(asset_id=asset_id, extra={}, timestamp=utcnow()).returning(_EVENT.c.id)
-    event_id = conn.execute(insert).scalar_one()
-    statement = build_queue_statement(conn.dialect, on_conflict="refresh")
-    conn.execute(statement, {"ids": [event_id], "created_at": PENDING})
-    stamp = conn.execute(sa.select(dialects.get(conn).clock())).scalar_one()
-    conn.execute(sa.update(_EVENT).where(_EVENT.c.id == event_id).values(timestamp=stamp))
-    pending = (_ADRQ.c.asset_id == asset_id) & (_ADRQ.c.created_at == PENDING)
-    conn.execute(sa.update(_ADRQ).where(pending).values(created_at=stamp))
-    session.commit()
+    asset_id = session.connection().execute(sa.text("SELECT id FROM asset WHERE name = :n"), {"n": name})
+    landed(session, [asset_id.scalar_one()])
 
 
 def _ours(session: Session, name: str) -> None:

@@ -1,7 +1,7 @@
 """Which run consumes an event, when producers wait for each other's rows and two schedulers read.
 
 Airflow 3.3's scheduler (``_create_dag_runs_asset_triggered``, copied step by
-step in :func:`airflow_adrq_bench.residual.scheduler_pass`) takes a DAG's queue rows (``FOR UPDATE SKIP
+step in :func:`airflow_adrq_testing.scheduler.scheduler_pass`) takes a DAG's queue rows (``FOR UPDATE SKIP
 LOCKED`` where it uses row locks), sets ``triggered_date`` to their newest
 ``created_at``, attaches the committed events with ``floor < timestamp <=
 triggered_date`` (floor: the newest earlier run's ``run_after`` below
@@ -46,7 +46,8 @@ from sqlalchemy.orm import Session
 
 from airflow_adrq import create_engine, register_asset_change
 from airflow_adrq.models import AssetDagRunQueue, AssetEvent, utcnow
-from airflow_adrq_bench.residual import scheduler_pass, stamp_first
+from airflow_adrq_testing.protocols import stamp_first
+from airflow_adrq_testing.scheduler import scheduler_pass
 from tests.factories import add_asset, add_dags, asset_ref, schedule_on_asset
 from tests.support.locks import backend_id, blocked_by
 

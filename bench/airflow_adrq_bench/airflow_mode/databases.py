@@ -2,26 +2,30 @@
 
 Shared by the three modes (:mod:`.run`, :mod:`.accounting`, :mod:`.live`),
 whose controllers never import Airflow: a server is a :class:`Target`, every
-run writes only a scratch database of its own (:func:`scratch_database`), and
-a URL that names an Airflow metadata database is refused outright.
+run writes only scratch databases of its own (:func:`migrated`), and a URL
+that names an Airflow metadata database is refused outright.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-from airflow_adrq_bench import dataset, options
-from airflow_adrq_bench.dataset import Target
+from airflow_adrq_bench import options
+from airflow_adrq_bench.airflow_mode.processes import (
+    airflow_settings,
+    clean_environ,
+    start_migrate,
+    wait_migrate,
+)
 from airflow_adrq_bench.errors import BenchError
-from airflow_adrq_testing import servers
+from airflow_adrq_testing import dataset
+from airflow_adrq_testing.dataset import Target
 
 __all__ = [
     "AIRFLOW_TABLES",
@@ -31,12 +35,13 @@ __all__ = [
     "clear_queue",
     "control_engine",
     "describe",
+    "end_transactions",
     "fetch",
     "latest_deadlock",
+    "migrated",
     "queue_rows",
     "refuse_airflow_database",
     "rotate",
-    "scratch_database",
     "server_settings",
     "targets",
 ]
@@ -57,6 +62,16 @@ _SETTINGS = {
     "sqlite": {},
 }
 
+# The transactions still open on this database, other than the reader's own (client sessions only).
+_OPEN = {
+    "postgresql": "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+    "AND pid <> pg_backend_pid() AND backend_type = 'client backend' AND xact_start IS NOT NULL",
+    "mysql": "SELECT t.trx_mysql_thread_id FROM information_schema.innodb_trx t JOIN "
+    "information_schema.processlist p ON p.id = t.trx_mysql_thread_id "
+    "WHERE p.db = DATABASE() AND p.id <> CONNECTION_ID()",
+}
+_END = {"postgresql": "SELECT pg_terminate_backend({})", "mysql": "KILL {}"}
+
 
 def airflow_url(url: str | sa.engine.URL) -> str:
     """``url`` with the sync driver Airflow 3.3 uses when none is named (``postgresql+psycopg2`` ...)."""
@@ -66,7 +81,7 @@ def airflow_url(url: str | sa.engine.URL) -> str:
 
 
 def describe(url: str) -> Target:
-    """The server at ``url`` (:func:`.dataset.describe`) with the URL Airflow reaches it by."""
+    """The server at ``url`` (:func:`airflow_adrq_testing.dataset.describe`), reached by Airflow's driver."""
     return dataset.describe(url, airflow_url)
 
 
@@ -124,25 +139,31 @@ def targets(urls: Sequence[str], backends: Sequence[str] | None, *, sqlite: bool
 
 
 @contextlib.contextmanager
-def scratch_database(target: Target, workdir: Path, name: str = "") -> Iterator[str]:
-    """A new, empty database on the target's server (a file in ``workdir`` for SQLite); dropped on exit.
+def migrated(
+    targets: Sequence[Target], workdir: Path
+) -> Iterator[list[tuple[Target, str, Callable[[], None]]]]:
+    """Per target a scratch database (dropped on exit), ``airflow db migrate`` started on it.
 
-    Yields its URL with Airflow's driver (:func:`airflow_url`).
+    Yields ``(target, Airflow's URL of it, wait)``: the migrations run in the
+    background (while the caller starts its Airflow processes); ``wait()``
+    returns once the target's has finished, or raises :class:`BenchError`.
     """
-    name = name or f"adrq_afbench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    if target.backend == "sqlite":
-        path = workdir / f"{name}.db"
-        try:
-            yield f"sqlite:///{path}"
-        finally:
-            for suffix in ("", "-wal", "-shm", "-journal"):
-                Path(f"{path}{suffix}").unlink(missing_ok=True)
-        return
-    url = airflow_url(servers.create_database(target.server_url, name))
-    try:
-        yield url
-    finally:
-        servers.drop_database(target.server_url, name)
+    with contextlib.ExitStack() as stack:
+        out = []
+        for n, target in enumerate(targets):
+            url = airflow_url(stack.enter_context(dataset.scratch_database(target.server_url)))
+            log = workdir / f"db-migrate-{n}.log"
+            proc = start_migrate(clean_environ(airflow_settings(workdir, url)), log)
+            stack.callback(proc.kill)
+
+            def wait(proc: Any = proc, log: Path = log, version: str = target.version) -> None:
+                try:
+                    wait_migrate(proc, log)
+                except BenchError as exc:
+                    raise BenchError(f"{version}: {exc}") from None
+
+            out.append((target, url, wait))
+        yield out
 
 
 def control_engine(url: str) -> sa.Engine:
@@ -157,6 +178,24 @@ def clear_queue(engine: sa.Engine) -> None:
     """Empty ``asset_dag_run_queue`` (each measurement starts from an empty queue)."""
     with engine.begin() as conn:
         conn.execute(sa.text("DELETE FROM asset_dag_run_queue"))
+
+
+def end_transactions(engine: sa.Engine) -> int:
+    """End every transaction still open on the database (their sessions are ended); how many there were.
+
+    After a round whose budget ran out: nothing of it may hold rows into the
+    next round. SQLite has no other session to end.
+    """
+    name = engine.dialect.name
+    if name not in _OPEN:
+        return 0
+    with engine.connect() as conn:
+        ids = [int(i) for i in conn.exec_driver_sql(_OPEN[name]).scalars()]
+        for session in ids:
+            with contextlib.suppress(sa.exc.DBAPIError):  # it may have ended meanwhile
+                conn.exec_driver_sql(_END[name].format(session))
+        conn.commit()
+    return len(ids)
 
 
 def queue_rows(conn: sa.Connection) -> int:
