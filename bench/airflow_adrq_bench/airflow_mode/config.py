@@ -1,4 +1,4 @@
-"""Sizes, names and targets of the Airflow mode (``airflow-adrq bench --airflow``) and of ``--accounting``.
+"""Sizes and names of the Airflow mode (``airflow-adrq bench --airflow``) and of ``--accounting``.
 
 Also the fields every ``--airflow`` mode's raw results open and close with (:func:`raw_opening`,
 :func:`raw_finish`): what ran, when, on how many CPUs and under what load (the three reports print
@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from airflow_adrq_bench.errors import BenchError
 from airflow_adrq_bench.options import Checked, size
 
 if TYPE_CHECKING:
@@ -84,22 +83,10 @@ QUICK: Final = Sizes(
     round_budget_s=6.0,
 )
 
-#: Issue 9's targets (plug-in against stock for one caller: stock p50 over
-#: plug-in p50; under contention: plug-in tx/s over sorted_loop tx/s), per
-#: database family. Reported, never asserted.
-TARGETS: Final[dict[str, dict[str, float]]] = {
-    "postgresql": {"F=1": 1.0, "F=64": 2.5, "F=1024": 4.0, "contention": 2.0},
-    "mariadb": {"F=1": 1.0, "F=64": 20.0, "F=1024": 100.0, "contention": 15.0},
-}
-
-
 # --- --accounting ---------------------------------------------------------------------
 
 #: The managers ``--accounting`` compares, in report order (see :data:`MANAGER_CLASSES`).
 ACCOUNTING_MANAGERS: Final = ("stock", "plugin")
-#: The DAG bundle of the serialized DAGs ``--accounting`` writes.
-ACCOUNTING_BUNDLE: Final = "adrq-accounting-bundle"
-ACCOUNTING_WARM_ASSET: Final = "adrq_acct_warm"
 
 
 @dataclass(frozen=True)
@@ -120,10 +107,6 @@ class AccountingSizes(Checked):
 
 ACCOUNTING_DEFAULT: Final = AccountingSizes()
 ACCOUNTING_QUICK: Final = AccountingSizes(producers=4, transactions=15, budget_s=30.0)
-
-
-class AccountingError(BenchError):
-    """The accounting run could not run."""
 
 
 def raw_opening(tool: str, sizes: DataclassInstance, managers: Sequence[str]) -> dict[str, Any]:

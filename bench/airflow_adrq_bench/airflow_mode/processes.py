@@ -1,48 +1,42 @@
-"""The Airflow processes of the Airflow modes: the ``airflow`` CLI, and children driven over a pipe.
+"""The Airflow processes of the Airflow modes: the ``airflow`` CLI, and spawned children that import Airflow.
 
 The controllers never import Airflow; what needs it runs in a child: the
 ``airflow`` command of this environment (``db migrate`` from
-:func:`start_migrate` only), or a spawned process that imports Airflow once
-and answers commands (:func:`serve`; the controller holds a :class:`Child`).
-Every child gets the run's own Airflow settings, none of the caller's.
+:func:`start_migrate` only), or a :class:`Child`: one spawned process (a
+``ProcessPoolExecutor`` of one worker) whose initializer takes the run's own
+Airflow settings, none of the caller's, and imports Airflow once; the
+controller then calls module-level functions there.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import contextlib
 import multiprocessing
 import os
 import signal
 import subprocess
 import sys
-import time
-import traceback
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from airflow_adrq_bench.errors import BenchError
 
 __all__ = [
-    "START_TIMEOUT",
     "AirflowOrm",
     "Child",
     "airflow_command",
     "airflow_settings",
     "apply_environment",
     "clean_environ",
-    "serve",
-    "spawn",
+    "close_all",
     "start_migrate",
     "wait_migrate",
 ]
 
 #: Seconds a child gets to import Airflow and answer (two dozen of them may share 2 cores).
 START_TIMEOUT = 600.0
-
-#: What a child's ``setup`` returns: its start-up info, its commands, what ``close`` runs.
-Setup = tuple[Any, dict[str, Callable[..., Any]], Callable[[], Any]]
 
 
 def airflow_command() -> list[str]:
@@ -74,10 +68,8 @@ def apply_environment(settings: Mapping[str, str]) -> None:
 
 
 def start_migrate(env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """``airflow db migrate`` with exactly ``env``, in the background, its output to ``log``.
-
-    Airflow's own schema, as an operator creates it; :func:`wait_migrate` waits for it.
-    """
+    """``airflow db migrate`` with exactly ``env`` (Airflow's schema, as an operator creates it), in the
+    background, its output to ``log``; :func:`wait_migrate` waits for it."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
         return subprocess.Popen(
@@ -134,99 +126,84 @@ class AirflowOrm:
             self.engine = self.session_factory = None
 
 
-def serve(conn: Any, settings: Mapping[str, str], setup: Callable[[], Setup]) -> None:
-    """A child's life: take ``settings``, run ``setup`` (it imports Airflow), then answer commands.
-
-    Sends ``("ok", info)`` (or the set-up's traceback) first; ``close`` (or the
-    controller's end of the pipe closing) ends the loop. Ctrl-C reaches the
-    whole process group: the controller stops its children, they ignore it.
-    """
+def _start(settings: Mapping[str, str], setup: Callable[..., None], args: tuple[Any, ...]) -> None:
+    # Ctrl-C reaches the whole process group: the controller stops its children, they ignore it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     apply_environment(settings)
-    try:
-        info, commands, close = setup()
-    except BaseException:
-        conn.send(("error", traceback.format_exc()))
-        return
-    conn.send(("ok", info))
-    while True:
-        try:
-            name, kwargs = conn.recv()
-        except EOFError:
-            break
-        if name == "close":
-            close()
-            conn.send(("ok", None))
-            break
-        try:
-            conn.send(("ok", commands[name](**kwargs)))
-        except BaseException:
-            conn.send(("error", traceback.format_exc()))
+    setup(*args)
 
 
-@dataclass
 class Child:
-    """The controller's end of one child's command pipe; ``process`` is what must stay alive for it."""
+    """One spawned process that ran ``setup(*args)`` under ``settings``; :meth:`call` runs a function there.
 
-    label: str
-    conn: Any
-    process: Any
-    info: dict[str, Any] = field(default_factory=dict)
+    ``spawn_env`` is set in this process's environment while the child is
+    spawned (a ``PYTHONHASHSEED`` must be there when its interpreter starts).
+    ``args`` may hold the spawn context's locks, barriers and events: a child
+    inherits them at its start.
+    """
 
-    def send(self, name: str, **kwargs: Any) -> None:
-        self.conn.send((name, kwargs))
-
-    def receive(self, timeout: float = 600) -> Any:
-        """The next answer; raises :class:`BenchError` if the child failed, died or stayed silent."""
-        deadline = time.monotonic() + timeout
-        while not self.conn.poll(1.0):
-            if not self.process.is_alive():
-                raise BenchError(f"{self.label} is gone; its output is above")
-            if time.monotonic() > deadline:
-                raise BenchError(f"{self.label} did not answer within {timeout:g} s")
+    def __init__(
+        self,
+        label: str,
+        settings: Mapping[str, str],
+        setup: Callable[..., None],
+        *args: Any,
+        spawn_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.label = label
+        self.pool = cf.ProcessPoolExecutor(
+            1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_start,
+            initargs=(settings, setup, args),
+        )
+        saved = {name: os.environ.get(name) for name in spawn_env or {}}
+        os.environ.update(spawn_env or {})
         try:
-            status, value = self.conn.recv()
-        except EOFError:
-            raise BenchError(f"{self.label} exited; its output is above") from None
-        if status != "ok":
-            raise BenchError(f"{self.label} failed:\n{value}")
-        return value
+            self._pending = [self.pool.submit(os.getpid)]  # spawns the process now, with spawn_env
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    del os.environ[name]
+                else:
+                    os.environ[name] = value
+        self.pid: int | None = None
 
-    def call(self, name: str, timeout: float = 600, **kwargs: Any) -> Any:
-        self.send(name, **kwargs)
-        return self.receive(timeout)
+    def submit(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> cf.Future[Any]:
+        """Start ``function(*args, **kwargs)`` in the child; :meth:`result` collects it."""
+        future = self.pool.submit(function, *args, **kwargs)
+        self._pending = [f for f in self._pending if not f.done()] + [future]
+        return future
 
-    def closed_by(self, deadline: float) -> bool:
-        """After ``close`` was sent: whether the child answered by ``deadline``; the pipe is closed."""
-        answered = False
-        with contextlib.suppress(Exception):
-            answered = bool(self.conn.poll(max(0.1, deadline - time.monotonic())))
-        with contextlib.suppress(Exception):
-            self.conn.close()
-        return answered
+    def result(self, future: cf.Future[Any], timeout: float = 600) -> Any:
+        """``future``'s value; :class:`BenchError` if the call failed, the child died or stayed silent."""
+        try:
+            return future.result(timeout)
+        except cf.TimeoutError:
+            raise BenchError(f"{self.label} did not answer within {timeout:g} s") from None
+        except cf.process.BrokenProcessPool:
+            raise BenchError(f"{self.label} is gone; its output is above") from None
+        except Exception as exc:
+            raise BenchError(f"{self.label} failed: {exc!r}\n{exc.__cause__ or ''}") from None
 
-    def stop(self) -> None:
-        """Ask it to exit, give it 30 s, then end its process (a spawned child of its own: :func:`spawn`)."""
-        with contextlib.suppress(Exception):
-            self.send("close")
-        deadline = time.monotonic() + 30
-        self.closed_by(deadline)
-        end(self.process, deadline)
+    def call(self, function: Callable[..., Any], *args: Any, timeout: float = 600, **kwargs: Any) -> Any:
+        return self.result(self.submit(function, *args, **kwargs), timeout)
 
-
-def spawn(label: str, target: Callable[..., None], *args: Any) -> Child:
-    """Start ``target(conn, *args)`` in a spawned process; the controller's :class:`Child` of it."""
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe()
-    process = ctx.Process(target=target, args=(child, *args), name=label)
-    process.start()
-    child.close()
-    return Child(label, parent, process)
+    def started(self) -> int:
+        """Wait until the child has imported what its set-up imports; its pid."""
+        self.pid = self.result(self._pending[0], START_TIMEOUT)
+        return self.pid
 
 
-def end(process: Any, deadline: float) -> None:
-    """Join ``process`` until ``deadline``, then terminate it."""
-    process.join(timeout=max(0.1, deadline - time.monotonic()))
-    if process.is_alive():
-        process.terminate()
-        process.join(timeout=5)
+def close_all(children: Iterable[Child], timeout: float = 30) -> None:
+    """Stop ``children``: calls not started are cancelled; a child still busy after ``timeout`` is killed."""
+    children = list(children)
+    for child in children:
+        child.pool.shutdown(wait=False, cancel_futures=True)
+    busy = [f for child in children for f in child._pending]
+    cf.wait(busy, timeout)
+    for child in children:
+        if child.pid and any(not f.done() for f in child._pending):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)
+        child.pool.shutdown(wait=True)

@@ -35,17 +35,16 @@ from typing import Any
 
 from airflow_adrq_bench import options, tables
 from airflow_adrq_bench.airflow_mode import parser_for
-from airflow_adrq_bench.airflow_mode import run as run_module
 from airflow_adrq_bench.airflow_mode.accounting.classify import PairClasses, classify
 from airflow_adrq_bench.airflow_mode.accounting.controller import compare, run
 from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_DEFAULT as DEFAULT
 from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_MANAGERS as MANAGERS
 from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_QUICK as QUICK
-from airflow_adrq_bench.airflow_mode.config import AccountingError, AccountingSizes
+from airflow_adrq_bench.airflow_mode.config import AccountingSizes
+from airflow_adrq_bench.airflow_mode.databases import targets
 
 __all__ = [
     "MANAGERS",
-    "AccountingError",
     "AccountingSizes",
     "PairClasses",
     "build_parser",
@@ -74,8 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _measure(args: argparse.Namespace, sizes: AccountingSizes) -> int:
     out = options.out_dir(args)
-    with run_module.targets(args.db or [], args.backend, sqlite=True) as targets:
-        raw = run(targets, sizes, progress=options.say)
+    with targets(args.db or [], args.backend, sqlite=True) as found:
+        raw = run(found, sizes)
     out.mkdir(parents=True, exist_ok=True)
     (out / "airflow-accounting.json").write_text(json.dumps(raw, indent=2, default=str) + "\n")
     written = [out / "airflow-accounting.json"]

@@ -1,202 +1,212 @@
-"""The consumer process: Airflow's own ``SchedulerJobRunner._create_dagruns_for_dags`` (imports Airflow)."""
+"""The consumer: Airflow's own ``SchedulerJobRunner._create_dagruns_for_dags`` on real serialized DAGs.
+
+The first three functions take Airflow's ORM and serve the residual tool too
+(:mod:`..residual`, in its own process); the rest run in the consumer process
+(:func:`start_consumer`, a :class:`.processes.Child`) on its one :class:`_Consumer`.
+"""
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
-from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_BUNDLE as BUNDLE
-from airflow_adrq_bench.airflow_mode.processes import AirflowOrm, Child, Setup, serve, spawn
-from airflow_adrq_bench.airflow_mode.worker import PRODUCER_DAG, asset_uri
+from airflow_adrq_bench.airflow_mode.processes import AirflowOrm, Child, airflow_settings
+from airflow_adrq_bench.airflow_mode.worker import asset_uri
 
-_QUEUED = sa.text("SELECT count(*) FROM asset_dag_run_queue WHERE target_dag_id IN :dags")
+#: The DAG bundle of the serialized DAGs.
+BUNDLE = "adrq-accounting-bundle"
 
 
+def write_dags(orm: AirflowOrm, schedules: Mapping[str, Any]) -> dict[str, int]:
+    """Serialize and write DAGs ``{dag_id: schedule}`` with Airflow's DAG-processing code; their asset ids.
+
+    The DAGs are unpaused; ``max_active_runs`` is high, since the runs stay QUEUED.
+    """
+    from airflow.dag_processing.collection import update_dag_parsing_results_in_db
+    from airflow.models.asset import AssetActive, AssetModel
+    from airflow.models.dag import DagModel
+    from airflow.models.dagbundle import DagBundleModel
+    from airflow.sdk import DAG
+    from airflow.serialization.serialized_objects import LazyDeserializedDAG
+
+    dags = [
+        DAG(dag_id, schedule=schedule, max_active_runs=1_000_000) for dag_id, schedule in schedules.items()
+    ]
+    with orm.session_factory() as session:
+        session.add(DagBundleModel(name=BUNDLE))
+        session.commit()
+        serialized = [LazyDeserializedDAG.from_dag(dag) for dag in dags]
+        update_dag_parsing_results_in_db(BUNDLE, None, serialized, {}, None, set(), session=session)
+        session.commit()
+        session.execute(
+            sa.update(DagModel).where(DagModel.dag_id.in_(list(schedules))).values(is_paused=False)
+        )
+        ids: dict[str, int] = {}
+        for model in session.scalars(sa.select(AssetModel)):
+            ids[model.name] = model.id
+            if model.active is None:
+                session.add(AssetActive.for_asset(model))
+        session.commit()
+        scheduled = [dag_id for dag_id, schedule in schedules.items() if schedule is not None]
+        query = sa.select(DagModel.asset_expression).where(DagModel.dag_id.in_(scheduled))
+        if any(expression is None for expression in session.execute(query).scalars()):
+            raise RuntimeError("a consumer DAG has no asset_expression after serialization")
+    return ids
+
+
+def new_runner(orm: AirflowOrm) -> Any:
+    """A ``SchedulerJobRunner`` whose loop never runs, on a new ``Job`` row."""
+    from airflow.jobs.job import Job
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+
+    job = Job()
+    with orm.session_factory() as session:
+        session.add(job)
+        session.commit()
+    return SchedulerJobRunner(job=job)
+
+
+def scheduler_pass(orm: AirflowOrm, runner: Any, failures: Counter[str]) -> float:
+    """One ``_create_dagruns_for_dags`` under ``prohibit_commit``, as the scheduler loop calls it; seconds."""
+    from airflow.utils.sqlalchemy import prohibit_commit
+
+    from airflow_adrq.retry import classify
+
+    start = time.perf_counter()
+    session = orm.session_factory()
+    try:
+        with prohibit_commit(session) as guard:
+            runner._create_dagruns_for_dags(guard, session)
+    except Exception as exc:
+        # Its own @retry_db_transaction gave up: the next pass tries again.
+        found = classify(exc)
+        if found is None:
+            raise
+        session.rollback()
+        failures[found.kind.value] += 1
+    finally:
+        session.close()
+    return time.perf_counter() - start
+
+
+@dataclass
 class _Consumer(AirflowOrm):
-    """Airflow's scheduler method on a ``SchedulerJobRunner`` whose loop never runs."""
+    started: Any
+    stop: Any
+    runner: Any = None
+    #: Database errors the consumer's connections raised, including those
+    #: ``@retry_db_transaction`` retried inside a pass (never seen otherwise).
+    db_errors: Counter[str] = field(default_factory=Counter)
 
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-        self.runner: Any = None
-        #: Database errors the consumer's connections raised, including those
-        #: ``@retry_db_transaction`` retried inside a pass (never seen otherwise).
-        self.db_errors: Counter[str] = Counter()
+    def count_error(self, context: Any) -> None:
+        from airflow_adrq.retry import classify
 
-    def target(self, url: str) -> dict[str, Any]:
-        """Point Airflow's ORM at ``url`` (as :mod:`.worker` does); a new ``Job`` and runner there."""
-        from airflow.jobs.job import Job
-        from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
-
-        sa.event.listen(self.point_at(url), "handle_error", self._count_error)
-        job = Job()
-        self.runner = SchedulerJobRunner(job=job)
-        with self.session_factory() as session:
-            session.add(job)
-            session.commit()
-            job_id = job.id
-        return {"dialect": self.engine.dialect.name, "job_id": job_id}
-
-    def _count_error(self, context: Any) -> None:
-        from airflow_adrq.retry import classify as classify_error
-
-        found = classify_error(context.sqlalchemy_exception or context.original_exception)
+        found = classify(context.sqlalchemy_exception or context.original_exception)
         self.db_errors[found.kind.value if found else type(context.original_exception).__name__] += 1
 
-    def seed(self, assets: dict[str, list[str]]) -> dict[str, int]:
-        """Serialize and write the DAGs with Airflow's DAG-processing code; return the asset ids.
 
-        ``assets[name]`` are the consumer DAG ids of asset ``name`` (URI
-        :func:`.worker.asset_uri`, as the producers' outlets name it). The
-        DAGs are unpaused; ``max_active_runs`` is high, since the runs stay
-        QUEUED. Plus :data:`PRODUCER_DAG`, unscheduled.
-        """
-        from airflow.dag_processing.collection import update_dag_parsing_results_in_db
-        from airflow.models.asset import AssetActive, AssetModel
-        from airflow.models.dag import DagModel
-        from airflow.models.dagbundle import DagBundleModel
-        from airflow.sdk import DAG, Asset
-        from airflow.serialization.serialized_objects import LazyDeserializedDAG
+_consumer: _Consumer
 
-        dags = [DAG(PRODUCER_DAG, schedule=None)]
-        for name, dag_ids in assets.items():
-            asset = Asset(name=name, uri=asset_uri(name))
-            dags += [DAG(dag_id, schedule=[asset], max_active_runs=1_000_000) for dag_id in dag_ids]
-        with self.session_factory() as session:
-            session.add(DagBundleModel(name=BUNDLE))
-            session.commit()
-            update_dag_parsing_results_in_db(
-                BUNDLE,
-                None,
-                [LazyDeserializedDAG.from_dag(dag) for dag in dags],
-                {},
-                None,
-                set(),
-                session=session,
-            )
-            session.commit()
-            session.execute(
-                sa.update(DagModel)
-                .where(DagModel.dag_id.in_([d.dag_id for d in dags]))
-                .values(is_paused=False)
-            )
-            ids: dict[str, int] = {}
-            for model in session.scalars(sa.select(AssetModel).where(AssetModel.name.in_(list(assets)))):
-                ids[model.name] = model.id
-                if model.active is None:
-                    session.add(AssetActive.for_asset(model))
-            session.commit()
-            missing = set(assets) - set(ids)
-            if missing:
-                raise RuntimeError(f"assets not written by the DAG sync: {sorted(missing)}")
-            expressions = dict(
-                session.execute(
-                    sa.select(DagModel.dag_id, DagModel.asset_expression).where(
-                        DagModel.dag_id.in_([d for ids_ in assets.values() for d in ids_])
-                    )
-                ).all()
-            )
-            if any(expr is None for expr in expressions.values()):
-                raise RuntimeError("a consumer DAG has no asset_expression after serialization")
-        return ids
 
-    def scheduler_pass(self, failures: Counter[str]) -> float:
-        """One ``_create_dagruns_for_dags`` under ``prohibit_commit``, as the scheduler loop calls it."""
-        from airflow.utils.sqlalchemy import prohibit_commit
+def setup(started: Any, stop: Any) -> None:
+    import airflow.jobs.scheduler_job_runner  # noqa: F401  (the slow import, done once here)
 
-        from airflow_adrq.retry import classify as classify_error
+    global _consumer
+    _consumer = _Consumer(started, stop)
 
-        start = time.perf_counter()
-        session = self.session_factory()
+
+def target(url: str) -> str:
+    """Point Airflow's ORM at ``url`` (as the workers do), with a new runner there; the dialect's name."""
+    sa.event.listen(_consumer.point_at(url), "handle_error", _consumer.count_error)
+    _consumer.runner = new_runner(_consumer)
+    return str(_consumer.engine.dialect.name)
+
+
+def seed(assets: dict[str, list[str]], producer_dag: str) -> dict[str, int]:
+    """``assets[name]``: the consumer DAG ids of asset ``name``; plus ``producer_dag``, unscheduled."""
+    from airflow.sdk import Asset
+
+    schedules: dict[str, Any] = {producer_dag: None}
+    for name, dag_ids in assets.items():
+        schedules.update({dag_id: [Asset(name=name, uri=asset_uri(name))] for dag_id in dag_ids})
+    ids = write_dags(_consumer, schedules)
+    if missing := set(assets) - set(ids):
+        raise RuntimeError(f"assets not written by the DAG sync: {sorted(missing)}")
+    return ids
+
+
+def release() -> None:
+    _consumer.release()
+
+
+def drain(dag_ids: list[str], max_passes: int = 500) -> dict[str, Any]:
+    """Pass until none of ``dag_ids``' queue rows is left (every committed row became a run)."""
+    sql = sa.text("SELECT count(*) FROM asset_dag_run_queue WHERE target_dag_id IN :dags")
+    sql = sql.bindparams(sa.bindparam("dags", expanding=True))
+
+    def left() -> int:
+        with _consumer.session_factory() as session:
+            return int(session.execute(sql, {"dags": dag_ids}).scalar_one())
+
+    failures: Counter[str] = Counter()
+    passes = 0
+    while left() and passes < max_passes:
+        scheduler_pass(_consumer, _consumer.runner, failures)
+        passes += 1
+    return {"passes": passes, "failures": dict(failures), "queue_rows_left": left()}
+
+
+def consume(dag_ids: list[str], pause_s: float) -> dict[str, Any]:
+    """Pass continuously until the controller sets ``stop``, then drain.
+
+    Sets ``started`` after the first pass, so that the producers start with the consumer already running.
+    """
+    failures: Counter[str] = Counter()
+    _consumer.db_errors.clear()
+    pass_s = [scheduler_pass(_consumer, _consumer.runner, failures)]
+    _consumer.started.set()
+    while not _consumer.stop.is_set():
+        pass_s.append(scheduler_pass(_consumer, _consumer.runner, failures))
+        time.sleep(pause_s)
+    ms = sorted(s * 1000 for s in pass_s)
+    return {
+        "passes": len(pass_s),
+        "pass_p50_ms": statistics.median(ms),
+        "pass_max_ms": ms[-1],
+        "failures": dict(failures),
+        "db_errors": dict(_consumer.db_errors),
+        "drain": drain(dag_ids),
+    }
+
+
+class Consumer(Child):
+    """The controller's handle on the consumer process (the spawn context's events are its signals)."""
+
+    def __init__(self, home: Path) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.started_event, self.stop_event = ctx.Event(), ctx.Event()
+        settings = airflow_settings(home, f"sqlite:///{home}/unused.db")
+        super().__init__("the consumer", settings, setup, self.started_event, self.stop_event)
+
+    def consume_during(self, dag_ids: Sequence[str], pause_s: float, work: Any) -> tuple[Any, dict[str, Any]]:
+        """``work()``'s result while the consumer passes (from after its first pass), and the passes'."""
+        self.started_event.clear()
+        self.stop_event.clear()
+        future = self.submit(consume, list(dag_ids), pause_s)
         try:
-            with prohibit_commit(session) as guard:
-                self.runner._create_dagruns_for_dags(guard, session)
-        except Exception as exc:
-            # Its own @retry_db_transaction gave up: the next pass tries again.
-            found = classify_error(exc)
-            if found is None:
-                raise
-            session.rollback()
-            failures[found.kind.value] += 1
+            while not self.started_event.wait(1.0):
+                if future.done():
+                    self.result(future)  # it failed: raise
+            done = work()
         finally:
-            session.close()
-        return time.perf_counter() - start
-
-    def _queued(self, dag_ids: list[str]) -> int:
-        with self.session_factory() as session:
-            return int(
-                session.execute(
-                    _QUEUED.bindparams(sa.bindparam("dags", expanding=True)),
-                    {"dags": dag_ids},
-                ).scalar_one()
-            )
-
-    def drain(self, dag_ids: list[str], max_passes: int = 500) -> dict[str, Any]:
-        """Pass until none of ``dag_ids``' queue rows is left (every committed row became a run)."""
-        failures: Counter[str] = Counter()
-        passes = 0
-        while self._queued(dag_ids) and passes < max_passes:
-            self.scheduler_pass(failures)
-            passes += 1
-        return {"passes": passes, "failures": dict(failures), "queue_rows_left": self._queued(dag_ids)}
-
-    def consume(self, dag_ids: list[str], pause_s: float) -> dict[str, Any]:
-        """Pass continuously until the controller sends ``stop``, then drain.
-
-        Sends ``("ok", "started")`` after the first pass, so that the
-        producers start with the consumer already running.
-        """
-        failures: Counter[str] = Counter()
-        self.db_errors.clear()
-        pass_s: list[float] = []
-        pass_s.append(self.scheduler_pass(failures))
-        self.conn.send(("ok", "started"))
-        while True:
-            if self.conn.poll():
-                message = self.conn.recv()
-                if message[0] != "stop":
-                    raise RuntimeError(f"expected stop, got {message[0]!r}")
-                break
-            pass_s.append(self.scheduler_pass(failures))
-            if pause_s:
-                time.sleep(pause_s)
-        drained = self.drain(dag_ids)
-        ms = sorted(s * 1000 for s in pass_s)
-        return {
-            "passes": len(pass_s),
-            "pass_p50_ms": statistics.median(ms),
-            "pass_max_ms": ms[-1],
-            "failures": dict(failures),
-            "db_errors": dict(self.db_errors),
-            "drain": drained,
-        }
-
-
-def consumer_main(conn: Any, env: dict[str, str]) -> None:
-    """Consumer process: import Airflow (its default asset manager), then serve commands until ``close``."""
-
-    def setup() -> Setup:
-        import airflow
-        import airflow.jobs.scheduler_job_runner  # the slow import, done once here
-
-        consumer = _Consumer(conn)
-        commands: dict[str, Callable[..., Any]] = {
-            "target": consumer.target,
-            "release": consumer.release,
-            "seed": consumer.seed,
-            "drain": consumer.drain,
-            "consume": consumer.consume,
-        }
-        return {"pid": os.getpid(), "airflow": str(airflow.__version__)}, commands, consumer.release
-
-    serve(conn, env, setup)
-
-
-def start_consumer(env: dict[str, str]) -> Child:
-    """Spawn the consumer process (:func:`consumer_main`); its start-up info is its first answer."""
-    return spawn("the consumer", consumer_main, env)
+            self.stop_event.set()
+        return done, self.result(future)

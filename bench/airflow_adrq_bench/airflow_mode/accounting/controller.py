@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import shutil
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
+from airflow_adrq_bench import progress
+from airflow_adrq_bench.airflow_mode import worker
+from airflow_adrq_bench.airflow_mode.accounting import consumer
 from airflow_adrq_bench.airflow_mode.accounting.classify import classify
-from airflow_adrq_bench.airflow_mode.accounting.consumer import start_consumer
+from airflow_adrq_bench.airflow_mode.accounting.consumer import Consumer
 from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_MANAGERS as MANAGERS
-from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_WARM_ASSET as WARM_ASSET
-from airflow_adrq_bench.airflow_mode.config import AccountingError, AccountingSizes, raw_finish, raw_opening
+from airflow_adrq_bench.airflow_mode.config import AccountingSizes, raw_finish, raw_opening
 from airflow_adrq_bench.airflow_mode.databases import (
     Target,
     analyze,
@@ -27,20 +28,15 @@ from airflow_adrq_bench.airflow_mode.databases import (
     control_engine,
     fetch,
     latest_deadlock,
+    migrated,
     rotate,
-    scratch_database,
     server_settings,
 )
-from airflow_adrq_bench.airflow_mode.processes import (
-    START_TIMEOUT,
-    Child,
-    airflow_settings,
-    clean_environ,
-    start_migrate,
-    wait_migrate,
-)
+from airflow_adrq_bench.airflow_mode.processes import close_all
 from airflow_adrq_bench.airflow_mode.worker import Workers
 from airflow_adrq_bench.errors import BenchError
+
+WARM_ASSET = "adrq_acct_warm"
 
 
 def _cell_asset(hold_index: int, manager: str) -> str:
@@ -66,11 +62,7 @@ class _Plan:
 
 
 def run(
-    targets: Sequence[Target],
-    sizes: AccountingSizes,
-    *,
-    managers: Sequence[str] = MANAGERS,
-    progress: Callable[[str], None] = lambda _msg: None,
+    targets: Sequence[Target], sizes: AccountingSizes, *, managers: Sequence[str] = MANAGERS
 ) -> dict[str, Any]:
     """Run every cell on every target; returns the raw results (``cells``, ``problems`` ...)."""
     started = time.monotonic()
@@ -81,38 +73,29 @@ def run(
         "problems": [],
     }
     plan = _Plan(sizes, list(managers))
-    workdir = Path(tempfile.mkdtemp(prefix="adrq-airflow-accounting-"))
-    try:
-        with contextlib.ExitStack() as stack:
-            # Scratch databases first (dropped last), migrated in the background
-            # while the Airflow processes import Airflow.
-            migrations = []
-            for n, target in enumerate(targets):
-                url = stack.enter_context(scratch_database(target, workdir))
-                log = workdir / f"db-migrate-{n}.log"
-                migrations.append(
-                    (target, url, log, start_migrate(clean_environ(airflow_settings(workdir, url)), log))
-                )
-                stack.callback(migrations[-1][-1].kill)
-            progress(
-                f"airflow db migrate on {len(targets)} scratch database(s); starting the consumer and "
-                f"{len(managers)} x {sizes.producers} producer processes (each imports Airflow)"
-            )
-            consumer = start_consumer(airflow_settings(workdir, f"sqlite:///{workdir}/unused.db"))
-            stack.callback(consumer.stop)
-            workers = Workers(list(managers), sizes.producers, workdir)
-            stack.callback(workers.close)
-            raw["workers"] = [p.info for p in workers.procs.values()]
-            raw["consumer"] = consumer.info = consumer.receive(START_TIMEOUT)
-            raw["airflow_version"] = raw["consumer"]["airflow"]
-            for target, url, log, migration in migrations:
-                try:
-                    wait_migrate(migration, log)
-                except BenchError as exc:
-                    raise AccountingError(f"{target.version}: {exc}") from None
-                raw["targets"].append(_run_target(target, url, plan, workers, consumer, raw, progress))
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with (
+        tempfile.TemporaryDirectory(prefix="adrq-airflow-accounting-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
+        databases = stack.enter_context(migrated(targets, Path(tmp)))
+        with progress.task(
+            "starting the consumer and the producers", len(managers) * sizes.producers + 1
+        ) as bar:
+            bar.step("each imports Airflow")
+            the_consumer = Consumer(Path(tmp))
+            stack.callback(close_all, [the_consumer])
+            workers = Workers(list(managers), sizes.producers, Path(tmp), started=lambda: bar.step("", 1))
+            stack.callback(workers.close)  # before the scratch databases are dropped
+            the_consumer.started()
+            raw["consumer"] = {"pid": the_consumer.pid}
+            bar.step("", 1)
+        raw["workers"] = [p.info for p in workers.procs.values()]
+        raw["airflow_version"] = raw["workers"][0]["airflow"]
+        for target, url, wait in databases:
+            with progress.task(target.version, len(sizes.holds_ms) * len(managers) + 1) as bar:
+                bar.step("airflow db migrate on a scratch database")
+                wait()
+                raw["targets"].append(_run_target(target, url, plan, workers, the_consumer, raw, bar))
     raw["comparison"] = compare(raw["cells"])
     raw["problems"] += [c["problem"] for c in raw["comparison"] if c.get("problem")]
     raw_finish(raw, started)
@@ -124,48 +107,42 @@ def _run_target(
     url: str,
     plan: _Plan,
     workers: Workers,
-    consumer: Child,
+    the_consumer: Consumer,
     raw: dict[str, Any],
-    progress: Callable[[str], None],
+    bar: progress.Task,
 ) -> dict[str, Any]:
     began = time.monotonic()
-    sizes = plan.sizes
-    all_procs = list(workers.procs.values())
+    every = list(workers.procs.values())
     engine = control_engine(url)
     try:
-        workers.broadcast(all_procs, "target", url=url)
-        info = consumer.call("target", url=url)
-        asset_ids: dict[str, int] = consumer.call("seed", assets=plan.assets())
+        workers.broadcast(every, worker.target, url=url)
+        dialect = the_consumer.call(consumer.target, url)
+        asset_ids: dict[str, int] = the_consumer.call(consumer.seed, plan.assets(), worker.PRODUCER_DAG)
         analyze(engine)
         settings = server_settings(engine)
-        progress(f"{target.version}: warming up every producer (one transaction each)")
-        for proc in all_procs:
-            result = proc.call("warmup", assets=[WARM_ASSET], run_id=f"warmup-{proc.manager}-{proc.index}")
-            if not result["ok"]:
-                raise AccountingError(f"{target.version}: warm-up of {proc.manager}/{proc.index} failed")
+        bar.step("warming up every producer (one transaction each)", 1)
+        for proc in every:
+            if not proc.call(
+                worker.warmup, assets=[WARM_ASSET], run_id=f"warmup-{proc.manager}-{proc.index}"
+            ):
+                raise BenchError(f"{target.version}: warm-up of {proc.manager}/{proc.index} failed")
         clear_queue(engine)
-        for h, hold_ms in enumerate(sizes.holds_ms):
+        for h, hold_ms in enumerate(plan.sizes.holds_ms):
             for manager in rotate(plan.managers, h):
-                progress(f"{target.version}: hold {hold_ms:g} ms: {manager}")
-                cell = _cell(target, engine, plan, workers, consumer, asset_ids, h, hold_ms, manager)
+                bar.step(f"hold {hold_ms:g} ms: {manager}", 1)
+                cell = _cell(target, engine, plan, workers, the_consumer, asset_ids, h, hold_ms, manager)
                 raw["cells"].append(cell)
                 where = f"{target.name} hold {hold_ms:g} ms {manager}"
                 raw["problems"] += [f"{where}: {p}" for p in cell["problems"]]
-        workers.broadcast(all_procs, "release")
-        consumer.call("release")
-    except BaseException:
-        # Stop the processes before the scratch database is dropped (their
-        # open transactions would hold DROP DATABASE up on MySQL).
-        workers.close()
-        consumer.stop()
-        raise
+        workers.broadcast(every, worker.release)
+        the_consumer.call(consumer.release)
     finally:
         engine.dispose()
     return {
         "name": target.name,
         "backend": target.backend,
         "version": target.version,
-        "dialect": info["dialect"],
+        "dialect": dialect,
         "settings": settings,
         "duration_s": time.monotonic() - began,
     }
@@ -176,7 +153,7 @@ def _cell(
     engine: sa.Engine,
     plan: _Plan,
     workers: Workers,
-    consumer: Child,
+    the_consumer: Consumer,
     asset_ids: dict[str, int],
     hold_index: int,
     hold_ms: float,
@@ -189,28 +166,25 @@ def _cell(
     sentinel_run = f"sentinel-{manager}-h{hold_index}"
     producers = workers.group(manager)
     start = time.monotonic()
-    consumer.send("consume", dag_ids=dags, pause_s=sizes.consumer_pause_ms / 1000)
-    try:
-        consumer.receive()  # "started": its first pass is done
-        results = workers.broadcast(
+    results, consumed_run = the_consumer.consume_during(
+        dags,
+        sizes.consumer_pause_ms / 1000,
+        lambda: workers.broadcast(
             producers,
-            "round",
+            worker.round_of,
             timeout=sizes.budget_s + 600,
             assets=[asset],
             run_prefix=prefix,
             transactions=sizes.transactions,
             hold_s=hold_ms / 1000,
             budget_s=sizes.budget_s,
-            barrier_timeout_s=120.0,
-        )
-    finally:
-        consumer.send("stop")
-    consumed_run = consumer.receive()
+        ),
+    )
     duration = time.monotonic() - start
     with engine.connect() as conn:
         cutoff = int(conn.execute(sa.text("SELECT coalesce(max(id), 0) FROM dag_run")).scalar_one())
-    sentinel = producers[0].call("warmup", assets=[asset], run_id=sentinel_run)
-    drained = consumer.call("drain", dag_ids=dags)
+    sentinel = producers[0].call(worker.warmup, assets=[asset], run_id=sentinel_run)
+    drained = the_consumer.call(consumer.drain, dags)
 
     txs = [tx for r in results for tx in r["transactions"]]
     committed = sum(1 for tx in txs if tx["ok"])
@@ -248,7 +222,7 @@ def _cell(
         )
     if classes.unknown:
         problems.append(f"runs of the cell's DAGs consumed {classes.unknown} pairs of unknown events")
-    if not sentinel["ok"] or sentinel_id is None:
+    if not sentinel or sentinel_id is None:
         problems.append(f"the sentinel was not committed exactly once ({len(sentinels)} events)")
     elif classes.sentinel_consumers != len(dags):
         problems.append(f"{classes.sentinel_consumers} of {len(dags)} consumer DAGs consumed the sentinel")
