@@ -5,7 +5,8 @@ Each party creates ``<dir>/<name>.<party>`` and waits until the files of all
 still sees a barrier that the others have already passed. Start skew is the
 poll interval (a millisecond), small against a round. Pollers stat only the
 files of parties they have not seen yet (never list the directory, which
-grows by a file per party and barrier).
+grows by a file per party and barrier). A file ``abort`` ends every wait at once: the controller
+writes it when a party failed.
 """
 
 from __future__ import annotations
@@ -26,8 +27,15 @@ def arrive(directory: Path, name: str, party: int) -> None:
     (directory / f"{name}.{party}").touch()
 
 
+def abort(directory: Path) -> None:
+    """Make every wait at every barrier in ``directory`` raise :class:`BarrierTimeoutError`."""
+    (directory / "abort").touch()
+
+
 def arrived(directory: Path, name: str, parties: int) -> int:
-    """How many of parties ``0 .. parties-1`` have arrived at barrier ``name``."""
+    """How many of parties ``0 .. parties-1`` have arrived at barrier ``name`` (aborted: an error)."""
+    if (directory / "abort").exists():
+        raise BarrierTimeoutError("another benchmark process failed")
     return sum(1 for p in range(parties) if (directory / f"{name}.{p}").exists())
 
 
@@ -40,6 +48,8 @@ def wait(directory: Path, name: str, party: int, parties: int, *, timeout_s: flo
         missing = [p for p in missing if not (directory / f"{name}.{p}").exists()]
         if not missing:
             return
+        if (directory / "abort").exists():
+            raise BarrierTimeoutError(f"barrier {name!r}: another benchmark process failed")
         if time.monotonic() > deadline:
             raise BarrierTimeoutError(
                 f"barrier {name!r}: {parties - len(missing)} of {parties} processes after {timeout_s:.0f} s"

@@ -160,16 +160,14 @@ def _bench(args: argparse.Namespace) -> int:
             out,
             strategies=args.strategy or STRATEGIES,
             scenarios=args.scenario or SCENARIOS,
-            progress=options.say,
             keep_scratch=args.keep_scratch,
         )
     rows, lost = report.aggregate(raw), report.aggregate_lost(raw)
-    parts = (report.format_table(raw, rows), report.format_lost(raw, lost), report.format_sweep(raw))
+    detail = (report.format_table(raw, rows), report.format_lost(raw, lost), report.format_sweep(raw))
     lines = verdict.standalone(raw, rows, lost)
-    # The verdict last: what the user came for, under the detail.
-    text = "\n".join(
-        part for part in (*parts, report.format_ratio(raw), verdict.format_verdict(lines)) if part
-    )
+    board = verdict.format_verdict(lines)
+    # The detail goes to bench.md; the terminal gets the verdict, what the user came for.
+    text = "\n".join(part for part in (*detail, report.format_ratio(raw), board) if part)
     report.write_json(raw, rows, out / "bench.json", lost)
     pngs = report.plot(raw, rows, out)
     errors = [
@@ -195,7 +193,7 @@ def _bench(args: argparse.Namespace) -> int:
             f"target missed: {m.db} {m.what}: {m.measured} (target {m.goal})" for m in verdict.missed(lines)
         ]
     return options.publish(
-        out / "bench.md", text, [out / "bench.json", *pngs], errors, took=raw["duration_s"]
+        out / "bench.md", text, [out / "bench.json", *pngs], errors, took=raw["duration_s"], shown=board
     )
 
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
 from airflow_adrq_bench.options import Checked, size
@@ -25,46 +23,52 @@ _DEADLOCK = "raised to {} x PostgreSQL's deadlock_timeout when that is more, unl
 class Sizes(Checked):
     """How big a run is. Defaults take a few minutes on 2 cores per server."""
 
-    producers: int = size(8, "producer processes in the single, multi_outlet and with_consumer rounds", ">=1")
-    fanout: int = size(32, "unpaused consumer DAGs of every asset the rounds emit", ">=1")
+    producers: int = size(
+        8, "producer processes in the single, multi_outlet and with_consumer rounds", minimum=1
+    )
+    fanout: int = size(32, "unpaused consumer DAGs of every asset the rounds emit", minimum=1)
     outlets: int = size(
-        3, "assets each multi_outlet / with_consumer transaction emits, in random order", ">=1"
+        3, "assets each multi_outlet / with_consumer transaction emits, in random order", minimum=1
     )
     paused: int = size(2, "paused consumer DAGs of every asset, never to be queued (the rows check says so)")
-    transactions: int = size(4, "transactions each producer runs per round", ">=1")
+    transactions: int = size(4, "transactions each producer runs per round", minimum=1)
     hold_ms: float = size(
-        5.0, "milliseconds a producer transaction stays open after queueing, before COMMIT", ">=0"
+        5.0, "milliseconds a producer transaction stays open after queueing, before COMMIT", minimum=0
     )
     # From an empty queue each (as after the scheduler consumed it): on PostgreSQL only inserts of
     # absent rows can deadlock.
-    rounds: int = size(3, "rounds of every (scenario, strategy), each from an empty queue", ">=1")
+    rounds: int = size(3, "rounds of every (scenario, strategy), each from an empty queue", minimum=1)
     round_timeout_s: float = size(
         8.0,
         "seconds after a round's start when producers stop starting transactions (and retries); "
         + _DEADLOCK.format(5),
-        ">0",
+        above=0,
     )
     max_attempts: int = size(
-        50, "attempts per transaction (the first and its retries) before it gives up", ">=1"
+        50, "attempts per transaction (the first and its retries) before it gives up", minimum=1
     )
     lock_timeout_s: float = size(
         5.0,
         "seconds a statement waits for a lock before failing (PostgreSQL lock_timeout, InnoDB "
         "innodb_lock_wait_timeout); " + _DEADLOCK.format(3),
-        ">0",
+        above=0,
     )
-    sweep: tuple[int, ...] = size((1, 16, 256, 1024, 10000), "fan-outs of the single-call sweep", ">=1")
-    sweep_repeats: int = size(3, "timed calls per strategy and fan-out in the sweep; the median is shown")
-    ratio_fanouts: tuple[int, ...] = size((1, 1024), "fan-outs of the raw-SQL ratio rows", ">=1")
-    ratio_calls: int = size(40, "timed calls per side and fan-out in the raw-SQL ratio", ">=1")
-    lost_producers: int = size(6, "producer processes in the lost_events rounds", ">=1")
-    lost_consumers: int = size(3, "consumer DAGs of the lost_events asset", ">=1")
+    sweep: tuple[int, ...] = size((1, 16, 256, 1024, 10000), "fan-outs of the single-call sweep", minimum=1)
+    sweep_repeats: int = size(
+        7, "timed calls per strategy and fan-out in the sweep (median and spread are shown)", minimum=5
+    )
+    ratio_fanouts: tuple[int, ...] = size((1, 1024), "fan-outs of the raw-SQL ratio rows", minimum=1)
+    ratio_calls: int = size(40, "timed calls per side and fan-out in the raw-SQL ratio", minimum=5)
+    lost_producers: int = size(6, "producer processes in the lost_events rounds", minimum=1)
+    lost_consumers: int = size(3, "consumer DAGs of the lost_events asset", minimum=1)
     lost_events: int = size(
-        240, "events (one per transaction) per lost_events round, split over its producers", ">=1"
+        240, "events (one per transaction) per lost_events round, split over its producers", minimum=1
     )
-    lost_holds_ms: tuple[float, ...] = size((5.0, 30.0), "holds before COMMIT compared by lost_events", ">=0")
+    lost_holds_ms: tuple[float, ...] = size(
+        (5.0, 30.0), "holds before COMMIT compared by lost_events", minimum=0
+    )
     lost_timeout_s: float = size(
-        60.0, "seconds after a lost_events round's start when producers stop starting transactions", ">0"
+        60.0, "seconds after a lost_events round's start when producers stop starting transactions", above=0
     )
 
 
@@ -81,7 +85,7 @@ QUICK: Final = Sizes(
     round_timeout_s=5.0,
     lock_timeout_s=3.0,
     sweep=(1, 16, 256),
-    sweep_repeats=5,  # a median of one call flipped between runs
+    sweep_repeats=5,
     ratio_calls=15,
     lost_events=48,
 )
@@ -144,7 +148,7 @@ class Cell:
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything a worker needs; written by the controller as JSON."""
+    """Everything a party's process needs (pickled to it)."""
 
     out_dir: str
     sizes: Sizes
@@ -156,15 +160,3 @@ class Plan:
     def parties(self) -> int:
         """The most producers any cell has, plus the coordinator (which is also the consumer)."""
         return max((c.producers for c in self.cells), default=self.sizes.producers) + 1
-
-    def dump(self, path: Path) -> None:
-        path.write_text(json.dumps(dataclasses.asdict(self), indent=2))
-
-    @classmethod
-    def load(cls, path: Path) -> Plan:
-        raw = json.loads(path.read_text())
-        sizes: dict[str, Any] = {
-            k: tuple(v) if isinstance(v, list) else v for k, v in raw.pop("sizes").items()
-        }
-        cells = tuple(Cell(**c) for c in raw.pop("cells"))
-        return cls(sizes=Sizes(**sizes), cells=cells, **raw)

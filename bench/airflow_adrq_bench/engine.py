@@ -1,13 +1,14 @@
 """Producer, consumer and coordinator loops, the fan-out sweep and the raw-SQL ratio.
 
-One process per party (an xdist worker each): party 0, the coordinator, empties the queue before
+One process per party (:mod:`.runner` starts them): party 0, the coordinator, empties the queue before
 every round, is the scheduler of ``with_consumer`` and ``lost_events`` rounds and checks the rows
 after; parties 1..N, the producers, run the round's transactions (each retried as a whole on a
 retryable failure) and append one JSON line per transaction to ``tx-<party>.jsonl``. A round: every
 taking part producer runs one warm-up transaction on its own warm-up assets (compilation and ORM
 set-up untimed, no row of the round touched); barrier ``warm``; the queue, events and runs emptied;
 ``start``; the round; ``done``; ``end``. A producer transaction is what task success does: the
-strategy's whole ``register_asset_change`` per emitted asset, ``hold_ms`` open, COMMIT.
+strategy's whole ``register_asset_change`` per emitted asset, ``hold_ms`` open, COMMIT
+(:func:`airflow_adrq_testing.transactions.run_transaction`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import airflow_adrq
 from airflow_adrq.models import utcnow
 from airflow_adrq_bench import barrier, rawsql
 from airflow_adrq_bench.config import Cell, Plan, Sizes
-from airflow_adrq_bench.stats import median, percentile
+from airflow_adrq_bench.stats import latency, median
 from airflow_adrq_testing import dataset, scheduler, strategies
 from airflow_adrq_testing.recording import counting
 from airflow_adrq_testing.transactions import (
@@ -399,17 +400,28 @@ def _commit(
         session.commit()
 
 
+#: Reports what a one-caller measurement is doing: ``step(note, advance)`` (:meth:`.progress.Task.step`).
+Step = Callable[[str, float], None]
+
+
+def _spread(row: dict[str, Any], timed: Sequence[tuple[float, int, bool]], prefix: str = "") -> None:
+    """The timed calls' latency columns (:func:`.stats.latency`, ms) and exact-rows check, into ``row``."""
+    row.update(latency([t * 1000 for t, _, _ in timed], prefix))
+    row["rows_exact"] = row.get("rows_exact", True) and all(ok for *_, ok in timed)
+
+
 def run_sweep(
     url: str,
     sizes: Sizes,
     strategy_names: Iterable[str],
     *,
     budget_s: float = 20.0,
-    progress: Callable[[str], None] | None = None,
+    step: Step = lambda _note, _advance: None,
 ) -> list[dict[str, Any]]:
     """Single-caller latency of one ``register_asset_change`` + COMMIT on an empty queue, per fan-out:
     strategies in random order, each (strategy, fan-out) after one untimed call, skipped (the row says
-    so) when its time projected linearly from the previous fan-out exceeds ``budget_s``."""
+    so) when its time projected linearly from the previous fan-out exceeds ``budget_s``. A row has the
+    median (``latency_s``) and the spread (``p25_ms``, ``p75_ms`` ...) of ``sweep_repeats`` calls."""
     results: list[dict[str, Any]] = []
     with _one_caller(url, sizes, sizes.sweep) as (engine, rng, asset_of):
         names = list(strategy_names)
@@ -422,30 +434,31 @@ def run_sweep(
                 projected = (
                     previous[1] * fanout / previous[0] * (sizes.sweep_repeats + 1) if previous else 0.0
                 )
+                step(f"{name} F={fanout}", 0)
                 if projected > budget_s:
                     results.append({**row, "skipped": f"projected over {budget_s:.0f} s"})
+                    step(f"{name} F={fanout} skipped", 1)
                     continue
-                if progress:
-                    progress(f"sweep {name} fan-out {fanout}")
-
                 call = functools.partial(_commit, engine, emit, [asset_of[fanout]], rng)
                 # Warm-up: statement compilation and ORM set-up are one-off costs.
                 _timed(engine, call, fanout)
                 timed = [_timed(engine, call, fanout) for _ in range(sizes.sweep_repeats)]
-                latency = median([t for t, _, _ in timed])
-                row.update(latency_s=latency, statements=timed[-1][1], rows_exact=all(ok for *_, ok in timed))
-                previous = (fanout, latency)
+                _spread(row, timed)
+                row.update(latency_s=row["p50_ms"] / 1000, statements=timed[-1][1])
+                previous = (fanout, row["latency_s"])
                 results.append(row)
+                step(f"{name} F={fanout}", 1)
     return results
 
 
 def run_raw_ratio(
-    url: str, sizes: Sizes, *, progress: Callable[[str], None] | None = None
+    url: str, sizes: Sizes, *, step: Step = lambda _note, _advance: None
 ) -> list[dict[str, Any]]:
     """``register_asset_change`` + COMMIT (commit mode) against the same work in raw SQL (:mod:`.rawsql`
     on one ``raw_connection()``, the same driver): per fan-out one untimed call of each side, then
-    ``ratio_calls`` pairs in random order, every call on a queue emptied untimed. Median and p95 of
-    each, their ratios, statements per call."""
+    ``ratio_calls`` pairs in random order, every call on a queue emptied untimed. Each side's latency
+    columns (``ours_p50_ms``, ``raw_p25_ms`` ...), the ratios of the medians and of the p95s, statements
+    per call."""
     task = strategies.TASK
     source = (task.dag_id, task.task_id, task.run_id, task.map_index)
     results: list[dict[str, Any]] = []
@@ -465,8 +478,7 @@ def run_raw_ratio(
 
         sides: dict[str, Callable[[dataset.SeedAsset], None]] = {"ours": ours, "raw": hand_written}
         for fanout in sorted(sizes.ratio_fanouts):
-            if progress:
-                progress(f"raw-SQL ratio, fan-out {fanout}")
+            step(f"F={fanout}", 0)
             calls = {side: functools.partial(call, asset_of[fanout]) for side, call in sides.items()}
             for call in calls.values():  # warm-up
                 _timed(engine, call, fanout)
@@ -475,14 +487,12 @@ def run_raw_ratio(
                 for side in rng.sample(list(calls), len(calls)):
                     timed[side].append(_timed(engine, calls[side], fanout))
             row: dict[str, Any] = {"fanout": fanout, "calls": sizes.ratio_calls}
-            row["rows_exact"] = all(ok for side in timed.values() for *_, ok in side)
             for side, runs in timed.items():
-                ms = [t * 1000 for t, _, _ in runs]
-                row[f"{side}_p50_ms"] = median(ms)
-                row[f"{side}_p95_ms"] = percentile(ms, 95)
-                # The raw side goes around SQLAlchemy's cursor events.
-                row[f"{side}_statements"] = runs[-1][1] if side == "ours" else raw.statements
+                _spread(row, runs, f"{side}_")
+            # The raw side goes around SQLAlchemy's cursor events.
+            row.update(ours_statements=timed["ours"][-1][1], raw_statements=raw.statements)
             row["ratio_p50"] = row["ours_p50_ms"] / row["raw_p50_ms"]
             row["ratio_p95"] = row["ours_p95_ms"] / row["raw_p95_ms"]
             results.append(row)
+            step(f"F={fanout}", 1)
     return results

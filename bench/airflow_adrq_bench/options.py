@@ -1,14 +1,15 @@
 """What every ``airflow-adrq bench`` mode's command line shares: the modes differ only in what they run.
 
-A mode's sizes are a frozen dataclass whose fields are declared with :func:`size`
-(default, help text, check) and checked when built (:class:`Checked`). Its command
-line (:func:`add_common`, :func:`add_fields`) has ``--db`` / ``--backend``, a preset
+A mode's sizes are a frozen :class:`Checked` dataclass whose fields are declared
+with :func:`size` (default, help text, least value). Its command line
+(:func:`add_common`, :func:`add_fields`) has ``--db`` / ``--backend``, a preset
 flag (``--quick`` or ``--small``), ``--out`` and one option per field
-(``--round-timeout-s`` for ``round_timeout_s``), typed from the annotation; it runs
-with the preset or the defaults, the options given replacing their fields
-(:func:`sizes_from`). :func:`guarded` and :func:`publish` are what every mode does
-around its measurement: refuse a missing requirement, turn errors into one line,
-print and write the tables, exit 1 on a problem.
+(``--round-timeout-s`` for ``round_timeout_s``) whose argparse ``type=`` parses
+the field's type and checks its bound; it runs with the preset or the
+defaults, the options given replacing their fields (:func:`sizes_from`).
+:func:`guarded` and :func:`publish` are what every mode does around its
+measurement: refuse a missing requirement, turn errors into one line, print
+and write the tables, exit 1 on a problem.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import contextlib
 import dataclasses
 import datetime as dt
 import importlib.util
-import operator
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import typing
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -34,50 +35,65 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 _SizesT = TypeVar("_SizesT", bound="DataclassInstance")
-_CHECKS = {">=": (operator.ge, "at least"), ">": (operator.gt, "above")}
 
 
-def size(default: _T, text: str = "", check: str = "", **metadata: Any) -> _T:
-    """A sizes field: its default, its ``--help`` text and ``check`` (``">=1"``, ``">0"``) for every value."""
-    return dataclasses.field(default=default, metadata={"help": text, "check": check, **metadata})
+def size(
+    default: _T,
+    text: str = "",
+    check: str = "",
+    *,
+    minimum: float | None = None,
+    above: float | None = None,
+    **metadata: Any,
+) -> _T:
+    """A sizes field: its default, its ``--help`` text, and the bound every value must meet: at least
+    ``minimum`` or greater than ``above`` (``check``, the older spelling: ``">=1"``, ``">0"``)."""
+    if check:
+        bound = float(check.lstrip(">="))
+        minimum, above = (bound, above) if check.startswith(">=") else (minimum, bound)
+    return dataclasses.field(
+        default=default, metadata={"help": text, "minimum": minimum, "above": above, **metadata}
+    )
+
+
+def _check(field: dataclasses.Field[Any], value: Any) -> None:
+    """Raise ``ValueError`` when ``value`` (each value, for a tuple) misses ``field``'s bound."""
+    values = value if isinstance(value, tuple) else (value,)
+    low, above = field.metadata.get("minimum"), field.metadata.get("above")
+    if low is not None and not (values and all(v >= low for v in values)):
+        raise ValueError(f"{field.name} must be at least {low:g}, not {show(value) or 'nothing'}")
+    if above is not None and not (values and all(v > above for v in values)):
+        raise ValueError(f"{field.name} must be above {above:g}, not {show(value) or 'nothing'}")
 
 
 class Checked:
-    """A sizes dataclass that refuses (``ValueError``) a field failing its :func:`size` check."""
+    """A sizes dataclass that refuses (``ValueError``) a field value missing its :func:`size` bound."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(cast("DataclassInstance", self)):
-            check: str = field.metadata.get("check", "")
-            if not check:
-                continue
-            op = ">=" if check.startswith(">=") else ">"
-            bound = float(check[len(op) :])
-            value = getattr(self, field.name)
-            values = value if isinstance(value, tuple) else (value,)
-            compare, words = _CHECKS[op]
-            if not values or not all(compare(v, bound) for v in values):
-                raise ValueError(f"{field.name} must be {words} {bound:g}, not {show(value) or 'nothing'}")
+            _check(field, getattr(self, field.name))
 
 
-def _numbers(kind: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
-    def parse(text: str) -> tuple[Any, ...]:
+def _option_type(field: dataclasses.Field[Any], hint: Any) -> Callable[[str], Any]:
+    """The argparse ``type=`` of ``field`` (type ``hint``): a value, or comma-separated values for a
+    tuple, parsed and checked against its bound."""
+    args = [a for a in typing.get_args(hint) if a is not type(None) and a is not Ellipsis]
+    kind = args[0] if args else hint
+    many = typing.get_origin(hint) is tuple
+
+    def parse(text: str) -> Any:
         try:
-            return tuple(kind(x) for x in text.split(",") if x.strip())
+            value = tuple(kind(x) for x in text.split(",") if x.strip()) if many else kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, not {text!r}") from None
+            what = "comma-separated numbers" if many else "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {what}, not {text!r}") from None
+        try:
+            _check(field, value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return value
 
     return parse
-
-
-#: The option type of each field annotation the sizes dataclasses use.
-_KINDS: Mapping[str, Callable[[str], Any]] = {
-    "int": int,
-    "float": float,
-    "str": str,
-    "str | None": str,
-    "tuple[int, ...]": _numbers(int),
-    "tuple[float, ...]": _numbers(float),
-}
 
 
 def show(value: object) -> str:
@@ -85,12 +101,6 @@ def show(value: object) -> str:
     if isinstance(value, tuple):
         return ",".join(map(show, value))
     return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _metavar(name: str, kind: str) -> str:
-    if kind.startswith("tuple"):
-        return "N,N,..."
-    return "S" if name.endswith("_s") else "MS" if name.endswith("_ms") else "N" if kind == "int" else "X"
 
 
 def add_fields(
@@ -104,25 +114,32 @@ def add_fields(
     Every option defaults to ``None``: :func:`given` tells what was given. A
     ``bool`` field is a flag; ``choices`` in a field's metadata restrict its values.
     """
+    hints = typing.get_type_hints(type(default))
     for field in dataclasses.fields(default):
-        kind, value = str(field.type), getattr(default, field.name)
-        shown = "" if value is None or kind == "bool" else f"default {show(value)}"
+        value = getattr(default, field.name)
+        shown = "" if value is None or isinstance(value, bool) else f"default {show(value)}"
         if preset is not None:
             shown += f"; {flag} {show(getattr(preset, field.name))}"
         text = " ".join(part for part in (field.metadata.get("help"), shown and f"({shown})") if part)
         option = f"--{field.name.replace('_', '-')}"
-        if kind == "bool":
+        if hints[field.name] is bool:
             group.add_argument(option, action="store_true", default=None, dest=field.name, help=text)
             continue
         choices = field.metadata.get("choices")
         group.add_argument(
             option,
-            type=_KINDS[kind],
+            type=_option_type(field, hints[field.name]),
             default=None,
             dest=field.name,
             help=text,
-            **({"choices": choices} if choices else {"metavar": _metavar(field.name, kind)}),
+            **({"choices": choices} if choices else {"metavar": _metavar(field.name, hints[field.name])}),
         )
+
+
+def _metavar(name: str, hint: Any) -> str:
+    if typing.get_origin(hint) is tuple:
+        return "N,N,..."
+    return "S" if name.endswith("_s") else "MS" if name.endswith("_ms") else "N" if hint is int else "X"
 
 
 def given(args: argparse.Namespace, sizes: type[DataclassInstance]) -> dict[str, Any]:
@@ -238,11 +255,12 @@ def publish(
     *,
     took: float | None = None,
     notes: Sequence[str] = (),
+    shown: str | None = None,
 ) -> int:
-    """Write ``text`` to ``markdown`` and print it, name the files, say each note and problem; 1 if there
-    is a problem."""
+    """Write ``text`` to ``markdown`` and print it (or only ``shown``: the rest is in the file), name the
+    files, say each note and problem; 1 if there is a problem."""
     markdown.write_text(text)
-    print(text)
+    print(text if shown is None else shown)
     files = ", ".join(map(str, [*written[:1], markdown, *written[1:]]))
     print(("" if took is None else f"took {took:.0f} s; ") + f"wrote {files}")
     for note in notes:

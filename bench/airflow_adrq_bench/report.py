@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow_adrq_bench import plots, tables
+from airflow_adrq_bench import plots, tables, verdict
 from airflow_adrq_bench.config import DEFAULT_STRATEGY, SCENARIOS, STRATEGIES
 from airflow_adrq_bench.stats import latency, median
 from airflow_adrq_bench.tables import fmt, times
@@ -47,7 +47,7 @@ SQLITE_NOTE = (
     "PostgreSQL or MySQL/MariaDB."
 )
 
-LOST_LEGEND = tables.legend("lost")
+LOST_LEGEND = tables.legend("lost", target=verdict.LOST.goal)
 #: Failed attempts by cause: the JSON's key (plus ``s``) and the words of "gave up" notes.
 _FAILURES = {
     "deadlock": "deadlock",
@@ -137,8 +137,14 @@ def aggregate(raw: dict[str, Any]) -> list[dict[str, Any]]:
         )
     for row in rows:
         base = _baseline(rows, row, "scenario")
-        row["throughput_vs_airflow_3_3"] = tables.ratio(row["tx_per_s"], base.get("tx_per_s", math.nan))
-        row["p99_vs_airflow_3_3"] = tables.ratio(row["p99_ms"], base.get("p99_ms", math.nan))
+        # No ratio where a side left transactions unfinished: it would measure the round's time budget.
+        finished = base and not (
+            row["abandoned"] + row["not_started"] + base["abandoned"] + base["not_started"]
+        )
+        row["throughput_vs_airflow_3_3"] = (
+            tables.ratio(row["tx_per_s"], base["tx_per_s"]) if finished else math.nan
+        )
+        row["p99_vs_airflow_3_3"] = tables.ratio(row["p99_ms"], base["p99_ms"]) if finished else math.nan
     # Scenarios in their documented order, whatever order the rounds ran in.
     known = {s: i for i, s in enumerate(SCENARIOS)}
     _in_order(raw, rows, lambda r: (known.get(r["scenario"], len(known)), r["scenario"]))
@@ -288,11 +294,17 @@ def format_lost(raw: dict[str, Any], lost: Sequence[dict[str, Any]]) -> str:
     return _sections(raw, section, LOST_LEGEND)
 
 
+def _spread(row: dict[str, Any], prefix: str = "") -> str:
+    """A timed cell: its median and, in brackets, its spread (p25-p75), in ms."""
+    p25, p50, p75 = (fmt(row.get(f"{prefix}p{q}_ms", math.nan), 2) for q in (25, 50, 75))
+    return f"{p50} [{p25}-{p75}]"
+
+
 _RATIO: tables.Columns = {
     "fan-out": lambda r: f"F={r['fanout']:,}",
-    "ours p50 ms": lambda r: fmt(r["ours_p50_ms"], 2),
+    "ours p50 [p25-p75] ms": lambda r: _spread(r, "ours_"),
     "ours p95 ms": lambda r: fmt(r["ours_p95_ms"], 2),
-    "raw p50 ms": lambda r: fmt(r["raw_p50_ms"], 2),
+    "raw p50 [p25-p75] ms": lambda r: _spread(r, "raw_"),
     "raw p95 ms": lambda r: fmt(r["raw_p95_ms"], 2),
     "ratio p50": lambda r: times(r["ratio_p50"]),
     "ratio p95": lambda r: times(r["ratio_p95"]),
@@ -316,7 +328,7 @@ def format_ratio(raw: dict[str, Any]) -> str:
             "",
         ]
 
-    return _sections(raw, section, tables.legend("ratio"))
+    return _sections(raw, section, tables.legend("ratio", target=verdict.RAW_SQL.goal))
 
 
 def format_sweep(raw: dict[str, Any]) -> str:
@@ -326,7 +338,7 @@ def format_sweep(raw: dict[str, Any]) -> str:
         if "skipped" in r:
             return "skipped"
         exact = "" if r["rows_exact"] else " NOT EXACT"
-        return f"{r['latency_s'] * 1000:,.1f} ms / {r['statements']:,}{exact}"
+        return f"{_spread(r)} / {r['statements']:,}{exact}"
 
     def section(target: dict[str, Any]) -> list[str]:
         results = raw["sweeps"].get(target["name"], [])
@@ -336,7 +348,7 @@ def format_sweep(raw: dict[str, Any]) -> str:
         by = {(r["strategy"], r["fanout"]): r for r in results}
         strategies = sorted(dict.fromkeys(r["strategy"] for r in results), key=lambda s: _ORDER.get(s, 99))
         body = [[strategy_label(s), *(cell(by[(s, f)]) for f in fanouts)] for s in strategies]
-        what = "median latency of one register_asset_change + COMMIT on an empty queue / statements sent\n"
+        what = "latency (ms) of one register_asset_change + COMMIT on an empty queue / statements sent\n"
         table = tables.markdown(["strategy", *(f"F={f:,}" for f in fanouts)], body, left=1)
         return [_heading(target, "fan-out sweep, "), what, table, *_skip_notes(raw, target["name"]), ""]
 

@@ -1,28 +1,26 @@
-"""Run the benchmark end to end: scratch databases, the xdist suite, the sweep, the report.
+"""Run the benchmark end to end: scratch databases, the concurrent rounds, the sweep, the report.
 
-The concurrent part runs as ``python -m pytest --pyargs
-airflow_adrq_bench.suite -n <producers + 1>`` in a subprocess (so it works
-from an installed wheel), with its output in ``<out>/pytest.log``; this
-process shows one progress line per round as the coordinator starts it.
-
-The processes meet and report through scratch files in the output
-directory (:data:`SCRATCH`: the barriers, the plan, the records); :func:`run`
-reads the records into its result and removes the scratch files at the end,
-on failure too, unless ``keep_scratch``. On failure ``pytest.log`` stays
-(the error names it).
+The concurrent rounds run one party per process: ``concurrent.futures`` with
+the ``spawn`` start method (fresh interpreters, nothing inherited but the
+plan), the coordinator (party 0) and the producers (parties 1..N) of
+:mod:`.engine`. They meet and report through scratch files in the output
+directory (the ``barriers`` directory, ``cells.jsonl``, ``tx-<party>.jsonl``);
+:func:`run` reads the records into its result and removes the scratch files
+at the end, on failure too, unless ``keep_scratch``. Progress: one step per
+round as the coordinator starts it, then the sweep and the ratio
+(:mod:`.progress`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import contextlib
 import dataclasses
-import functools
 import json
+import multiprocessing
 import os
 import random
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -31,8 +29,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-import airflow_adrq
-from airflow_adrq_bench import engine
+from airflow_adrq_bench import barrier, engine, progress
 from airflow_adrq_bench.config import LOST_EVENT_STRATEGIES, SCENARIOS, STRATEGIES, Cell, Plan, Sizes
 from airflow_adrq_bench.errors import BenchError as BenchError
 from airflow_adrq_testing import dataset
@@ -40,12 +37,9 @@ from airflow_adrq_testing import strategies as strategy_registry
 from airflow_adrq_testing.dataset import Target
 from airflow_adrq_testing.dataset import describe as describe
 
-SUITE = "airflow_adrq_bench.suite"
-PLAN_ENV = "ADRQ_BENCH_PLAN"
-
 #: Scratch in the output directory (``tx-<party>.jsonl`` too); what stays is
-#: ``bench.json``, ``bench.md`` and the PNGs (and ``pytest.log`` after a failure).
-SCRATCH = ("barriers", "cells.jsonl", "plan.json", "pytest.ini", "pytest.log")
+#: ``bench.json``, ``bench.md`` and the PNGs.
+SCRATCH = ("barriers", "cells.jsonl")
 
 
 def deadlock_timeout_s(url: str) -> float:
@@ -76,11 +70,11 @@ def scratch_paths(out_dir: Path) -> list[Path]:
     return [p for p in paths if p.exists()]
 
 
-def _remove_scratch(out_dir: Path, *, failed: bool) -> None:
+def _remove_scratch(out_dir: Path) -> None:
     for path in scratch_paths(out_dir):
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
-        elif not (failed and path.name == "pytest.log"):
+        else:
             path.unlink(missing_ok=True)
 
 
@@ -91,7 +85,7 @@ def run(
     *,
     strategies: Sequence[str] = STRATEGIES,
     scenarios: Sequence[str] = SCENARIOS,
-    progress: Callable[[str], None] = lambda _msg: None,
+    say: Callable[[str], None] = progress.console.print,
     keep_scratch: bool = False,
 ) -> dict[str, Any]:
     """Benchmark every target; returns the raw results (see :mod:`.report`).
@@ -101,15 +95,12 @@ def run(
     """
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    _remove_scratch(out_dir, failed=False)
-    failed = True
+    _remove_scratch(out_dir)
     try:
-        raw = _run(dataset.unique_names(targets), sizes, out_dir, strategies, scenarios, progress)
-        failed = False
-        return raw
+        return _run(dataset.unique_names(targets), sizes, out_dir, strategies, scenarios, say)
     finally:
         if not keep_scratch:
-            _remove_scratch(out_dir, failed=failed)
+            _remove_scratch(out_dir)
 
 
 def _run(
@@ -118,14 +109,14 @@ def _run(
     out_dir: Path,
     strategies: Sequence[str],
     scenarios: Sequence[str],
-    progress: Callable[[str], None],
+    say: Callable[[str], None],
 ) -> dict[str, Any]:
     (out_dir / "barriers").mkdir()
     started = time.time()
     with contextlib.ExitStack() as stack:
         scratch: dict[str, str] = {}
         for target in targets:
-            progress(f"{target.name}: creating a scratch database and seed data")
+            say(f"{target.name}: creating a scratch database and seed data")
             scratch[target.name] = stack.enter_context(dataset.scratch_database(target.server_url))
             seed_engine = dataset.bench_engine(scratch[target.name], lock_timeout_s=sizes.lock_timeout_s)
             try:
@@ -144,16 +135,16 @@ def _run(
         databases = list(scratch.items())
         cells, skipped = plan_cells(databases, sizes, strategies, scenarios, random.Random(order_seed))
         plan = Plan(out_dir=str(out_dir), sizes=sizes, cells=cells)
-        plan.dump(out_dir / "plan.json")
-        _run_suite(plan, out_dir / "plan.json", progress)
+        _run_parties(plan)
         sweeps: dict[str, list[dict[str, Any]]] = {}
         ratios: dict[str, list[dict[str, Any]]] = {}
         for name, url in databases:
             backend = sa.engine.make_url(url).get_backend_name()
             runnable = [s for s in strategies if strategy_registry.applies_to(s, backend)]
-            say = functools.partial(_prefixed, progress, name)
-            sweeps[name] = engine.run_sweep(url, sizes, runnable, progress=say)
-            ratios[name] = engine.run_raw_ratio(url, sizes, progress=say)
+            with progress.task(f"{name}: fan-out sweep", len(runnable) * len(sizes.sweep)) as task:
+                sweeps[name] = engine.run_sweep(url, sizes, runnable, step=task.step)
+            with progress.task(f"{name}: raw-SQL ratio", len(sizes.ratio_fanouts)) as task:
+                ratios[name] = engine.run_raw_ratio(url, sizes, step=task.step)
     transactions = [tx for p in range(1, plan.parties) for tx in _read_jsonl(out_dir / f"tx-{p}.jsonl")]
     return {
         "started_at": started,
@@ -168,10 +159,6 @@ def _run(
         "cell_order_seed": order_seed,
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
     }
-
-
-def _prefixed(progress: Callable[[str], None], name: str, msg: str) -> None:
-    progress(f"{name}: {msg}")
 
 
 #: Why ``values_batch`` is not run on a backend (see :func:`airflow_adrq_testing.baselines.applies_to`).
@@ -224,67 +211,37 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _run_suite(plan: Plan, plan_path: Path, progress: Callable[[str], None]) -> None:
-    out = Path(plan.out_dir)
-    ini = out / "pytest.ini"
-    ini.write_text("[pytest]\n")
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", SUITE, "-n", str(plan.parties), "-c", str(ini)]
-    cmd += ["--rootdir", str(out), "-p", "xdist", "-p", "no:cacheprovider", "-q", "-x"]
-    # Run from the output directory with this process's copy of the package
-    # first on the path: the workers must run the code the controller runs.
-    package_root = str(Path(airflow_adrq.__file__).resolve().parent.parent)
-    path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
-    # Only xdist: other installed plugins (pytest-randomly reseeding, database
-    # fixtures, benchmark timers) cost start-up time or get in the way.
-    env = {**os.environ, PLAN_ENV: str(plan_path), "PYTHONPATH": path, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    log_path = out / "pytest.log"
-    shown = 0
-    progress(f"starting {plan.parties} processes ({plan.parties - 1} producers and a coordinator)")
-    with log_path.open("w") as log:
-        # A session of its own, so that on any failure (Ctrl-C included) the
-        # suite and its workers are stopped before the scratch databases go.
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out, start_new_session=True
-        )
+def _run_parties(plan: Plan) -> None:
+    """Every party in a process of its own until the last round ends; a step of progress per round.
+
+    A party that fails stops the others at their next barrier (:func:`.barrier.abort`), instead of
+    letting them wait there until it times out; Ctrl-C reaches every process itself.
+    """
+    spawn = multiprocessing.get_context("spawn")
+    with (
+        progress.task("concurrent rounds", len(plan.cells)) as task,
+        cf.ProcessPoolExecutor(plan.parties, mp_context=spawn) as pool,
+    ):
+        futures = [pool.submit(engine.run_coordinator, plan)]
+        futures += [pool.submit(engine.run_producer, plan, party) for party in range(1, plan.parties)]
+        shown, sync = 0, Path(plan.out_dir) / "barriers"
         try:
-            while proc.poll() is None:
-                started = shown
-                while started < len(plan.cells) and engine.cell_started(out / "barriers", started):
-                    started += 1
-                for line in progress_lines(plan.cells, shown, started):
-                    progress(line)
-                shown = started
-                time.sleep(0.25)
-        finally:
-            _stop(proc)
-    if proc.returncode != 0:
-        tail = "\n".join(log_path.read_text().splitlines()[-30:])
-        raise BenchError(f"the benchmark suite failed (exit {proc.returncode}); see {log_path}:\n{tail}")
-    # Rounds that started and ended between two polls.
-    for line in progress_lines(plan.cells, shown, len(plan.cells)):
-        progress(line)
-    progress(f"{len(plan.cells)} concurrent rounds done")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the suite's process group if it is still running (SIGTERM, then SIGKILL)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(10.0)
-
-
-def progress_lines(cells: Sequence[Cell], shown: int, started: int) -> list[str]:
-    """``[k/N] <round>`` for rounds ``shown+1 .. started`` (1-based): each round once, in order."""
-    total = len(cells)
-    return [f"[{k + 1:>{len(str(total))}}/{total}] {round_label(cells[k])}" for k in range(shown, started)]
+            while True:
+                done, running = cf.wait(futures, timeout=0.25, return_when=cf.FIRST_EXCEPTION)
+                while shown < len(plan.cells) and engine.cell_started(sync, shown):
+                    task.step(round_label(plan.cells[shown]), advance=1)
+                    shown += 1
+                for future in done:
+                    future.result()  # a party's error, raised here
+                if not running:
+                    return
+        except BaseException:
+            barrier.abort(sync)
+            raise
 
 
 def round_label(cell: Cell) -> str:
-    """How a progress line names a round."""
+    """How progress names a round."""
     if cell.scenario == "lost_events":
         return f"{cell.db} lost_events/{cell.strategy} (hold {cell.hold_ms:g} ms)"
     return f"{cell.db} {cell.scenario}/{cell.strategy} (round {cell.round + 1})"

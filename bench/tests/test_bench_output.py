@@ -214,30 +214,6 @@ def test_a_cell_plans_producers_times_transactions_or_the_lost_events():
 # --- progress: every round once, in order -------------------------------------------
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_progress_counts_every_round_once_in_order(seed):
-    """However the polls fall (rounds skipped between polls, no new round for several polls)."""
-    cells, _ = runner.plan_cells(
-        [("sqlite", "sqlite://"), ("postgresql", "postgresql://u@h/db")],
-        config.QUICK,
-        config.STRATEGIES,
-        config.SCENARIOS,
-        random.Random(seed),
-    )
-    rng = random.Random(seed)
-    lines, shown, started = [], 0, 0
-    while started < len(cells):
-        started = min(len(cells), started + rng.choice([0, 0, 1, 1, 2, 3]))  # what one poll sees
-        lines += runner.progress_lines(cells, shown, started)
-        shown = started
-    lines += runner.progress_lines(cells, shown, len(cells))  # after the suite: nothing left
-
-    total = len(cells)
-    width = len(str(total))
-    assert lines == [f"[{k + 1:>{width}}/{total}] {runner.round_label(c)}" for k, c in enumerate(cells)]
-    assert len(set(lines)) == total
-
-
 def test_progress_follows_the_coordinators_barrier_files(tmp_path):
     from airflow_adrq_bench import barrier
 
@@ -246,6 +222,10 @@ def test_progress_follows_the_coordinators_barrier_files(tmp_path):
     assert not engine.cell_started(tmp_path, 0)
     barrier.arrive(tmp_path, "warm-0", 0)
     assert engine.cell_started(tmp_path, 0) and not engine.cell_started(tmp_path, 1)
+    # A failed party: every wait ends at once.
+    barrier.abort(tmp_path)
+    with pytest.raises(barrier.BarrierTimeoutError, match="another benchmark process failed"):
+        barrier.wait(tmp_path, "start-0", 0, 2, timeout_s=60)
 
 
 # --- timeouts clear of PostgreSQL's deadlock_timeout -------------------------------
