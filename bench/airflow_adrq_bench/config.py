@@ -72,8 +72,6 @@ class Sizes(Checked):
     )
 
 
-#: ``--help`` text of every size option (its default and ``--quick`` value are added).
-SIZE_HELP: Final = {f.name: str(f.metadata["help"]) for f in dataclasses.fields(Sizes)}
 DEFAULT: Final = Sizes()
 QUICK: Final = Sizes(
     rounds=1,
@@ -142,8 +140,10 @@ class Cell:
 
     @property
     def label(self) -> str:
-        hold = f" hold {self.hold_ms:g} ms" if self.scenario == "lost_events" else ""
-        return f"{self.db} {self.scenario}/{self.strategy}{hold} r{self.round}"
+        """How progress and errors name the round."""
+        if self.scenario == "lost_events":
+            return f"{self.db} lost_events/{self.strategy} (hold {self.hold_ms:g} ms)"
+        return f"{self.db} {self.scenario}/{self.strategy} (round {self.round + 1})"
 
 
 @dataclass(frozen=True)

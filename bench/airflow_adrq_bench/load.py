@@ -1,29 +1,22 @@
 """Producers under stress: connection faults (``bench --faults``) and sustained load (``bench --soak``).
 
-Both run on a (scratch) PostgreSQL or MySQL/MariaDB database seeded with
-:func:`.dataset.seed_fan`: ``producers`` threads, each running
-``transactions`` multi-outlet transactions through
-:func:`airflow_adrq.run_in_transaction` (outlets in a fresh random order each
-time, a short hold before COMMIT), their retries counted by kind
-(:class:`_Load`). Then the rows are checked against what the callers were told.
+Both run ``producers`` threads on a scratch PostgreSQL or MySQL/MariaDB database seeded with
+:func:`airflow_adrq_testing.dataset.seed_fan`, each running ``transactions`` multi-outlet
+transactions through :func:`airflow_adrq.run_in_transaction` (outlets in a fresh random order, a
+short hold before COMMIT), retries counted by kind; then the rows are checked against what the
+callers were told.
 
-``--faults`` (and ``tests/concurrency/test_fault_run.py``): one event per
-outlet through :func:`airflow_adrq.register_asset_change`, tagged with a unique
-``source_run_id``, while a killer thread terminates one producer connection at
-random every ``kill_every_s`` (``pg_terminate_backend`` / ``KILL CONNECTION``),
-whatever it is doing: its work, the commit-time queue write or the COMMIT.
-Checked: a completed run id has exactly one event per outlet; the only
-exceptions are ``CommitOutcomeUnknownError`` (that run then has all of its
-events or none) and ``RetriesExhaustedError``; no run id has more events than
-outlets (duplicates) or some but not all (half-written); the queue is exactly
-the committed events' consumers.
+``--faults``: one event per outlet, tagged with a unique ``source_run_id``, while a killer thread
+terminates a producer connection at random every ``kill_every_s`` (``pg_terminate_backend`` /
+``KILL CONNECTION``), whatever it is doing. Checked: a completed run id has exactly one event per
+outlet; the only exceptions are ``CommitOutcomeUnknownError`` (all of that run's events or none)
+and ``RetriesExhaustedError``; no duplicates, nothing half-written; the queue is exactly the
+committed events' consumers.
 
-``--soak``: :func:`airflow_adrq.register_asset_changes` while a consumer thread
-does what Airflow's scheduler does to the queue (per DAG: lock its rows ``FOR
-UPDATE SKIP LOCKED``, delete them, commit). Reported: tx/s, deadlocks and other
-retries (producers and consumer), the exact-rows check, and growth: resident
-memory, the pool's checked-out connections and the server's connections to the
-database, sampled before, during and after.
+``--soak``: :func:`airflow_adrq.register_asset_changes` while a consumer thread does what Airflow's
+scheduler does to the queue. Reported: tx/s, deadlocks and other retries, the exact-rows check, and
+growth of resident memory, the pool's checked-out connections and the server's connections,
+sampled before, during and after.
 """
 
 from __future__ import annotations

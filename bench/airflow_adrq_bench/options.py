@@ -25,7 +25,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from airflow_adrq.errors import AdrqError
 
@@ -175,7 +176,7 @@ def add_common(
     """
     for flag in routing:
         parser.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--db", action="append", metavar="URL", help=db_help)
+    parser.add_argument("--db", action="append", metavar="URL", type=database_url, help=db_help)
     if backends is not None:
         parser.add_argument(
             "--backend", action="append", choices=backends, help="without --db: only these (repeatable)"
@@ -185,6 +186,15 @@ def add_common(
         "--out", type=Path, help=f"output directory (default: ./bench-results/{out}<UTC time>)"
     )
     parser.set_defaults(out_prefix=out)
+
+
+def database_url(text: str) -> str:
+    """``--db``'s type: a database URL (which backend it names is each mode's to check)."""
+    try:
+        make_url(text)
+    except ArgumentError:
+        raise argparse.ArgumentTypeError(f"not a SQLAlchemy database URL: {text!r}") from None
+    return text
 
 
 def out_dir(args: argparse.Namespace) -> Path:

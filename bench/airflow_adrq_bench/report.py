@@ -26,21 +26,6 @@ from airflow_adrq_bench.stats import latency, median
 from airflow_adrq_bench.tables import fmt, times
 from airflow_adrq_testing.transactions import NOT_STARTED
 
-__all__ = [
-    "LOST_LEGEND",
-    "SQLITE_NOTE",
-    "aggregate",
-    "aggregate_lost",
-    "count_errors",
-    "format_lost",
-    "format_ratio",
-    "format_sweep",
-    "format_table",
-    "plot",
-    "strategy_label",
-    "write_json",
-]
-
 SQLITE_NOTE = (
     "SQLite serialises writers (one BEGIN IMMEDIATE transaction at a time), so it cannot "
     "deadlock: expect 0 deadlocks for every strategy there. The deadlock comparison needs "

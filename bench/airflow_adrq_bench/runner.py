@@ -229,7 +229,7 @@ def _run_parties(plan: Plan) -> None:
             while True:
                 done, running = cf.wait(futures, timeout=0.25, return_when=cf.FIRST_EXCEPTION)
                 while shown < len(plan.cells) and engine.cell_started(sync, shown):
-                    task.step(round_label(plan.cells[shown]), advance=1)
+                    task.step(plan.cells[shown].label, advance=1)
                     shown += 1
                 for future in done:
                     future.result()  # a party's error, raised here
@@ -238,10 +238,3 @@ def _run_parties(plan: Plan) -> None:
         except BaseException:
             barrier.abort(sync)
             raise
-
-
-def round_label(cell: Cell) -> str:
-    """How progress names a round."""
-    if cell.scenario == "lost_events":
-        return f"{cell.db} lost_events/{cell.strategy} (hold {cell.hold_ms:g} ms)"
-    return f"{cell.db} {cell.scenario}/{cell.strategy} (round {cell.round + 1})"

@@ -74,14 +74,14 @@ def ratio_line(
     base: float,
     *,
     what: str | None = None,
-    spreads: tuple[Spread, Spread] | None = None,
-    unfinished: tuple[str, str] = ("", ""),
+    spreads: Sequence[Spread] | None = None,
+    unfinished: Sequence[str] = ("", ""),
 ) -> Line:
     """``ours / base`` judged by ``target``, unless a side did not finish or the spreads overlap.
 
-    ``unfinished``: what ours and the baseline left undone (``""``: all done). Ours not done: missed,
+    ``unfinished``: (ours, baseline): what each left undone (``""``: all done). Ours not done: missed,
     saying what; only the baseline not done: met, saying what (a ratio would measure the time budget,
-    not speed). ``spreads`` (ours, base) that overlap: judged as equal (a ratio of 1), shown as such.
+    not speed). ``spreads`` (ours, baseline) that overlap: judged as equal (a ratio of 1), shown as such.
     """
     what = what or target.what
     if unfinished[0]:
@@ -89,7 +89,7 @@ def ratio_line(
     if unfinished[1]:
         return Line(db, what, target.goal, unfinished[1], "met")
     value = ours / base if base else math.nan
-    if spreads is not None and overlap(*spreads) and not math.isnan(value):
+    if spreads is not None and overlap(spreads[0], spreads[1]) and not math.isnan(value):
         return line(db, target, 1.0, f"{value:.2f}x, spreads overlap", what)
     return line(db, target, value, f"{value:.2f}x", what)
 

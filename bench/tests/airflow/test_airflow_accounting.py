@@ -1,6 +1,6 @@
 """``airflow-adrq bench --airflow --accounting``: events no run consumes, stock vs plug-in, through Airflow.
 
-One bounded run of :func:`airflow_adrq_bench.airflow_mode.accounting.run` on
+One bounded run of :func:`airflow_adrq_bench.airflow_mode.accounting.controller.run` on
 SQLite and PostgreSQL (one set of processes for both, one test per database:
 without a PostgreSQL server its test skips, and fails under CI; 3 producers per manager
 x 12 transactions, 3 consumer DAGs, a 30 ms hold), with Airflow 3.3.2's own
@@ -25,16 +25,25 @@ printed, not asserted. Plus unit tests of the classification.
 from __future__ import annotations
 
 import contextlib
+from importlib.metadata import version
 
 import pytest
 
 from airflow_adrq_bench.airflow_mode import accounting
 from airflow_adrq_bench.airflow_mode import main as airflow_mode_main
-from airflow_adrq_bench.airflow_mode import run as run_module
+from airflow_adrq_bench.airflow_mode.accounting.classify import classify
+from airflow_adrq_bench.airflow_mode.accounting.controller import compare, run
+from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_MANAGERS, AccountingSizes
+from airflow_adrq_bench.airflow_mode.databases import describe
 from airflow_adrq_testing import servers
-from tests.support.ci import skip_or_fail
+from airflow_adrq_testing.pytest_plugin import skip_or_fail
 
-SIZES = accounting.AccountingSizes(producers=3, transactions=12, consumers=3, holds_ms=(30.0,), budget_s=30.0)
+# The consumer is Airflow 3.3's scheduler method.
+pytestmark = pytest.mark.skipif(
+    not version("apache-airflow-core").startswith("3.3."), reason="the accounting mode runs on Airflow 3.3"
+)
+
+SIZES = AccountingSizes(producers=3, transactions=12, consumers=3, holds_ms=(30.0,), budget_s=30.0)
 DAGS = ["d0", "d1", "d2"]
 #: Where the run measures; a database without a server is a skip, a failure under CI.
 DATABASES = ("sqlite", "postgresql")
@@ -67,7 +76,7 @@ def test_classify_each_pair_and_event_in_exactly_one_class():
         (6, "other", 10),
         (6, "d2", 55),
     ]
-    c = accounting.classify([10, 11, 12, 13], DAGS, consumed, cutoff=6, sentinel=99)
+    c = classify([10, 11, 12, 13], DAGS, consumed, cutoff=6, sentinel=99)
     assert (c.events, c.consumed, c.late, c.unconsumed, c.in_no_run) == (4, 1, 1, 2, 1)
     assert (c.pairs, c.consumed_pairs, c.late_pairs, c.unconsumed_pairs) == (12, 5, 3, 4)
     assert c.duplicate_pairs == 1
@@ -77,7 +86,7 @@ def test_classify_each_pair_and_event_in_exactly_one_class():
 
 
 def test_classify_pair_consumed_before_and_after_the_sentinel_counts_as_consumed():
-    c = accounting.classify([1], ["d0"], [(2, "d0", 1), (9, "d0", 1)], cutoff=5, sentinel=None)
+    c = classify([1], ["d0"], [(2, "d0", 1), (9, "d0", 1)], cutoff=5, sentinel=None)
     assert (c.consumed, c.late, c.unconsumed, c.duplicate_pairs, c.sentinel_consumers) == (1, 0, 0, 1, 0)
 
 
@@ -88,7 +97,7 @@ def test_compare_flags_the_plugin_losing_more_than_stock():
         {"db": "y", "hold_ms": 30.0, "manager": "stock", "unconsumed": 0, "unconsumed_pairs": 0},
         {"db": "y", "hold_ms": 30.0, "manager": "plugin", "unconsumed": 0, "unconsumed_pairs": 0},
     ]
-    rows = {r["db"]: r for r in accounting.compare(cells)}
+    rows = {r["db"]: r for r in compare(cells)}
     assert "problem" in rows["x"]
     assert "problem" not in rows["y"]
 
@@ -109,7 +118,7 @@ def measured():
 
     Returns the raw results and, per database left out, why.
     """
-    targets = [run_module.describe("sqlite://")]
+    targets = [describe("sqlite://")]
     missing = {}
     with contextlib.ExitStack() as stack:
         try:
@@ -117,8 +126,8 @@ def measured():
         except servers.ServerNotFoundError as exc:
             missing["postgresql"] = str(exc)
         else:
-            targets.append(run_module.describe(info.url))
-        raw = accounting.run(targets, SIZES)
+            targets.append(describe(info.url))
+        raw = run(targets, SIZES)
     print(accounting.format_tables(raw))  # shown with -s or on failure
     assert {t.name for t in targets} | set(missing) == set(DATABASES)
     return raw, missing
@@ -131,7 +140,7 @@ def test_stock_vs_plugin_through_airflows_scheduler(measured, db):
     if db in missing:
         skip_or_fail(f"{db} not measured: {missing[db]}")
     cells = {c["manager"]: c for c in raw["cells"] if c["db"] == db}
-    assert set(cells) == set(accounting.MANAGERS)
+    assert set(cells) == set(ACCOUNTING_MANAGERS)
     planned = SIZES.producers * SIZES.transactions
     for cell in cells.values():
         assert cell["problems"] == []
