@@ -114,6 +114,10 @@ def aggregate(raw: dict[str, Any]) -> list[dict[str, Any]]:
                 **outcome,
                 "duration_s": duration,
                 "tx_per_s": outcome["committed"] / duration if duration else math.nan,
+                # Each round's own, the spread of tx/s the verdict compares.
+                "round_tx_per_s": [
+                    sum(t["ok"] for t in txs[c["index"]]) / c["duration_s"] for c in cells if c["duration_s"]
+                ],
                 "rows_exact": all(c["exact"] for c in cells),
                 "row_check": [c["check"] for c in cells],
                 "consumer_claims": sum(c["claims"] for c in consumer),

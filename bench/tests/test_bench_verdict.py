@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from airflow_adrq_bench import verdict
 
 
@@ -61,3 +63,16 @@ def test_lost_events_and_raw_sql_rows():
     assert lines["events no run consumed, vs Airflow"].verdict == "MISSED"  # 0.3x > 0.2x
     assert lines["one call at F=1 vs raw SQL (p50)"].measured == "3.00x"
     assert lines["one call at F=1 vs raw SQL (p50)"].verdict == "MISSED"
+
+
+def test_a_ratio_is_judged_on_its_spread_and_overlapping_spreads_say_so():
+    target = verdict.RAW_SQL  # <= 2x
+    clear = verdict.ratio_line("pg", target, 3.0, 1.0, spreads=[(2.9, 3.1), (0.95, 1.05)])
+    assert clear.verdict == "MISSED" and clear.measured == "3.00x (2.76-3.26x)"
+    # 2.1x, but 2x is inside the ratio's spread: within the noise, not a miss.
+    noisy = verdict.ratio_line("pg", target, 2.1, 1.0, spreads=[(1.9, 2.3), (0.9, 1.1)])
+    assert noisy.verdict == "met" and noisy.measured == "2.10x (1.73-2.56x)"
+    same = verdict.ratio_line("pg", verdict.SPEED, 0.9, 1.0, spreads=[(0.8, 1.0), (0.9, 1.1)])
+    assert same.verdict == "met" and same.measured == "0.90x (spreads overlap)"
+    # One round a side: no spread, the ratio alone.
+    assert verdict.ratio_line("pg", target, 2.1, 1.0, spreads=[(math.nan,) * 2] * 2).verdict == "MISSED"
