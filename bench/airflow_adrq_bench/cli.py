@@ -29,7 +29,7 @@ from typing import Any
 
 from sqlalchemy import make_url
 
-from airflow_adrq_bench import options, report, runner, tables, verdict
+from airflow_adrq_bench import options, progress, report, runner, tables, verdict
 from airflow_adrq_bench.config import DEFAULT, DEFAULT_STRATEGY, QUICK, SCENARIOS, STRATEGIES, Sizes
 from airflow_adrq_bench.config import clear_of_deadlock_timeout as clear
 from airflow_adrq_bench.load import FaultSizes, SoakSizes, run_faults, run_soak
@@ -304,11 +304,13 @@ def _measure(mode: str, prog: str, args: argparse.Namespace, sizes: Any) -> int:
         if not urls:
             options.say(f"{prog}: error: no PostgreSQL or MySQL/MariaDB server")
             return 1
-        for url in urls:
-            version = servers.server_version(url)
-            options.say(f"{mode}: {version} ...")
-            with dataset.scratch_database(url) as scratch:
-                results.append({"server": version, **spec["run"](scratch, sizes, log=options.say).as_dict()})
+        with progress.task(f"--{mode}", len(urls)) as task:
+            for url in urls:
+                version = servers.server_version(url)
+                task.step(version)
+                with dataset.scratch_database(url) as scratch:
+                    results.append({"server": version, **spec["run"](scratch, sizes, log=task.say).as_dict()})
+                task.step(version, 1)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{mode}.json").write_text(json.dumps(results, indent=2, default=str))
     text = tables.table(results, spec["columns"], left=1) + "\n\n" + tables.legend(mode)
