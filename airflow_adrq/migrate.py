@@ -202,15 +202,12 @@ def _undo_partial_upgrade(connection: Connection, tables_before: set[str]) -> No
 def upgrade(bind: Bind, revision: str = "head") -> MigrationResult:
     """Upgrade the database to ``revision`` (default: head), in one transaction.
 
-    Refuses first an Airflow database (:func:`refuse_airflow_schema`) and, for
-    a first upgrade, existing tables it would create
-    (:func:`refuse_existing_tables`). Locks: DDL holds ``ACCESS EXCLUSIVE``
-    locks on PostgreSQL and the write lock on SQLite until COMMIT, and a
-    failure there leaves nothing behind; MySQL/MariaDB commit each DDL
-    statement, so after a failure the tables this run created are dropped
-    again. Either way the database is left as found and the command can be
-    run again; the failure raises :class:`~airflow_adrq.errors.AdrqError`
-    with the database's one-line reason.
+    Refuses an Airflow database (:func:`refuse_airflow_schema`) and, on a
+    first upgrade, existing tables it would create (:func:`refuse_existing_tables`).
+    Locks: the DDL's (``ACCESS EXCLUSIVE`` on PostgreSQL, SQLite's write lock)
+    until COMMIT. A failure raises :class:`~airflow_adrq.errors.AdrqError` and
+    leaves the database as found (MySQL/MariaDB commit each DDL statement: the
+    tables this run created are dropped again).
 
     Not promised: two concurrent upgrades of the same database are not
     serialised (one fails on tables the other created).

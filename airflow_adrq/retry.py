@@ -90,29 +90,23 @@ def run_in_transaction(
     Each attempt opens a session from ``session_factory``, begins, calls
     ``work`` and commits. On a retryable error (:func:`classify`) the attempt
     is rolled back, its callbacks dropped, ``on_retry(attempt, retryable)``
-    called, and the whole unit runs again after a jittered exponential backoff
-    (``initial_wait`` doubling up to ``max_wait``), at most ``max_attempts``
-    times, and none once ``time.monotonic()`` has passed ``deadline`` or
-    ``stop()`` returns true (checked after a failed attempt: a caller's
-    budget, or a run ending). What ``work`` appends to ``callback_sink`` (e.g. through
-    ``register_asset_change(callback_sink=...)``) runs once, after the COMMIT
-    that succeeded (:func:`run_callbacks`).
+    called, and the unit runs again after a jittered exponential backoff
+    (``initial_wait`` doubling up to ``max_wait``): at most ``max_attempts``
+    times, and no more once ``time.monotonic()`` has passed ``deadline`` or
+    ``stop()`` is true. What ``work`` appends to ``callback_sink`` runs once,
+    after the COMMIT that succeeded (:func:`run_callbacks`).
 
-    A connection lost before COMMIT was sent is retried on a new connection:
-    nothing of that attempt was committed. Lost while COMMIT was in flight,
-    the outcome is unknown and it is never retried: raises
-    :class:`~airflow_adrq.errors.CommitOutcomeUnknownError` (from the driver
-    error) with the ids of the transaction's asset events; find out with
-    :func:`commit_outcome` before doing the work again.
+    A connection lost before COMMIT was sent is retried on a new connection.
+    Lost while COMMIT was in flight, the outcome is unknown and it is not
+    retried: :class:`~airflow_adrq.errors.CommitOutcomeUnknownError` carries
+    the transaction's asset event ids for :func:`commit_outcome`.
 
     Locks: whatever ``work`` locks, released by each attempt's COMMIT or
     ROLLBACK. Does not promise: that ``work``'s side effects outside the
-    database happen once (it may run several times; use the callback sink),
-    or success: after the last retryable failure it may make (``max_attempts``,
-    ``deadline``, ``stop``) it raises
-    :class:`~airflow_adrq.errors.RetriesExhaustedError` from the last error,
-    with ``attempts``, the number made.
-    Other errors propagate unchanged after the rollback.
+    database happen once (use the callback sink), or success: after the last
+    retryable failure allowed it raises
+    :class:`~airflow_adrq.errors.RetriesExhaustedError` (``attempts``: the
+    number made) from the last error. Other errors propagate after the rollback.
     """
     if max_attempts < 1:
         raise ValueError("max_attempts must be at least 1")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -11,10 +13,13 @@ from airflow_adrq import (
     DeferredTooLateError,
     IsolationLevelError,
     create_engine,
+    dialects,
     register_asset_change,
     register_asset_changes,
 )
+from airflow_adrq.deferral import defer_events
 from airflow_adrq.models import AssetDagRunQueue, AssetEvent
+from airflow_adrq.shapes import UNPARTITIONED
 from tests.factories import asset_ref, queued
 
 
@@ -115,6 +120,41 @@ def test_one_transaction_one_policy(engine, fan):
     assert queued(engine) == {(ids["a"], "c1"), (ids["b"], "c2")}
     events, _ = _stamps(engine)
     assert len(events) == 2  # the refused call wrote nothing
+
+
+def test_a_second_policy_after_a_rolled_back_savepoint_is_the_transaction_s(engine, fan):
+    """The policy is held while events wait with it: once they are rolled back, another may start."""
+    ids = fan({"a": ["c1"], "b": ["c2"]})
+    with Session(engine) as session:
+        with session.begin_nested() as savepoint:
+            register_asset_change(asset=asset_ref("a"), session=session, on_conflict="ignore")
+            savepoint.rollback()
+        register_asset_change(asset=asset_ref("b"), session=session, on_conflict="refresh")
+        session.commit()
+    assert queued(engine) == {(ids["b"], "c2")}
+
+
+def test_one_transaction_one_shape(engine, fan):
+    """The shape and schema are the statement's too: a second one is refused at the call."""
+    fan({"a": ["c1"]})
+    with Session(engine) as session:
+        (event,) = register_asset_changes(session=session, changes=[AssetChange(asset_ref("a"))])
+        with pytest.raises(ValueError, match="one transaction is queued by one statement"):
+            defer_events(session, [event], shape=UNPARTITIONED)
+        session.rollback()
+
+
+def test_the_policy_in_force_is_logged_once(engine, fan, caplog):
+    fan({"a": ["c1"]})
+    dialects._log_in_force.cache_clear()  # once per process: this test needs the first time
+    with caplog.at_level(logging.INFO, logger="airflow_adrq.dialects"):
+        for _ in range(2):
+            with Session(engine) as session:
+                register_asset_change(asset=asset_ref("a"), session=session)
+                session.commit()
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "airflow_adrq.dialects"]
+    assert line.startswith("airflow-adrq: on_conflict=auto is 'refresh"), line
+    assert line.endswith(f" on {engine.dialect.name}"), line
 
 
 @pytest.mark.backends("mysql")
