@@ -154,14 +154,14 @@ def defer_events(
     transaction. Does not promise anything for a transaction committed other
     than by ``Session.commit()`` (on the raw connection, say).
     """
-    _hold(session, _Statement(dialects.check_policy(on_conflict), shape, schema))
     written: weakref.ref[SessionTransaction] | None = session.info.get(_WRITTEN_KEY)
     if written is not None and written() is not None and written() is session.get_transaction():
         raise DeferredTooLateError(
-            "deferred_events: recorded after this transaction's commit-time write had run "
+            "an asset event was deferred after this transaction's commit-time write had run "
             "(from a before_commit listener registered after airflow-adrq's?). Register it "
-            "before committing, or call the flush function from that listener first."
+            'before committing, or queue it now from that listener (queue_mode="immediate").'
         )
+    _hold(session, _Statement(dialects.check_policy(on_conflict), shape, schema))
     for event in events:
         event_id, asset_id = event.id, event.asset_id
         if not isinstance(event_id, int) or not isinstance(asset_id, int):
