@@ -65,7 +65,9 @@ def _assert_plugin_clean(plugin, sizes, raw):
     assert plugin["after_bursts"]["queue_rows"] == 0 and plugin["after_extra"]["queue_rows"] == 0
     assert plugin["after_bursts"]["stranded"] <= report.stranded_allowed(plugin), plugin["after_bursts"]
     assert plugin["patch_state"]["calls"] >= sizes.tasks_per_burst * sizes.bursts
-    assert not [code for code in plugin["patch_state"]["status"] if code.startswith("5")], plugin["patch_state"]
+    assert not [code for code in plugin["patch_state"]["status"] if code.startswith("5")], plugin[
+        "patch_state"
+    ]
     # The verdict says the same: every target of correctness met (speed: met, MISSED or n/a).
     correctness = [v for v in raw["verdict"] if v["what"] != report.SPEED.what]
     assert len(correctness) == 7 and {v["verdict"] for v in correctness} == {"met"}, raw["verdict"]
@@ -85,7 +87,9 @@ def test_small_live_run_plugin_is_clean(backend, server_info, broker, tmp_path, 
     blind, attempts = first_blind, 1
     while blind and attempts < STOCK_ATTEMPTS:
         attempts += 1
-        again, again_raw = _live_run(server_info.url, tmp_path / f"stock-{attempts}", *shape, "--manager", "stock")
+        again, again_raw = _live_run(
+            server_info.url, tmp_path / f"stock-{attempts}", *shape, "--manager", "stock"
+        )
         blind = again != 0
         print(f"stock deployment {attempts} of {STOCK_ATTEMPTS}: problems {again_raw['problems']}")
     assert not blind, f"stock looked clean in {attempts} deployment(s): the harness cannot tell them apart"

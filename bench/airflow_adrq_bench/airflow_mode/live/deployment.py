@@ -1,138 +1,229 @@
-"""One scratch Airflow deployment: its settings, its components as child processes, and their end.
+"""One manager's Airflow deployment on a scratch database of its own: its settings, processes and end.
 
-A :class:`Deployment` is one manager on one scratch database. It writes only
-its scratch ``AIRFLOW_HOME`` and log folder, binds only ``127.0.0.1`` (the
-scheduler's log server off), and runs this environment's ``airflow`` CLI, so
-the controller never imports Airflow. Every component gets the same settings
-and none of the caller's: one JWT secret, API secret key and Fernet key per
-deployment, and the run's :class:`~.config.LiveShape` (LocalExecutor, or
-CeleryExecutor with workers on a broker database and a queue of its own; the
-api-server's workers; with PgBouncer, every component but ``db migrate``
-through a throwaway PgBouncer in transaction pooling).
+Every component (``airflow api-server``, ``scheduler``, ``dag-processor``, ``celery worker``)
+writes its own log under ``log_dir``, shares the scratch ``AIRFLOW_HOME``, binds only
+``127.0.0.1`` and runs this environment's ``airflow`` CLI, so the controller never imports
+Airflow. Every component gets the same settings and none of the caller's: one JWT secret, API
+secret key and Fernet key per deployment, and the run's :class:`~.config.LiveShape`
+(LocalExecutor, or CeleryExecutor with workers on a Redis database and a queue of their own; with
+PgBouncer, every component but ``db migrate`` through a throwaway PgBouncer in transaction
+pooling). :func:`check` runs before the first deployment, so that a missing piece of a shape is
+one :class:`~.config.LiveError` naming the fix, not a component dying in the middle of a run.
 
-Each component leads a process group of its own, so :meth:`Deployment.stop`
-ends the whole group: SIGTERM, then SIGKILL after a grace period. The task SDK
-moves each task into a group of its own, so a last sweep ends (by pid) every
-process whose environment carries this deployment's ``ADRQ_LIVE_DEPLOYMENT``.
-``stop`` runs on success, failure, time-out and Ctrl-C.
+Each component leads a process group of its own, which :meth:`Deployment.stop` sends SIGTERM;
+what is left after the grace period (the task SDK moves each task into a group of its own) is
+found by its environment: every process of a deployment carries ``ADRQ_LIVE_DEPLOYMENT``.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
+import itertools
 import math
 import os
 import secrets
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Final
+from typing import Final
 
-from airflow_adrq_bench.airflow_mode.live import scaleout
-from airflow_adrq_bench.airflow_mode.live.config import EXECUTORS, LiveError, LiveShape, LiveSizes
-from airflow_adrq_bench.airflow_mode.processes import airflow_command, start_migrate, wait_migrate
-from airflow_adrq_testing.servers import free_port
+import psutil
+import sqlalchemy as sa
 
-# airflow_command and free_port: where the live mode's modules have always found them.
-__all__ = ["MARKER", "Component", "Deployment", "airflow_command", "free_port"]
+from airflow_adrq_bench.airflow_mode.databases import airflow_url
+from airflow_adrq_bench.airflow_mode.live.config import (
+    EXECUTORS,
+    MANAGER_CLASSES,
+    LiveError,
+    LiveShape,
+    LiveSizes,
+)
+from airflow_adrq_bench.airflow_mode.processes import (
+    airflow_command,
+    clean_environ,
+    start_migrate,
+    wait_migrate,
+)
+from airflow_adrq_testing import servers
+from airflow_adrq_testing.dataset import Target
 
 #: The environment variable that marks every process of a deployment (its value: the deployment's id).
 MARKER: Final = "ADRQ_LIVE_DEPLOYMENT"
+#: What installs CeleryExecutor here (provider 3.26.0 fails to import with celery 5.7:
+#: ``cannot import name 'retry' from 'celery.backends.database'``).
+CELERY_INSTALL: Final = "pip install apache-airflow-providers-celery 'celery[redis]<5.7'"
+#: The module the scheduler's CeleryExecutor and ``airflow celery worker`` import first.
+CELERY_MODULE: Final = "airflow.providers.celery.executors.celery_executor"
+#: The default broker: the local Redis (``--broker-url`` names another).
+DEFAULT_REDIS: Final = "redis://127.0.0.1:6379"
 
-# Seconds a process group gets between SIGTERM and SIGKILL.
+# Seconds the components get between SIGTERM and SIGKILL.
 _GRACE_S: Final = 30.0
-# The import path of the asyncpg connect_args behind PgBouncer ([database] sql_alchemy_connect_args_async).
-_ASYNC_CONNECT_ARGS: Final = "airflow_adrq_testing.servers.ASYNCPG_CONNECT_ARGS"
 # Stop order: schedulers first (no new task starts), then the Celery workers (their running tasks
 # still report to the api-server), the DAG processor, the api-server last.
-_STOP_ORDER: Final = {"celery-worker": 1, "dag-processor": 2, "api-server": 3}
+_STOP_ORDER: Final = ("scheduler", "celery-worker", "dag-processor", "api-server")
+# Redis databases 1..15 in turn, one per deployment of this process (0 is left to other users).
+_REDIS_DBS = itertools.count()
+# The Celery check's child: the import, then a connection as the workers make it (kombu: Redis
+# answers PING, after AUTH with a password in the URL); the last stderr line says which failed.
+_CELERY_CHECK = """\
+import importlib, sys
+try:
+    importlib.import_module(sys.argv[1])
+except Exception as exc:
+    sys.exit(f"import {type(exc).__name__}: {exc}")
+from kombu import Connection
+try:
+    with Connection(sys.argv[2], connect_timeout=3) as connection:
+        connection.connect()
+except Exception as exc:
+    sys.exit(f"broker {type(exc).__name__}: {exc}")
+"""
 
 
-@dataclass
-class Component:
-    """One started ``airflow`` command: its process (a group leader) and its log file."""
+def redacted(url: str) -> str:
+    """``url`` without its password (for reports and errors)."""
+    return sa.make_url(url).render_as_string(hide_password=True)
 
-    name: str
-    argv: list[str]
-    log: Path
-    process: subprocess.Popen[bytes]
-    _log_file: IO[bytes] = field(repr=False)
 
-    def exited(self) -> int | None:
-        """Its exit status, or None while it runs."""
-        return self.process.poll()
+def check(shape: LiveShape, targets: Sequence[Target]) -> None:
+    """Raise :class:`LiveError` naming the fix when this environment cannot run ``shape`` on ``targets``."""
+    if shape.pgbouncer:
+        others = [t.name for t in targets if t.backend != "postgresql"]
+        if others:
+            raise LiveError(
+                f"--pgbouncer is PostgreSQL only (PgBouncer speaks PostgreSQL's protocol), not "
+                f"{', '.join(others)}: add --backend postgresql, or give PostgreSQL --db URLs only"
+            )
+        try:
+            if not os.environ.get(servers.ENV_PGBOUNCER, "").strip():  # else that one is used
+                servers.require_pgbouncer()
+        except servers.ServerNotFoundError as exc:
+            raise LiveError(f"--pgbouncer: {exc}") from None
+    if shape.celery:
+        check_celery(shape.broker_url or f"{DEFAULT_REDIS}/0")
+
+
+def check_celery(broker: str, module: str = CELERY_MODULE) -> None:
+    """Raise :class:`LiveError` naming the fix unless this environment's Python imports ``module`` and
+    connects to the Celery broker at ``broker``: in a child interpreter with a scratch
+    ``AIRFLOW_HOME`` (importing Airflow writes its configuration there) and no ``AIRFLOW_*`` settings."""
+    with tempfile.TemporaryDirectory(prefix="adrq-live-celery-check-") as home:
+        result = subprocess.run(
+            [sys.executable, "-c", _CELERY_CHECK, module, broker],
+            env=clean_environ({"AIRFLOW_HOME": home}),
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+    if result.returncode == 0:
+        return
+    what, _, error = (result.stderr.strip().splitlines() or ["import ?"])[-1].partition(" ")
+    if what == "broker":
+        start = "start Redis (Debian package redis-server)" if broker.startswith("redis") else "start it"
+        raise LiveError(
+            f"the Celery broker {redacted(broker)} does not answer ({error}): {start}, or name a running "
+            "broker with --broker-url"
+        )
+    raise LiveError(f"--executor celery: this environment cannot import {module} ({error}): {CELERY_INSTALL}")
 
 
 class Deployment:
-    """One manager's Airflow on one scratch database (see the module docstring).
-
-    ``url`` is the scratch database's SQLAlchemy URL with the sync driver
-    Airflow uses (``postgresql+psycopg2``, ``mysql+mysqldb``); ``server_url``
-    its server's (where a PgBouncer points); ``home`` the scratch
-    ``AIRFLOW_HOME`` (DAG files, task logs); ``log_dir`` where the components'
-    own output goes.
-    """
+    """One manager's Airflow on a scratch database (``adrq_live_<manager>_<random>``) of ``target``'s
+    server, made on entering (see the module docstring). Leaving stops every process and drops the
+    database; the scratch ``AIRFLOW_HOME`` (DAG files, task logs) is removed too, but after a failure
+    other than Ctrl-C, or with ``keep_scratch`` (which keeps the database as well)."""
 
     def __init__(
         self,
-        *,
-        name: str,
-        backend: str,
-        url: str,
-        manager_class: str,
+        target: Target,
+        manager: str,
         sizes: LiveSizes,
-        home: Path,
+        shape: LiveShape,
         log_dir: Path,
+        *,
         manager_kwargs: str | None = None,
-        shape: LiveShape | None = None,
-        server_url: str = "",
+        keep_scratch: bool = False,
     ) -> None:
-        self.name = name
-        self.backend = backend
-        self.url = url
-        self.server_url = server_url
-        self.sizes = sizes
-        self.shape = shape or LiveShape()
-        self.home = home
-        self.log_dir = log_dir
-        self.dags_folder = home / "dags"
-        self.barrier_dir = home / "barrier"
-        self.port = free_port()
+        self.target, self.sizes, self.shape, self.log_dir = target, sizes, shape, log_dir
+        self.manager_class, self.manager_kwargs = MANAGER_CLASSES[manager], manager_kwargs
+        self.keep_scratch = keep_scratch
+        self.database = f"adrq_live_{manager}_{secrets.token_hex(3)}"
+        self.home = Path(tempfile.mkdtemp(prefix=f"adrq-live-{log_dir.name}-"))
+        self.dags_folder, self.barrier_dir = self.home / "dags", self.home / "barrier"
+        self.port = servers.free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.id = uuid.uuid4().hex
-        self.broker_url = scaleout.broker_url(self.shape) if self.shape.celery else None
-        self.components: list[Component] = []
-        self.env = self._environment(manager_class, manager_kwargs)
-        self.stopped = False
+        self.broker_url = None
+        if shape.celery:
+            self.broker_url = shape.broker_url or f"{DEFAULT_REDIS}/{1 + next(_REDIS_DBS) % 15}"
+        #: MySQL/MariaDB get one scheduler (HA mode is measured on PostgreSQL).
+        self.schedulers = sizes.schedulers if target.backend == "postgresql" else 1
+        #: The started ``airflow`` commands by name, each a process group leader.
+        self.components: dict[str, subprocess.Popen[bytes]] = {}
+        self.url = ""
+        self.env: dict[str, str] = {}
+        self.kept: dict[str, str | None] | None = None
         # What stop() ends after the components: the PgBouncer.
         self._servers = contextlib.ExitStack()
 
-    # --- settings ---------------------------------------------------------------------
+    def __enter__(self) -> Deployment:
+        try:
+            self.url = airflow_url(servers.create_database(self.target.server_url, self.database))
+        except BaseException:
+            shutil.rmtree(self.home, ignore_errors=True)
+            raise
+        self.env = clean_environ(self._settings(self.url))
+        return self
 
-    def _environment(self, manager_class: str, manager_kwargs: str | None) -> dict[str, str]:
-        """The variables every component gets: the caller's, minus any Airflow setting, plus ours."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-        sizes = self.sizes
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        self.stop()
+        if not self.keep_scratch:
+            with contextlib.suppress(sa.exc.SQLAlchemyError):
+                servers.drop_database(self.target.server_url, self.database)
+        if self.keep_scratch or (kind is not None and not issubclass(kind, KeyboardInterrupt)):
+            self.kept = {"home": str(self.home), "database": self.database if self.keep_scratch else None}
+        else:
+            shutil.rmtree(self.home, ignore_errors=True)
+
+    @property
+    def shape_info(self) -> dict[str, object]:
+        """The deployment's shape as the report names it (its own scheduler count, its broker)."""
+        return {
+            **dataclasses.asdict(self.shape),
+            "executor": EXECUTORS[self.shape.executor],
+            "celery_workers": self.shape.celery_workers if self.shape.celery else 0,
+            "schedulers": self.schedulers,
+            "broker_url": None if self.broker_url is None else redacted(self.broker_url),
+        }
+
+    def _settings(self, url: str) -> dict[str, str]:
+        """The settings every component gets."""
+        tasks = self.sizes.tasks_per_burst
         settings = {
             "AIRFLOW_HOME": str(self.home),
-            **self._database(self.url),
+            **self._database(url),
             "AIRFLOW__CORE__EXECUTOR": EXECUTORS[self.shape.executor],
             # Every producer task of a burst runs at once (plus nothing else: the
             # consumers' EmptyOperator never reaches the executor).
-            "AIRFLOW__CORE__PARALLELISM": str(max(sizes.tasks_per_burst, 4)),
-            "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(max(sizes.tasks_per_burst, 16)),
+            "AIRFLOW__CORE__PARALLELISM": str(max(tasks, 4)),
+            "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(max(tasks, 16)),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
             "AIRFLOW__CORE__FERNET_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode(),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-            "AIRFLOW__CORE__ASSET_MANAGER_CLASS": manager_class,
+            "AIRFLOW__CORE__ASSET_MANAGER_CLASS": self.manager_class,
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(self.port),
             "AIRFLOW__API__BASE_URL": f"{self.base_url}/",
@@ -147,21 +238,27 @@ class Deployment:
             "PYTHONUNBUFFERED": "1",
             MARKER: self.id,
         }
-        if manager_kwargs is not None:
-            settings["AIRFLOW__CORE__ASSET_MANAGER_KWARGS"] = manager_kwargs
+        if self.manager_kwargs is not None:
+            settings["AIRFLOW__CORE__ASSET_MANAGER_KWARGS"] = self.manager_kwargs
         if self.shape.reparse_s:
             settings["AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL"] = str(self.shape.reparse_s)
         if self.broker_url is not None:
-            settings.update(self._celery(self.broker_url))
+            settings["AIRFLOW__CELERY__BROKER_URL"] = self.broker_url
+            # The tasks' queue and the one the workers consume (a stale message of another
+            # deployment on the same broker database never reaches these workers).
+            settings["AIRFLOW__OPERATORS__DEFAULT_QUEUE"] = f"adrq-live-{self.id[:12]}"
+            # Every producer task of a burst runs at once, as with LocalExecutor.
+            concurrency = math.ceil(tasks / self.shape.celery_workers)
+            settings["AIRFLOW__CELERY__WORKER_CONCURRENCY"] = str(concurrency)
         if self.shape.pgbouncer:
             # asyncpg's numbered prepared statements clash behind transaction pooling.
-            settings["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC"] = _ASYNC_CONNECT_ARGS
-        if self.backend == "mysql":
+            connect_args = "airflow_adrq_testing.servers.ASYNCPG_CONNECT_ARGS"
+            settings["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC"] = connect_args
+        if self.target.backend == "mysql":
             # 3.3.2's scheduler exits on MariaDB at its first orphan clean-up (60 s):
             # _update_asset_orphanage sends WITH ... DELETE ... RETURNING (error 1064).
             settings["AIRFLOW__SCHEDULER__PARSING_CLEANUP_INTERVAL"] = "86400"
-        env.update(settings)
-        return env
+        return settings
 
     def _database(self, url: str) -> dict[str, str]:
         """The settings that name the database: Airflow's, and Celery's result backend there."""
@@ -171,160 +268,91 @@ class Deployment:
             settings["AIRFLOW__CELERY__RESULT_BACKEND"] = f"db+{url}"
         return settings
 
-    def _celery(self, broker_url: str) -> dict[str, str]:
-        """CeleryExecutor's settings: the broker, and a queue of this deployment's own on it."""
-        workers = self.shape.celery_workers
-        return {
-            "AIRFLOW__CELERY__BROKER_URL": broker_url,
-            # The tasks' queue and the one the workers consume (a stale message of another
-            # deployment on the same broker database never reaches these workers).
-            "AIRFLOW__OPERATORS__DEFAULT_QUEUE": f"adrq-live-{self.id[:12]}",
-            # Every producer task of a burst runs at once, as with LocalExecutor.
-            "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(math.ceil(self.sizes.tasks_per_burst / workers)),
-        }
-
-    @property
-    def shape_info(self) -> dict[str, object]:
-        """The deployment's shape as the report names it (its own scheduler count, its broker)."""
-        broker = None if self.broker_url is None else scaleout.redacted(self.broker_url)
-        return {**self.shape.describe(self.schedulers), "broker_url": broker}
-
-    # --- processes --------------------------------------------------------------------
-
     def migrate(self, timeout: float) -> None:
-        """``airflow db migrate``: Airflow's own schema on the scratch database, as an operator makes it."""
-        self.home.mkdir(parents=True, exist_ok=True)
-        log = self.log_dir / "db-migrate.log"
-        # Directly: the migration's advisory lock is session state, which PgBouncer's
-        # transaction pooling does not keep.
-        wait_migrate(start_migrate({**self.env, **self._database(self.url)}, log), log, timeout)
+        """``airflow db migrate``: Airflow's own schema on the scratch database, as an operator makes it
+        (directly: its advisory lock is session state, which PgBouncer's transaction pooling loses)."""
+        wait_migrate(start_migrate(self.env, self.log_of("db-migrate")), self.log_of("db-migrate"), timeout)
 
     def start(self) -> None:
         """Start the PgBouncer (with one), the api-server, the scheduler(s), the DAG processor and the
         Celery workers (with CeleryExecutor), in that order."""
-        pooled = self._servers.enter_context(scaleout.pooled(self.shape, self.url, self.server_url))
-        self.env.update(self._database(pooled))
-        self._start("api-server", ["api-server", "--host", "127.0.0.1", "--port", str(self.port)])
+        if self.shape.pgbouncer:
+            try:
+                bouncer = sa.make_url(self._servers.enter_context(servers.pgbouncer(self.target.server_url)))
+            except servers.ServerNotFoundError as exc:
+                raise LiveError(f"PgBouncer: {exc}") from None
+            pooled = sa.make_url(self.url).set(host=bouncer.host, port=bouncer.port)
+            self.env.update(self._database(pooled.render_as_string(hide_password=False)))
+        self._start("api-server", "api-server", "--host", "127.0.0.1", "--port", str(self.port))
         for index in range(self.schedulers):
-            suffix = f"-{index + 1}" if self.schedulers > 1 else ""
-            self._start(f"scheduler{suffix}", ["scheduler", "--skip-serve-logs"])
-        self._start("dag-processor", ["dag-processor"])
+            self._start(f"scheduler-{index + 1}", "scheduler", "--skip-serve-logs")
+        self._start("dag-processor", "dag-processor")
         for index in range(self.shape.celery_workers if self.shape.celery else 0):
             hostname = f"w{index + 1}@{self.id}"
-            self._start(
-                f"celery-worker-{index + 1}",
-                ["celery", "worker", "--skip-serve-logs", "--celery-hostname", hostname],
-            )
+            self._start(f"celery-worker-{index + 1}", "celery", "worker", "--skip-serve-logs", "-H", hostname)
 
-    @property
-    def schedulers(self) -> int:
-        """``sizes.schedulers``, but one on MySQL/MariaDB (HA mode is measured on PostgreSQL)."""
-        return self.sizes.schedulers if self.backend == "postgresql" else 1
-
-    def _start(self, name: str, args: list[str]) -> None:
-        log = self.log_dir / f"{name}.log"
-        log_file = log.open("ab")
-        argv = [*airflow_command(), *args]
-        try:
-            process = subprocess.Popen(
-                argv,
+    def _start(self, name: str, *args: str) -> None:
+        with self.log_of(name).open("ab") as out:  # the child has its own copy of the descriptor
+            self.components[name] = subprocess.Popen(
+                [*airflow_command(), *args],
                 env=self.env,
                 cwd=self.home,
                 stdin=subprocess.DEVNULL,
-                stdout=log_file,
+                stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        except BaseException:
-            log_file.close()
-            raise
-        self.components.append(Component(name, argv, log, process, log_file))
 
     def log_of(self, name: str) -> Path:
-        """The log file of component ``name`` (``api-server``, ``scheduler``, ``dag-processor`` ...)."""
+        """The log file of component ``name`` (``api-server``, ``scheduler-1``, ``dag-processor`` ...)."""
         return self.log_dir / f"{name}.log"
 
     def check_alive(self) -> None:
         """Raise :class:`LiveError` naming the component and its log if one has exited."""
-        for component in self.components:
-            status = component.exited()
-            if status is not None:
-                tail = _tail(component.log, 1500)
+        for name, process in self.components.items():
+            if process.poll() is not None:
+                tail = self.log_of(name).read_text(errors="replace")[-1500:]
                 raise LiveError(
-                    f"{component.name} exited with status {status} (log: {component.log}; "
-                    f"api-server log: {self.log_of('api-server')}):\n{tail}"
+                    f"{name} exited with status {process.returncode} ({self.log_of(name)}):\n{tail}"
                 )
 
     def stop(self) -> list[str]:
-        """Stop everything this deployment started; returns what needed SIGKILL (empty: nothing did).
+        """Stop everything this deployment started (once); returns what needed SIGKILL.
 
-        Schedulers first (no new task starts), then the Celery workers, the
-        DAG processor, the api-server (running tasks still report to it):
-        SIGTERM to each process group, then SIGKILL to the groups still there
-        after the grace period, then a sweep of processes carrying the
-        deployment's marker; the PgBouncer last.
+        SIGTERM to each component's process group in :data:`_STOP_ORDER`, then SIGKILL to every
+        process still carrying the deployment's marker after the grace period; the PgBouncer last.
         """
-        if self.stopped:
-            return []
-        self.stopped = True
-        killed: list[str] = []
-        order = sorted(self.components, key=_stop_rank)
-        for component in order:
-            _signal_group(component.process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + _GRACE_S
-        for component in order:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                component.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        for component in order:
-            if component.process.poll() is None:
-                killed.append(component.name)
-            # The group may outlive its leader (executor workers): kill it in any case.
-            _signal_group(component.process.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                component.process.wait(timeout=10)
-            component._log_file.close()
-        leftovers = list(_marked_processes(self.id))
-        for pid in leftovers:
+        names = sorted(
+            self.components, key=lambda n: next(i for i, p in enumerate(_STOP_ORDER) if n.startswith(p))
+        )
+        order = [(name, self.components.pop(name)) for name in names]
+        for _, process in order:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        if leftovers:
-            killed.append(f"{len(leftovers)} task process(es) by pid")
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + _GRACE_S
+        for _, process in order:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        killed = [name for name, process in order if process.poll() is None]
+        left = _marked(self.id)
+        for stray in left:
+            with contextlib.suppress(psutil.Error):
+                stray.kill()
+        psutil.wait_procs(left, timeout=10)
+        for _, process in order:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=10)
+        if len(left) > len(killed):
+            killed.append(f"{len(left) - len(killed)} other process(es) by pid")
         self._servers.close()
         return killed
 
-    def __enter__(self) -> Deployment:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def _stop_rank(component: Component) -> int:
-    return next((rank for prefix, rank in _STOP_ORDER.items() if component.name.startswith(prefix)), 0)
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _marked_processes(deployment_id: str) -> Iterator[int]:
-    """Pids of this user's processes whose environment carries ``MARKER=deployment_id``."""
-    needle = f"{MARKER}={deployment_id}".encode()
-    me = os.getpid()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0"):
-            yield int(entry.name)
-
-
-def _tail(path: Path, chars: int) -> str:
-    try:
-        return path.read_text(errors="replace")[-chars:]
-    except OSError:
-        return ""
+def _marked(deployment_id: str) -> list[psutil.Process]:
+    """This user's processes whose environment carries ``MARKER=deployment_id``."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.pid != os.getpid() and process.environ().get(MARKER) == deployment_id:
+                found.append(process)
+    return found

@@ -1,29 +1,9 @@
-"""What the live run counts: SQL on the scratch database, the server's deadlock counters, the logs.
-
-Plain SQL (:func:`.databases.fetch`), never Airflow's models: the controller
-does not import Airflow. The definitions (see also the report's legend):
-
-* an *(event, consumer) pair* is an ``asset_event`` row written by a producer
-  DAG's burst run times a consumer DAG scheduled on its asset
-  (``dag_schedule_asset_reference``);
-* a pair is *consumed* when ``dagrun_asset_event`` links the event to a run of
-  that consumer DAG; consumed by two or more runs of that DAG, it is *consumed
-  twice*; consumed by none, *stranded*;
-* *deadlocks*: PostgreSQL's ``pg_stat_database.deadlocks`` of the scratch
-  database (only the deployment connects to it); MariaDB/MySQL's
-  ``Innodb_deadlocks`` (the whole server, so :func:`deadlock_counter` also
-  reports whether InnoDB's latest detected deadlock names the scratch
-  database) -- plus the deadlock lines in the components' and tasks' logs;
-* the *task-success latency*: the api-server's own access log
-  (``HttpAccessLogMiddleware``, Airflow 3.3: one ``request finished`` line per
-  request with ``duration_us``, from the request's arrival to the end of its
-  response) for ``PATCH /execution/task-instances/{id}/state``, limited to
-  the producer task instances of the bursts.
-"""
+"""What the live run counts: plain SQL on the scratch database (the controller never imports
+Airflow), the server's deadlock counter, and the components' logs. What each count means is the
+live legend's (``legends.md``)."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import math
 import re
@@ -39,44 +19,29 @@ import sqlalchemy as sa
 from airflow_adrq_bench.airflow_mode.databases import fetch, latest_deadlock
 from airflow_adrq_bench.stats import percentile
 
-__all__ = [
-    "CONSUMER_RUN_STATES",
-    "DEADLOCK_LINE",
-    "EVENTS",
-    "RUN_STATES",
-    "TASK_STATES",
-    "TERMINAL_RUN_STATES",
-    "AccessRecord",
-    "Pairs",
-    "ProducerTask",
-    "count_pairs",
-    "counts",
-    "deadlock_counter",
-    "deadlock_lines",
-    "latency_summary",
-    "parse_access_log",
-    "producer_tasks",
-    "run_count",
-    "task_summary",
-    "uuid_hex",
-]
-
 #: A line that reports a deadlock: PostgreSQL's message and SQLSTATE, MySQL/MariaDB's message and errno.
 DEADLOCK_LINE: Final = re.compile(r"deadlock detected|Deadlock found|40P01|\(1213,", re.IGNORECASE)
 TERMINAL_RUN_STATES: Final = ("success", "failed")
 
-# ``SELECT key, count(*) ... GROUP BY key`` of the runs and task instances :func:`counts` reads.
-RUN_STATES: Final = (
-    "SELECT state, count(*) FROM dag_run WHERE dag_id IN :dag_ids AND run_id IN :run_ids GROUP BY state"
-)
-TASK_STATES: Final = (
-    "SELECT state, count(*) FROM task_instance WHERE dag_id IN :dag_ids AND run_id IN :run_ids GROUP BY state"
-)
+# ``SELECT key, count(*) ... GROUP BY key`` of the runs, task instances and events :func:`counts` reads.
+_WHERE = "WHERE dag_id IN :dag_ids AND run_id IN :run_ids GROUP BY"
+RUN_STATES: Final = f"SELECT state, count(*) FROM dag_run {_WHERE} state"
+TASK_STATES: Final = f"SELECT state, count(*) FROM task_instance {_WHERE} state"
 EVENTS: Final = (
     "SELECT source_run_id, count(*) FROM asset_event "
     "WHERE source_dag_id IN :dag_ids AND source_run_id IN :run_ids GROUP BY source_run_id"
 )
 CONSUMER_RUN_STATES: Final = "SELECT state, count(*) FROM dag_run WHERE dag_id IN :dag_ids GROUP BY state"
+
+# Per (event of a burst run, consumer DAG scheduled on its asset): the runs of that DAG that consumed it.
+_PAIRS = """
+SELECT e.asset_id, e.source_run_id, r.dag_id, count(d.id) FROM asset_event e
+JOIN dag_schedule_asset_reference r ON r.asset_id = e.asset_id AND r.dag_id IN :consumers
+LEFT JOIN (dagrun_asset_event x JOIN dag_run d ON d.id = x.dag_run_id)
+  ON x.event_id = e.id AND d.dag_id = r.dag_id
+WHERE e.source_dag_id IN :producers AND e.source_run_id IN :run_ids
+GROUP BY e.id, e.asset_id, e.source_run_id, r.dag_id
+"""
 
 
 def counts(conn: sa.Connection, sql: str, **params: Any) -> dict[str, int]:
@@ -86,80 +51,41 @@ def counts(conn: sa.Connection, sql: str, **params: Any) -> dict[str, int]:
 
 def run_count(conn: sa.Connection, dag_ids: Sequence[str]) -> int:
     """Runs of these DAGs."""
-    return int(
-        fetch(conn, "SELECT count(*) FROM dag_run WHERE dag_id IN :dag_ids", dag_ids=list(dag_ids))[0][0]
+    return int(fetch(conn, "SELECT count(*) FROM dag_run WHERE dag_id IN :ids", ids=list(dag_ids))[0][0])
+
+
+def producer_tasks(conn: sa.Connection, dag_ids: Sequence[str], run_ids: Sequence[str]) -> dict[str, Any]:
+    """The producer task instances of the burst runs: failed / retried / succeeded, overall and per
+    burst with its tasks' last ``end_date`` and their spread, and ``runs``: each one's burst by id."""
+    rows = fetch(
+        conn,
+        "SELECT id, run_id, state, try_number, end_date FROM task_instance "
+        "WHERE dag_id IN :dag_ids AND run_id IN :run_ids",
+        dag_ids=list(dag_ids),
+        run_ids=list(run_ids),
     )
 
+    def tally(mine: Sequence[tuple[Any, ...]]) -> dict[str, int]:
+        failed, retried = sum(1 for r in mine if r[2] == "failed"), sum(1 for r in mine if (r[3] or 0) > 1)
+        return {"tasks": len(mine), "failed": failed, "retried": retried}
 
-@dataclass(frozen=True)
-class ProducerTask:
-    """One producer task instance as the database has it after the bursts."""
-
-    id: str
-    dag_id: str
-    run_id: str
-    map_index: int
-    state: str
-    try_number: int
-    end_date: dt.datetime | None
-
-
-def producer_tasks(conn: sa.Connection, dag_ids: Sequence[str], run_ids: Sequence[str]) -> list[ProducerTask]:
-    """Every task instance of the producer DAGs' burst runs."""
-    sql = (
-        "SELECT id, dag_id, run_id, map_index, state, try_number, end_date FROM task_instance "
-        "WHERE dag_id IN :dag_ids AND run_id IN :run_ids"
-    )
-    return [
-        ProducerTask(uuid_hex(i), str(d), str(r), int(m), str(s or "none"), int(t or 0), _utc(e))
-        for i, d, r, m, s, t, e in fetch(conn, sql, dag_ids=list(dag_ids), run_ids=list(run_ids))
-    ]
-
-
-def task_summary(tasks: Sequence[ProducerTask], run_ids: Sequence[str]) -> dict[str, Any]:
-    """Failed / retried / succeeded producer tasks, overall and per burst, and each burst's finish."""
-
-    def tally(mine: Sequence[ProducerTask]) -> dict[str, int]:
-        failed = sum(1 for t in mine if t.state == "failed")
-        return {"tasks": len(mine), "failed": failed, "retried": sum(1 for t in mine if t.try_number > 1)}
-
-    per_burst = []
+    bursts = []
     for run_id in run_ids:
-        mine = [t for t in tasks if t.run_id == run_id]
-        ends = [t.end_date for t in mine if t.end_date is not None]
-        per_burst.append(
-            {
-                "run_id": run_id,
-                **tally(mine),
-                "last_end": max(ends).isoformat() if ends else None,
-                # How close together the success calls finished (end_date is set by them).
-                "end_spread_s": (max(ends) - min(ends)).total_seconds() if ends else None,
-            }
+        mine = [r for r in rows if r[1] == run_id]
+        ends = [_utc(r[4]) for r in mine if r[4] is not None]
+        last, spread = (
+            (max(ends).isoformat(), (max(ends) - min(ends)).total_seconds()) if ends else (None, None)
         )
+        # end_spread_s: how close together the success calls finished (they set end_date).
+        bursts.append({"run_id": run_id, **tally(mine), "last_end": last, "end_spread_s": spread})
+    states = Counter(str(r[2] or "none") for r in rows)
     return {
-        **tally(tasks),
-        "succeeded": sum(1 for t in tasks if t.state == "success"),
-        "other": dict(Counter(t.state for t in tasks if t.state not in ("success", "failed"))),
-        "bursts": per_burst,
+        **tally(rows),
+        "succeeded": states.pop("success", 0),
+        "other": {k: n for k, n in states.items() if k != "failed"},
+        "bursts": bursts,
+        "runs": {uuid_hex(r[0]): str(r[1]) for r in rows},
     }
-
-
-@dataclass(frozen=True)
-class Pairs:
-    """The (event, consumer) pairs of the producers' events and how many runs consumed each."""
-
-    pairs: int
-    stranded: int
-    consumed_twice: int
-    last_burst_pairs: int
-    last_burst_stranded: int
-    #: Unconsumed pairs whose (asset, consumer) row waits for the consumer's other assets
-    #: (``a0 & a1 & ...``): not stranded, consumed once every asset has an event.
-    waiting: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        """The JSON form."""
-        return dataclasses.asdict(self)
 
 
 def count_pairs(
@@ -168,72 +94,42 @@ def count_pairs(
     consumers: Sequence[str],
     run_ids: Sequence[str],
     waiting: frozenset[tuple[int, str]] = frozenset(),
-) -> Pairs:
-    """Count the pairs of the burst runs' events (see the module docstring).
+) -> dict[str, int]:
+    """The (event, consumer) pairs of the burst runs' events: how many, how many no run consumed
+    (``stranded``; also of the last burst alone) and how many two or more runs of the DAG did.
 
-    ``waiting``: the (asset id, consumer) queue rows of all-of consumers still
-    missing an asset; their unconsumed pairs count as ``waiting``, not stranded.
-
-    Three reads joined here rather than in SQL: a join of every event with every
-    consumer and every consuming run would be events x consumers x runs rows.
+    ``waiting``: the (asset id, consumer) queue rows of all-of consumers still missing an asset;
+    their unconsumed pairs are ``waiting`` (consumed once every asset has an event), not stranded.
     """
-    events = fetch(
-        conn,
-        "SELECT id, asset_id, source_run_id FROM asset_event WHERE source_dag_id IN :dag_ids "
-        "AND source_run_id IN :run_ids",
-        dag_ids=list(producers),
-        run_ids=list(run_ids),
-    )
-    references = fetch(
-        conn,
-        "SELECT asset_id, dag_id FROM dag_schedule_asset_reference WHERE dag_id IN :d",
-        d=list(consumers),
-    )
-    consumed = fetch(
-        conn,
-        "SELECT x.event_id, d.dag_id FROM dagrun_asset_event x JOIN dag_run d ON d.id = x.dag_run_id "
-        "WHERE d.dag_id IN :d",
-        d=list(consumers),
-    )
-    runs_of: Counter[tuple[int, str]] = Counter((int(e), str(d)) for e, d in consumed)
-    consumers_of: dict[int, list[str]] = {}
-    for asset_id, dag_id in references:
-        consumers_of.setdefault(int(asset_id), []).append(str(dag_id))
-    last = run_ids[-1] if run_ids else None
-    pairs = stranded = twice = last_pairs = last_stranded = waits = 0
-    for event_id, asset_id, run_id in events:
-        for dag_id in consumers_of.get(int(asset_id), ()):
-            n = runs_of[(int(event_id), dag_id)]
-            pairs += 1
-            if n == 0 and (int(asset_id), dag_id) in waiting:
-                waits += 1
-                continue
-            stranded += n == 0
-            twice += n > 1
-            if run_id == last:
-                last_pairs += 1
-                last_stranded += n == 0
-    return Pairs(pairs, stranded, twice, last_pairs, last_stranded, waits)
+    params = {"producers": list(producers), "consumers": list(consumers), "run_ids": list(run_ids)}
+    out = dict.fromkeys(("pairs", "stranded", "consumed_twice", "last_burst_pairs", "last_burst_stranded"), 0)
+    out["waiting"] = 0
+    for asset_id, run_id, dag_id, runs in fetch(conn, _PAIRS, **params):
+        out["pairs"] += 1
+        if runs == 0 and (int(asset_id), str(dag_id)) in waiting:
+            out["waiting"] += 1
+            continue
+        out["stranded"] += runs == 0
+        out["consumed_twice"] += runs > 1
+        if run_id == run_ids[-1]:
+            out["last_burst_pairs"] += 1
+            out["last_burst_stranded"] += runs == 0
+    return out
 
 
 def deadlock_counter(conn: sa.Connection, database: str) -> dict[str, Any]:
     """The server's deadlock counter now: ``{"value", "scope", "latest_names_database"}``.
 
-    PostgreSQL: ``pg_stat_database.deadlocks`` of ``database`` (exact: only the
-    deployment uses the scratch database). MySQL/MariaDB: ``Innodb_deadlocks``
-    of the whole server, and whether InnoDB's latest detected deadlock names
-    ``database`` (None when that cannot be read).
+    PostgreSQL: ``pg_stat_database.deadlocks`` of ``database`` (only the deployment uses it).
+    MySQL/MariaDB: ``Innodb_deadlocks`` of the whole server, and whether InnoDB's latest detected
+    deadlock names ``database`` (None when that cannot be read).
     """
     if conn.dialect.name == "postgresql":
         # A fresh snapshot: the statistics are cached per transaction by default.
         conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
         value = fetch(conn, "SELECT deadlocks FROM pg_stat_database WHERE datname = :name", name=database)
-        return {
-            "value": int(value[0][0] or 0) if value else 0,
-            "scope": "database",
-            "latest_names_database": None,
-        }
-    row = conn.execute(sa.text("SHOW GLOBAL STATUS LIKE :name"), {"name": "Innodb_deadlocks"}).first()
+        return {"value": int(value[0][0] or 0), "scope": "database", "latest_names_database": None}
+    row = conn.execute(sa.text("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")).first()
     section = latest_deadlock(conn)
     names = (
         None
@@ -245,64 +141,50 @@ def deadlock_counter(conn: sa.Connection, database: str) -> dict[str, Any]:
 
 def deadlock_lines(paths: Iterable[Path]) -> dict[str, int]:
     """Lines matching :data:`DEADLOCK_LINE` per file (files without any left out)."""
-    found: dict[str, int] = {}
+    found = {}
     for path in paths:
-        try:
-            with path.open(errors="replace") as handle:
-                n = sum(1 for line in handle if DEADLOCK_LINE.search(line))
-        except OSError:
-            continue
-        if n:
-            found[str(path)] = n
-    return found
+        with path.open(errors="replace") as lines:
+            found[str(path)] = sum(1 for line in lines if DEADLOCK_LINE.search(line))
+    return {path: n for path, n in found.items() if n}
 
 
-_FIELD = re.compile(r"(\w+)=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\S+)")
-_STATE_PATH = re.compile(r"/execution/task-instances/([0-9a-fA-F-]{32,36})/state")
+# A task-state call's ``request finished`` line of the api-server's access log (Airflow 3.3's
+# HttpAccessLogMiddleware: duration_us from the request's arrival to the end of its response);
+# structlog prints the fields sorted by name.
+_STATE_CALL = re.compile(
+    r"^(?P<at>\S+) .*request finished.* duration_us=(?P<us>\d+) .*method=PATCH "
+    r"path=/execution/task-instances/(?P<ti>[0-9a-fA-F-]{32,36})/state .*status_code=(?P<status>\d+)"
+)
 
 
 @dataclass(frozen=True)
 class AccessRecord:
-    """One ``PATCH /execution/task-instances/{id}/state`` line of the access log."""
+    """One ``PATCH /execution/task-instances/{id}/state`` line of the access log; ``at``: when it
+    was logged (the response sent), from the line's leading timestamp."""
 
     ti_id: str
     status: int
     duration_ms: float
-    #: When the line was logged (the response was sent), from the line's leading timestamp.
     at: dt.datetime | None = None
 
 
 def parse_access_log(path: Path) -> list[AccessRecord]:
     """The task-state calls in the api-server's log (its ``request finished`` lines)."""
-    records = []
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        if "request finished" not in line or "PATCH" not in line:
-            continue
-        fields = {k: v.strip("'\"") for k, v in _FIELD.findall(line)}
-        match = _STATE_PATH.fullmatch(fields.get("path", ""))
-        if fields.get("method") != "PATCH" or not match or "duration_us" not in fields:
-            continue
-        try:
-            status, duration = int(fields.get("status_code", 0)), int(fields["duration_us"]) / 1000
-        except ValueError:
-            continue
-        records.append(AccessRecord(uuid_hex(match.group(1)), status, duration, _line_time(line)))
-    return records
+    with path.open(errors="replace") as lines:
+        found = [m for m in map(_STATE_CALL.match, lines) if m]
+    return [
+        AccessRecord(uuid_hex(m["ti"]), int(m["status"]), int(m["us"]) / 1000, _at(m["at"])) for m in found
+    ]
 
 
 def latency_summary(records: Sequence[AccessRecord], ti_ids: Iterable[str]) -> dict[str, Any]:
-    """p50 / p99 / max (ms, nearest rank) and status codes of the calls of these task instances."""
+    """p25 / p50 / p75 / p99 / max (ms, nearest rank) and the status codes of these task instances' calls."""
     wanted = set(ti_ids)
     mine = [r for r in records if r.ti_id in wanted]
     durations = sorted(r.duration_ms for r in mine)
     return {
         "calls": len(mine),
-        "p50_ms": percentile(durations, 50),
-        "p99_ms": percentile(durations, 99),
+        **{f"p{q}_ms": percentile(durations, q) for q in (25, 50, 75, 99)},
         "max_ms": durations[-1] if durations else math.nan,
         "status": dict(sorted(Counter(str(r.status) for r in mine).items())),
     }
@@ -313,20 +195,14 @@ def uuid_hex(value: object) -> str:
     return uuid.UUID(str(value)).hex
 
 
-def _line_time(line: str) -> dt.datetime | None:
+def _at(stamp: str) -> dt.datetime | None:
     """The ISO timestamp a structlog console line starts with (``2026-01-01T00:00:00.123456Z``)."""
     try:
-        return _utc(dt.datetime.fromisoformat(line.split(" ", 1)[0].replace("Z", "+00:00")))
+        return _utc(dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")))
     except ValueError:
         return None
 
 
-def _utc(value: object) -> dt.datetime | None:
+def _utc(value: dt.datetime) -> dt.datetime:
     """A timestamp as an aware UTC datetime (MySQL's come back naive, in UTC)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = dt.datetime.fromisoformat(value)
-    if not isinstance(value, dt.datetime):
-        raise TypeError(f"not a timestamp: {value!r}")
     return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)

@@ -1,59 +1,49 @@
-"""The live run's table (with its legend), JSON, PNG and the checks behind the exit status.
+"""The live run's report: the detail per database (``live.md``), the verdict, the exit status.
 
-One table per database: a row per measured quantity, a column per manager
-(``stock`` beside ``plugin``); with ``--runs K`` a cell lists the K runs'
-values separated by ``;``. Each table's heading names the deployments' shape
-(executor and workers, PgBouncer, schedulers, api-server workers), as each
-cell's ``shape`` does in the JSON. The legend says what each row counts.
+The detail: a table per database, a row per measured quantity, a column per manager (with
+``--runs K`` a cell lists the K runs' values separated by ``;``), headed by the deployments'
+shape, then the legend. The verdict: per database the plug-in against the targets defined here,
+once, with stock's figure beside. A deployment that did not complete, or a missed target of
+correctness, makes the exit status 1; a missed speed target does with ``--check``.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-from airflow_adrq_bench import plots, tables
+from airflow_adrq_bench import tables, verdict
 from airflow_adrq_bench.airflow_mode.live.config import MANAGERS
-
-__all__ = [
-    "ROWS",
-    "format_tables",
-    "notes",
-    "plot",
-    "plugin_policy",
-    "problems",
-    "shape_label",
-    "stranded_allowed",
-    "write_json",
-]
+from airflow_adrq_bench.verdict import Line, Target
 
 Cell = dict[str, Any]
 
-
-def _pct(c: Cell, of: str, part: str, whole: str) -> float:
-    """``c[of][part]`` as a percentage of ``c[of][whole]`` (0 of nothing)."""
-    return 100 * c[of][part] / c[of][whole] if c[of][whole] else 0.0
-
-
-def _share(of: str, part: str, whole: str) -> Callable[[Cell], str]:
-    """A row's cell ``12 (3%)``: ``c[of][part]`` and its share of ``c[of][whole]``."""
-    return lambda c: f"{c[of][part]} ({_pct(c, of, part, whole):.0f}%)" if c[of][whole] else str(c[of][part])
-
-
-def _bursts(c: Cell) -> str:
-    values = [b.get("trigger_to_done_s") for b in c.get("bursts", [])]
-    return ", ".join("?" if v is None else f"{v:.0f}" for v in values)
+#: The plug-in's targets, in the order printed: its correctness, then its speed against stock.
+COMPLETED = Target("plug-in deployments completed", "all", lambda v: v == 1)
+FAILED = Target("producer tasks failed", "0", lambda v: v == 0)
+SERVER_ERRORS = Target("task-success calls answered 5xx", "0", lambda v: v == 0)
+DEADLOCKS = Target("deadlocks (server, log lines)", "0", lambda v: v == 0)
+EXACT = Target("events written; queue rows left", "exact", lambda v: v == 1)
+# Judged on the stranded pairs beyond those allowed (stranded_allowed).
+STRANDED = Target("pairs stranded after the bursts", "allowed", lambda v: v <= 0)
+LOST = Target("pairs lost (after one more event)", "0", lambda v: v == 0)
+TWICE = Target("pairs consumed twice", "0", lambda v: v == 0)
+SPEED = Target("PATCH .../state p50 vs stock", "<= 1x", lambda v: v <= 1)
 
 
-def _latency(c: Cell) -> str:
-    p = c.get("patch_state", {})
-    if not p.get("calls"):
-        return "n/a"
-    refused = sum(n for code, n in p.get("status", {}).items() if not code.startswith("2"))
-    return f"{p['p50_ms']:.0f} / {p['p99_ms']:.0f} ({p['calls']} calls, {refused} not 2xx)"
+def _at(section: str, key: str) -> Callable[[Cell], int]:
+    return lambda c: int(c[section][key])
+
+
+def _share(section: str, part: str, whole: str) -> Callable[[Cell], str]:
+    """A detail cell ``12 (3%)``: ``c[section][part]`` and its share of ``c[section][whole]``."""
+
+    def shown(c: Cell) -> str:
+        n, of = c[section][part], c[section][whole]
+        return f"{n} ({100 * n / of:.0f}%)" if of else str(n)
+
+    return shown
 
 
 def _server_errors(c: Cell) -> int:
@@ -61,21 +51,45 @@ def _server_errors(c: Cell) -> int:
     return sum(n for code, n in c["patch_state"]["status"].items() if code.startswith("5"))
 
 
+def _latency(c: Cell) -> str:
+    p = c["patch_state"]
+    refused = sum(n for code, n in p["status"].items() if not code.startswith("2"))
+    return (
+        f"{p['p50_ms']:.0f} / {p['p99_ms']:.0f} ({p['calls']} calls, {refused} not 2xx)"
+        if p["calls"]
+        else "n/a"
+    )
+
+
 def _deadlock_server(c: Cell) -> str:
     d = c["deadlocks"]
-    if d["server_scope"] == "server":
-        ours = {True: "yes", False: "no", None: "?"}[d["latest_names_database"]] if d["server"] else "-"
-        return f"{d['server']} (server-wide; ours? {ours})"
-    return str(d["server"])
+    if d["server_scope"] == "database":
+        return str(d["server"])
+    ours = {True: "yes", False: "no", None: "?"}[d["latest_names_database"]] if d["server"] else "-"
+    return f"{d['server']} (server-wide; ours? {ours})"
 
 
-def _events(c: Cell) -> str:
-    written = sum(c["events"]["written"].values())
-    return f"{written} / {c['events']['expected']}"
+def _our_deadlocks(c: Cell) -> int:
+    """The deployment's deadlocks: the log lines, and the server counter's where it is the scratch
+    database's, or MariaDB/MySQL's server-wide one when InnoDB's latest deadlock names it."""
+    d = c["deadlocks"]
+    server = d["server"] if d["server_scope"] == "database" or d["latest_names_database"] else 0
+    return int(server + d["log_lines_components"] + d["log_lines_tasks"])
 
 
-#: (row label, value of one cell: a format of the cell's fields or a function of it). A cell with an
-#: error shows "error" on every row.
+def _seconds(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0f}"
+
+
+def _first(error: str) -> str:
+    return error.splitlines()[0]
+
+
+def _written(c: Cell) -> int:
+    return sum(c["events"]["written"].values())
+
+
+#: The detail table: (row label, a format of the cell's fields or a function of it).
 ROWS: list[tuple[str, str | Callable[[Cell], str]]] = [
     ("producer tasks failed", _share("tasks", "failed", "tasks")),
     ("producer tasks retried", "{tasks[retried]}"),
@@ -85,7 +99,7 @@ ROWS: list[tuple[str, str | Callable[[Cell], str]]] = [
         "{deadlocks[log_lines_components]} / {deadlocks[log_lines_tasks]}",
     ),
     ("task-success calls answered 5xx", lambda c: str(_server_errors(c))),
-    ("asset events written / expected", _events),
+    ("asset events written / expected", lambda c: f"{_written(c)} / {c['events']['expected']}"),
     (
         "consumer runs (after the bursts / at the end)",
         "{after_bursts[consumer_runs]} / {after_extra[consumer_runs]}",
@@ -93,7 +107,7 @@ ROWS: list[tuple[str, str | Callable[[Cell], str]]] = [
     ("(event, consumer) pairs", "{after_bursts[pairs]}"),
     ("stranded after the bursts", _share("after_bursts", "stranded", "pairs")),
     # a0 & a1 & ... consumers (--own-assets) whose condition a burst left incomplete.
-    ("waiting for an all-of consumer's other assets", lambda c: str(c["after_bursts"].get("waiting", 0))),
+    ("waiting for an all-of consumer's other assets", "{after_bursts[waiting]}"),
     ("stranded, of the last burst alone", _share("after_bursts", "last_burst_stranded", "last_burst_pairs")),
     ("still unconsumed after one more event", _share("after_extra", "stranded", "pairs")),
     ("pairs consumed twice", "{after_extra[consumed_twice]}"),
@@ -101,102 +115,68 @@ ROWS: list[tuple[str, str | Callable[[Cell], str]]] = [
         "queue rows left (after the bursts / at the end)",
         "{after_bursts[queue_rows]} / {after_extra[queue_rows]}",
     ),
-    ("trigger to done, s (per burst)", _bursts),
+    (
+        "trigger to done, s (per burst)",
+        lambda c: ", ".join(_seconds(b["trigger_to_done_s"]) for b in c["bursts"]),
+    ),
     ("PATCH .../state p50 / p99 ms", _latency),
     ("deployment, s", "{duration_s:.0f}"),
 ]
 
 
-def _value(cell: Cell, row: str | Callable[[Cell], str]) -> str:
-    if cell.get("error"):
-        return "error"
-    try:
-        return row.format_map(cell) if isinstance(row, str) else row(cell)
-    except (KeyError, TypeError, ZeroDivisionError):
-        return "?"
-
-
 def format_tables(raw: dict[str, Any]) -> str:
-    """Markdown: per database a table (rows x managers), then the legend, the problems."""
-    sizes = raw["sizes"]
+    """Markdown: the run's sizes and plug-in, per database a table (rows x managers), the legend."""
+    sizes, cells = raw["sizes"], raw["cells"]
+    on = (
+        "each producer DAG's own outlets (half on the OR of all, half on the AND)"
+        if sizes["own_assets"]
+        else "the OR of the outlets"
+    )
     lines = [
-        f"## Live Airflow {raw.get('airflow_version', '?')}: stock AssetManager vs airflow-adrq's plug-in",
+        f"## Live Airflow {raw['airflow_version']}: stock AssetManager vs airflow-adrq's plug-in",
         "",
         f"{sizes['producer_dags']} producer DAG(s) x {sizes['instances']} mapped instances x "
-        f"{sizes['outlets']} outlets, {sizes['consumers']} consumer DAGs on "
-        + (
-            "each producer DAG's own outlets (half on the OR of all of them, half on the AND), "
-            if sizes.get("own_assets")
-            else "the OR of the outlets, "
-        )
-        + f"{sizes['bursts']} bursts (a burst's instances finish together, each a random 0 to "
-        f"{sizes.get('spread_s', 0):g} s after a common deadline), {raw.get('runs', 1)} run(s); "
-        f"{raw.get('cpus')} CPUs.",
+        f"{sizes['outlets']} outlets, {sizes['consumers']} consumer DAGs on {on}, {sizes['bursts']} bursts "
+        f"(a burst's instances finish together, each a random 0 to {sizes['spread_s']:g} s after a common "
+        f"deadline), {raw['runs']} run(s); {raw['cpus']} CPUs. Plug-in: {raw['plugin_source']}; "
+        f"asset_manager_kwargs "
+        f"{raw['plugin_kwargs'] or '(none)'}; its start-up line: "
+        f"{'; '.join(sorted({str(c.get('plugin_start_up')) for c in cells if c['manager'] == 'plugin'}))}.",
     ]
-    source = raw.get("plugin_source") or {}
-    if source.get("commit"):
-        changed = source.get("uncommitted") or []
-        lines += [
-            "",
-            f"Plug-in: airflow_adrq at {source['commit'][:10]}"
-            + (f" plus uncommitted changes to {', '.join(changed)}" if changed else "")
-            + f" ({source.get('path')}).",
-        ]
-    starts = sorted({str(c["plugin_start_up"]) for c in raw["cells"] if c.get("plugin_start_up")})
-    if raw.get("plugin_kwargs") or starts:
-        lines += [
-            "",
-            f"Plug-in settings: asset_manager_kwargs {raw.get('plugin_kwargs') or '(none)'}; its start-up "
-            f"line: {'; '.join(starts) or '?'}.",
-        ]
-    cells: list[Cell] = raw["cells"]
     for db in dict.fromkeys(c["db"] for c in cells):
         mine = sorted((c for c in cells if c["db"] == db), key=lambda c: c["run"])
         managers = [m for m in MANAGERS if any(c["manager"] == m for c in mine)]
+
+        def value(c: Cell, row: str | Callable[[Cell], str]) -> str:
+            return "error" if c["error"] else row.format_map(c) if isinstance(row, str) else row(c)
+
         body = [
-            [label, *("; ".join(_value(c, row) for c in mine if c["manager"] == m) for m in managers)]
+            [label, *("; ".join(value(c, row) for c in mine if c["manager"] == m) for m in managers)]
             for label, row in ROWS
         ]
-        heading = f"### {db}: {mine[0]['version']}; {shape_label(_shape(mine[0]))}"
+        heading = f"### {db}: {mine[0]['version']}; {shape_label(mine[0]['shape'])}"
         lines += ["", heading, "", tables.markdown(["", *managers], body, left=1)]
-        errors = [c for c in mine if c.get("error")]
-        for c in errors:
-            lines += ["", f"* {c['manager']} run {c['run']} failed: {c['error'].splitlines()[0]}"]
-            lines.append(f"  (api-server log: {c.get('api_server_log')})")
-    lines += ["", tables.legend("live")]
-    if raw.get("notes"):
-        lines += ["Notes:", *[f"* {n}" for n in raw["notes"]], ""]
-    if raw.get("problems"):
-        lines += ["Problems:", *[f"* {p}" for p in raw["problems"]], ""]
-    lines.append(f"Took {raw.get('duration_s', math.nan):.0f} s.")
+        lines += [
+            f"\n* {c['manager']} run {c['run']} failed: {_first(c['error'])} (logs: {c['log_dir']})"
+            for c in mine
+            if c["error"]
+        ]
+    lines += ["", tables.legend("live"), f"Took {raw['duration_s']:.0f} s."]
     return "\n".join(lines) + "\n"
 
 
-def _shape(cell: Cell) -> dict[str, Any]:
-    """A cell's shape (results written before shapes were recorded: one LocalExecutor, direct)."""
-    return cell.get("shape") or {
-        "executor": "LocalExecutor",
-        "celery_workers": 0,
-        "pgbouncer": False,
-        "schedulers": cell.get("schedulers", 1),
-        "api_workers": 1,
-    }
-
-
-def _count(n: int, what: str) -> str:
-    return f"{n} {what}{'' if n == 1 else 's'}"
-
-
 def shape_label(shape: dict[str, Any]) -> str:
-    """``CeleryExecutor, 2 Celery workers, PgBouncer, 2 schedulers, 1 api-server worker`` and the like."""
+    """``CeleryExecutor, 2 Celery workers, PgBouncer (transaction pooling), 2 schedulers, 1 api-server
+    worker`` and the like."""
+
+    def count(n: int, what: str) -> str:
+        return f"{n} {what}{'' if n == 1 else 's'}"
+
     parts = [str(shape["executor"])]
-    if shape.get("celery_workers"):
-        parts.append(_count(shape["celery_workers"], "Celery worker"))
-    parts.append("PgBouncer (transaction pooling)" if shape.get("pgbouncer") else "direct")
-    parts.append(_count(shape["schedulers"], "scheduler"))
-    parts.append(_count(shape["api_workers"], "api-server worker"))
-    if shape.get("reparse_s"):
-        parts.append(f"DAG files re-parsed every {shape['reparse_s']} s")
+    parts += [count(shape["celery_workers"], "Celery worker")] if shape["celery_workers"] else []
+    parts.append("PgBouncer (transaction pooling)" if shape["pgbouncer"] else "direct")
+    parts += [count(shape["schedulers"], "scheduler"), count(shape["api_workers"], "api-server worker")]
+    parts += [f"DAG files re-parsed every {shape['reparse_s']} s"] if shape["reparse_s"] else []
     return ", ".join(parts)
 
 
@@ -207,115 +187,103 @@ def plugin_policy(cell: Cell) -> str:
 
 
 def stranded_allowed(cell: Cell) -> int:
-    """Stranded pairs after the bursts that are a note, not a problem (GUARANTEES.md, "Timing").
+    """Stranded pairs after the bursts that are a note, not a miss (GUARANTEES.md, "Timing").
 
-    None where the scheduler locks the rows it consumes (PostgreSQL, MySQL 8)
-    and the plug-in refreshes in the statement. All of them on MariaDB,
-    whose scheduler takes no row locks (the refresh after COMMIT loses the
-    race with its read-then-delete now and then: 0 % and 0.3 % at the default
-    size, 0-17 % at the test suite's, BENCHMARKS.md), and with
-    ``on_conflict=ignore`` anywhere (Airflow's ``DO NOTHING``). Pairs still
-    unconsumed after one more event stay a problem everywhere.
+    None where the scheduler locks the rows it consumes (PostgreSQL, MySQL 8) and the plug-in
+    refreshes in the statement. All on MariaDB, whose scheduler takes no row locks (the refresh
+    after COMMIT loses the race with its read-then-delete now and then: 0-0.3 % at the default
+    size, 0-17 % at --small, BENCHMARKS.md), and with ``on_conflict=ignore`` (Airflow's ``DO
+    NOTHING``) anywhere. Pairs still unconsumed after one more event are lost everywhere.
     """
     policy = plugin_policy(cell)
-    if policy == "ignore" or (str(cell.get("version", "")).startswith("MariaDB") and policy != "refresh"):
+    if policy == "ignore" or (str(cell["version"]).startswith("MariaDB") and policy != "refresh"):
         return int(cell["after_bursts"]["pairs"])
     return 0
 
 
-def notes(cells: Sequence[Cell]) -> list[str]:
-    """What the table shows that is by design, with why (printed, exit status unchanged)."""
+def verdict_lines(cells: Sequence[Cell]) -> list[Line]:
+    """Per database, the plug-in's completed deployments (summed over the runs) against the targets,
+    with stock's figure beside where stock completed."""
+    lines: list[Line] = []
+    for db in dict.fromkeys(c["db"] for c in cells):
+        plugin = [c for c in cells if c["db"] == db and c["manager"] == "plugin"]
+        stock = [c for c in cells if c["db"] == db and c["manager"] == "stock" and not c["error"]]
+        done = [c for c in plugin if not c["error"]]
+        if len(done) < len(plugin):
+            lines.append(Line(db, COMPLETED.what, COMPLETED.goal, f"{len(done)} of {len(plugin)}", "MISSED"))
+        if done:
+            lines += _judged(db, done, stock)
+    return lines
+
+
+def _judged(db: str, plugin: Sequence[Cell], stock: Sequence[Cell]) -> list[Line]:
+    def line(target: Target, of: Callable[[Cell], int], shown: str = "", value: float | None = None) -> Line:
+        n = sum(map(of, plugin))
+        beside = f" (stock {sum(map(of, stock))})" if stock else ""
+        return verdict.line(db, target, n if value is None else value, (shown or str(n)) + beside)
+
+    def total(of: Callable[[Cell], int]) -> int:
+        return sum(map(of, plugin))
+
+    written, expected = total(_written), total(_at("events", "expected"))
+    left = total(lambda c: c["after_bursts"]["queue_rows"] + c["after_extra"]["queue_rows"])
+    stranded, allowed = total(_at("after_bursts", "stranded")), total(stranded_allowed)
+    pairs = total(_at("after_bursts", "pairs"))
     return [
-        f"{c['db']} plugin run {c['run']}: {c['after_bursts']['stranded']} pairs waited for the next "
-        f"event, within the {stranded_allowed(c)} on_conflict={plugin_policy(c)} allows here "
-        "(GUARANTEES.md, Timing)"
+        line(
+            FAILED,
+            _at("tasks", "failed"),
+            f"{total(_at('tasks', 'failed'))} of {total(_at('tasks', 'tasks'))}",
+        ),
+        line(SERVER_ERRORS, _server_errors),
+        line(DEADLOCKS, _our_deadlocks),
+        verdict.line(db, EXACT, written == expected and not left, f"{written} of {expected}; {left}"),
+        line(
+            STRANDED,
+            _at("after_bursts", "stranded"),
+            f"{stranded} of {pairs}, {allowed} allowed",
+            stranded - allowed,
+        ),
+        line(LOST, _at("after_extra", "stranded")),
+        line(TWICE, _at("after_extra", "consumed_twice")),
+        _speed(db, plugin, stock),
+    ]
+
+
+def _speed(db: str, plugin: Sequence[Cell], stock: Sequence[Cell]) -> Line:
+    """The plug-in's PATCH p50 against stock's (means over the runs), judged as equal where their
+    interquartile ranges overlap; n/a without a completed stock deployment."""
+    ours = [c["patch_state"] for c in plugin if c["patch_state"]["calls"]]
+    base = [c["patch_state"] for c in stock if c["patch_state"]["calls"]]
+    if not ours or not base:
+        return Line(db, SPEED.what, SPEED.goal, "no stock to compare" if not base else "no calls", "n/a")
+
+    def mean(of: Sequence[dict[str, Any]], key: str) -> float:
+        return float(sum(p[key] for p in of) / len(of))
+
+    spreads = ((mean(ours, "p25_ms"), mean(ours, "p75_ms")), (mean(base, "p25_ms"), mean(base, "p75_ms")))
+    return verdict.ratio_line(db, SPEED, mean(ours, "p50_ms"), mean(base, "p50_ms"), spreads=spreads)
+
+
+def problems(
+    cells: Sequence[Cell], lines: Sequence[Line], *, check: bool = False, expect_stock_worse: bool = False
+) -> list[str]:
+    """What makes the exit status 1: a deployment that did not complete, a missed target of
+    correctness (with ``check``, the speed target too), and with ``expect_stock_worse`` a stock that
+    had neither failed producer tasks nor stranded pairs in any deployment."""
+    out = [
+        f"{c['db']} {c['manager']} run {c['run']}: did not complete: {_first(c['error'])}"
         for c in cells
-        if c["manager"] == "plugin"
-        and not c.get("error")
-        and 0 < c["after_bursts"]["stranded"] <= stranded_allowed(c)
+        if c["error"]
     ]
-
-
-def problems(cells: Sequence[Cell], *, expect_stock_worse: bool = False) -> list[str]:
-    """What makes the exit status 1 (see ``--help``); empty when everything held."""
-    out = []
-    for c in cells:
-        where = f"{c['db']} {c['manager']} run {c['run']}"
-        if c.get("error"):
-            out.append(f"{where}: did not complete: {c['error'].splitlines()[0]} (logs: {c.get('log_dir')})")
-            continue
-        if c["manager"] != "plugin":
-            continue
-        d = c["deadlocks"]
-        checks = {
-            "failed producer tasks": c["tasks"]["failed"],
-            "deadlocks (server counter)": d["server"]
-            if d["server_scope"] == "database" or d["latest_names_database"]
-            else 0,
-            "deadlock lines in logs": d["log_lines_components"] + d["log_lines_tasks"],
-            "stranded pairs after the bursts": 0
-            if c["after_bursts"]["stranded"] <= stranded_allowed(c)
-            else c["after_bursts"]["stranded"],
-            "pairs still unconsumed after one more event": c["after_extra"]["stranded"],
-            "pairs consumed twice": c["after_extra"]["consumed_twice"],
-            "queue rows left": c["after_bursts"]["queue_rows"] + c["after_extra"]["queue_rows"],
-            "task-success calls answered 5xx": _server_errors(c),
-        }
-        for what, n in checks.items():
-            if n:
-                out.append(f"{where}: {n} {what}")
-        written = sum(c["events"]["written"].values())
-        if written != c["events"]["expected"]:
-            out.append(f"{where}: {written} asset events written, {c['events']['expected']} expected")
-    if expect_stock_worse:
-        stock = [c for c in cells if c["manager"] == "stock" and not c.get("error")]
-        worse = [c for c in stock if c["tasks"]["failed"] or c["after_bursts"]["stranded"]]
-        if not worse:
-            out.append(
-                "--expect-stock-worse: stock had no failed producer task and no stranded pair in any "
-                f"of its {len(stock)} completed deployment(s)"
-            )
+    out += [
+        f"{m.db}: {m.what}: {m.measured} (target {m.goal})"
+        for m in verdict.missed(lines)
+        if m.what != COMPLETED.what and (check or m.what != SPEED.what)
+    ]
+    stock = [c for c in cells if c["manager"] == "stock" and not c["error"]]
+    if expect_stock_worse and not any(c["tasks"]["failed"] or c["after_bursts"]["stranded"] for c in stock):
+        out.append(
+            f"--expect-stock-worse: stock had no failed task and no stranded pair in {len(stock)} runs"
+        )
     return out
-
-
-def write_json(raw: dict[str, Any], path: Path) -> None:
-    """The raw results (every cell, every count), indented."""
-    tables.write_json(path, raw, indent=2)
-
-
-def plot(raw: dict[str, Any], path: Path) -> Path | None:
-    """One PNG: per database and manager, failed tasks and stranded pairs (%), and PATCH latency."""
-    plt = plots.pyplot()
-    cells = [c for c in raw["cells"] if not c.get("error")]
-    if not cells:
-        return None
-    groups = list(dict.fromkeys((c["db"], c["manager"]) for c in cells))
-
-    def mean(values: list[float]) -> float:
-        return sum(values) / len(values) if values else math.nan
-
-    metrics = {
-        "producer tasks failed": ("tasks", "failed", "tasks"),
-        "stranded after the bursts": ("after_bursts", "stranded", "pairs"),
-        "unconsumed after one more event": ("after_extra", "stranded", "pairs"),
-    }
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    ticks = [f"{db}\n{m}" for db, m in groups]
-    mine = [[c for c in cells if (c["db"], c["manager"]) == g] for g in groups]
-    series: list[plots.Series] = [
-        (label, [mean([_pct(c, *m) for c in group]) for group in mine], {}) for label, m in metrics.items()
-    ]
-    plots.bars(left, ticks, series, "%.3g")
-    left.set(ylabel="% of producer tasks / of (event, consumer) pairs", title="Failures and stranded events")
-    patches = [[c["patch_state"] for c in group if c["patch_state"]["calls"]] for group in mine]
-    series = [(q, [mean([p[f"{q}_ms"] for p in group]) for group in patches], {}) for q in ("p50", "p99")]
-    plots.bars(right, ticks, series, "%.0f")
-    right.set(ylabel="ms", title="PATCH /execution/task-instances/{id}/state (api-server access log)")
-    for ax in (left, right):
-        ax.legend(fontsize=8)
-    sizes = raw["sizes"]
-    title = (
-        f"airflow-adrq bench --airflow --live: {sizes['producer_dags']} x {sizes['instances']} instances x "
-        f"{sizes['outlets']} outlets, {sizes['consumers']} consumers, {sizes['bursts']} bursts"
-    )
-    return plots.save(fig, title, path, dpi=110)

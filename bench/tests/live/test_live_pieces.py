@@ -1,0 +1,389 @@
+"""``bench --airflow --live``'s pieces without a deployment: the options, the settings every component
+gets, the checks before the first deployment, the DAG files, the access-log parser, the verdict and
+the exit-status rules."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import shutil
+import socketserver
+import threading
+
+import pytest
+
+from airflow_adrq_bench import verdict
+from airflow_adrq_bench.airflow_mode.live import (
+    build_parser,
+    dags,
+    deployment,
+    main,
+    measure,
+    report,
+    shape_from,
+)
+from airflow_adrq_bench.airflow_mode.live.config import (
+    DEFAULT,
+    SMALL,
+    LiveError,
+    LiveShape,
+    LiveSizes,
+    default_time_limit,
+)
+from airflow_adrq_testing import servers
+from airflow_adrq_testing.dataset import Target
+from airflow_adrq_testing.pytest_plugin import skip_or_fail
+
+POSTGRESQL = Target("postgresql", "postgresql", "postgresql://root@127.0.0.1/postgres", "PostgreSQL 15")
+MARIADB = Target("mysql", "mysql", "mysql+mysqldb://root@127.0.0.1/test", "MariaDB 10.11")
+
+
+# --- options and settings -----------------------------------------------------------------
+
+
+def _shape(*argv):
+    parser = build_parser()
+    return shape_from(parser, parser.parse_args(["--airflow", "--live", *argv]))
+
+
+def test_options_give_the_shape():
+    assert _shape() == LiveShape(executor="local", celery_workers=2, pgbouncer=False, api_workers=1)
+    shape = _shape(
+        *("--executor", "celery", "--celery-workers", "3", "--broker-url", "redis://h:6379/4"),
+        *("--pgbouncer", "--api-workers", "2"),
+    )
+    assert shape == LiveShape("celery", 3, "redis://h:6379/4", True, 2)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--celery-workers", "2"], "need --executor celery"),
+        (["--broker-url", "redis://h/1"], "need --executor celery"),
+        (["--executor", "celery", "--celery-workers", "0"], "at least 1"),
+        (["--api-workers", "0"], "at least 1"),
+        (["--executor", "kubernetes"], "invalid choice"),
+        (["--runs", "0"], "at least 1"),
+        (["--plugin-kwargs", "[1]"], "not a JSON object"),
+        (["--plugin-kwargs", "{"], "not JSON"),
+        (["--smal"], "unrecognized arguments: --smal"),  # no abbreviations
+    ],
+)
+def test_usage_errors_exit_2_with_the_live_usage(argv, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--airflow", "--live", *argv])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "usage: airflow-adrq bench --airflow --live" in err
+
+
+def test_shape_validation():
+    for bad in ({"executor": "k8s"}, {"celery_workers": 0}, {"api_workers": 0}, {"broker_url": "redis://h"}):
+        with pytest.raises(ValueError):
+            LiveShape(**bad)
+
+
+def _deployment(tmp_path, shape, target=POSTGRESQL):
+    made = deployment.Deployment(target, "plugin", SMALL, shape, tmp_path / "logs")
+    made.env = made._settings("postgresql+psycopg2://root@127.0.0.1:5432/adrq_live_x")
+    return made
+
+
+def test_celery_settings_give_each_deployment_its_own_broker_database_and_queue(tmp_path):
+    shape = LiveShape(executor="celery", celery_workers=3, api_workers=2)
+    first, second = (_deployment(tmp_path, shape) for _ in range(2))
+    env = first.env
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert env["AIRFLOW__CORE__ASSET_MANAGER_CLASS"] == "airflow_adrq.airflow.AdrqAssetManager"
+    # The explicit driver: SQLAlchemy 2.1 would map postgresql:// to psycopg 3.
+    assert (
+        env["AIRFLOW__CELERY__RESULT_BACKEND"] == "db+postgresql+psycopg2://root@127.0.0.1:5432/adrq_live_x"
+    )
+    # 8 producer tasks per burst on 3 workers: 3 each, so a burst runs at once.
+    assert env["AIRFLOW__CELERY__WORKER_CONCURRENCY"] == "3"
+    assert env["AIRFLOW__API__WORKERS"] == "2"
+    assert env["AIRFLOW__CELERY__BROKER_URL"].startswith(deployment.DEFAULT_REDIS + "/")
+    assert env["AIRFLOW__CELERY__BROKER_URL"] != second.env["AIRFLOW__CELERY__BROKER_URL"]
+    assert env["AIRFLOW__OPERATORS__DEFAULT_QUEUE"] != second.env["AIRFLOW__OPERATORS__DEFAULT_QUEUE"]
+    assert "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC" not in env
+    assert first.shape_info == {
+        "executor": "CeleryExecutor",
+        "celery_workers": 3,
+        "broker_url": env["AIRFLOW__CELERY__BROKER_URL"],
+        "pgbouncer": False,
+        "schedulers": 1,
+        "api_workers": 2,
+        "reparse_s": 0,
+    }
+    local = _deployment(tmp_path, LiveShape()).env
+    assert local["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert not [k for k in local if k.startswith("AIRFLOW__CELERY__")]
+    assert _deployment(tmp_path, LiveShape(), MARIADB).schedulers == 1
+
+
+def test_pgbouncer_settings_make_asyncpg_safe_behind_transaction_pooling(tmp_path):
+    env = _deployment(tmp_path, LiveShape(pgbouncer=True)).env
+    module, _, name = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC"].rpartition(".")
+    args = getattr(importlib.import_module(module), name)  # what Airflow's conf.getimport does
+    assert args["statement_cache_size"] == 0 and args["prepared_statement_cache_size"] == 0
+    assert len({args["prepared_statement_name_func"]() for _ in range(3)}) == 3
+
+
+def test_report_names_the_shape(tmp_path):
+    info = _deployment(tmp_path, LiveShape(executor="celery", pgbouncer=True)).shape_info
+    assert report.shape_label({**info, "schedulers": 2}) == (
+        "CeleryExecutor, 2 Celery workers, PgBouncer (transaction pooling), 2 schedulers, 1 api-server worker"
+    )
+    local = _deployment(tmp_path, LiveShape()).shape_info
+    assert report.shape_label(local) == "LocalExecutor, direct, 1 scheduler, 1 api-server worker"
+
+
+def test_default_time_limit_grows_with_the_burst():
+    small, big = default_time_limit(SMALL), default_time_limit(DEFAULT)
+    assert 300 < small < big
+    assert default_time_limit(LiveSizes(producer_dags=4)) > big
+
+
+# --- the checks before the first deployment -------------------------------------------------
+
+
+@contextlib.contextmanager
+def _fake_redis(answer):
+    """A TCP server that answers every command with ``answer``; its URL (password ``secret``)."""
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self):
+            while self.request.recv(512):
+                self.request.sendall(answer)
+
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            yield f"redis://:secret@127.0.0.1:{server.server_address[1]}/3"
+        finally:
+            server.shutdown()
+
+
+def test_unreachable_broker_is_a_clear_error_before_any_deployment():
+    url = f"redis://127.0.0.1:{servers.free_port()}/1"
+    with pytest.raises(LiveError, match=r"broker redis://127\.0\.0\.1:\d+/1 does not answer .*redis-server"):
+        deployment.check(LiveShape(executor="celery", broker_url=url), [POSTGRESQL])
+
+
+def test_broker_must_accept_the_connection_as_celery_makes_it():
+    with _fake_redis(b"-NOAUTH Authentication required.\r\n") as url, pytest.raises(LiveError) as raised:
+        deployment.check_celery(url)
+    assert "Authentication required" in str(raised.value) and "secret" not in str(raised.value)
+
+
+def test_missing_celery_names_the_install_command():
+    with pytest.raises(LiveError) as raised:
+        deployment.check_celery("redis://127.0.0.1:6379/0", "adrq_no_such_module_here")
+    assert deployment.CELERY_INSTALL in str(raised.value) and "ModuleNotFoundError" in str(raised.value)
+
+
+def test_missing_pgbouncer_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv(servers.ENV_PGBOUNCER, raising=False)
+    monkeypatch.setattr(servers.shutil, "which", lambda *a, **k: None)
+    with pytest.raises(
+        LiveError, match="--pgbouncer: no pgbouncer binary: install the Debian package 'pgbouncer'"
+    ):
+        deployment.check(LiveShape(pgbouncer=True), [POSTGRESQL])
+
+
+def test_pgbouncer_is_refused_with_mysql():
+    with pytest.raises(LiveError, match=r"PostgreSQL only .* not mysql: add --backend postgresql"):
+        deployment.check(LiveShape(pgbouncer=True), [POSTGRESQL, MARIADB])
+
+
+def test_throwaway_redis_answers_and_is_gone_after():
+    if shutil.which("redis-server") is None:
+        skip_or_fail("no redis-server (Debian package redis-server)")
+    with servers.redis() as url:
+        deployment.check_celery(f"{url}/1")
+    with pytest.raises(LiveError, match="does not answer"):
+        deployment.check_celery(f"{url}/1")
+
+
+# --- the DAG files --------------------------------------------------------------------------
+
+
+def _settings(path):
+    return json.loads(path.read_text().split("SETTINGS = json.loads(", 1)[1].split(")\n", 1)[0][1:-1])
+
+
+def test_dag_files_compile_and_name_the_configured_dags(tmp_path):
+    sizes = LiveSizes(instances=3, outlets=2, consumers=5, producer_dags=2)
+    paths = dags.write_dag_files(tmp_path / "dags", tmp_path / "barrier", sizes)
+    assert [p.name for p in paths] == [dags.PRODUCERS_FILE, dags.CONSUMERS_FILE]
+    for path in paths:
+        compile(path.read_text(), str(path), "exec")
+    producers, consumers = map(_settings, paths)
+    assert list(producers["outlets"]) == sizes.producer_ids
+    assert producers["expected"] == 6  # every instance of every producer DAG meets at the barrier
+    assert consumers["dag_ids"][-1] == "adrq_live_consumer_004" and consumers["assets"] == ["a0", "a1"]
+
+
+def test_own_assets_give_each_producer_its_outlets_and_half_the_consumers_the_and(tmp_path):
+    sizes = LiveSizes(instances=3, outlets=2, consumers=4, producer_dags=2, own_assets=True)
+    assert sizes.assets == ["p0a0", "p0a1", "p1a0", "p1a1"]
+    assert sizes.all_of_ids == sizes.consumer_ids[2:]
+    producers, consumers = map(_settings, dags.write_dag_files(tmp_path / "dags", tmp_path / "b", sizes))
+    assert producers["outlets"] == {
+        "adrq_live_producer_0": ["p0a0", "p0a1"],
+        "adrq_live_producer_1": ["p1a0", "p1a1"],
+    }
+    assert consumers["all_of"] == ["adrq_live_consumer_002", "adrq_live_consumer_003"]
+
+
+# --- what is counted ------------------------------------------------------------------------
+
+_ACCESS = (
+    "2026-12-01T07:55:34.464448Z [info     ] request finished               [http.access] "
+    "client_addr=127.0.0.1:36226 duration_us=1228245 loc=http_access_log.py:130 method=PATCH "
+    "path=/execution/task-instances/01a23099-dfb2-7477-a471-3b04240cd413/state query= status_code=204\n"
+    "2026-12-01T07:55:30.764984Z [info     ] request finished               [http.access] "
+    "client_addr=127.0.0.1:36216 duration_us=9652333 loc=http_access_log.py:130 method=PATCH "
+    "path=/execution/task-instances/01a23099-dfb1-792b-88a6-ff8f05633131/run query= status_code=200\n"
+    "2026-12-01T07:55:35.000000Z [info     ] request finished               [http.access] "
+    "client_addr=127.0.0.1:36227 duration_us=2000 loc=http_access_log.py:130 method=PATCH "
+    "path=/execution/task-instances/01a23099dfb37006bbdc96d8d8765c29/state query= status_code=409\n"
+)
+
+
+def test_access_log_gives_the_state_calls_with_their_durations(tmp_path):
+    log = tmp_path / "api-server.log"
+    log.write_text(_ACCESS)
+    records = measure.parse_access_log(log)
+    assert [(r.ti_id, r.status, r.duration_ms) for r in records] == [
+        ("01a23099dfb27477a4713b04240cd413", 204, 1228.245),
+        ("01a23099dfb37006bbdc96d8d8765c29", 409, 2.0),
+    ]
+    assert records[0].at.isoformat() == "2026-12-01T07:55:34.464448+00:00"
+    summary = measure.latency_summary(records, ["01a23099dfb27477a4713b04240cd413"])
+    assert (summary["calls"], summary["p50_ms"], summary["status"]) == (1, 1228.245, {"204": 1})
+
+
+def test_deadlock_lines_match_both_servers_messages(tmp_path):
+    log = tmp_path / "x.log"
+    log.write_text(
+        "psycopg2.errors.DeadlockDetected: deadlock detected\n"
+        "MySQLdb.OperationalError: (1213, 'Deadlock found when trying to get lock')\n"
+        "duration_us=1213 status_code=204\n"
+        "all fine\n"
+    )
+    assert measure.deadlock_lines([log]) == {str(log): 2}
+
+
+# --- the verdict and the exit status ----------------------------------------------------------
+
+
+def _cell(manager, p50=100.0, **changes):
+    cell = {
+        "db": "postgresql",
+        "version": "PostgreSQL 15",
+        "manager": manager,
+        "run": 1,
+        "error": None,
+        "plugin_start_up": "sorted by (asset_id, dag_id), on_conflict=auto",
+        "tasks": {"tasks": 8, "failed": 0, "retried": 0},
+        "deadlocks": {
+            "server": 0,
+            "server_scope": "database",
+            "latest_names_database": None,
+            "log_lines_components": 0,
+            "log_lines_tasks": 0,
+        },
+        "events": {"written": {"burst00": 16, "burst01": 16}, "expected": 32},
+        "after_bursts": {"pairs": 256, "stranded": 0, "consumed_twice": 0, "queue_rows": 0},
+        "after_extra": {"pairs": 256, "stranded": 0, "consumed_twice": 0, "queue_rows": 0},
+        "patch_state": {
+            "calls": 8,
+            "status": {"204": 8},
+            "p25_ms": p50 * 0.9,
+            "p50_ms": p50,
+            "p75_ms": p50 * 1.1,
+        },
+    }
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        cell[section] = {**cell[section], field: value} if field else value
+    return cell
+
+
+def _problems(cells, **flags):
+    return report.problems(cells, report.verdict_lines(cells), **flags)
+
+
+def test_verdict_judges_the_plugin_against_each_target_with_stock_beside():
+    lines = report.verdict_lines([_cell("stock", 400.0, tasks__failed=3), _cell("plugin")])
+    targets = [report.FAILED, report.SERVER_ERRORS, report.DEADLOCKS, report.EXACT, report.STRANDED]
+    targets += [report.LOST, report.TWICE, report.SPEED]
+    assert [(ln.what, ln.verdict) for ln in lines] == [(target.what, "met") for target in targets]
+    assert lines[0].measured == "0 of 8 (stock 3)" and lines[-1].measured.startswith("0.25x")
+    assert lines[4].measured == "0 of 256, 0 allowed (stock 0)"
+    text = verdict.format_verdict(lines)
+    assert max(map(len, text.splitlines())) <= 100, text
+
+
+def test_speed_is_no_ratio_without_a_completed_stock_and_equal_where_the_spreads_overlap():
+    alone = report.verdict_lines([_cell("stock", error="time limit"), _cell("plugin")])[-1]
+    assert (alone.verdict, alone.measured) == ("n/a", "no stock to compare")
+    close = report.verdict_lines([_cell("stock", 100.0), _cell("plugin", 105.0)])[-1]
+    assert close.verdict == "met" and "spreads overlap" in close.measured
+    slower = [_cell("stock", 100.0), _cell("plugin", 300.0)]
+    assert report.verdict_lines(slower)[-1].verdict == "MISSED"
+    assert _problems(slower) == []  # the speed target fails the run with --check only
+    (missed,) = _problems(slower, check=True)
+    assert missed.startswith("postgresql: PATCH .../state p50 vs stock: 3.00x") and missed.endswith(
+        "(target <= 1x)"
+    )
+
+
+def test_exit_status_rules():
+    clean = [_cell("stock"), _cell("plugin")]
+    assert _problems(clean) == []
+    assert _problems(clean, expect_stock_worse=True)  # stock was not worse: fails
+    assert _problems([_cell("stock", tasks__failed=3), _cell("plugin")], expect_stock_worse=True) == []
+    # Stock's own failures never fail the run; the plug-in's always do.
+    assert _problems([_cell("stock", after_bursts__stranded=9), _cell("plugin")]) == []
+    for change in (
+        {"tasks__failed": 1},
+        {"deadlocks__server": 1},
+        {"deadlocks__log_lines_tasks": 2},
+        {"after_bursts__stranded": 1},
+        {"after_extra__stranded": 1},
+        {"after_extra__consumed_twice": 1},
+        {"after_extra__queue_rows": 1},
+        {"events__written": {"burst00": 16, "burst01": 15}},
+        {"patch_state__status": {"204": 8, "500": 1}},
+        {"error": "time limit"},
+    ):
+        assert _problems([_cell("stock"), _cell("plugin", **change)]), change
+    # MariaDB's counter is server-wide: it fails the plug-in only when the latest deadlock is ours.
+    mariadb = {
+        **_cell("plugin")["deadlocks"],
+        "server": 2,
+        "server_scope": "server",
+        "latest_names_database": False,
+    }
+    assert _problems([_cell("plugin", deadlocks=mariadb)]) == []
+    assert _problems([_cell("plugin", deadlocks={**mariadb, "latest_names_database": True})])
+
+
+def test_stranded_pairs_allowed_follow_the_plugins_policy_and_backend():
+    def cell(version, policy):
+        return _cell(
+            "plugin", version=version, plugin_start_up=f"... on_conflict={policy}", after_bursts__stranded=9
+        )
+
+    assert report.plugin_policy(cell("MariaDB 10.11", "refresh_after_commit")) == "refresh_after_commit"
+    assert report.plugin_policy({"plugin_start_up": None}) == "auto"
+    assert report.stranded_allowed(cell("PostgreSQL 15.20", "auto")) == 0
+    assert report.stranded_allowed(cell("MariaDB 10.11", "auto")) == 256  # by design, not a miss
+    assert report.stranded_allowed(cell("MariaDB 10.11", "refresh_after_commit")) == 256
+    assert report.stranded_allowed(cell("MariaDB 10.11", "refresh")) == 0
+    assert report.stranded_allowed(cell("PostgreSQL 15.20", "ignore")) == 256
+    assert _problems([cell("MariaDB 10.11", "auto")]) == []
+    assert _problems([cell("PostgreSQL 15.20", "auto")])
