@@ -130,10 +130,16 @@ def _not_done(row: dict[str, Any], who: str = "") -> str:
     return f"{who}{n} of {row['planned']} not committed" if n else ""
 
 
-def _rounds(row: dict[str, Any]) -> Spread:
-    """The range of a row's per-round tx/s (one round: no spread, NaN)."""
+def _rate_spread(row: dict[str, Any]) -> Spread:
+    """The spread of a row's tx/s: that of its rounds, or with one round its rate scaled by the spread
+    of its transactions' latencies (rate x p50/p75 .. rate x p50/p25)."""
     rates = row.get("round_tx_per_s", [])
-    return (min(rates), max(rates)) if len(rates) > 1 else (math.nan, math.nan)
+    if len(rates) > 1:
+        return (min(rates), max(rates))
+    (p25, p75), p50 = _spread(row), row.get("p50_ms", math.nan)
+    if not (p25 > 0 and p75 > 0):  # not measured (NaN) or nothing to scale by
+        return (math.nan, math.nan)
+    return (row["tx_per_s"] * p50 / p75, row["tx_per_s"] * p50 / p25)
 
 
 def _spread(row: dict[str, Any], prefix: str = "") -> Spread:
@@ -141,7 +147,7 @@ def _spread(row: dict[str, Any], prefix: str = "") -> Spread:
 
 
 def _speed(db: str, rows: Sequence[dict[str, Any]]) -> list[Line]:
-    """Ours against each baseline in the single-outlet scenario: tx/s, its spread that of the rounds."""
+    """Ours against each baseline in the single-outlet scenario: tx/s, with its spread."""
     by = {r["strategy"]: r for r in rows if r["db"] == db and r["scenario"] == "single"}
     ours = by.get(DEFAULT_STRATEGY)
     if ours is None:
@@ -153,7 +159,7 @@ def _speed(db: str, rows: Sequence[dict[str, Any]]) -> list[Line]:
             ours["tx_per_s"],
             by[base]["tx_per_s"],
             what=SPEED.what.format(base=base),
-            spreads=(_rounds(ours), _rounds(by[base])),
+            spreads=(_rate_spread(ours), _rate_spread(by[base])),
             unfinished=(_not_done(ours), _not_done(by[base], f"{base}: ")),
         )
         for base in (STOCK, SORTED)
@@ -168,7 +174,7 @@ def _lost(db: str, lost: Sequence[dict[str, Any]]) -> list[Line]:
         return []
     mine, theirs = sum(r["lost_pairs"] for r in ours), sum(r["lost_pairs"] for r in stock)
     value = 0.0 if mine == 0 else (mine / theirs if theirs else math.inf)
-    return [line(db, LOST, value, f"{mine} pairs vs {theirs}")]
+    return [line(db, LOST, value, f"{mine} pair(s) vs {theirs}")]
 
 
 def _raw_sql(db: str, results: Sequence[dict[str, Any]]) -> list[Line]:

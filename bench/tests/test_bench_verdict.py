@@ -76,3 +76,11 @@ def test_a_ratio_is_judged_on_its_spread_and_overlapping_spreads_say_so():
     assert same.verdict == "met" and same.measured == "0.90x (spreads overlap)"
     # One round a side: no spread, the ratio alone.
     assert verdict.ratio_line("pg", target, 2.1, 1.0, spreads=[(math.nan,) * 2] * 2).verdict == "MISSED"
+
+
+def test_one_round_speed_takes_its_spread_from_the_transactions_latencies():
+    # 0.95x, but each side's latencies spread over more than the difference: no miss.
+    ours = {**_row("commit_time", tx_per_s=9.5), "p25_ms": 50.0, "p50_ms": 100.0, "p75_ms": 200.0}
+    base = {**_row("sorted_loop", tx_per_s=10.0), "p25_ms": 50.0, "p50_ms": 100.0, "p75_ms": 200.0}
+    line = _by_what(verdict.standalone(RAW, [ours, base], []))["tx/s, single outlet, vs sorted_loop"]
+    assert line.measured == "0.95x (spreads overlap)" and line.verdict == "met"
