@@ -1,15 +1,11 @@
 """The columns the queueing SQL reads and writes, as SQLAlchemy Core tables.
 
-This is what the plug-in imports, in every Airflow process: the statements
-name Airflow's tables and these columns only, so a table here declares no
-more (no keys beyond the primary key, no indexes, no ORM class). The full,
-Airflow-identical DDL, for standalone databases and the migrations, is
-:mod:`airflow_adrq.models`; both describe the same tables, and the tests run
-these statements against databases made from the models and by
-``airflow db migrate``.
-
-A metadata of their own: ``schema_translate_map`` (``[database]
-sql_alchemy_schema``) rewrites these tables wherever they appear.
+What the plug-in imports in every Airflow process: Airflow's tables with only
+the columns the statements name (no keys beyond the primary key, no indexes,
+no ORM class). The full, Airflow-identical DDL is :mod:`airflow_adrq.models`;
+the tests run these statements against databases made from the models and by
+``airflow db migrate``. A metadata of their own: ``schema_translate_map``
+(``[database] sql_alchemy_schema``) rewrites these tables wherever they appear.
 """
 
 from __future__ import annotations
