@@ -35,19 +35,13 @@ os.environ.pop("AIRFLOW__CORE__ASSET_MANAGER_CLASS", None)
 
 import sqlalchemy as sa  # noqa: E402
 
-from tests.plugin.adrq_af_scenario import LINE, empty  # noqa: E402
+from tests.plugin.adrq_af_scenario import empty  # noqa: E402
 from tests.support.ci import skip_or_fail  # noqa: E402
 
 # refused/ checks that Airflow 3.0 is refused: it runs in its own env (tox -e
 # airflow30, with --noconftest, so this line does not apply there), never
 # beside a supported Airflow.
 collect_ignore = ["refused"]
-
-#: Tests of ``airflow-adrq bench --airflow`` (bench/airflow_adrq_bench/airflow_mode) and the
-#: lines they run on: the Airflow mode runs stock and the plug-in on 3.3 and 3.4 (its
-#: sorted_loop baseline is 3.3's); the accounting consumer is Airflow 3.3's scheduler method.
-#: On the other lines they skip, visibly.
-BENCH_LINES = {"test_airflow_bench.py": ((3, 3), (3, 4)), "test_airflow_accounting.py": ((3, 3),)}
 
 BACKENDS = ("sqlite", "postgresql", "mysql")
 _AIRFLOW_DRIVERS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+mysqldb"}
@@ -57,19 +51,6 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "airflow_backends(*names): run an Airflow plug-in test only on these backends"
     )
-
-
-def pytest_collection_modifyitems(config, items):
-    import airflow
-
-    for item in items:
-        lines = BENCH_LINES.get(item.path.name)
-        if lines is not None and LINE.line not in lines:
-            written = ", ".join(f"{major}.{minor}" for major, minor in lines)
-            reason = (
-                f"airflow-adrq bench --airflow tests run on Airflow {written}; this is {airflow.__version__}"
-            )
-            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def pytest_generate_tests(metafunc):

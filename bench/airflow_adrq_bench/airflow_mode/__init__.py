@@ -11,10 +11,10 @@ it through [core] asset_manager_class: Airflow's AssetManager (stock), the same 
 DAGs sorted (sorted_loop), and airflow_adrq.airflow.AdrqAssetManager (plugin): one caller across
 fan-outs, then concurrent producer processes. Each database URL only names a server: a scratch
 database is created there, migrated by `airflow db migrate` and dropped afterwards; a URL whose
-database has Airflow tables is refused. Writes the tables (with a legend) as JSON, Markdown
-and one PNG per database, and prints the verdict: the plug-in's targets, met or missed (--check: exit 1
-on a miss). Also: --accounting (asset events no run consumes, with Airflow's own
-scheduler method as the consumer) and --live (a real deployment); each has its own --help.
+database has Airflow tables is refused. Writes the tables (with a legend) as Markdown and JSON,
+and prints the verdict: the plug-in's targets, met or missed (--check: exit 1 on a miss).
+Also: --accounting (asset events no run consumes, with Airflow's own scheduler method as the
+consumer) and --live (a real deployment); each has its own --help.
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ from airflow_adrq_bench.airflow_mode import report, run
 from airflow_adrq_bench.airflow_mode.config import DEFAULT, MANAGERS, QUICK, SCENARIOS, Sizes
 from airflow_adrq_bench.verdict import format_verdict, missed
 from airflow_adrq_testing import servers
-
-__all__ = ["BACKENDS", "build_parser", "main", "parser_for"]
 
 #: The backends the one-caller and accounting modes measure on (the live mode: not SQLite).
 BACKENDS = ("sqlite", *servers.BACKENDS)
@@ -128,7 +126,7 @@ def _bench(args: argparse.Namespace, sizes: Sizes) -> int:
     shown = format_verdict(lines)
     # The detail goes to the files; the terminal gets the verdict.
     (out / "airflow-bench.md").write_text(report.format_tables(raw, summary) + "\n" + shown)
-    files = [out / "airflow-bench.json", out / "airflow-bench.md", *report.plot(raw, summary, out)]
+    files = [out / "airflow-bench.json", out / "airflow-bench.md"]
     print(shown)
     print(f"took {raw['duration_s']:.0f} s; wrote {', '.join(map(str, files))}")
     problems = report.errors(raw, summary)

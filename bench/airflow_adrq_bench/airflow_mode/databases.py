@@ -27,25 +27,6 @@ from airflow_adrq_bench.errors import BenchError
 from airflow_adrq_testing import dataset
 from airflow_adrq_testing.dataset import Target
 
-__all__ = [
-    "AIRFLOW_TABLES",
-    "Target",
-    "airflow_url",
-    "analyze",
-    "clear_queue",
-    "control_engine",
-    "describe",
-    "end_transactions",
-    "fetch",
-    "latest_deadlock",
-    "migrated",
-    "queue_rows",
-    "refuse_airflow_database",
-    "rotate",
-    "server_settings",
-    "targets",
-]
-
 #: Tables whose presence means "this is an Airflow metadata database": never benchmarked.
 AIRFLOW_TABLES = ("dag", "dag_run", "task_instance", "asset_dag_run_queue", "serialized_dag", "dag_bundle")
 

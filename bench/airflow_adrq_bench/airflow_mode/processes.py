@@ -23,18 +23,6 @@ from typing import Any
 
 from airflow_adrq_bench.errors import BenchError
 
-__all__ = [
-    "AirflowOrm",
-    "Child",
-    "airflow_command",
-    "airflow_settings",
-    "apply_environment",
-    "clean_environ",
-    "close_all",
-    "start_migrate",
-    "wait_migrate",
-]
-
 #: Seconds a child gets to import Airflow and answer (two dozen of them may share 2 cores).
 START_TIMEOUT = 600.0
 

@@ -40,11 +40,9 @@ from airflow_adrq_bench.airflow_mode.databases import (
     migrated,
     rotate,
     server_settings,
-    targets,
 )
+from airflow_adrq_bench.airflow_mode.databases import targets as targets  # the live mode's import
 from airflow_adrq_bench.airflow_mode.worker import Workers
-
-__all__ = ["run", "targets"]
 
 Rows = set[tuple[int, str]]
 

@@ -11,6 +11,7 @@ functions below run in those processes, on the process's one :class:`_Worker`.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import multiprocessing
 import os
@@ -25,45 +26,25 @@ from typing import Any
 from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES
 from airflow_adrq_bench.airflow_mode.processes import AirflowOrm, Child, airflow_settings, close_all
 
-__all__ = ["BUNDLE", "PRODUCER_DAG", "Workers", "asset_uri"]
-
 #: The DAG bundle, and the producing DAG the task-instance stand-ins belong to.
 BUNDLE = "adrq-bench-bundle"
 PRODUCER_DAG = "adrq_bench_producer"
+#: A transaction a round's budget left no time to start.
+NOT_STARTED: dict[str, Any] = {"ok": False, "latency_s": None, "attempts": 0, "failures": {}, "statements": 0}
 
 
 def asset_uri(name: str) -> str:
     return f"s3://adrq-bench/{name}"
 
 
-class _Counter:
-    """Statements this process sent since the last reset (cursor executes; executemany per set)."""
-
-    value = 0
-
-    def __call__(
-        self, _conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, executemany: bool
-    ) -> None:
-        if statement.lstrip()[:5].upper() != "BEGIN":
-            self.value += len(parameters) if executemany and parameters else 1
-
-
-def _tx(
-    ok: bool, latency: float | None, attempts: int, failures: Counter[str], statements: int
-) -> dict[str, Any]:
-    return {
-        "ok": ok,
-        "latency_s": latency,
-        "attempts": attempts,
-        "failures": dict(failures),
-        "statements": statements,
-    }
-
-
 class _Worker(AirflowOrm):
     def __init__(self, index: int, barrier: Any, info: dict[str, Any]) -> None:
         self.index, self.barrier, self.info = index, barrier, info
-        self.statements = _Counter()
+        self.statements = 0  # sent since the last reset (cursor executes; an executemany per set), BEGIN not
+
+    def count(self, _conn: Any, _cursor: Any, sql: str, parameters: Any, _context: Any, many: bool) -> None:
+        if sql.lstrip()[:5].upper() != "BEGIN":
+            self.statements += len(parameters) if many and parameters else 1
 
     def transaction(self, assets: list[str], run_id: str, hold_s: float, deadline: float) -> dict[str, Any]:
         """Task success as Airflow's Execution API runs it: register the outlets, hold, COMMIT, callbacks.
@@ -85,7 +66,7 @@ class _Worker(AirflowOrm):
         failures: Counter[str] = Counter()
 
         def attempt(session: Any, _sink: list[Any]) -> Any:
-            self.statements.value = 0
+            self.statements = 0
             callbacks = TaskInstance.register_asset_changes_in_db(ti, outlets, [], session=session)
             time.sleep(hold_s)
             return callbacks
@@ -94,6 +75,7 @@ class _Worker(AirflowOrm):
             failures[found.kind.value] += 1
 
         start = time.monotonic()
+        out = {"ok": True, "latency_s": None, "attempts": 0, "failures": failures, "statements": 0}
         try:
             callbacks = run_in_transaction(
                 self.session_factory,
@@ -105,14 +87,13 @@ class _Worker(AirflowOrm):
                 deadline=deadline,
             )
         except RetriesExhaustedError as exc:
-            final = classify(exc.__cause__) if exc.__cause__ is not None else None
-            if final is not None:
+            if (final := classify(exc.__cause__ or exc)) is not None:
                 failures[final.kind.value] += 1
-            return _tx(False, None, exc.attempts, failures, 0)
-        latency, statements = time.monotonic() - start, self.statements.value
+            return out | {"ok": False, "attempts": exc.attempts, "failures": dict(failures)}
+        out |= {"latency_s": time.monotonic() - start, "statements": self.statements}
         for callback in callbacks:  # Airflow's, after the COMMIT that succeeded
             callback()
-        return _tx(True, latency, sum(failures.values()) + 1, failures, statements)
+        return out | {"attempts": sum(failures.values()) + 1, "failures": dict(failures)}
 
 
 #: This process's worker (set by :func:`setup`).
@@ -135,7 +116,7 @@ def target(url: str, pg_deadlock_timeout_ms: int | None = None) -> dict[str, Any
     import sqlalchemy as sa
 
     engine = _worker.point_at(url)
-    sa.event.listen(engine, "before_cursor_execute", _worker.statements)
+    sa.event.listen(engine, "before_cursor_execute", _worker.count)
     if pg_deadlock_timeout_ms is not None and engine.dialect.name == "postgresql":
 
         def _deadlock_timeout(dbapi_connection: Any, _record: Any) -> None:
@@ -194,13 +175,13 @@ def sweep_call(asset: str, run_id: str) -> dict[str, Any]:
     key = SerializedAssetUniqueKey(name=asset, uri=asset_uri(asset))
     ti: Any = _task_instance(f"sweep{_worker.index}", run_id)
     with _worker.session_factory() as session:
-        _worker.statements.value = 0
+        _worker.statements = 0
         start = time.perf_counter()
         event = airflow_manager.asset_manager.register_asset_change(
             task_instance=ti, asset=key, session=session
         )
         session.commit()
-        latency, statements = time.perf_counter() - start, _worker.statements.value
+        latency, statements = time.perf_counter() - start, _worker.statements
     return {"latency_s": latency, "statements": statements, "event": event is not None}
 
 
@@ -222,7 +203,7 @@ def round_of(
     txs = [
         _worker.transaction(assets, f"{run_prefix}p{_worker.index}-t{n}", hold_s, deadline)
         if time.monotonic() <= deadline
-        else _tx(False, None, 0, Counter(), 0)
+        else NOT_STARTED
         for n in range(transactions)
     ]
     return {"start": start, "end": time.monotonic(), "transactions": txs}
@@ -253,25 +234,14 @@ def _check_manager(manager: str) -> dict[str, Any]:
     import airflow.models.taskinstance as taskinstance_module
     from airflow.assets import manager as airflow_manager
 
-    resolved = airflow_manager.asset_manager
-    expected: type = airflow_manager.AssetManager
-    if manager == "plugin":
-        from airflow_adrq.airflow import AdrqAssetManager
-
-        expected = AdrqAssetManager
-    elif manager == "sorted_loop":
-        from airflow_adrq_bench.airflow_mode.sorted_loop import SortedLoopAssetManager
-
-        expected = SortedLoopAssetManager
+    module, _, class_name = (MANAGER_CLASSES[manager] or "airflow.assets.manager.AssetManager").rpartition(
+        "."
+    )
+    resolved, expected = airflow_manager.asset_manager, getattr(importlib.import_module(module), class_name)
     name = f"{type(resolved).__module__}.{type(resolved).__qualname__}"
-    if type(resolved) is not expected:
-        raise RuntimeError(
-            f"{manager}: airflow.assets.manager.asset_manager is {name}, "
-            f"expected {expected.__module__}.{expected.__qualname__}"
-        )
-    # The same instance is the one TaskInstance.register_asset_changes_in_db calls.
-    if vars(taskinstance_module)["asset_manager"] is not resolved:
-        raise RuntimeError(f"{manager}: airflow.models.taskinstance uses another asset manager")
+    # The same instance must be the one TaskInstance.register_asset_changes_in_db calls.
+    if type(resolved) is not expected or vars(taskinstance_module)["asset_manager"] is not resolved:
+        raise RuntimeError(f"{manager}: Airflow resolved {name} (in airflow.models.taskinstance too?)")
     return {
         "manager": manager,
         "class": name,

@@ -20,8 +20,12 @@ import pytest
 import sqlalchemy as sa
 
 from airflow_adrq_bench.airflow_mode import main, report
-from airflow_adrq_bench.airflow_mode.databases import airflow_url, control_engine, end_transactions
-from airflow_adrq_bench.airflow_mode.databases import refuse_airflow_database
+from airflow_adrq_bench.airflow_mode.databases import (
+    airflow_url,
+    control_engine,
+    end_transactions,
+    refuse_airflow_database,
+)
 from airflow_adrq_bench.errors import BenchError
 
 LINE = tuple(int(part) for part in version("apache-airflow-core").split(".")[:2])
@@ -44,7 +48,15 @@ if LINE != (3, 3):
 @pytest.mark.slow
 def test_quick_run_prints_the_verdict_and_plugin_rows_are_exact(tmp_path, capsys):
     out = tmp_path / "out"
-    argv = ["--backend", "sqlite", "--quick", "--producers", str(PRODUCERS), "--transactions", str(TRANSACTIONS)]
+    argv = [
+        "--backend",
+        "sqlite",
+        "--quick",
+        "--producers",
+        str(PRODUCERS),
+        "--transactions",
+        str(TRANSACTIONS),
+    ]
     argv += ["--fanouts", "1,64", "--sweep-calls", "3", "--sweep-min-calls", "3", "--out", str(out)]
     for manager in CLASSES:
         argv += ["--manager", manager]
@@ -89,34 +101,52 @@ def test_quick_run_prints_the_verdict_and_plugin_rows_are_exact(tmp_path, capsys
 
 def _summary(plugin_ms, stock_ms, plugin_abandoned=0, sorted_abandoned=0):
     sweep = [
-        {"db": "postgresql", "fanout": 1, "manager": m, "rows_exact": True, **dict(zip(("p25_ms", "p50_ms", "p75_ms"), ms))}
+        {
+            "db": "postgresql",
+            "fanout": 1,
+            "manager": m,
+            "rows_exact": True,
+            **dict(zip(("p25_ms", "p50_ms", "p75_ms"), ms, strict=True)),
+        }
         for m, ms in (("plugin", plugin_ms), ("stock", stock_ms))
     ]
     contention = [
-        {"db": "postgresql", "scenario": "single", "manager": m, "rows_exact": True, "deadlocks": 0, "abandoned": gave_up,
-         "planned": 32, "tx_per_s": tx, "round_tx_per_s": [tx]}
+        {
+            "db": "postgresql",
+            "scenario": "single",
+            "manager": m,
+            "rows_exact": True,
+            "deadlocks": 0,
+            "abandoned": gave_up,
+            "planned": 32,
+            "tx_per_s": tx,
+            "round_tx_per_s": [tx],
+        }
         for m, gave_up, tx in (("plugin", plugin_abandoned, 300.0), ("sorted_loop", sorted_abandoned, 100.0))
     ]
-    raw = {"targets": [{"name": "postgresql"}], "scenarios": ["single"],
-           "sizes": {"fanouts": [1], "producers": 8, "fanout": 64, "hold_ms": 5.0}}
+    raw = {
+        "targets": [{"name": "postgresql"}],
+        "scenarios": ["single"],
+        "sizes": {"fanouts": [1], "producers": 8, "fanout": 64, "hold_ms": 5.0},
+    }
     return raw, {"sweep": sweep, "contention": contention}
 
 
 def test_verdict_judges_spreads_and_unfinished_sides():
     lines = {ln.what: ln for ln in report.verdict(*_summary((4.0, 5.0, 6.0), (5.0, 6.0, 7.0)))}
-    one = lines["one caller F=1: p50 vs stock"]
+    one = lines["one caller F=1 vs stock"]
     # The interquartile ranges overlap: no winner, so "not slower than stock" (>= 1x) holds.
     assert (one.verdict, one.measured) == ("met", "1.20x, spreads overlap")
-    assert lines["8 producers single: tx/s vs sorted"].measured == "3.00x"
+    assert lines["tx/s single vs sorted"].measured == "3.00x"
     assert lines["deadlocks"].verdict == lines["queue rows exact after every round"].verdict == "met"
 
     # A side that did not finish gets no ratio: what did not finish instead.
     lines = {ln.what: ln for ln in report.verdict(*_summary((4, 5, 6), (9, 10, 11), sorted_abandoned=7))}
-    assert lines["one caller F=1: p50 vs stock"].measured == "2.00x"
-    contention = lines["8 producers single: tx/s vs sorted"]
-    assert (contention.measured, contention.verdict) == ("sorted_loop: 7 of 32 not committed", "met")
+    assert lines["one caller F=1 vs stock"].measured == "2.00x"
+    contention = lines["tx/s single vs sorted"]
+    assert (contention.measured, contention.verdict) == ("sorted: 7 of 32 not committed", "met")
     lines = {ln.what: ln for ln in report.verdict(*_summary((4, 5, 6), (9, 10, 11), plugin_abandoned=1))}
-    assert lines["8 producers single: tx/s vs sorted"].verdict == "MISSED"
+    assert lines["tx/s single vs sorted"].verdict == "MISSED"
     assert lines["transactions not committed"].verdict == "MISSED"
 
 

@@ -35,25 +35,11 @@ from typing import Any
 
 from airflow_adrq_bench import options, tables
 from airflow_adrq_bench.airflow_mode import parser_for
-from airflow_adrq_bench.airflow_mode.accounting.classify import PairClasses, classify
-from airflow_adrq_bench.airflow_mode.accounting.controller import compare, run
+from airflow_adrq_bench.airflow_mode.accounting.controller import run
 from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_DEFAULT as DEFAULT
-from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_MANAGERS as MANAGERS
 from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_QUICK as QUICK
 from airflow_adrq_bench.airflow_mode.config import AccountingSizes
 from airflow_adrq_bench.airflow_mode.databases import targets
-
-__all__ = [
-    "MANAGERS",
-    "AccountingSizes",
-    "PairClasses",
-    "build_parser",
-    "classify",
-    "compare",
-    "format_tables",
-    "main",
-    "run",
-]
 
 
 def build_parser() -> argparse.ArgumentParser:
