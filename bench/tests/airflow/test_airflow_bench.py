@@ -121,6 +121,7 @@ def _summary(plugin_ms, stock_ms, plugin_abandoned=0, sorted_abandoned=0):
             "planned": 32,
             "tx_per_s": tx,
             "round_tx_per_s": [tx],
+            **{"p25_ms": 9.0, "p50_ms": 10.0, "p75_ms": 11.0},
         }
         for m, gave_up, tx in (("plugin", plugin_abandoned, 300.0), ("sorted_loop", sorted_abandoned, 100.0))
     ]
@@ -136,13 +137,13 @@ def test_verdict_judges_spreads_and_unfinished_sides():
     lines = {ln.what: ln for ln in report.verdict(*_summary((4.0, 5.0, 6.0), (5.0, 6.0, 7.0)))}
     one = lines["one caller F=1 vs stock"]
     # The interquartile ranges overlap: no winner, so "not slower than stock" (>= 1x) holds.
-    assert (one.verdict, one.measured) == ("met", "1.20x, spreads overlap")
-    assert lines["tx/s single vs sorted"].measured == "3.00x"
+    assert (one.verdict, one.measured) == ("met", "1.20x (spreads overlap)")
+    assert lines["tx/s single vs sorted"].measured == "3.00x (2.45-3.67x)"
     assert lines["deadlocks"].verdict == lines["queue rows exact after every round"].verdict == "met"
 
     # A side that did not finish gets no ratio: what did not finish instead.
     lines = {ln.what: ln for ln in report.verdict(*_summary((4, 5, 6), (9, 10, 11), sorted_abandoned=7))}
-    assert lines["one caller F=1 vs stock"].measured == "2.00x"
+    assert lines["one caller F=1 vs stock"].measured == "2.00x (1.50-2.75x)"
     contention = lines["tx/s single vs sorted"]
     assert (contention.measured, contention.verdict) == ("sorted: 7 of 32 not committed", "met")
     lines = {ln.what: ln for ln in report.verdict(*_summary((4, 5, 6), (9, 10, 11), plugin_abandoned=1))}
