@@ -9,6 +9,8 @@ that names an Airflow metadata database is refused outright.
 from __future__ import annotations
 
 import contextlib
+import functools
+import subprocess
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from airflow_adrq_bench.airflow_mode.processes import (
 )
 from airflow_adrq_bench.errors import BenchError
 from airflow_adrq_testing import dataset
-from airflow_adrq_testing.dataset import Target
+from airflow_adrq_testing.dataset import Target as Target
 
 #: Tables whose presence means "this is an Airflow metadata database": never benchmarked.
 AIRFLOW_TABLES = ("dag", "dag_run", "task_instance", "asset_dag_run_queue", "serialized_dag", "dag_bundle")
@@ -130,21 +132,21 @@ def migrated(
     returns once the target's has finished, or raises :class:`BenchError`.
     """
     with contextlib.ExitStack() as stack:
-        out = []
+        out: list[tuple[Target, str, Callable[[], None]]] = []
         for n, target in enumerate(targets):
             url = airflow_url(stack.enter_context(dataset.scratch_database(target.server_url)))
             log = workdir / f"db-migrate-{n}.log"
             proc = start_migrate(clean_environ(airflow_settings(workdir, url)), log)
             stack.callback(proc.kill)
-
-            def wait(proc: Any = proc, log: Path = log, version: str = target.version) -> None:
-                try:
-                    wait_migrate(proc, log)
-                except BenchError as exc:
-                    raise BenchError(f"{version}: {exc}") from None
-
-            out.append((target, url, wait))
+            out.append((target, url, functools.partial(_wait, proc, log, target.version)))
         yield out
+
+
+def _wait(proc: subprocess.Popen[bytes], log: Path, version: str) -> None:
+    try:
+        wait_migrate(proc, log)
+    except BenchError as exc:
+        raise BenchError(f"{version}: {exc}") from None
 
 
 def control_engine(url: str) -> sa.Engine:

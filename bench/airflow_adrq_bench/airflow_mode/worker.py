@@ -75,7 +75,13 @@ class _Worker(AirflowOrm):
             failures[found.kind.value] += 1
 
         start = time.monotonic()
-        out = {"ok": True, "latency_s": None, "attempts": 0, "failures": failures, "statements": 0}
+        out: dict[str, Any] = {
+            "ok": True,
+            "latency_s": None,
+            "attempts": 0,
+            "failures": failures,
+            "statements": 0,
+        }
         try:
             callbacks = run_in_transaction(
                 self.session_factory,
