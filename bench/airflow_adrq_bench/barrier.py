@@ -5,8 +5,8 @@ Each party creates ``<dir>/<name>.<party>`` and waits until the files of all
 still sees a barrier that the others have already passed. Start skew is the
 poll interval (a millisecond), small against a round. Pollers stat only the
 files of parties they have not seen yet (never list the directory, which
-grows by a file per party and barrier). A file ``abort`` ends every wait at once: the controller
-writes it when a party failed.
+grows by a file per party and barrier). A file ``abort`` ends every wait at
+once: the controller writes it when a party failed.
 """
 
 from __future__ import annotations
