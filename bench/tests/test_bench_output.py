@@ -358,3 +358,18 @@ def test_help_says_what_db_needs_and_which_strategy_is_the_default():
     assert f"{config.DEFAULT_STRATEGY} is the default strategy" in strategy
     assert "per_call" in strategy and "deadlock" in strategy and "one global order" in strategy
     assert by_dest["keep_scratch"].help and "--keep-scratch" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--sweep", "16,0"], "argument --sweep: sweep must be at least 1, not 16,0"),
+        (["--hold-ms", "soon"], "argument --hold-ms: expected a number, not 'soon'"),
+        (["--soak", "--producers", "2.5"], "argument --producers: expected an integer, not '2.5'"),
+        (["--db", "localhost:5432"], "argument --db: not a SQLAlchemy database URL: 'localhost:5432'"),
+    ],
+)
+def test_size_options_are_parsed_and_checked_by_argparse(capsys, argv, said):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2 and said in capsys.readouterr().err
