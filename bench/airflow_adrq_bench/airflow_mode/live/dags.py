@@ -1,15 +1,10 @@
-"""The DAG files of the live run, written into the deployment's scratch ``dags_folder``.
-
-Two files, so that a producer task process (which parses its own DAG's file) does not also parse
-the consumer DAGs. The producers' file: ``producer_dags`` DAGs of one task mapped over
-``instances`` instances, each with the same ``outlets`` assets (``a0``, ``a1`` ...; with
-``own_assets`` each DAG its own, ``p0a0`` ...), which meet at a file-system barrier and finish
-within ``spread_s`` of each other, so that the burst's task-success calls (``PATCH
-/execution/task-instances/{id}/state``: the asset events and queue rows) reach the api-server
-together; and the warm-up DAG, whose outlet no DAG consumes. The consumers' file: ``consumers``
-DAGs on ``a0 | a1 | ...`` (with ``own_assets`` half of them on ``a0 & a1 & ...``), each one
-``EmptyOperator`` (the scheduler completes it without the executor). They use ``airflow.sdk`` and
-the standard provider only; their settings are a JSON literal at the top.
+"""The live run's two DAG files (``airflow.sdk`` and the standard provider only; their settings a JSON
+literal at the top), so that a producer task process, which parses its own DAG's file, does not
+parse the consumers. Producers: ``producer_dags`` DAGs of one task mapped over ``instances``, whose
+instances meet at a file-system barrier and finish within ``spread_s`` of each other, so that the
+burst's task-success calls (the asset events and queue rows) reach the api-server together; and
+the warm-up DAG. Consumers: ``consumers`` DAGs, each one ``EmptyOperator`` (the scheduler completes
+it without the executor) on ``a0 | a1 | ...`` (with ``own_assets`` half of them on ``a0 & a1 & ...``).
 """
 
 from __future__ import annotations

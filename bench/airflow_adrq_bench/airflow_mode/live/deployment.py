@@ -1,18 +1,12 @@
 """One manager's Airflow deployment on a scratch database of its own: its settings, processes and end.
 
-Every component (``airflow api-server``, ``scheduler``, ``dag-processor``, ``celery worker``)
-writes its own log under ``log_dir``, shares the scratch ``AIRFLOW_HOME``, binds only
-``127.0.0.1`` and runs this environment's ``airflow`` CLI, so the controller never imports
-Airflow. Every component gets the same settings and none of the caller's: one JWT secret, API
-secret key and Fernet key per deployment, and the run's :class:`~.config.LiveShape`
-(LocalExecutor, or CeleryExecutor with workers on a Redis database and a queue of their own; with
-PgBouncer, every component but ``db migrate`` through a throwaway PgBouncer in transaction
-pooling). :func:`check` runs before the first deployment, so that a missing piece of a shape is
+Every component (``airflow api-server``, ``scheduler``, ``dag-processor``, ``celery worker``) runs
+this environment's ``airflow`` CLI (the controller never imports Airflow) in a process group of its
+own, with the same settings and none of the caller's, binds only ``127.0.0.1`` and writes its own
+log. :meth:`Deployment.stop` sends each group SIGTERM; what is left after the grace period (the
+task SDK moves each task into a group of its own) is found by the ``ADRQ_LIVE_DEPLOYMENT`` its
+environment carries. :func:`check` runs before the first deployment: a missing piece of a shape is
 one :class:`~.config.LiveError` naming the fix, not a component dying in the middle of a run.
-
-Each component leads a process group of its own, which :meth:`Deployment.stop` sends SIGTERM;
-what is left after the grace period (the task SDK moves each task into a group of its own) is
-found by its environment: every process of a deployment carries ``ADRQ_LIVE_DEPLOYMENT``.
 """
 
 from __future__ import annotations
@@ -38,6 +32,7 @@ from typing import Final
 import psutil
 import sqlalchemy as sa
 
+from airflow_adrq_bench.airflow_mode import processes
 from airflow_adrq_bench.airflow_mode.databases import airflow_url
 from airflow_adrq_bench.airflow_mode.live.config import (
     EXECUTORS,
@@ -45,12 +40,6 @@ from airflow_adrq_bench.airflow_mode.live.config import (
     LiveError,
     LiveShape,
     LiveSizes,
-)
-from airflow_adrq_bench.airflow_mode.processes import (
-    airflow_command,
-    clean_environ,
-    start_migrate,
-    wait_migrate,
 )
 from airflow_adrq_testing import servers
 from airflow_adrq_testing.dataset import Target
@@ -119,7 +108,7 @@ def check_celery(broker: str, module: str = CELERY_MODULE) -> None:
     with tempfile.TemporaryDirectory(prefix="adrq-live-celery-check-") as home:
         result = subprocess.run(
             [sys.executable, "-c", _CELERY_CHECK, module, broker],
-            env=clean_environ({"AIRFLOW_HOME": home}),
+            env=processes.clean_environ({"AIRFLOW_HOME": home}),
             capture_output=True,
             text=True,
             timeout=180,
@@ -150,7 +139,6 @@ class Deployment:
         sizes: LiveSizes,
         shape: LiveShape,
         log_dir: Path,
-        *,
         manager_kwargs: str | None = None,
         keep_scratch: bool = False,
     ) -> None:
@@ -170,11 +158,9 @@ class Deployment:
         self.schedulers = sizes.schedulers if target.backend == "postgresql" else 1
         #: The started ``airflow`` commands by name, each a process group leader.
         self.components: dict[str, subprocess.Popen[bytes]] = {}
-        self.url = ""
-        self.env: dict[str, str] = {}
+        self.url, self.env = "", dict[str, str]()
         self.kept: dict[str, str | None] | None = None
-        # What stop() ends after the components: the PgBouncer.
-        self._servers = contextlib.ExitStack()
+        self._pgbouncer = contextlib.ExitStack()
 
     def __enter__(self) -> Deployment:
         try:
@@ -182,7 +168,7 @@ class Deployment:
         except BaseException:
             shutil.rmtree(self.home, ignore_errors=True)
             raise
-        self.env = clean_environ(self._settings(self.url))
+        self.env = processes.clean_environ(self._settings(self.url))
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
@@ -271,14 +257,18 @@ class Deployment:
     def migrate(self, timeout: float) -> None:
         """``airflow db migrate``: Airflow's own schema on the scratch database, as an operator makes it
         (directly: its advisory lock is session state, which PgBouncer's transaction pooling loses)."""
-        wait_migrate(start_migrate(self.env, self.log_of("db-migrate")), self.log_of("db-migrate"), timeout)
+        processes.wait_migrate(
+            processes.start_migrate(self.env, self.log_of("db-migrate")), self.log_of("db-migrate"), timeout
+        )
 
     def start(self) -> None:
         """Start the PgBouncer (with one), the api-server, the scheduler(s), the DAG processor and the
         Celery workers (with CeleryExecutor), in that order."""
         if self.shape.pgbouncer:
             try:
-                bouncer = sa.make_url(self._servers.enter_context(servers.pgbouncer(self.target.server_url)))
+                bouncer = sa.make_url(
+                    self._pgbouncer.enter_context(servers.pgbouncer(self.target.server_url))
+                )
             except servers.ServerNotFoundError as exc:
                 raise LiveError(f"PgBouncer: {exc}") from None
             pooled = sa.make_url(self.url).set(host=bouncer.host, port=bouncer.port)
@@ -294,7 +284,7 @@ class Deployment:
     def _start(self, name: str, *args: str) -> None:
         with self.log_of(name).open("ab") as out:  # the child has its own copy of the descriptor
             self.components[name] = subprocess.Popen(
-                [*airflow_command(), *args],
+                [*processes.airflow_command(), *args],
                 env=self.env,
                 cwd=self.home,
                 stdin=subprocess.DEVNULL,
@@ -344,7 +334,7 @@ class Deployment:
                 process.wait(timeout=10)
         if len(left) > len(killed):
             killed.append(f"{len(left) - len(killed)} other process(es) by pid")
-        self._servers.close()
+        self._pgbouncer.close()
         return killed
 
 

@@ -1,13 +1,9 @@
 """One cell of the live run: one manager's deployment on one database server, driven and measured.
 
-:func:`run_cell` makes the :class:`~.deployment.Deployment`, writes the DAG files, migrates,
-starts it, lets the :class:`Driver` run it (wait until it is ready, warm it up, trigger the
-bursts, drain, count), and stops it. A cell that fails (a component exits, the time limit passes,
-an HTTP call fails) is recorded with its error, so the next cell still runs; Ctrl-C propagates.
-
-The driver goes through the deployment's public interfaces, as an operator's tooling would: the
-REST API (``GET /auth/token``, which ``[core] simple_auth_manager_all_admins`` opens) for what
-Airflow does, read-only SQL (:mod:`.measure`) for what it waits for and counts.
+:func:`run_cell` makes the deployment, lets the :class:`Driver` run it, and records a failure (a
+component exits, the time limit passes, an HTTP call fails) with its error, so the next cell
+still runs. The driver uses the deployment's public interfaces, as an operator's tooling would:
+the REST API for what Airflow does, read-only SQL (:mod:`.measure`) for what it waits for and counts.
 """
 
 from __future__ import annotations
@@ -206,9 +202,6 @@ class Driver:
         result["drain_after_extra"] = self.drain("draining after one more event")
         with self.engine.connect() as conn:
             result["after_extra"] = self._after(conn)
-            result["after_extra"]["consumer_run_states"] = measure.counts(
-                conn, measure.CONSUMER_RUN_STATES, dag_ids=self.consumers
-            )
 
     def _waiting_rows(self, conn: sa.Connection) -> frozenset[tuple[int, str]]:
         """Queue rows of ``a0 & a1 & ...`` consumers still missing an asset: waiting, by design (a burst
@@ -247,15 +240,7 @@ def run_cell(
     """Run and measure one deployment (run number ``run``), counting its :func:`steps` on ``bar``;
     returns its raw results (``error`` set when it failed)."""
     name = f"{target.name}-{manager}-run{run}"
-    deployment = Deployment(
-        target,
-        manager,
-        sizes,
-        shape,
-        out / "logs" / name,
-        manager_kwargs=manager_kwargs,
-        keep_scratch=keep_scratch,
-    )
+    deployment = Deployment(target, manager, sizes, shape, out / "logs" / name, manager_kwargs, keep_scratch)
     result: dict[str, Any] = {
         "db": target.name,
         "backend": target.backend,

@@ -31,7 +31,6 @@ EVENTS: Final = (
     "SELECT source_run_id, count(*) FROM asset_event "
     "WHERE source_dag_id IN :dag_ids AND source_run_id IN :run_ids GROUP BY source_run_id"
 )
-CONSUMER_RUN_STATES: Final = "SELECT state, count(*) FROM dag_run WHERE dag_id IN :dag_ids GROUP BY state"
 
 # Per (event of a burst run, consumer DAG scheduled on its asset): the runs of that DAG that consumed it.
 _PAIRS = """
