@@ -106,14 +106,13 @@ def check_celery(broker: str, module: str = CELERY_MODULE) -> None:
     connects to the Celery broker at ``broker``: in a child interpreter with a scratch
     ``AIRFLOW_HOME`` (importing Airflow writes its configuration there) and no ``AIRFLOW_*`` settings."""
     with tempfile.TemporaryDirectory(prefix="adrq-live-celery-check-") as home:
-        result = subprocess.run(
-            [sys.executable, "-c", _CELERY_CHECK, module, broker],
-            env=processes.clean_environ({"AIRFLOW_HOME": home}),
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
-        )
+        argv, env = [sys.executable, "-c", _CELERY_CHECK, module, broker], {"AIRFLOW_HOME": home}
+        try:
+            result = subprocess.run(
+                argv, env=processes.clean_environ(env), capture_output=True, text=True, timeout=180
+            )
+        except subprocess.TimeoutExpired:
+            raise LiveError(f"importing {module} and connecting to the broker took over 180 s") from None
     if result.returncode == 0:
         return
     what, _, error = (result.stderr.strip().splitlines() or ["import ?"])[-1].partition(" ")
@@ -158,7 +157,8 @@ class Deployment:
         self.schedulers = sizes.schedulers if target.backend == "postgresql" else 1
         #: The started ``airflow`` commands by name, each a process group leader.
         self.components: dict[str, subprocess.Popen[bytes]] = {}
-        self.url, self.env = "", dict[str, str]()
+        self.url = ""  # made on entering, with the settings
+        self.env: dict[str, str] = {}
         self.kept: dict[str, str | None] | None = None
         self._pgbouncer = contextlib.ExitStack()
 
