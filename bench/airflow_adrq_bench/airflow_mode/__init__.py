@@ -20,10 +20,13 @@ consumer) and --live (a real deployment); each has its own --help.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
-from airflow_adrq_bench import options
+from airflow_adrq_bench import options, tables
 from airflow_adrq_bench.airflow_mode import report, run
 from airflow_adrq_bench.airflow_mode.config import DEFAULT, MANAGERS, QUICK, SCENARIOS, Sizes
 from airflow_adrq_bench.verdict import format_verdict, missed
@@ -121,17 +124,24 @@ def _bench(args: argparse.Namespace, sizes: Sizes) -> int:
         )
     summary = report.summarize(raw)
     lines = report.verdict(raw, summary)
-    out.mkdir(parents=True, exist_ok=True)
-    report.write_json(raw, summary, out / "airflow-bench.json", lines)
+    raw = {"verdict": [dataclasses.asdict(ln) for ln in lines], "summary": summary, **raw}
     shown = format_verdict(lines)
-    # The detail goes to the files; the terminal gets the verdict.
-    (out / "airflow-bench.md").write_text(report.format_tables(raw, summary) + "\n" + shown)
-    files = [out / "airflow-bench.json", out / "airflow-bench.md"]
-    print(shown)
-    print(f"took {raw['duration_s']:.0f} s; wrote {', '.join(map(str, files))}")
     problems = report.errors(raw, summary)
     if args.check:
         problems += [f"target missed: {m.db} {m.what}: {m.measured} (target {m.goal})" for m in missed(lines)]
+    return publish(
+        out / "airflow-bench", raw, report.format_tables(raw, summary) + "\n" + shown, shown, problems
+    )
+
+
+def publish(stem: Path, raw: dict[str, Any], detail: str, shown: str, problems: Sequence[str]) -> int:
+    """Write ``raw`` as JSON and ``detail`` as Markdown beside ``stem``, print ``shown`` (the verdict),
+    say each problem; 1 if there is one."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    tables.write_json(stem.with_suffix(".json"), raw)
+    stem.with_suffix(".md").write_text(detail)
+    print(shown)
+    print(f"took {raw['duration_s']:.0f} s; wrote {stem}.json, {stem}.md")
     for problem in problems:
         options.say(f"ERROR: {problem}")
     return 1 if problems else 0

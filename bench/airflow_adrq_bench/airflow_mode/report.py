@@ -7,11 +7,9 @@ committed and exact rows); :func:`verdict` judges a run against them.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from airflow_adrq_bench import tables
@@ -254,8 +252,3 @@ def errors(raw: dict[str, Any], summary: Summary) -> list[str]:
         if r["manager"] == "plugin" and r["deadlocks"]:
             found.append(f"{where}: {r['deadlocks']} deadlock(s), expected 0")
     return found
-
-
-def write_json(raw: dict[str, Any], summary: Summary, path: Path, lines: Sequence[Line]) -> None:
-    """The verdict, the summaries and every raw record (sweep calls, rounds with their transactions)."""
-    tables.write_json(path, {"verdict": [dataclasses.asdict(ln) for ln in lines], "summary": summary, **raw})

@@ -32,7 +32,7 @@ import pytest
 from airflow_adrq_bench.airflow_mode import accounting
 from airflow_adrq_bench.airflow_mode import main as airflow_mode_main
 from airflow_adrq_bench.airflow_mode.accounting.classify import classify
-from airflow_adrq_bench.airflow_mode.accounting.controller import compare, run
+from airflow_adrq_bench.airflow_mode.accounting.controller import run, verdict
 from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_MANAGERS, AccountingSizes
 from airflow_adrq_bench.airflow_mode.databases import describe
 from airflow_adrq_testing import servers
@@ -90,16 +90,20 @@ def test_classify_pair_consumed_before_and_after_the_sentinel_counts_as_consumed
     assert (c.consumed, c.late, c.unconsumed, c.duplicate_pairs, c.sentinel_consumers) == (1, 0, 0, 1, 0)
 
 
-def test_compare_flags_the_plugin_losing_more_than_stock():
+def test_verdict_flags_the_plugin_losing_more_than_stock():
     cells = [
-        {"db": "x", "hold_ms": 30.0, "manager": "stock", "unconsumed": 2, "unconsumed_pairs": 3},
-        {"db": "x", "hold_ms": 30.0, "manager": "plugin", "unconsumed": 3, "unconsumed_pairs": 3},
-        {"db": "y", "hold_ms": 30.0, "manager": "stock", "unconsumed": 0, "unconsumed_pairs": 0},
-        {"db": "y", "hold_ms": 30.0, "manager": "plugin", "unconsumed": 0, "unconsumed_pairs": 0},
+        {"db": "x", "hold_ms": 30.0, "manager": "stock", "unconsumed": 2, "duplicate_pairs": 1},
+        {"db": "x", "hold_ms": 30.0, "manager": "plugin", "unconsumed": 3, "duplicate_pairs": 0},
+        {"db": "y", "hold_ms": 30.0, "manager": "stock", "unconsumed": 4, "duplicate_pairs": 0},
+        {"db": "y", "hold_ms": 30.0, "manager": "plugin", "unconsumed": 0, "duplicate_pairs": 1},
     ]
-    rows = {r["db"]: r for r in compare(cells)}
-    assert "problem" in rows["x"]
-    assert "problem" not in rows["y"]
+    lines = {(ln.db, ln.what): (ln.measured, ln.verdict) for ln in verdict(cells)}
+    assert lines == {
+        ("x", "events unconsumed, vs stock, 30 ms"): ("3 vs 2", "MISSED"),
+        ("x", "pairs consumed twice, 30 ms"): ("0", "met"),
+        ("y", "events unconsumed, vs stock, 30 ms"): ("0 vs 4", "met"),
+        ("y", "pairs consumed twice, 30 ms"): ("1", "MISSED"),
+    }
 
 
 def test_the_airflow_mode_routes_accounting(capsys):
@@ -159,7 +163,7 @@ def test_stock_vs_plugin_through_airflows_scheduler(measured, db):
         assert cell["runs"] - cell["runs_before_sentinel"] == SIZES.consumers
         assert cell["runs_before_sentinel"] >= SIZES.consumers
 
-    assert [c["problem"] for c in raw["comparison"] if c["db"] == db and c.get("problem")] == []
+    assert [ln for ln in raw["verdict"] if ln["db"] == db and ln["verdict"] != "met"] == []
     assert cells["plugin"]["unconsumed"] <= cells["stock"]["unconsumed"]
     if db == "sqlite":
         assert cells["stock"]["unconsumed"] > 0

@@ -27,19 +27,19 @@ events unconsumed than stock at the same hold. The controller never imports Airf
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from airflow_adrq_bench import options, tables
-from airflow_adrq_bench.airflow_mode import parser_for
+from airflow_adrq_bench.airflow_mode import parser_for, publish
 from airflow_adrq_bench.airflow_mode.accounting.controller import run
 from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_DEFAULT as DEFAULT
 from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_QUICK as QUICK
 from airflow_adrq_bench.airflow_mode.config import AccountingSizes
 from airflow_adrq_bench.airflow_mode.databases import targets
+from airflow_adrq_bench.verdict import Line, format_verdict
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,10 +61,8 @@ def _measure(args: argparse.Namespace, sizes: AccountingSizes) -> int:
     out = options.out_dir(args)
     with targets(args.db or [], args.backend, sqlite=True) as found:
         raw = run(found, sizes)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "airflow-accounting.json").write_text(json.dumps(raw, indent=2, default=str) + "\n")
-    written = [out / "airflow-accounting.json"]
-    return options.publish(out / "airflow-accounting.md", format_tables(raw), written, raw["problems"])
+    shown = format_verdict([Line(**ln) for ln in raw["verdict"]])
+    return publish(out / "airflow-accounting", raw, format_tables(raw) + "\n" + shown, shown, raw["problems"])
 
 
 _COLUMNS: tables.Columns = {
@@ -85,7 +83,7 @@ _COLUMNS: tables.Columns = {
 
 
 def format_tables(raw: dict[str, Any]) -> str:
-    """The accounting table (Markdown) with its legend and the comparison."""
+    """The accounting table (Markdown) with its legend."""
     sizes = raw["sizes"]
     loads = ", ".join(f"{k} {v[0]:.2f}" for k, v in raw.get("load_average", {}).items() if v) or "?"
     lines = [
@@ -100,15 +98,6 @@ def format_tables(raw: dict[str, Any]) -> str:
         "",
         tables.legend("accounting"),
     ]
-    for row in raw.get("comparison", []):
-        verdict = "fewer" if row["plugin_unconsumed"] < row["stock_unconsumed"] else "not more"
-        if row.get("problem"):
-            verdict = "MORE"
-        lines.append(
-            f"* {row['db']}, hold {row['hold_ms']:g} ms: unconsumed events stock {row['stock_unconsumed']}, "
-            f"plug-in {row['plugin_unconsumed']} ({verdict}); pairs {row['stock_unconsumed_pairs']} vs "
-            f"{row['plugin_unconsumed_pairs']}"
-        )
     versions = ", ".join(f"{t['name']}: {t['version']}" for t in raw["targets"])
     lines += ["", f"Databases: {versions}. Took {raw.get('duration_s', math.nan):.0f} s."]
     if raw["problems"]:

@@ -35,6 +35,8 @@ from airflow_adrq_bench.airflow_mode.databases import (
 from airflow_adrq_bench.airflow_mode.processes import close_all
 from airflow_adrq_bench.airflow_mode.worker import Workers
 from airflow_adrq_bench.errors import BenchError
+from airflow_adrq_bench.verdict import Line, line, missed
+from airflow_adrq_bench.verdict import Target as Goal
 
 WARM_ASSET = "adrq_acct_warm"
 
@@ -96,8 +98,9 @@ def run(
                 bar.step("airflow db migrate on a scratch database")
                 wait()
                 raw["targets"].append(_run_target(target, url, plan, workers, the_consumer, raw, bar))
-    raw["comparison"] = compare(raw["cells"])
-    raw["problems"] += [c["problem"] for c in raw["comparison"] if c.get("problem")]
+    lines = verdict(raw["cells"])
+    raw["verdict"] = [dataclasses.asdict(ln) for ln in lines]
+    raw["problems"] += [f"{m.db} {m.what}: {m.measured}" for m in missed(lines)]
     raw_finish(raw, started)
     return raw
 
@@ -264,28 +267,25 @@ def _cell(
     }
 
 
-def compare(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per database and hold: unconsumed events, stock vs plug-in; a problem if the plug-in's exceed."""
+#: The plug-in leaves no more events unconsumed than stock at the same hold (the value: how many more).
+UNCONSUMED = Goal("events unconsumed, vs stock", "<= stock", lambda more: more <= 0)
+TWICE = Goal("pairs consumed twice", "0", lambda pairs: pairs == 0)
+
+
+def verdict(cells: Sequence[dict[str, Any]]) -> list[Line]:
+    """Per database and hold: the plug-in's unconsumed events against stock's, its pairs consumed twice."""
     by_key: dict[tuple[str, float], dict[str, dict[str, Any]]] = defaultdict(dict)
     for cell in cells:
         by_key[(cell["db"], cell["hold_ms"])][cell["manager"]] = cell
-    out = []
+    lines = []
     for (db, hold), managers in by_key.items():
-        if "stock" not in managers or "plugin" not in managers:
+        if "plugin" not in managers:
             continue
-        stock, plugin = managers["stock"], managers["plugin"]
-        row: dict[str, Any] = {
-            "db": db,
-            "hold_ms": hold,
-            "stock_unconsumed": stock["unconsumed"],
-            "plugin_unconsumed": plugin["unconsumed"],
-            "stock_unconsumed_pairs": stock["unconsumed_pairs"],
-            "plugin_unconsumed_pairs": plugin["unconsumed_pairs"],
-        }
-        if plugin["unconsumed"] > stock["unconsumed"]:
-            row["problem"] = (
-                f"{db} hold {hold:g} ms: the plug-in left {plugin['unconsumed']} events unconsumed, "
-                f"stock {stock['unconsumed']}"
-            )
-        out.append(row)
-    return out
+        plugin = managers["plugin"]
+        if "stock" in managers:
+            mine, theirs = plugin["unconsumed"], managers["stock"]["unconsumed"]
+            what = f"{UNCONSUMED.what}, {hold:g} ms"
+            lines.append(line(db, UNCONSUMED, mine - theirs, f"{mine} vs {theirs}", what))
+        twice = plugin["duplicate_pairs"]
+        lines.append(line(db, TWICE, twice, f"{twice}", f"{TWICE.what}, {hold:g} ms"))
+    return lines
