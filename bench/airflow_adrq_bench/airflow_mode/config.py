@@ -91,7 +91,7 @@ ACCOUNTING_MANAGERS: Final = ("stock", "plugin")
 
 @dataclass(frozen=True)
 class AccountingSizes(Checked):
-    """How big an accounting run is (per database: ``len(holds_ms) * 2`` cells)."""
+    """How big an accounting run is (per database: ``len(holds_ms) * 2`` cells, twice with ``fan_in``)."""
 
     producers: int = size(6, "producer processes per manager", ">=1")
     transactions: int = size(40, "transactions (one event each) per producer and cell", ">=1")
@@ -103,6 +103,11 @@ class AccountingSizes(Checked):
         60.0, "seconds after a cell's start when producers stop starting transactions", ">0"
     )
     consumer_pause_ms: float = size(1.0, "the consumer's pause between scheduler passes", ">=0")
+    fan_in: bool = size(
+        False,
+        "also fan-in cells: each producer emits an asset of its own, one consumer DAG is scheduled on any "
+        "of them (the race between producers of different assets, through DagModel.dags_needing_dagruns)",
+    )
 
 
 ACCOUNTING_DEFAULT: Final = AccountingSizes()

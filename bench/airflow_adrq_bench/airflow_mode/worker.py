@@ -197,12 +197,20 @@ def warmup(assets: list[str], run_id: str) -> bool:
 
 
 def round_of(
-    assets: list[str], run_prefix: str, transactions: int, hold_s: float, budget_s: float
+    assets: list[str],
+    run_prefix: str,
+    transactions: int,
+    hold_s: float,
+    budget_s: float,
+    own_asset: bool = False,
 ) -> dict[str, Any]:
     """Wait for the manager's other producers, then run ``transactions`` transactions until ``budget_s``.
 
-    A transaction not started by then is counted with 0 attempts.
+    A transaction not started by then is counted with 0 attempts. ``own_asset``: producer ``i`` emits
+    ``{asset}_p{i}`` for every one of ``assets``.
     """
+    if own_asset:
+        assets = [f"{asset}_p{_worker.index}" for asset in assets]
     _worker.barrier.wait(timeout=120)
     start = time.monotonic()
     deadline = start + budget_s

@@ -3,7 +3,8 @@
 One bounded run of :func:`airflow_adrq_bench.airflow_mode.accounting.controller.run` on
 SQLite and PostgreSQL (one set of processes for both, one test per database:
 without a PostgreSQL server its test skips, and fails under CI; 3 producers per manager
-x 12 transactions, 3 consumer DAGs, a 30 ms hold), with Airflow 3.3.2's own
+x 12 transactions, 3 consumer DAGs, a 30 ms hold; fan-out cells and fan-in cells, where each
+producer emits an asset of its own and one DAG is scheduled on any of them), with Airflow 3.3.2's own
 ``SchedulerJobRunner._create_dagruns_for_dags`` as the consumer. Asserted:
 
 * the harness accounts for every committed event: the events in the database
@@ -11,7 +12,8 @@ x 12 transactions, 3 consumer DAGs, a 30 ms hold), with Airflow 3.3.2's own
   DAG) pair) is in exactly one of consumed / late / unconsumed; every consumer
   DAG consumed the sentinel; no queue row is left; no run consumed an event
   it should not know;
-* the plug-in leaves no more events unconsumed than stock, per database;
+* the plug-in leaves no more events unconsumed than stock, per database and shape, and
+  consumes no pair twice (the verdict);
 * on SQLite, stock leaves some events unconsumed (an event's timestamp is
   taken before its INSERT waits for SQLite's write lock; another writer's
   queue rows, stamped later, commit first). Seen in every run so far (4 to 10
@@ -43,7 +45,9 @@ pytestmark = pytest.mark.skipif(
     not version("apache-airflow-core").startswith("3.3."), reason="the accounting mode runs on Airflow 3.3"
 )
 
-SIZES = AccountingSizes(producers=3, transactions=12, consumers=3, holds_ms=(30.0,), budget_s=30.0)
+SIZES = AccountingSizes(
+    producers=3, transactions=12, consumers=3, holds_ms=(30.0,), budget_s=30.0, fan_in=True
+)
 DAGS = ["d0", "d1", "d2"]
 #: Where the run measures; a database without a server is a skip, a failure under CI.
 DATABASES = ("sqlite", "postgresql")
@@ -143,27 +147,26 @@ def test_stock_vs_plugin_through_airflows_scheduler(measured, db):
     raw, missing = measured
     if db in missing:
         skip_or_fail(f"{db} not measured: {missing[db]}")
-    cells = {c["manager"]: c for c in raw["cells"] if c["db"] == db}
-    assert set(cells) == set(ACCOUNTING_MANAGERS)
+    cells = {(c["shape"], c["manager"]): c for c in raw["cells"] if c["db"] == db}
+    assert set(cells) == {(shape, m) for shape in ("fan_out", "fan_in") for m in ACCOUNTING_MANAGERS}
     planned = SIZES.producers * SIZES.transactions
-    for cell in cells.values():
+    for (shape, _), cell in cells.items():
+        dags = SIZES.consumers if shape == "fan_out" else 1  # fan-in: one DAG on every producer's asset
         assert cell["problems"] == []
         assert cell["planned"] == planned
         assert cell["committed"] == cell["events"] == planned  # deadlocks are replayed
         assert cell["consumed"] + cell["late"] + cell["unconsumed"] == cell["events"]
-        assert (
-            cell["consumed_pairs"] + cell["late_pairs"] + cell["unconsumed_pairs"]
-            == cell["events"] * SIZES.consumers
-        )
+        assert cell["consumed_pairs"] + cell["late_pairs"] + cell["unconsumed_pairs"] == cell["events"] * dags
         assert cell["in_no_run"] <= cell["unconsumed"]
         assert cell["unknown"] == 0
-        assert cell["sentinel_consumers"] == SIZES.consumers
+        assert cell["sentinel_consumers"] == dags
         assert cell["queue_rows_left"] == 0
         # The sentinel triggered one more run of every consumer DAG.
-        assert cell["runs"] - cell["runs_before_sentinel"] == SIZES.consumers
-        assert cell["runs_before_sentinel"] >= SIZES.consumers
+        assert cell["runs"] - cell["runs_before_sentinel"] == dags
+        assert cell["runs_before_sentinel"] >= dags
 
     assert [ln for ln in raw["verdict"] if ln["db"] == db and ln["verdict"] != "met"] == []
-    assert cells["plugin"]["unconsumed"] <= cells["stock"]["unconsumed"]
+    for shape in ("fan_out", "fan_in"):
+        assert cells[(shape, "plugin")]["unconsumed"] <= cells[(shape, "stock")]["unconsumed"]
     if db == "sqlite":
-        assert cells["stock"]["unconsumed"] > 0
+        assert cells[("fan_out", "stock")]["unconsumed"] > 0

@@ -12,7 +12,9 @@ transactions through TaskInstance.register_asset_changes_in_db with one outlet, 
 own SchedulerJobRunner._create_dagruns_for_dags pass after pass while the producers run (runs are
 created QUEUED, nothing executes), on real serialized DAGs scheduled on the cell's asset.
 
-Per database, hold and manager (a cell, with an asset and consumer DAGs of its own): the consumer
+Per database, hold and manager (a cell, with an asset and consumer DAGs of its own; with --fan-in
+also cells where each producer emits an asset of its own and one DAG is scheduled on any of them:
+the race between producers of different assets through DagModel.dags_needing_dagruns): the consumer
 passes while every producer commits its transactions; then it drains (passes until no queue row
 of the cell is left); then one producer commits a sentinel event and the consumer drains again.
 An event whose queue row already existed waits for the next run of its DAG: it is late, not
@@ -21,7 +23,8 @@ run before the sentinel), late (only by the sentinel's runs) or unconsumed (in n
 consumed_asset_events). Checks (exit status 1 when one fails): the events are exactly the
 committed transactions; every event is in one class; no run consumed another asset's event;
 every consumer DAG consumed the sentinel; no queue row is left; the plug-in leaves no more
-events unconsumed than stock at the same hold. The controller never imports Airflow.
+events unconsumed than stock in the same cell, and consumes no pair twice (the verdict). The
+controller never imports Airflow.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ def _measure(args: argparse.Namespace, sizes: AccountingSizes) -> int:
 _COLUMNS: tables.Columns = {
     "database": "db",
     "hold": lambda c: f"{c['hold_ms']:g} ms",
+    "shape": "shape",
     "manager": "manager",
     "events": "events",
     "consumed": "consumed",
@@ -94,7 +98,7 @@ def format_tables(raw: dict[str, Any]) -> str:
         f"{sizes['consumers']} consumer DAGs, consumer pass every {sizes['consumer_pause_ms']:g} ms; "
         f"{raw.get('cpus')} CPUs, load average {loads}.",
         "",
-        tables.table(raw["cells"], _COLUMNS, left=3),
+        tables.table(raw["cells"], _COLUMNS, left=4),
         "",
         tables.legend("accounting"),
     ]

@@ -1,16 +1,17 @@
 """The consumer: Airflow's own ``SchedulerJobRunner._create_dagruns_for_dags`` on real serialized DAGs.
 
-The first three functions take Airflow's ORM and serve the residual tool too
-(:mod:`..residual`, in its own process); the rest run in the consumer process
-(:func:`start_consumer`, a :class:`.processes.Child`) on its one :class:`_Consumer`.
+The functions run in the consumer process (:class:`Consumer`, a :class:`.processes.Child`) on its one
+:class:`_Consumer`.
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 import statistics
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,78 +23,6 @@ from airflow_adrq_bench.airflow_mode.worker import asset_uri
 
 #: The DAG bundle of the serialized DAGs.
 BUNDLE = "adrq-accounting-bundle"
-
-
-def write_dags(orm: AirflowOrm, schedules: Mapping[str, Any]) -> dict[str, int]:
-    """Serialize and write DAGs ``{dag_id: schedule}`` with Airflow's DAG-processing code; their asset ids.
-
-    The DAGs are unpaused; ``max_active_runs`` is high, since the runs stay QUEUED.
-    """
-    from airflow.dag_processing.collection import update_dag_parsing_results_in_db
-    from airflow.models.asset import AssetActive, AssetModel
-    from airflow.models.dag import DagModel
-    from airflow.models.dagbundle import DagBundleModel
-    from airflow.sdk import DAG
-    from airflow.serialization.serialized_objects import LazyDeserializedDAG
-
-    dags = [
-        DAG(dag_id, schedule=schedule, max_active_runs=1_000_000) for dag_id, schedule in schedules.items()
-    ]
-    with orm.session_factory() as session:
-        session.add(DagBundleModel(name=BUNDLE))
-        session.commit()
-        serialized = [LazyDeserializedDAG.from_dag(dag) for dag in dags]
-        update_dag_parsing_results_in_db(BUNDLE, None, serialized, {}, None, set(), session=session)
-        session.commit()
-        session.execute(
-            sa.update(DagModel).where(DagModel.dag_id.in_(list(schedules))).values(is_paused=False)
-        )
-        ids: dict[str, int] = {}
-        for model in session.scalars(sa.select(AssetModel)):
-            ids[model.name] = model.id
-            if model.active is None:
-                session.add(AssetActive.for_asset(model))
-        session.commit()
-        scheduled = [dag_id for dag_id, schedule in schedules.items() if schedule is not None]
-        query = sa.select(DagModel.asset_expression).where(DagModel.dag_id.in_(scheduled))
-        if any(expression is None for expression in session.execute(query).scalars()):
-            raise RuntimeError("a consumer DAG has no asset_expression after serialization")
-    return ids
-
-
-def new_runner(orm: AirflowOrm) -> Any:
-    """A ``SchedulerJobRunner`` whose loop never runs, on a new ``Job`` row."""
-    from airflow.jobs.job import Job
-    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
-
-    job = Job()
-    with orm.session_factory() as session:
-        session.add(job)
-        session.commit()
-    return SchedulerJobRunner(job=job)
-
-
-def scheduler_pass(orm: AirflowOrm, runner: Any, failures: Counter[str]) -> float:
-    """One ``_create_dagruns_for_dags`` under ``prohibit_commit``, as the scheduler loop calls it; seconds."""
-    from airflow.utils.sqlalchemy import prohibit_commit
-
-    from airflow_adrq.retry import classify
-
-    start = time.perf_counter()
-    session = orm.session_factory()
-    try:
-        with prohibit_commit(session) as guard:
-            runner._create_dagruns_for_dags(guard, session)
-    except Exception as exc:
-        # Its own @retry_db_transaction gave up: the next pass tries again.
-        found = classify(exc)
-        if found is None:
-            raise
-        session.rollback()
-        failures[found.kind.value] += 1
-    finally:
-        session.close()
-    return time.perf_counter() - start
 
 
 @dataclass
@@ -123,23 +52,79 @@ def setup(started: Any, stop: Any) -> None:
 
 
 def target(url: str) -> str:
-    """Point Airflow's ORM at ``url`` (as the workers do), with a new runner there; the dialect's name."""
+    """Point Airflow's ORM at ``url`` (as the workers do), with a ``SchedulerJobRunner`` whose loop never
+    runs, on a new ``Job`` row there; the dialect's name."""
+    from airflow.jobs.job import Job
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+
     sa.event.listen(_consumer.point_at(url), "handle_error", _consumer.count_error)
-    _consumer.runner = new_runner(_consumer)
+    job = Job()
+    with _consumer.session_factory() as session:
+        session.add(job)
+        session.commit()
+    _consumer.runner = SchedulerJobRunner(job=job)
     return str(_consumer.engine.dialect.name)
 
 
-def seed(assets: dict[str, list[str]], producer_dag: str) -> dict[str, int]:
-    """``assets[name]``: the consumer DAG ids of asset ``name``; plus ``producer_dag``, unscheduled."""
-    from airflow.sdk import Asset
+def seed(schedules: dict[str, list[str]], producer_dag: str) -> dict[str, int]:
+    """Serialize and write, with Airflow's DAG-processing code, the consumer DAGs ``{dag_id: the assets it
+    is scheduled on (any of them)}`` and ``producer_dag`` (unscheduled); returns the asset ids.
 
-    schedules: dict[str, Any] = {producer_dag: None}
-    for name, dag_ids in assets.items():
-        schedules.update({dag_id: [Asset(name=name, uri=asset_uri(name))] for dag_id in dag_ids})
-    ids = write_dags(_consumer, schedules)
-    if missing := set(assets) - set(ids):
+    The DAGs are unpaused; ``max_active_runs`` is high, since the runs stay QUEUED.
+    """
+    from airflow.dag_processing.collection import update_dag_parsing_results_in_db
+    from airflow.models.asset import AssetActive, AssetModel
+    from airflow.models.dag import DagModel
+    from airflow.models.dagbundle import DagBundleModel
+    from airflow.sdk import DAG, Asset
+    from airflow.serialization.serialized_objects import LazyDeserializedDAG
+
+    dags = [DAG(producer_dag, schedule=None)]
+    for dag_id, names in schedules.items():
+        schedule = functools.reduce(operator.or_, [Asset(name=n, uri=asset_uri(n)) for n in names])
+        dags.append(DAG(dag_id, schedule=schedule, max_active_runs=1_000_000))
+    with _consumer.session_factory() as session:
+        session.add(DagBundleModel(name=BUNDLE))
+        session.commit()
+        serialized = [LazyDeserializedDAG.from_dag(dag) for dag in dags]
+        update_dag_parsing_results_in_db(BUNDLE, None, serialized, {}, None, set(), session=session)
+        session.commit()
+        session.execute(sa.update(DagModel).values(is_paused=False))
+        ids: dict[str, int] = {}
+        for model in session.scalars(sa.select(AssetModel)):
+            ids[model.name] = model.id
+            if model.active is None:
+                session.add(AssetActive.for_asset(model))
+        session.commit()
+        query = sa.select(DagModel.asset_expression).where(DagModel.dag_id.in_(list(schedules)))
+        if any(expression is None for expression in session.execute(query).scalars()):
+            raise RuntimeError("a consumer DAG has no asset_expression after serialization")
+    if missing := {n for names in schedules.values() for n in names} - set(ids):
         raise RuntimeError(f"assets not written by the DAG sync: {sorted(missing)}")
     return ids
+
+
+def _pass(failures: Counter[str]) -> float:
+    """One ``_create_dagruns_for_dags`` under ``prohibit_commit``, as the scheduler loop calls it; seconds."""
+    from airflow.utils.sqlalchemy import prohibit_commit
+
+    from airflow_adrq.retry import classify
+
+    start = time.perf_counter()
+    session = _consumer.session_factory()
+    try:
+        with prohibit_commit(session) as guard:
+            _consumer.runner._create_dagruns_for_dags(guard, session)
+    except Exception as exc:
+        # Its own @retry_db_transaction gave up: the next pass tries again.
+        found = classify(exc)
+        if found is None:
+            raise
+        session.rollback()
+        failures[found.kind.value] += 1
+    finally:
+        session.close()
+    return time.perf_counter() - start
 
 
 def release() -> None:
@@ -158,7 +143,7 @@ def drain(dag_ids: list[str], max_passes: int = 500) -> dict[str, Any]:
     failures: Counter[str] = Counter()
     passes = 0
     while left() and passes < max_passes:
-        scheduler_pass(_consumer, _consumer.runner, failures)
+        _pass(failures)
         passes += 1
     return {"passes": passes, "failures": dict(failures), "queue_rows_left": left()}
 
@@ -170,10 +155,10 @@ def consume(dag_ids: list[str], pause_s: float) -> dict[str, Any]:
     """
     failures: Counter[str] = Counter()
     _consumer.db_errors.clear()
-    pass_s = [scheduler_pass(_consumer, _consumer.runner, failures)]
+    pass_s = [_pass(failures)]
     _consumer.started.set()
     while not _consumer.stop.is_set():
-        pass_s.append(scheduler_pass(_consumer, _consumer.runner, failures))
+        pass_s.append(_pass(failures))
         time.sleep(pause_s)
     ms = sorted(s * 1000 for s in pass_s)
     return {

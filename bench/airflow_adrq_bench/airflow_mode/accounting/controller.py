@@ -41,26 +41,37 @@ from airflow_adrq_bench.verdict import Target as Goal
 WARM_ASSET = "adrq_acct_warm"
 
 
-def _cell_asset(hold_index: int, manager: str) -> str:
-    return f"adrq_acct_h{hold_index}_{manager}"
+@dataclass(frozen=True)
+class _Cell:
+    """One cell: a hold, a shape, a manager; the assets its producers emit and its consumer DAGs.
+
+    ``fan_out``: every producer emits one asset, which ``consumers`` DAGs are
+    scheduled on. ``fan_in``: producer ``i`` emits ``{name}_p{i}``, and one
+    DAG is scheduled on any of them.
+    """
+
+    hold_ms: float
+    shape: str
+    manager: str
+    name: str
+    schedules: dict[str, list[str]]  # consumer DAG -> the assets it is scheduled on (any of them)
+
+    def assets(self) -> list[str]:
+        return sorted({a for assets in self.schedules.values() for a in assets})
 
 
-def _consumer_dags(asset: str, consumers: int) -> list[str]:
-    return [f"{asset}_c{k}" for k in range(consumers)]
-
-
-@dataclass
-class _Plan:
-    sizes: AccountingSizes
-    managers: Sequence[str]
-
-    def assets(self) -> dict[str, list[str]]:
-        out = {WARM_ASSET: _consumer_dags(WARM_ASSET, self.sizes.consumers)}
-        for h in range(len(self.sizes.holds_ms)):
-            for manager in self.managers:
-                asset = _cell_asset(h, manager)
-                out[asset] = _consumer_dags(asset, self.sizes.consumers)
-        return out
+def _cells(sizes: AccountingSizes, managers: Sequence[str]) -> list[_Cell]:
+    cells = []
+    for h, hold_ms in enumerate(sizes.holds_ms):  # the managers take turns at going first
+        for shape in ("fan_out", "fan_in") if sizes.fan_in else ("fan_out",):
+            for manager in rotate(managers, h):
+                name = f"adrq_acct_h{h}_{shape}_{manager}"
+                if shape == "fan_out":
+                    schedules = {f"{name}_c{k}": [name] for k in range(sizes.consumers)}
+                else:
+                    schedules = {f"{name}_c": [f"{name}_p{i}" for i in range(sizes.producers)]}
+                cells.append(_Cell(hold_ms, shape, manager, name, schedules))
+    return cells
 
 
 def run(
@@ -74,7 +85,7 @@ def run(
         "cells": [],
         "problems": [],
     }
-    plan = _Plan(sizes, list(managers))
+    cells = _cells(sizes, managers)
     with (
         tempfile.TemporaryDirectory(prefix="adrq-airflow-accounting-") as tmp,
         contextlib.ExitStack() as stack,
@@ -94,10 +105,10 @@ def run(
         raw["workers"] = [p.info for p in workers.procs.values()]
         raw["airflow_version"] = raw["workers"][0]["airflow"]
         for target, url, wait in databases:
-            with progress.task(target.version, len(sizes.holds_ms) * len(managers) + 1) as bar:
+            with progress.task(target.version, len(cells) + 1) as bar:
                 bar.step("airflow db migrate on a scratch database")
                 wait()
-                raw["targets"].append(_run_target(target, url, plan, workers, the_consumer, raw, bar))
+                raw["targets"].append(_run_target(target, url, sizes, cells, workers, the_consumer, raw, bar))
     lines = verdict(raw["cells"])
     raw["verdict"] = [dataclasses.asdict(ln) for ln in lines]
     raw["problems"] += [f"{m.db} {m.what}: {m.measured}" for m in missed(lines)]
@@ -108,7 +119,8 @@ def run(
 def _run_target(
     target: Target,
     url: str,
-    plan: _Plan,
+    sizes: AccountingSizes,
+    cells: Sequence[_Cell],
     workers: Workers,
     the_consumer: Consumer,
     raw: dict[str, Any],
@@ -120,7 +132,10 @@ def _run_target(
     try:
         workers.broadcast(every, worker.target, url=url)
         dialect = the_consumer.call(consumer.target, url)
-        asset_ids: dict[str, int] = the_consumer.call(consumer.seed, plan.assets(), worker.PRODUCER_DAG)
+        schedules = {f"{WARM_ASSET}_c{k}": [WARM_ASSET] for k in range(sizes.consumers)}
+        for cell in cells:
+            schedules.update(cell.schedules)
+        asset_ids: dict[str, int] = the_consumer.call(consumer.seed, schedules, worker.PRODUCER_DAG)
         analyze(engine)
         settings = server_settings(engine)
         bar.step("warming up every producer (one transaction each)", 1)
@@ -130,13 +145,12 @@ def _run_target(
             ):
                 raise BenchError(f"{target.version}: warm-up of {proc.manager}/{proc.index} failed")
         clear_queue(engine)
-        for h, hold_ms in enumerate(plan.sizes.holds_ms):
-            for manager in rotate(plan.managers, h):
-                bar.step(f"hold {hold_ms:g} ms: {manager}", 1)
-                cell = _cell(target, engine, plan, workers, the_consumer, asset_ids, h, hold_ms, manager)
-                raw["cells"].append(cell)
-                where = f"{target.name} hold {hold_ms:g} ms {manager}"
-                raw["problems"] += [f"{where}: {p}" for p in cell["problems"]]
+        for cell in cells:
+            where = f"hold {cell.hold_ms:g} ms {cell.shape} {cell.manager}"
+            bar.step(where, 1)
+            found = _measure(target, engine, sizes, workers, the_consumer, asset_ids, cell)
+            raw["cells"].append(found)
+            raw["problems"] += [f"{target.name} {where}: {p}" for p in found["problems"]]
         workers.broadcast(every, worker.release)
         the_consumer.call(consumer.release)
     finally:
@@ -151,23 +165,18 @@ def _run_target(
     }
 
 
-def _cell(
+def _measure(
     target: Target,
     engine: sa.Engine,
-    plan: _Plan,
+    sizes: AccountingSizes,
     workers: Workers,
     the_consumer: Consumer,
     asset_ids: dict[str, int],
-    hold_index: int,
-    hold_ms: float,
-    manager: str,
+    cell: _Cell,
 ) -> dict[str, Any]:
-    sizes = plan.sizes
-    asset = _cell_asset(hold_index, manager)
-    dags = _consumer_dags(asset, sizes.consumers)
-    prefix = f"acct-{manager}-h{hold_index}-"
-    sentinel_run = f"sentinel-{manager}-h{hold_index}"
-    producers = workers.group(manager)
+    dags = list(cell.schedules)
+    prefix, sentinel_run = f"acct-{cell.name}-", f"sentinel-{cell.name}"
+    producers = workers.group(cell.manager)
     start = time.monotonic()
     results, consumed_run = the_consumer.consume_during(
         dags,
@@ -176,17 +185,18 @@ def _cell(
             producers,
             worker.round_of,
             timeout=sizes.budget_s + 600,
-            assets=[asset],
+            assets=[cell.name],
             run_prefix=prefix,
             transactions=sizes.transactions,
-            hold_s=hold_ms / 1000,
+            hold_s=cell.hold_ms / 1000,
             budget_s=sizes.budget_s,
+            own_asset=cell.shape == "fan_in",
         ),
     )
     duration = time.monotonic() - start
     with engine.connect() as conn:
         cutoff = int(conn.execute(sa.text("SELECT coalesce(max(id), 0) FROM dag_run")).scalar_one())
-    sentinel = producers[0].call(worker.warmup, assets=[asset], run_id=sentinel_run)
+    sentinel = producers[0].call(worker.warmup, assets=cell.assets()[:1], run_id=sentinel_run)
     drained = the_consumer.call(consumer.drain, dags)
 
     txs = [tx for r in results for tx in r["transactions"]]
@@ -196,9 +206,8 @@ def _cell(
     for tx in txs:
         producer_failures.update(tx["failures"])
     with engine.connect() as conn:
-        rows = fetch(
-            conn, "SELECT id, source_run_id FROM asset_event WHERE asset_id = :a", a=asset_ids[asset]
-        )
+        ids = [asset_ids[a] for a in cell.assets()]
+        rows = fetch(conn, "SELECT id, source_run_id FROM asset_event WHERE asset_id IN :ids", ids=ids)
         consumed = fetch(
             conn,
             "SELECT r.id, r.dag_id, e.event_id FROM dag_run r "
@@ -217,7 +226,7 @@ def _cell(
     if len(events) != committed:
         problems.append(f"{len(events)} events in the database, {committed} committed transactions")
     if strays:
-        problems.append(f"{len(strays)} events of the cell's asset from neither the round nor the sentinel")
+        problems.append(f"{len(strays)} events of the cell's assets from neither the round nor the sentinel")
     if not classes.classes_add_up or classes.pairs != committed * len(dags):
         problems.append(
             f"classes do not add up: {classes.consumed} + {classes.late} + {classes.unconsumed} events "
@@ -238,8 +247,9 @@ def _cell(
     return {
         "db": target.name,
         "version": target.version,
-        "manager": manager,
-        "hold_ms": hold_ms,
+        "manager": cell.manager,
+        "hold_ms": cell.hold_ms,
+        "shape": cell.shape,
         "producers": len(producers),
         "planned": len(txs),
         "committed": committed,
@@ -273,19 +283,21 @@ TWICE = Goal("pairs consumed twice", "0", lambda pairs: pairs == 0)
 
 
 def verdict(cells: Sequence[dict[str, Any]]) -> list[Line]:
-    """Per database and hold: the plug-in's unconsumed events against stock's, its pairs consumed twice."""
-    by_key: dict[tuple[str, float], dict[str, dict[str, Any]]] = defaultdict(dict)
+    """Per database, hold and shape: the plug-in's unconsumed events against stock's, its pairs consumed
+    twice."""
+    by_key: dict[tuple[str, float, str], dict[str, dict[str, Any]]] = defaultdict(dict)
     for cell in cells:
-        by_key[(cell["db"], cell["hold_ms"])][cell["manager"]] = cell
+        by_key[(cell["db"], cell["hold_ms"], cell.get("shape", "fan_out"))][cell["manager"]] = cell
     lines = []
-    for (db, hold), managers in by_key.items():
+    for (db, hold, shape), managers in by_key.items():
+        where = f"{hold:g} ms" + (", fan-in" if shape == "fan_in" else "")
         if "plugin" not in managers:
             continue
         plugin = managers["plugin"]
         if "stock" in managers:
             mine, theirs = plugin["unconsumed"], managers["stock"]["unconsumed"]
-            what = f"{UNCONSUMED.what}, {hold:g} ms"
+            what = f"{UNCONSUMED.what}, {where}"
             lines.append(line(db, UNCONSUMED, mine - theirs, f"{mine} vs {theirs}", what))
         twice = plugin["duplicate_pairs"]
-        lines.append(line(db, TWICE, twice, f"{twice}", f"{TWICE.what}, {hold:g} ms"))
+        lines.append(line(db, TWICE, twice, f"{twice}", f"{TWICE.what}, {where}"))
     return lines
