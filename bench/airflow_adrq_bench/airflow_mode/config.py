@@ -75,9 +75,9 @@ class Sizes(Checked):
 
 DEFAULT: Final = Sizes()
 QUICK: Final = Sizes(
-    sweep_calls=5,
+    sweep_calls=5,  # every call of a cell: enough for a median and a spread
     sweep_budget_s=6.0,
-    sweep_min_calls=3,
+    sweep_min_calls=5,
     transactions=4,
     rounds=1,
     round_budget_s=6.0,
