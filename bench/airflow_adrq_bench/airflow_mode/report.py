@@ -102,6 +102,7 @@ def summarize(raw: dict[str, Any]) -> Summary:
                 "p75_ms": percentile(ms, 75),
                 "statements": median([tx["statements"] for tx in ok]),
                 "rows_exact": all(r["rows_exact"] for r in rounds),
+                "ended": sum(r["ended_transactions"] for r in rounds),
             }
         )
     for row in contention:
@@ -181,6 +182,7 @@ _SWEEP: tables.Columns = {
     "manager": "manager",
     "calls": "calls",
     "p50 ms": lambda r: fmt(r["p50_ms"], 2),
+    "p25-p75 ms": lambda r: f"{fmt(r['p25_ms'], 2)}-{fmt(r['p75_ms'], 2)}",
     "p95 ms": lambda r: fmt(r["p95_ms"], 2),
     "stmts/call": lambda r: fmt(float(r["statements"]), 0),
     "x vs stock": lambda r: times(r["vs_stock"]),
@@ -206,7 +208,7 @@ _CONTENTION: tables.Columns = {
 
 
 def format_tables(raw: dict[str, Any], summary: Summary) -> str:
-    """Markdown: per database the one-caller table, the contention table, the targets; then the legend."""
+    """Markdown: per database the one-caller table and the contention table; then the legend."""
     s = raw["sizes"]
     loads = ", ".join(f"{k} {v[0]:.1f}" for k, v in raw.get("load_average", {}).items() if v)
     out = [
@@ -232,6 +234,12 @@ def format_tables(raw: dict[str, Any], summary: Summary) -> str:
             skipped = [k for k in raw.get("skipped", []) if k["db"] == db]
             out += [
                 f"\n> {k['scenario']}/{k['manager']}: {k['reason']}; later rounds skipped." for k in skipped
+            ]
+            out += [
+                f"\n> {r['scenario']}/{r['manager']}: {r['ended']} transaction(s) still open after its "
+                "producers returned, ended before the next round."
+                for r in rows
+                if r["ended"]
             ]
             out.append("")
     out.append(tables.legend("airflow"))
