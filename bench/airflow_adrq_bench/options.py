@@ -18,7 +18,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as dt
-import importlib.util
+import importlib.metadata
 import sys
 import typing
 from collections.abc import Callable, Sequence
@@ -226,6 +226,15 @@ def say(message: str) -> None:
     sys.stderr.flush()
 
 
+def _installed(distribution: str) -> bool:
+    # The distribution, not `import airflow`: a directory named airflow on sys.path would pass for it.
+    try:
+        importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def guarded(
     parser: argparse.ArgumentParser,
     args: argparse.Namespace,
@@ -242,7 +251,7 @@ def guarded(
     prog = prog or parser.prog
     if getattr(args, "backend", None) and args.db:
         parser.error("--backend selects among the servers found without --db; give one or the other")
-    if airflow and importlib.util.find_spec("airflow") is None:
+    if airflow and not _installed("apache-airflow-core"):
         say(f"{prog}: error: needs {airflow} in this environment (from a checkout: tox -e airflow-bench)")
         return 1
     try:

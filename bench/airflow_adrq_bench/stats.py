@@ -1,4 +1,5 @@
-"""The benchmark's statistics: nearest-rank percentiles (what its tables report), medians, latency columns."""
+"""The benchmark's statistics: nearest-rank percentiles (what its tables report), medians and how sure
+they are, latency columns."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["latency", "median", "percentile"]
+__all__ = ["latency", "median", "median_interval", "percentile"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -23,10 +24,24 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else math.nan
 
 
+def median_interval(values: Sequence[float]) -> tuple[float, float]:
+    """About 95 % sure the true median lies between these two of ``values`` (the order statistics
+    ``(n - 1.96 sqrt(n)) / 2`` from each end; the extremes for few values); NaN for no values."""
+    if not values:
+        return (math.nan, math.nan)
+    ordered = sorted(values)
+    k = max(0, math.floor((len(ordered) - 1.96 * math.sqrt(len(ordered))) / 2))
+    return (float(ordered[k]), float(ordered[-1 - k]))
+
+
 def latency(values_ms: Sequence[float], prefix: str = "") -> dict[str, float]:
-    """A summary row's latency columns: ``p25_ms`` .. ``p99_ms`` (nearest rank; p25 and p75 are the
-    spread the verdict compares) and ``max_ms``, each name after ``prefix``."""
+    """A summary row's latency columns, each name after ``prefix``: ``p25_ms`` .. ``p99_ms`` (nearest
+    rank; p25-p75 is the spread the tables show), ``max_ms``, and ``ci_low_ms`` / ``ci_high_ms``: the
+    median's :func:`median_interval`, what the verdict compares."""
+    low, high = median_interval(values_ms)
     return {
         **{f"{prefix}p{q}_ms": percentile(values_ms, q) for q in (25, 50, 75, 95, 99)},
         f"{prefix}max_ms": max(values_ms, default=math.nan),
+        f"{prefix}ci_low_ms": low,
+        f"{prefix}ci_high_ms": high,
     }

@@ -4,8 +4,9 @@ One short table per run (at most 100 columns) of :class:`Line` rows, built with
 :func:`line` and :func:`ratio_line` by every mode (:func:`standalone` for the
 main run). A ratio is printed only where both sides finished their work; where
 a side did not, the row says what did not finish instead. A ratio of two timed
-sides shows its spread, says so where the two sides' spreads overlap, and is
-judged on its whole spread: a miss within the noise is not a miss. ``--check``
+sides shows the range it can be in (from how sure each side's figure is: the
+median's 95 % interval), says so where the two sides' intervals overlap, and is
+judged on that range: a miss within the noise is not a miss. ``--check``
 turns a missed target into exit status 1, so an operator can run the benchmark
 in their own CI against their own database.
 """
@@ -24,7 +25,7 @@ __all__ = ["Line", "Target", "format_verdict", "line", "missed", "overlap", "rat
 
 #: The baselines: Airflow 3.3.2's own loop, and the same loop sorted (the seed's fix).
 STOCK, SORTED = "airflow_3_3", "sorted_loop"
-#: The spread a timed side shows: its (p25, p75), the interquartile range.
+#: How sure a timed side's figure is: (low, high), e.g. its median's 95 % interval.
 Spread = tuple[float, float]
 
 
@@ -82,7 +83,8 @@ def ratio_line(
 
     ``unfinished``: (ours, baseline): what each left undone (``""``: all done). Ours not done: missed,
     saying what; only the baseline not done: met, saying what (a ratio would measure the time budget,
-    not speed). ``spreads`` (ours, baseline), each (low, high): the ratio can be anywhere from
+    not speed). ``spreads`` (ours, baseline), each (low, high) such as a median's interval
+    (:func:`.stats.median_interval`): the ratio can be anywhere from
     ``ours low / base high`` to ``ours high / base low``; the target is met if it is met anywhere in
     that range (a miss within the noise is no miss), and overlapping spreads are said to overlap.
     """
@@ -131,19 +133,19 @@ def _not_done(row: dict[str, Any], who: str = "") -> str:
 
 
 def _rate_spread(row: dict[str, Any]) -> Spread:
-    """The spread of a row's tx/s: that of its rounds, or with one round its rate scaled by the spread
-    of its transactions' latencies (rate x p50/p75 .. rate x p50/p25)."""
+    """How sure a row's tx/s is: the range of its rounds, or with one round its rate scaled by its
+    transactions' median latency interval (rate x p50/high .. rate x p50/low)."""
     rates = row.get("round_tx_per_s", [])
     if len(rates) > 1:
         return (min(rates), max(rates))
-    (p25, p75), p50 = _spread(row), row.get("p50_ms", math.nan)
-    if not (p25 > 0 and p75 > 0):  # not measured (NaN) or nothing to scale by
+    (low, high), p50 = _spread(row), row.get("p50_ms", math.nan)
+    if not (low > 0 and high > 0):  # not measured (NaN) or nothing to scale by
         return (math.nan, math.nan)
-    return (row["tx_per_s"] * p50 / p75, row["tx_per_s"] * p50 / p25)
+    return (row["tx_per_s"] * p50 / high, row["tx_per_s"] * p50 / low)
 
 
 def _spread(row: dict[str, Any], prefix: str = "") -> Spread:
-    return (row.get(f"{prefix}p25_ms", math.nan), row.get(f"{prefix}p75_ms", math.nan))
+    return (row.get(f"{prefix}ci_low_ms", math.nan), row.get(f"{prefix}ci_high_ms", math.nan))
 
 
 def _speed(db: str, rows: Sequence[dict[str, Any]]) -> list[Line]:

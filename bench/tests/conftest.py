@@ -5,12 +5,23 @@ plug-in, :mod:`airflow_adrq_testing.pytest_plugin`, loaded through its ``pytest1
 the same as for ``tests/``. No ``__init__.py`` here: the modules are imported by their names,
 which must not repeat one under ``tests/``.
 
-``airflow/`` holds the tests of ``bench --airflow`` and ``--live``, which need Apache Airflow:
-without it installed they are not collected (the ``airflowNN`` tox environments run them).
+``airflow/`` holds the tests of ``bench --airflow``, which need Apache Airflow: without it
+installed they are not collected (the ``airflowNN`` tox environments run them). Whether it is
+installed is asked of the distributions, not of ``import airflow``: with this directory on
+``sys.path``, ``airflow/`` here would pass for a namespace package of that name.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 
-collect_ignore = [] if importlib.util.find_spec("airflow") is not None else ["airflow"]
+
+def _airflow_installed() -> bool:
+    try:
+        importlib.metadata.version("apache-airflow-core")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+collect_ignore = [] if _airflow_installed() else ["airflow"]

@@ -218,3 +218,12 @@ def test_percentile_is_nearest_rank():
     assert percentile(list(range(1, 101)), 95) == 95
     assert percentile([3.0], 95) == 3.0
     assert math.isnan(percentile([], 50))
+
+
+def test_median_interval_narrows_with_more_values():
+    from airflow_adrq_bench.stats import median_interval
+
+    assert median_interval([5.0, 1.0, 3.0]) == (1.0, 5.0)  # few values: the extremes
+    assert median_interval([float(v) for v in range(1, 16)]) == (4.0, 12.0)
+    assert median_interval([float(v) for v in range(1, 41)]) == (14.0, 27.0)
+    assert all(math.isnan(v) for v in median_interval([]))

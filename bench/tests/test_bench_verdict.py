@@ -79,8 +79,8 @@ def test_a_ratio_is_judged_on_its_spread_and_overlapping_spreads_say_so():
 
 
 def test_one_round_speed_takes_its_spread_from_the_transactions_latencies():
-    # 0.95x, but each side's latencies spread over more than the difference: no miss.
-    ours = {**_row("commit_time", tx_per_s=9.5), "p25_ms": 50.0, "p50_ms": 100.0, "p75_ms": 200.0}
-    base = {**_row("sorted_loop", tx_per_s=10.0), "p25_ms": 50.0, "p50_ms": 100.0, "p75_ms": 200.0}
+    # 0.95x, but each side's median latency is less sure than the difference: no miss.
+    latency = {"ci_low_ms": 50.0, "p50_ms": 100.0, "ci_high_ms": 200.0}
+    ours, base = {**_row("commit_time", tx_per_s=9.5), **latency}, {**_row("sorted_loop"), **latency}
     line = _by_what(verdict.standalone(RAW, [ours, base], []))["tx/s, single outlet, vs sorted_loop"]
     assert line.measured == "0.95x (spreads overlap)" and line.verdict == "met"
