@@ -148,13 +148,14 @@ class Child:
         saved = {name: os.environ.get(name) for name in spawn_env or {}}
         os.environ.update(spawn_env or {})
         try:
-            self._pending = [self.pool.submit(os.getpid)]  # spawns the process now, with spawn_env
+            self._first = self.pool.submit(os.getpid)  # spawns the process now, with spawn_env
         finally:
             for name, value in saved.items():
                 if value is None:
                     del os.environ[name]
                 else:
                     os.environ[name] = value
+        self._pending = [self._first]
         self.pid: int | None = None
 
     def submit(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> cf.Future[Any]:
@@ -179,7 +180,7 @@ class Child:
 
     def started(self) -> int:
         """Wait until the child has imported what its set-up imports; its pid."""
-        self.pid = self.result(self._pending[0], START_TIMEOUT)
+        self.pid = self.result(self._first, START_TIMEOUT)
         return self.pid
 
 
