@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_adrq_bench import tables
-from airflow_adrq_bench.stats import latency, median, percentile
+from airflow_adrq_bench.stats import latency, median
 from airflow_adrq_bench.tables import fmt, ratio, times
 from airflow_adrq_bench.verdict import DEADLOCKS, NOT_COMMITTED, ROWS_EXACT, Line, Target, line, ratio_line
 
@@ -67,9 +67,7 @@ def summarize(raw: dict[str, Any]) -> Summary:
                 "fanout": fanout,
                 "manager": manager,
                 "calls": len(measured),
-                **latency(ms := [r["latency_s"] * 1000 for r in measured]),
-                "p25_ms": percentile(ms, 25),
-                "p75_ms": percentile(ms, 75),
+                **latency([r["latency_s"] * 1000 for r in measured]),
                 "statements": median([r["statements"] for r in measured]),
                 "rows_exact": all(r["rows_exact"] for r in records),
             }
@@ -97,9 +95,7 @@ def summarize(raw: dict[str, Any]) -> Summary:
                 "duration_s": duration,
                 "tx_per_s": len(ok) / duration if duration > 0 else math.nan,
                 "round_tx_per_s": [r["committed"] / r["duration_s"] for r in rounds if r["duration_s"] > 0],
-                **latency(ms := [tx["latency_s"] * 1000 for tx in ok]),
-                "p25_ms": percentile(ms, 25),
-                "p75_ms": percentile(ms, 75),
+                **latency([tx["latency_s"] * 1000 for tx in ok]),
                 "statements": median([tx["statements"] for tx in ok]),
                 "rows_exact": all(r["rows_exact"] for r in rounds),
                 "ended": sum(r["ended_transactions"] for r in rounds),
@@ -162,17 +158,18 @@ def verdict(raw: dict[str, Any], summary: Summary) -> list[Line]:
 
 
 def _calls_per_s(row: dict[str, Any]) -> tuple[float, tuple[float, float]]:
-    """One caller's calls per second at the median, and over the interquartile range (its spread)."""
-    return 1000 / row["p50_ms"], (1000 / row["p75_ms"], 1000 / row["p25_ms"])
+    """One caller's calls per second at the median, and over the median's 95 % interval (its spread)."""
+    return 1000 / row["p50_ms"], (1000 / row["ci_high_ms"], 1000 / row["ci_low_ms"])
 
 
 def _over_rounds(row: dict[str, Any]) -> tuple[float, float]:
-    """The spread of a row's tx/s: over its rounds; with one round, its rate scaled by the spread of its
-    transactions' latencies (rate x p50/p75 .. rate x p50/p25), as the standalone verdict does."""
+    """The spread of a row's tx/s: over its rounds; with one round, its rate scaled by its transactions'
+    median latency interval (rate x p50/high .. rate x p50/low), as the standalone verdict does."""
     rates = row["round_tx_per_s"]
     if len(rates) > 1:
         return min(rates), max(rates)
-    return row["tx_per_s"] * row["p50_ms"] / row["p75_ms"], row["tx_per_s"] * row["p50_ms"] / row["p25_ms"]
+    scaled = row["tx_per_s"] * row["p50_ms"]
+    return scaled / row["ci_high_ms"], scaled / row["ci_low_ms"]
 
 
 def _unfinished(row: dict[str, Any], who: str = "") -> str:

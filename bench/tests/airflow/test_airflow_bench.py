@@ -106,7 +106,7 @@ def _summary(plugin_ms, stock_ms, plugin_abandoned=0, sorted_abandoned=0):
             "fanout": 1,
             "manager": m,
             "rows_exact": True,
-            **dict(zip(("p25_ms", "p50_ms", "p75_ms"), ms, strict=True)),
+            **dict(zip(("ci_low_ms", "p50_ms", "ci_high_ms"), ms, strict=True)),
         }
         for m, ms in (("plugin", plugin_ms), ("stock", stock_ms))
     ]
@@ -121,7 +121,7 @@ def _summary(plugin_ms, stock_ms, plugin_abandoned=0, sorted_abandoned=0):
             "planned": 32,
             "tx_per_s": tx,
             "round_tx_per_s": [tx],
-            **{"p25_ms": 9.0, "p50_ms": 10.0, "p75_ms": 11.0},
+            **{"ci_low_ms": 9.0, "p50_ms": 10.0, "ci_high_ms": 11.0},
         }
         for m, gave_up, tx in (("plugin", plugin_abandoned, 300.0), ("sorted_loop", sorted_abandoned, 100.0))
     ]
@@ -136,7 +136,7 @@ def _summary(plugin_ms, stock_ms, plugin_abandoned=0, sorted_abandoned=0):
 def test_verdict_judges_spreads_and_unfinished_sides():
     lines = {ln.what: ln for ln in report.verdict(*_summary((4.0, 5.0, 6.0), (5.0, 6.0, 7.0)))}
     one = lines["one caller F=1 vs stock"]
-    # The interquartile ranges overlap: no winner, so "not slower than stock" (>= 1x) holds.
+    # The medians' intervals overlap: no winner, so "not slower than stock" (>= 1x) holds.
     assert (one.verdict, one.measured) == ("met", "1.20x (spreads overlap)")
     assert lines["tx/s single vs sorted"].measured == "3.00x (2.45-3.67x)"
     assert lines["deadlocks"].verdict == lines["queue rows exact throughout"].verdict == "met"
