@@ -84,7 +84,6 @@ QUICK: Final = Sizes(
     lock_timeout_s=3.0,
     sweep=(1, 16, 256),
     sweep_repeats=5,
-    ratio_calls=15,
     lost_events=48,
 )
 

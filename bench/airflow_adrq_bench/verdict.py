@@ -78,6 +78,7 @@ def ratio_line(
     what: str | None = None,
     spreads: Sequence[Spread] | None = None,
     unfinished: Sequence[str] = ("", ""),
+    shown: str = "",
 ) -> Line:
     """``ours / base`` judged by ``target``, unless a side did not finish; with the spread of the ratio.
 
@@ -87,6 +88,7 @@ def ratio_line(
     (:func:`.stats.median_interval`): the ratio can be anywhere from
     ``ours low / base high`` to ``ours high / base low``; the target is met if it is met anywhere in
     that range (a miss within the noise is no miss), and overlapping spreads are said to overlap.
+    ``shown``: what the measured cell says before the ratio.
     """
     what = what or target.what
     if unfinished[0]:
@@ -95,12 +97,12 @@ def ratio_line(
         return Line(db, what, target.goal, unfinished[1], "met")
     value = ours / base if base else math.nan
     if spreads is None or math.isnan(value) or any(math.isnan(v) for s in spreads for v in s):
-        return line(db, target, value, f"{value:.2f}x", what)
+        return line(db, target, value, f"{shown}{value:.2f}x", what)
     (ours_lo, ours_hi), (base_lo, base_hi) = spreads
     low, high = ours_lo / base_hi if base_hi else math.inf, ours_hi / base_lo if base_lo else math.inf
     said = "spreads overlap" if overlap(spreads[0], spreads[1]) else f"{low:.2f}-{high:.2f}x"
     met = target.met(value) or target.met(low) or target.met(high)
-    return Line(db, what, target.goal, f"{value:.2f}x ({said})", "met" if met else "MISSED")
+    return Line(db, what, target.goal, f"{shown}{value:.2f}x ({said})", "met" if met else "MISSED")
 
 
 def _unfinished(row: dict[str, Any]) -> int:
@@ -169,14 +171,21 @@ def _speed(db: str, rows: Sequence[dict[str, Any]]) -> list[Line]:
     ]
 
 
+def _count(n: int) -> Spread:
+    """How sure a count of rare events is: about 95 % (Poisson, n +- 1.96 sqrt(n))."""
+    return (max(0.0, n - 1.96 * math.sqrt(n)), n + 1.96 * math.sqrt(n))
+
+
 def _lost(db: str, lost: Sequence[dict[str, Any]]) -> list[Line]:
     ours = [r for r in lost if r["db"] == db and r["strategy"] == DEFAULT_STRATEGY]
     stock = [r for r in lost if r["db"] == db and r["strategy"] == STOCK]
     if not ours or not stock:
         return []
     mine, theirs = sum(r["lost_pairs"] for r in ours), sum(r["lost_pairs"] for r in stock)
-    value = 0.0 if mine == 0 else (mine / theirs if theirs else math.inf)
-    return [line(db, LOST, value, f"{mine} pair(s) vs {theirs}")]
+    shown = f"{mine} pair(s) vs {theirs}"
+    if mine == 0 or theirs == 0:
+        return [line(db, LOST, 0.0 if mine == 0 else math.inf, shown)]
+    return [ratio_line(db, LOST, mine, theirs, spreads=(_count(mine), _count(theirs)), shown=f"{shown}: ")]
 
 
 def _raw_sql(db: str, results: Sequence[dict[str, Any]]) -> list[Line]:
