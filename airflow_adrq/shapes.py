@@ -10,7 +10,7 @@ DAGs and keys the queue by ``(target_dag_id, asset_event_id)``, one row per
 
 The plug-in writes its release line's shape (:mod:`airflow_adrq.airflow.compat`);
 ``airflow-adrq doctor`` reads a database's off its catalog
-(:func:`airflow_adrq.doctor.shape.detect`); the library's own tables
+(:func:`airflow_adrq.doctor.compatibility.detect`); the library's own tables
 (:mod:`airflow_adrq.models`, migration 0001) are :data:`PARTITIONED`.
 """
 

@@ -1,9 +1,10 @@
 """The compatibility half of the report: Airflow's schema version, the queue's shape, the plug-in's support.
 
 ``alembic_version`` places the database in Airflow's migration history
-(:mod:`.airflow_revisions`); :func:`airflow_adrq.doctor.shape.detect` reads the
-queue table; :mod:`airflow_adrq.airflow.compat` says which release lines the
-plug-in supports and which shape each makes.
+(:mod:`.airflow_revisions`); :func:`detect` reads the queue's shape off the
+catalog (the plug-in does not: it writes its release line's);
+:mod:`airflow_adrq.airflow.compat` says which release lines the plug-in
+supports and which shape each makes.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from airflow_adrq.airflow import compat
 from airflow_adrq.doctor.airflow_revisions import KNOWN_UP_TO, REVISIONS, schema_version
 from airflow_adrq.doctor.backends import Probe, scalar
 from airflow_adrq.doctor.report import Compatibility, DoctorError, SchemaVersion
-from airflow_adrq.doctor.shape import detect
 from airflow_adrq.errors import UnsupportedSchemaError
+
+__all__ = ["detect", "read"]
 
 
 def read(
@@ -147,3 +149,47 @@ def _below_minimum(schema: SchemaVersion) -> list[str]:
         f"from {'.'.join(map(str, minimum))} on (see compat.py): check `airflow version`, older releases "
         "refuse to start with the option set"
     ]
+
+
+def detect(connection: Connection, schema: str | None = None) -> shapes.QueueShape:
+    """The :class:`~airflow_adrq.shapes.QueueShape` of the database behind ``connection``.
+
+    Reads the catalog (columns of ``dag`` and ``asset_event``, the primary
+    key of ``asset_dag_run_queue``, in ``schema`` if given) through the
+    connection, inside the caller's transaction; takes no row locks. Raises
+    :class:`~airflow_adrq.errors.UnsupportedSchemaError` for a queue keyed in
+    any other way, or a combination no Airflow release has.
+    """
+    inspector = sa.inspect(connection)
+
+    def columns(name: str) -> set[str]:
+        if not inspector.has_table(name, schema=schema):
+            return set()
+        return {c["name"] for c in inspector.get_columns(name, schema=schema)}
+
+    if not inspector.has_table("asset_dag_run_queue", schema=schema):
+        raise UnsupportedSchemaError("no asset_dag_run_queue table: not an Airflow 3 metadata database")
+    pk = tuple(
+        inspector.get_pk_constraint("asset_dag_run_queue", schema=schema).get("constrained_columns") or ()
+    )
+    dag_columns, event_columns = columns("dag"), columns("asset_event")
+    found = shapes.QueueShape(
+        "detected",
+        partitions="timetable_partitioned" in dag_columns and "partition_key" in event_columns,
+        draining="is_draining" in dag_columns,
+        event_keyed=set(pk) == {"target_dag_id", "asset_event_id"} and len(pk) == 2,
+    )
+    matches = [
+        s
+        for s in shapes.KNOWN
+        if (s.partitions, s.draining, s.event_keyed) == (found.partitions, found.draining, found.event_keyed)
+    ]
+    if set(pk) != set(found.queue_key) or "is_paused" not in dag_columns or not matches:
+        key = f"({', '.join(pk)})" if pk else "no primary key"
+        relevant = sorted(dag_columns & {"is_paused", "timetable_partitioned", "is_draining"})
+        raise UnsupportedSchemaError(
+            f"asset_dag_run_queue has primary key {key}; dag has columns {', '.join(relevant) or 'none'} "
+            "of is_paused, timetable_partitioned, is_draining: not an Airflow 3.0-3.4 schema airflow-adrq "
+            "knows how to write."
+        )
+    return matches[0]

@@ -15,11 +15,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from airflow_adrq.doctor.backends import CONNECT_TIMEOUT
 from airflow_adrq.doctor.report import PgBouncer, first_line
 
 
-def detect(conn: Connection) -> PgBouncer:
+def detect(conn: Connection, timeout: int) -> PgBouncer:
+    """Whether ``conn`` goes through PgBouncer; ``timeout``: seconds to wait for each connection opened."""
     ours = _socket_ports(conn)
     row = conn.execute(sa.text("SELECT inet_client_port(), inet_server_port()")).one()
     theirs = (row[0], row[1]) if row[0] is not None else None
@@ -33,7 +33,7 @@ def detect(conn: Connection) -> PgBouncer:
         between = "this end is a Unix socket and the server's is TCP, or the reverse"
     else:
         between = f"ports {ours[0]} -> {ours[1]} here, {theirs[0]} -> {theirs[1]} at the server"
-    detected, how, mode = _admin_console(conn.engine)
+    detected, how, mode = _admin_console(conn.engine, timeout)
     how = f"{between}; {how}"
     if detected is False:
         return PgBouncer(False, how)
@@ -56,11 +56,11 @@ def _socket_ports(conn: Connection) -> tuple[int, int] | None:
         return None
 
 
-def _admin_console(engine: Engine) -> tuple[bool | None, str, str | None]:
+def _admin_console(engine: Engine, timeout: int) -> tuple[bool | None, str, str | None]:
     """``(is PgBouncer, what was seen, pool mode)`` from database ``pgbouncer``, same host and user."""
     cargs, cparams = engine.dialect.create_connect_args(engine.url.set(database="pgbouncer"))
     try:
-        console: Any = engine.dialect.connect(*cargs, **{**cparams, "connect_timeout": CONNECT_TIMEOUT})
+        console: Any = engine.dialect.connect(*cargs, **{**cparams, "connect_timeout": timeout})
     except Exception as exc:
         message = first_line(exc)
         if "not allowed" in message:

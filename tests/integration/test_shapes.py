@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from airflow_adrq import defer_events, shapes
-from airflow_adrq.doctor.shape import detect
+from airflow_adrq.doctor.compatibility import detect
 from airflow_adrq.errors import UnsupportedSchemaError
 from tests.factories import add_asset, add_dags, schedule_on_asset
 

@@ -35,7 +35,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql import visitors
 
 from airflow_adrq import manager, statement
-from airflow_adrq.doctor.shape import detect
+from airflow_adrq.doctor.compatibility import detect
 from airflow_adrq.models import metadata as our_metadata
 from tests.plugin.adrq_af_scenario import LINE
 

@@ -1,0 +1,334 @@
+"""The one read-only transaction doctor reads in, and what it reads differently on each backend.
+
+Each backend is a :class:`Probe` (data and a few functions); generic modules
+ask :func:`get` for it and never compare backend names.
+
+* PostgreSQL: a ``READ ONLY`` snapshot; every setting transaction-scoped
+  (``SET TRANSACTION``, ``set_config(..., true)``), so nothing stays on a server
+  connection PgBouncer hands to someone else. Its deadlock counter is this
+  database's own: the verdict cites it.
+* MySQL/MariaDB: ``START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY``.
+  The plug-in refuses to write above READ COMMITTED, which Airflow sets only
+  for URLs starting with ``mysql``: the server's default and the URL's scheme
+  are both reported. ``Innodb_deadlocks`` counts the whole server's, so the
+  verdict does not cite it.
+* SQLite: the file opened ``mode=ro`` (a missing file is an error, never
+  created) and ``PRAGMA query_only``. One writer at a time: the verdict is
+  "not needed" whatever the exposure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, Connection
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import NullPool
+
+from airflow_adrq.doctor import pgbouncer
+from airflow_adrq.doctor.report import Compatibility, DoctorError, Exposure, QueueInsert, first_line
+
+#: Seconds doctor waits for a server to accept a connection.
+CONNECT_TIMEOUT = 10
+
+#: The DAG id columns whose collation the report shows.
+DAG_ID_COLUMNS = (
+    ("dag", "dag_id"),
+    ("asset_dag_run_queue", "target_dag_id"),
+    ("dag_schedule_asset_reference", "dag_id"),
+)
+
+
+def _connect_timeout(url: URL) -> tuple[URL, dict[str, Any]]:
+    drivers = ("psycopg2", "psycopg", "mysqldb", "pymysql")  # the DBAPIs that take connect_timeout
+    return url, ({"connect_timeout": CONNECT_TIMEOUT} if url.get_driver_name() in drivers else {})
+
+
+@dataclass(frozen=True)
+class Probe:
+    """How doctor reads one backend; ``name`` is the report's backend (``"mysql"`` for MariaDB too).
+
+    ``begin_read_only``: the statements that make the transaction read-only
+    before its first query. ``engine_args(url)``: the URL and ``connect_args``
+    to open (by default, a connect timeout). ``search_path`` resolves
+    unqualified names in a schema first, for that transaction only (``None``:
+    not checked here). ``compatibility`` and ``stats`` fill the backend's own
+    fields and return warnings. ``cannot_deadlock``: why the verdict is "not
+    needed" whatever the exposure; ``deadlock_counter``: who counts this
+    database's own deadlocks, cited in the verdict (``None``: no counter, or a
+    server-wide one).
+    """
+
+    name: str
+    begin_read_only: tuple[str, ...]
+    server: Callable[[Connection], str]
+    collations: Callable[[Connection], dict[str, str]]
+    engine_args: Callable[[URL], tuple[URL, dict[str, Any]]] = field(default=_connect_timeout)
+    search_path: Callable[[Connection, str], None] | None = None
+    compatibility: Callable[[Connection, Compatibility], list[str]] = field(default=lambda conn, c: [])
+    stats: Callable[[Connection, Exposure], list[str]] = field(default=lambda conn, e: [])
+    cannot_deadlock: str | None = None
+    deadlock_counter: str | None = None
+
+
+@contextlib.contextmanager
+def read_only_connection(url: str | URL, schema: str | None = None) -> Iterator[Connection]:
+    """A connection to ``url`` in one read-only transaction, rolled back at the end.
+
+    Unqualified names resolve in ``schema`` first (PostgreSQL only; else
+    :class:`DoctorError`). The server refuses a write on it (SQLSTATE 25006,
+    MySQL 1792, SQLite "attempt to write a readonly database").
+    """
+    url = sa.make_url(url)
+    probe = get(url)
+    url, connect_args = probe.engine_args(url)
+    engine = sa.create_engine(url, poolclass=NullPool, connect_args=connect_args)
+    try:
+        with engine.connect() as conn:
+            # SQLAlchemy's first-connect checks ran in a transaction of their
+            # own; start from none, so the read-only one is the first.
+            conn.rollback()
+            for statement in probe.begin_read_only:
+                conn.exec_driver_sql(statement)
+            try:
+                if schema:
+                    if probe.search_path is None:
+                        raise DoctorError(
+                            f"[database] sql_alchemy_schema ({schema!r}) is only checked on PostgreSQL; on "
+                            "MySQL/MariaDB name Airflow's database in the URL instead"
+                        )
+                    probe.search_path(conn, schema)
+                yield conn
+            finally:
+                conn.rollback()
+    finally:
+        engine.dispose()
+
+
+def scalar(conn: Connection, sql: str) -> Any:
+    return conn.execute(sa.text(sql)).scalar()
+
+
+def _collations_in(conn: Connection, schema: str, default: str | None) -> dict[str, str]:
+    """The collation of each of :data:`DAG_ID_COLUMNS` in ``schema`` (SQL), else the ``default``."""
+    out: dict[str, str] = {}
+    for table, column in DAG_ID_COLUMNS:
+        row = conn.execute(
+            sa.text(
+                "SELECT collation_name FROM information_schema.columns WHERE table_schema = "
+                f"{schema} AND table_name = :t AND column_name = :c"
+            ),
+            {"t": table, "c": column},
+        ).first()
+        if row is not None:
+            out[f"{table}.{column}"] = row[0] or f"database default ({default})"
+    return out
+
+
+# PostgreSQL
+
+_HIDDEN = "<insufficient privilege>"
+
+
+def _pg_search_path(conn: Connection, schema: str) -> None:
+    # The old path stays after it: `airflow db migrate` leaves alembic_version
+    # in the connection's default schema.
+    conn.execute(
+        sa.text(
+            "SELECT set_config('search_path', "
+            "quote_ident(:schema) || ', ' || current_setting('search_path'), true)"
+        ),
+        {"schema": schema},
+    )
+
+
+def _pg_collations(conn: Connection) -> dict[str, str]:
+    default = scalar(conn, "SELECT datcollate FROM pg_database WHERE datname = current_database()")
+    return _collations_in(conn, "current_schema()", default)
+
+
+def _pg_compatibility(conn: Connection, compatibility: Compatibility) -> list[str]:
+    compatibility.pgbouncer = pgbouncer.detect(conn, CONNECT_TIMEOUT)
+    return []
+
+
+def _classify_insert(query: str) -> str:
+    q = " ".join(query.split()).lower()
+    if "select" in q and "asset_event" in q:
+        return "airflow-adrq's statement (INSERT ... SELECT)"
+    if "values" in q:
+        return "Airflow's own insert (INSERT ... VALUES)"
+    return "other insert"
+
+
+def _pg_stats(conn: Connection, exposure: Exposure) -> list[str]:
+    row = conn.execute(
+        sa.text("SELECT deadlocks, stats_reset FROM pg_stat_database WHERE datname = current_database()")
+    ).first()
+    if row is not None:
+        exposure.deadlocks = int(row[0] or 0)
+        since = f"since {row[1]:%Y-%m-%d %H:%M}" if row[1] is not None else "since the cluster was created"
+        exposure.deadlocks_scope = f"this database, any table, {since}"
+    schema = scalar(
+        conn,
+        "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace "
+        "WHERE e.extname = 'pg_stat_statements'",
+    )
+    if schema is None:
+        exposure.queue_inserts_note = "pg_stat_statements is not installed in this database"
+        return []
+    if scalar(conn, "SELECT current_setting('pg_stat_statements.max', true)") is None:
+        exposure.queue_inserts_note = "pg_stat_statements is installed but not in shared_preload_libraries"
+        return []
+    quoted = conn.dialect.identifier_preparer.quote_identifier(str(schema))
+    mean = "mean_exec_time" if int(scalar(conn, "SHOW server_version_num")) >= 130000 else "mean_time"
+    try:
+        # A view missing or a privilege lacking must not end the transaction.
+        with conn.begin_nested():
+            found = conn.execute(
+                sa.text(
+                    f"SELECT query, calls, {mean} FROM {quoted}.pg_stat_statements WHERE dbid = "
+                    "(SELECT oid FROM pg_database WHERE datname = current_database()) AND "
+                    f"(query ILIKE '%insert into asset_dag_run_queue%' OR query = '{_HIDDEN}')"
+                )
+            ).all()
+    except DBAPIError as exc:
+        exposure.queue_inserts_note = f"pg_stat_statements unreadable: {first_line(exc)}"
+        return []
+    totals: dict[str, list[float]] = {}
+    for query, calls, mean_ms in found:
+        if query != _HIDDEN:
+            total = totals.setdefault(_classify_insert(str(query)), [0, 0.0])
+            total[0] += int(calls)
+            total[1] += int(calls) * float(mean_ms)
+    exposure.queue_inserts = [
+        QueueInsert(kind, int(calls), (time / calls) if calls else 0.0)
+        for kind, (calls, time) in totals.items()
+    ]
+    if not exposure.queue_inserts:
+        exposure.queue_inserts_note = "pg_stat_statements has no insert into asset_dag_run_queue yet"
+    if any(r[0] == _HIDDEN for r in found):
+        return ["pg_stat_statements hides other users' queries from this user (grant pg_read_all_stats)"]
+    return []
+
+
+POSTGRESQL = Probe(
+    name="postgresql",
+    # Unlike default_transaction_read_only, nothing stays on the server connection.
+    begin_read_only=("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY",),
+    search_path=_pg_search_path,
+    server=lambda conn: f"PostgreSQL {scalar(conn, 'SHOW server_version')}",
+    collations=_pg_collations,
+    compatibility=_pg_compatibility,
+    stats=_pg_stats,
+    deadlock_counter="PostgreSQL",
+)
+
+
+# MySQL/MariaDB
+
+
+def _mysql_server(conn: Connection) -> str:
+    raw = str(scalar(conn, "SELECT VERSION()"))
+    return f"{'MariaDB' if 'mariadb' in raw.lower() else 'MySQL'} {raw}"
+
+
+def _mysql_compatibility(conn: Connection, compatibility: Compatibility) -> list[str]:
+    variables: dict[str, str] = dict(
+        conn.execute(
+            sa.text("SHOW GLOBAL VARIABLES WHERE Variable_name IN ('transaction_isolation', 'tx_isolation')")
+        ).all()
+    )
+    level = str(variables.get("transaction_isolation") or variables.get("tx_isolation") or "unknown")
+    warnings = []
+    drivername = conn.engine.url.drivername
+    if drivername.startswith("mysql"):
+        compatibility.isolation = f"server default {level}; Airflow's mysql connections use READ COMMITTED"
+    else:
+        compatibility.isolation = f"server default {level}"
+        if level.replace("-", " ").upper() not in ("READ COMMITTED", "READ UNCOMMITTED"):
+            warnings.append(
+                "Airflow sets READ COMMITTED only for URLs starting with mysql: with "
+                f"{drivername}:// its connections run at the server's {level}, where the plug-in "
+                "refuses to write (IsolationLevelError). Use mysql+mysqldb:// or set "
+                "transaction_isolation=READ-COMMITTED"
+            )
+    compatibility.storage_engine = scalar(
+        conn,
+        "SELECT engine FROM information_schema.tables WHERE table_schema = DATABASE() "
+        "AND table_name = 'asset_dag_run_queue'",
+    )
+    if "mariadb" in compatibility.server.lower():
+        warnings.append("Airflow does not support MariaDB (airflow-adrq's tests run on it)")
+    return warnings
+
+
+def _mysql_stats(conn: Connection, exposure: Exposure) -> list[str]:
+    row = conn.execute(sa.text("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")).first()
+    if row is not None:
+        exposure.deadlocks = int(row[1])
+        exposure.deadlocks_scope = "Innodb_deadlocks: the whole server, any table, since it started"
+    return []
+
+
+MYSQL = Probe(
+    name="mysql",
+    # No transaction is open yet: SET TRANSACTION applies to the one START TRANSACTION opens.
+    begin_read_only=(
+        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+        "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY",
+    ),
+    server=_mysql_server,
+    collations=lambda conn: _collations_in(conn, "DATABASE()", None),
+    compatibility=_mysql_compatibility,
+    stats=_mysql_stats,
+)
+
+
+# SQLite
+
+
+def _sqlite_read_only(url: URL) -> tuple[URL, dict[str, Any]]:
+    database = url.database or ""
+    if url.query.get("uri") in ("true", "1") or database.startswith("file:"):
+        query = {"uri": "true", **url.query}
+        if "mode=" not in database and "mode" not in query:
+            query["mode"] = "ro"
+        return url.set(query=query), {}
+    if database in ("", ":memory:"):
+        raise DoctorError("an in-memory SQLite database holds no Airflow schema: pass the database file")
+    path = Path(database).expanduser().resolve()
+    if not path.is_file():
+        raise DoctorError(f"no SQLite database file at {path}")
+    file = f"file:{urllib.parse.quote(str(path))}"
+    return url.set(database=file, query={**url.query, "mode": "ro", "uri": "true"}), {}
+
+
+SQLITE = Probe(
+    name="sqlite",
+    engine_args=_sqlite_read_only,
+    begin_read_only=("PRAGMA query_only = ON", "BEGIN"),
+    server=lambda conn: f"SQLite {scalar(conn, 'SELECT sqlite_version()')}",
+    # SQLite's default collation, not read from the schema.
+    collations=lambda conn: {f"{t}.{c}": "BINARY" for t, c in DAG_ID_COLUMNS},
+    cannot_deadlock="SQLite runs one writer at a time: two transactions never hold queue-row locks "
+    "together, so there is no deadlock to remove (and Airflow does not support SQLite in production)",
+)
+
+_PROBES = {"postgresql": POSTGRESQL, "mysql": MYSQL, "mariadb": MYSQL, "sqlite": SQLITE}
+
+
+def get(backend: str | URL) -> Probe:
+    """The :class:`Probe` of a backend name or URL (:class:`DoctorError` if Airflow does not run on it)."""
+    name = backend if isinstance(backend, str) else backend.get_backend_name()
+    if name not in _PROBES:
+        raise DoctorError(
+            f"{name} is not a database Airflow 3 runs on: doctor reads PostgreSQL, MySQL/MariaDB and SQLite"
+        )
+    return _PROBES[name]
