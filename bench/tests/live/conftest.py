@@ -17,9 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from airflow_adrq_testing import servers
-from airflow_adrq_testing.pytest_plugin import skip_or_fail
-
 LIVE_LINE = "3.3.2"
 _NEEDED = {
     "apache-airflow": "the full apache-airflow distribution",
@@ -64,7 +61,11 @@ def broker(backend: str) -> Iterator[tuple[str, ...]]:
     if backend != "postgresql":
         yield ()
         return
-    import redis  # here: it is installed with the Celery provider, not where this folder is ignored
+    # Here: where this folder is not collected, none of them need be installed.
+    import redis
+
+    from airflow_adrq_testing import servers
+    from airflow_adrq_testing.pytest_plugin import skip_or_fail
 
     try:
         redis.Redis(socket_connect_timeout=3).ping()

@@ -65,25 +65,29 @@ def producer_tasks(conn: sa.Connection, dag_ids: Sequence[str], run_ids: Sequenc
     )
 
     def tally(mine: Sequence[tuple[Any, ...]]) -> dict[str, int]:
-        failed, retried = sum(1 for r in mine if r[2] == "failed"), sum(1 for r in mine if (r[3] or 0) > 1)
-        return {"tasks": len(mine), "failed": failed, "retried": retried}
+        failed = sum(1 for _, _, state, _, _ in mine if state == "failed")
+        return {
+            "tasks": len(mine),
+            "failed": failed,
+            "retried": sum(1 for *_, tries, _ in mine if (tries or 0) > 1),
+        }
 
     bursts = []
     for run_id in run_ids:
         mine = [r for r in rows if r[1] == run_id]
-        ends = [_utc(r[4]) for r in mine if r[4] is not None]
+        ends = [_utc(end) for *_, end in mine if end is not None]
         last, spread = (
             (max(ends).isoformat(), (max(ends) - min(ends)).total_seconds()) if ends else (None, None)
         )
         # end_spread_s: how close together the success calls finished (they set end_date).
         bursts.append({"run_id": run_id, **tally(mine), "last_end": last, "end_spread_s": spread})
-    states = Counter(str(r[2] or "none") for r in rows)
+    states = Counter(str(state or "none") for _, _, state, _, _ in rows)
     return {
         **tally(rows),
         "succeeded": states.pop("success", 0),
         "other": {k: n for k, n in states.items() if k != "failed"},
         "bursts": bursts,
-        "runs": {uuid_hex(r[0]): str(r[1]) for r in rows},
+        "runs": {uuid_hex(ti_id): str(run_id) for ti_id, run_id, *_ in rows},
     }
 
 

@@ -54,12 +54,10 @@ def _server_errors(c: Cell) -> int:
 
 def _latency(c: Cell) -> str:
     p = c["patch_state"]
+    if not p["calls"]:
+        return "n/a"
     refused = sum(n for code, n in p["status"].items() if not code.startswith("2"))
-    return (
-        f"{p['p50_ms']:.0f} / {p['p99_ms']:.0f} ({p['calls']} calls, {refused} not 2xx)"
-        if p["calls"]
-        else "n/a"
-    )
+    return f"{p['p50_ms']:.0f} / {p['p99_ms']:.0f} ({p['calls']} calls, {refused} not 2xx)"
 
 
 def _deadlock_server(c: Cell) -> str:
@@ -80,10 +78,6 @@ def _our_deadlocks(c: Cell) -> int:
 
 def _seconds(value: float | None) -> str:
     return "?" if value is None else f"{value:.0f}"
-
-
-def _first(error: str) -> str:
-    return error.splitlines()[0]
 
 
 def _written(c: Cell) -> int:
@@ -158,7 +152,7 @@ def format_tables(raw: dict[str, Any]) -> str:
         heading = f"### {db}: {mine[0]['version']}; {shape_label(mine[0]['shape'])}"
         lines += ["", heading, "", tables.markdown(["", *managers], body, left=1)]
         lines += [
-            f"\n* {c['manager']} run {c['run']} failed: {_first(c['error'])} (logs: {c['log_dir']})"
+            f"\n* {c['manager']} run {c['run']} failed: {c['error'].splitlines()[0]} (logs: {c['log_dir']})"
             for c in mine
             if c["error"]
         ]
@@ -265,7 +259,10 @@ def problems(
     correctness (with ``check``, the speed target too), and with ``expect_stock_worse`` a stock that
     had neither failed producer tasks nor stranded pairs in any deployment."""
     failed = [c for c in cells if c["error"]]
-    out = [f"{c['db']} {c['manager']} run {c['run']}: did not complete: {_first(c['error'])}" for c in failed]
+    out = [
+        f"{c['db']} {c['manager']} run {c['run']}: did not complete: {c['error'].splitlines()[0]}"
+        for c in failed
+    ]
     out += [
         f"{m.db}: {m.what}: {m.measured} (target {m.goal})"
         for m in verdict.missed(lines)
