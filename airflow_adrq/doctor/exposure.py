@@ -11,7 +11,7 @@ import functools
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Inspector
@@ -19,7 +19,6 @@ from sqlalchemy.engine import Connection, Inspector
 from airflow_adrq import shapes, statement, tables
 from airflow_adrq.doctor.backends import scalar
 from airflow_adrq.doctor.report import FANOUT_THRESHOLDS, Exposure
-from airflow_adrq.models import AssetModel, DagScheduleAssetAliasReference
 
 #: The tables the exposure reads (``task_outlet_asset_reference`` is optional).
 TABLES = frozenset(
@@ -36,8 +35,7 @@ def queued_pairs(shape: shapes.QueueShape = shapes.PARTITIONED) -> sa.Select[Any
     every asset (aliases: :func:`alias_consumers`). Locks nothing; for
     ``doctor``.
     """
-    asset = cast(sa.Table, AssetModel.__table__)
-    src = statement.consumers(sa.select(asset.c.id.label("asset_id")).cte("ev"), with_aliases=False)
+    src = statement.consumers(sa.select(tables.asset.c.id.label("asset_id")).cte("ev"), with_aliases=False)
     return (
         sa.select(src.c.asset_id, src.c.dag_id)
         .join(tables.dag, tables.dag.c.dag_id == src.c.dag_id)
@@ -48,7 +46,7 @@ def queued_pairs(shape: shapes.QueueShape = shapes.PARTITIONED) -> sa.Select[Any
 @functools.cache
 def alias_consumers(shape: shapes.QueueShape = shapes.PARTITIONED) -> sa.Select[Any]:
     """``SELECT alias_id, dag_id``: the consumers an event emitted through an alias queues, per alias."""
-    by_alias = cast(sa.Table, DagScheduleAssetAliasReference.__table__)
+    by_alias = tables.dag_schedule_asset_alias_reference
     return (
         sa.select(by_alias.c.alias_id, by_alias.c.dag_id)
         .join(tables.dag, tables.dag.c.dag_id == by_alias.c.dag_id)

@@ -1,5 +1,7 @@
-"""What doctor returns: the report's dataclasses, the verdicts and their exit codes, and the report as text
-(one screen, ending with the config line to set) and as JSON (every field).
+"""What doctor returns: the report's dataclasses, the verdicts and their exit codes, :class:`DoctorError`.
+
+:func:`render_text` prints the report on one screen, ending with the config
+line to set; :func:`render_json` prints every field.
 """
 
 from __future__ import annotations
