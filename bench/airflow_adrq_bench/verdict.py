@@ -42,7 +42,7 @@ class Target:
 DEADLOCKS = Target("deadlocks", "0", lambda v: v == 0)
 NOT_COMMITTED = Target("transactions not committed", "0", lambda v: v == 0)
 ROWS_EXACT = Target("queue rows exact after every round", "all", lambda v: v == 1)
-LOST = Target("events no run consumed, vs Airflow", "<= 0.2x", lambda v: v <= 0.2)
+LOST = Target("(event, DAG) pairs lost, vs Airflow", "<= 0.2x", lambda v: v <= 0.2)
 SPEED = Target("tx/s, single outlet, vs {base}", ">= 1x", lambda v: v >= 1)
 RAW_SQL = Target("one call at F=1 vs raw SQL (p50)", "<= 2x", lambda v: v <= 2)
 
@@ -182,10 +182,10 @@ def _lost(db: str, lost: Sequence[dict[str, Any]]) -> list[Line]:
     if not ours or not stock:
         return []
     mine, theirs = sum(r["lost_pairs"] for r in ours), sum(r["lost_pairs"] for r in stock)
-    shown = f"{mine} pair(s) vs {theirs}"
+    shown = f"{mine}/{theirs}"  # pairs: ours / Airflow's
     if mine == 0 or theirs == 0:
         return [line(db, LOST, 0.0 if mine == 0 else math.inf, shown)]
-    return [ratio_line(db, LOST, mine, theirs, spreads=(_count(mine), _count(theirs)), shown=f"{shown}: ")]
+    return [ratio_line(db, LOST, mine, theirs, spreads=(_count(mine), _count(theirs)), shown=f"{shown} ")]
 
 
 def _raw_sql(db: str, results: Sequence[dict[str, Any]]) -> list[Line]:

@@ -32,8 +32,8 @@ def test_all_met_and_the_table_fits_100_columns():
     rows = [_row("airflow_3_3", tx_per_s=5.0), _row("sorted_loop", tx_per_s=8.0), _row("commit_time")]
     lines = verdict.standalone(RAW, rows, [])
     assert [line.verdict for line in lines] == ["met"] * 5
-    text = verdict.format_verdict(lines)
-    assert "all 5 targets met" in text
+    text = verdict.format_verdict([*lines, _lost(12, 230), _lost(2, 12)])
+    assert "all 7 targets met" in text
     assert max(map(len, text.splitlines())) <= 100
     assert _by_what(lines)["tx/s, single outlet, vs airflow_3_3"].measured == "2.00x"
 
@@ -57,14 +57,14 @@ def _lost(ours, stock):
         {"db": "postgresql", "strategy": "commit_time", "lost_pairs": ours},
         {"db": "postgresql", "strategy": "airflow_3_3", "lost_pairs": stock},
     ]
-    return _by_what(verdict.standalone(RAW, [], lost))["events no run consumed, vs Airflow"]
+    return _by_what(verdict.standalone(RAW, [], lost))["(event, DAG) pairs lost, vs Airflow"]
 
 
 def test_lost_events_are_judged_on_the_counts_noise():
     assert _lost(300, 1000).verdict == "MISSED"  # 0.3x, clearly above 0.2x
     # 0.3x too, but 3 and 10 are too few to tell from 0.2x.
-    assert _lost(3, 10).verdict == "met" and _lost(3, 10).measured.startswith("3 pair(s) vs 10: 0.30x (")
-    assert _lost(0, 10).measured == "0 pair(s) vs 10" and _lost(0, 0).verdict == "met"
+    assert _lost(3, 10).verdict == "met" and _lost(3, 10).measured.startswith("3/10 0.30x (")
+    assert _lost(0, 10).measured == "0/10" and _lost(0, 0).verdict == "met"
     assert _lost(1, 0).verdict == "MISSED"
 
 
