@@ -23,7 +23,6 @@ EXPECTED_PACKAGES = {
     "airflow_adrq/airflow",
     "airflow_adrq/dialects",
     "airflow_adrq/doctor",
-    "airflow_adrq/doctor/backends",
     "airflow_adrq/migrations",
     "airflow_adrq/migrations/versions",
 }
