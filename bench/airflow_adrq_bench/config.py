@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 from airflow_adrq_bench.options import Checked, size
@@ -147,7 +149,7 @@ class Cell:
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything a party's process needs (pickled to it)."""
+    """Everything a party's process needs; written by the runner as JSON for the suite's workers."""
 
     out_dir: str
     sizes: Sizes
@@ -159,3 +161,13 @@ class Plan:
     def parties(self) -> int:
         """The most producers any cell has, plus the coordinator (which is also the consumer)."""
         return max((c.producers for c in self.cells), default=self.sizes.producers) + 1
+
+    def dump(self, path: Path) -> None:
+        path.write_text(json.dumps(dataclasses.asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, path: Path) -> Plan:
+        raw = json.loads(path.read_text())
+        sizes = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.pop("sizes").items()}
+        cells = tuple(Cell(**c) for c in raw.pop("cells"))
+        return cls(sizes=Sizes(**sizes), cells=cells, **raw)

@@ -1,26 +1,25 @@
 """Run the benchmark end to end: scratch databases, the concurrent rounds, the sweep, the report.
 
-The concurrent rounds run one party per process: ``concurrent.futures`` with
-the ``spawn`` start method (fresh interpreters, nothing inherited but the
-plan), the coordinator (party 0) and the producers (parties 1..N) of
-:mod:`.engine`. They meet and report through scratch files in the output
-directory (the ``barriers`` directory, ``cells.jsonl``, ``tx-<party>.jsonl``);
-:func:`run` reads the records into its result and removes the scratch files
-at the end, on failure too, unless ``keep_scratch``. Progress: one step per
-round as the coordinator starts it, then the sweep and the ratio
-(:mod:`.progress`).
+The concurrent rounds are a pytest-xdist suite (:mod:`.suite`): ``python -m pytest --pyargs
+airflow_adrq_bench.suite -n <producers + 1>`` in a subprocess of its own session, one party
+per xdist worker: the coordinator (party 0) and the producers (parties 1..N) of
+:mod:`.engine`. They meet and report through scratch files in the output directory
+(:data:`SCRATCH` and ``tx-<party>.jsonl``); :func:`run` reads the records into its result
+and removes the scratch files at the end, on failure too, unless ``keep_scratch``; after a
+failure ``pytest.log`` stays (the error names it). Progress: one step per round as the
+coordinator starts it, then the sweep and the ratio (:mod:`.progress`).
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import contextlib
 import dataclasses
 import json
-import multiprocessing
 import os
 import random
 import shutil
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +28,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from airflow_adrq_bench import barrier, engine, progress
+import airflow_adrq_bench
+from airflow_adrq_bench import engine, progress
 from airflow_adrq_bench.config import LOST_EVENT_STRATEGIES, SCENARIOS, STRATEGIES, Cell, Plan, Sizes
 from airflow_adrq_bench.errors import BenchError as BenchError
 from airflow_adrq_testing import dataset
@@ -37,9 +37,11 @@ from airflow_adrq_testing import strategies as strategy_registry
 from airflow_adrq_testing.dataset import Target
 from airflow_adrq_testing.dataset import describe as describe
 
+SUITE = "airflow_adrq_bench.suite"
+PLAN_ENV = "ADRQ_BENCH_PLAN"
 #: Scratch in the output directory (``tx-<party>.jsonl`` too); what stays is
-#: ``bench.json``, ``bench.md`` and the PNGs.
-SCRATCH = ("barriers", "cells.jsonl")
+#: ``bench.json``, ``bench.md`` and the PNGs (and ``pytest.log`` after a failure).
+SCRATCH = ("barriers", "cells.jsonl", "plan.json", "pytest.ini", "pytest.log")
 
 
 def deadlock_timeout_s(url: str) -> float:
@@ -70,11 +72,11 @@ def scratch_paths(out_dir: Path) -> list[Path]:
     return [p for p in paths if p.exists()]
 
 
-def _remove_scratch(out_dir: Path) -> None:
+def _remove_scratch(out_dir: Path, *, failed: bool = False) -> None:
     for path in scratch_paths(out_dir):
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
-        else:
+        elif not (failed and path.name == "pytest.log"):
             path.unlink(missing_ok=True)
 
 
@@ -91,16 +93,19 @@ def run(
     """Benchmark every target; returns the raw results (see :mod:`.report`).
 
     The scratch files (:func:`scratch_paths`) are removed before returning
-    or raising, unless ``keep_scratch``.
+    or raising (``pytest.log`` stays after a failure), unless ``keep_scratch``.
     """
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_scratch(out_dir)
+    failed = True
     try:
-        return _run(dataset.unique_names(targets), sizes, out_dir, strategies, scenarios, say)
+        raw = _run(dataset.unique_names(targets), sizes, out_dir, strategies, scenarios, say)
+        failed = False
+        return raw
     finally:
         if not keep_scratch:
-            _remove_scratch(out_dir)
+            _remove_scratch(out_dir, failed=failed)
 
 
 def _run(
@@ -212,29 +217,47 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _run_parties(plan: Plan) -> None:
-    """Every party in a process of its own until the last round ends; a step of progress per round.
-
-    A party that fails stops the others at their next barrier (:func:`.barrier.abort`), instead of
-    letting them wait there until it times out; Ctrl-C reaches every process itself.
-    """
-    spawn = multiprocessing.get_context("spawn")
-    with (
-        progress.task("concurrent rounds", len(plan.cells)) as task,
-        cf.ProcessPoolExecutor(plan.parties, mp_context=spawn) as pool,
-    ):
-        futures = [pool.submit(engine.run_coordinator, plan)]
-        futures += [pool.submit(engine.run_producer, plan, party) for party in range(1, plan.parties)]
-        shown, sync = 0, Path(plan.out_dir) / "barriers"
+    """The suite under pytest-xdist until the last round ends; a step of progress per round."""
+    out = Path(plan.out_dir)
+    plan.dump(out / "plan.json")
+    (out / "pytest.ini").write_text("[pytest]\n")
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", SUITE, "-n", str(plan.parties), "-c", "pytest.ini"]
+    cmd += ["--rootdir", str(out), "-p", "xdist", "-p", "no:cacheprovider", "-q", "-x"]
+    # The workers must run the code this process runs: its copy of the package first on the path.
+    root = str(Path(airflow_adrq_bench.__file__).resolve().parent.parent)
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    # Only xdist: other installed plug-ins (the test support's fixtures, say) cost start-up time.
+    env = {**os.environ, PLAN_ENV: str(out / "plan.json"), "PYTHONPATH": path}
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    log_path = out / "pytest.log"
+    with progress.task("concurrent rounds", len(plan.cells)) as task, log_path.open("w") as log:
+        # A session of its own: on any failure (Ctrl-C included) the suite and its workers are
+        # stopped before the scratch databases go.
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out, start_new_session=True
+        )
+        shown = 0
         try:
-            while True:
-                done, running = cf.wait(futures, timeout=0.25, return_when=cf.FIRST_EXCEPTION)
-                while shown < len(plan.cells) and engine.cell_started(sync, shown):
+            while shown < len(plan.cells) or proc.poll() is None:
+                while shown < len(plan.cells) and engine.cell_started(out / "barriers", shown):
                     task.step(plan.cells[shown].label, advance=1)
                     shown += 1
-                for future in done:
-                    future.result()  # a party's error, raised here
-                if not running:
-                    return
-        except BaseException:
-            barrier.abort(sync)
-            raise
+                if proc.poll() is not None:
+                    break
+                time.sleep(0.25)
+        finally:
+            _stop(proc)
+    if proc.returncode != 0:
+        tail = "\n".join(log_path.read_text().splitlines()[-30:])
+        raise BenchError(f"the benchmark suite failed (exit {proc.returncode}); see {log_path}:\n{tail}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the suite's process group if it is still running (SIGTERM, then SIGKILL)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10.0)
