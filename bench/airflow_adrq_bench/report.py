@@ -310,11 +310,17 @@ def format_ratio(raw: dict[str, Any]) -> str:
         if not results:
             return []
         calls = f"{results[0]['calls']} calls each side per fan-out\n"
+        judged = verdict.raw_sql(target["name"], results)
+        said = (
+            f"\nF=1 against its target ({judged.goal}): {judged.measured}, {judged.verdict}\n"
+            if judged
+            else ""
+        )
         return [
             _heading(target, "register_asset_change vs raw SQL, "),
             calls,
             tables.table(results, _RATIO, 1),
-            "",
+            said,
         ]
 
     return _sections(raw, section, tables.legend("ratio", target=verdict.RAW_SQL.goal))
