@@ -36,12 +36,12 @@ def test_all_met_and_the_table_fits_100_columns():
     text = verdict.format_verdict([*lines, _lost(12, 230), _lost(2, 12)])
     assert "all 6 targets met; 1 unclear" in text
     assert max(map(len, text.splitlines())) <= 100
-    assert _by_what(lines)["tx/s, single outlet, vs airflow_3_3"].measured == "2.00x"
+    assert _by_what(lines)["tx/s single outlet vs airflow_3_3"].measured == "2.00x"
 
 
 def test_a_baseline_that_did_not_finish_gets_no_ratio():
     rows = [_row("airflow_3_3", tx_per_s=0.1, abandoned=70, not_started=2), _row("commit_time")]
-    line = _by_what(verdict.standalone(RAW, rows, []))["tx/s, single outlet, vs airflow_3_3"]
+    line = _by_what(verdict.standalone(RAW, rows, []))["tx/s single outlet vs airflow_3_3"]
     assert line.measured == "airflow_3_3: 72 of 12 not committed" and line.verdict == "met"
     assert "x" not in line.measured.split(":")[0]
 
@@ -98,5 +98,5 @@ def test_one_round_speed_takes_its_spread_from_the_transactions_latencies():
     # 0.95x, but each side's median latency is less sure than the difference: unclear, no miss.
     latency = {"ci_low_ms": 50.0, "p50_ms": 100.0, "ci_high_ms": 200.0}
     ours, base = {**_row("commit_time", tx_per_s=9.5), **latency}, {**_row("sorted_loop"), **latency}
-    line = _by_what(verdict.standalone(RAW, [ours, base], []))["tx/s, single outlet, vs sorted_loop"]
+    line = _by_what(verdict.standalone(RAW, [ours, base], []))["tx/s single outlet vs sorted_loop"]
     assert line.measured == "0.95x (spreads overlap)" and line.verdict == "unclear"
