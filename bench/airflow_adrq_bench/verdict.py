@@ -54,8 +54,8 @@ class Target:
 #: Every target of the standalone benchmark, in the order printed.
 DEADLOCKS = Target("deadlocks", "0", lambda v: v == 0)
 NOT_COMMITTED = Target("transactions not committed", "0", lambda v: v == 0)
-ROWS_EXACT = Target("queue rows exact after every round", "all", lambda v: v == 1)
-LOST = Target("(event, DAG) pairs lost, vs Airflow", "<= 0.2x", lambda v: v <= 0.2)
+ROWS_EXACT = Target("queue rows exact every round", "all", lambda v: v == 1)
+LOST = Target("event-DAG pairs lost vs Airflow", "<= 0.2x", lambda v: v <= 0.2)
 SPEED = Target("tx/s single outlet vs {base}", ">= 1x", lambda v: v >= 1)
 RAW_SQL = Target("one call at F=1 vs raw SQL (p50)", "<= 2x", lambda v: v <= 2)
 

@@ -49,7 +49,7 @@ def test_a_baseline_that_did_not_finish_gets_no_ratio():
 def test_a_deadlock_or_inexact_rows_is_missed_and_named():
     rows = [_row("commit_time", deadlocks=1, exact=False)]
     lines = verdict.standalone(RAW, rows, [])
-    assert [m.what for m in verdict.missed(lines)] == ["deadlocks", "queue rows exact after every round"]
+    assert [m.what for m in verdict.missed(lines)] == ["deadlocks", "queue rows exact every round"]
     assert "2 of 3 targets missed" in verdict.format_verdict(lines)
 
 
@@ -58,7 +58,7 @@ def _lost(ours, stock):
         {"db": "postgresql", "strategy": "commit_time", "lost_pairs": ours},
         {"db": "postgresql", "strategy": "airflow_3_3", "lost_pairs": stock},
     ]
-    return _by_what(verdict.standalone(RAW, [], lost))["(event, DAG) pairs lost, vs Airflow"]
+    return _by_what(verdict.standalone(RAW, [], lost))["event-DAG pairs lost vs Airflow"]
 
 
 def test_lost_events_are_judged_on_the_counts_noise():
