@@ -168,6 +168,8 @@ class Plan:
     @classmethod
     def load(cls, path: Path) -> Plan:
         raw = json.loads(path.read_text())
-        sizes: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.pop("sizes").items()}
+        sizes: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in raw.pop("sizes").items()
+        }
         cells = tuple(Cell(**c) for c in raw.pop("cells"))
         return cls(sizes=Sizes(**sizes), cells=cells, **raw)
