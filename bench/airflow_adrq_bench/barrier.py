@@ -1,12 +1,8 @@
 """A file barrier: the benchmark's processes start and end every round together.
 
-Each party creates ``<dir>/<name>.<party>`` and waits until the files of all
-``parties`` exist. Files are never removed during a run, so a late poller
-still sees a barrier that the others have already passed. Start skew is the
-poll interval (a millisecond), small against a round. Pollers stat only the
-files of parties they have not seen yet (never list the directory, which
-grows by a file per party and barrier). A file ``abort`` ends every wait at
-once: the controller writes it when a party failed.
+Each party creates ``<dir>/<name>.<party>`` and polls (every millisecond) until the files of all
+``parties`` exist; files stay for the run, so a late poller still sees a passed barrier. A file
+``abort`` ends every wait at once: a failing party writes it.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """``airflow-adrq bench``: :func:`main`, the ``airflow_adrq.commands`` entry point (:mod:`airflow_adrq.cli`).
 
-::
-
-    airflow-adrq bench                 # SQLite + every PostgreSQL/MariaDB server found or started
-    airflow-adrq bench --quick         # the same, small
-    airflow-adrq bench --db postgresql://user@host/db --db mysql://user@host/db
-
-The benchmark connects to the database a URL names (it must exist) only to create a scratch
-database ``adrq_bench_<random>`` next to it on the same server, and drops that afterwards; nothing
-is written to the named database. For SQLite the scratch database is a temporary file.
-
-The other modes have options of their own (``airflow-adrq bench --soak --help``), so :func:`route`
-takes the command line before the main benchmark's parser sees it. ``--faults`` and ``--soak``
-(:mod:`.load`) run on a scratch database on every PostgreSQL and MySQL/MariaDB server named with
-``--db`` or found, print a table with a legend, and write ``faults.json`` / ``soak.json``.
-``--airflow`` is :mod:`airflow_adrq_bench.airflow_mode` (needs Apache Airflow installed).
+The standalone run on scratch databases (``adrq_bench_<random>``, created next to the database a
+``--db`` URL names and dropped after; SQLite: a temporary file). The other modes have options of
+their own, so :func:`route` takes the command line first: ``--faults`` and ``--soak`` (:mod:`.load`)
+on every PostgreSQL and MySQL/MariaDB server, ``--airflow`` (:mod:`.airflow_mode`).
 """
 
 from __future__ import annotations
@@ -156,26 +145,9 @@ def _bench(args: argparse.Namespace) -> int:
     board = verdict.format_verdict(lines)
     # The detail goes to bench.md; the terminal gets the verdict, what the user came for.
     text = "\n".join(part for part in (*detail, report.format_ratio(raw), board) if part)
-    report.write_json(raw, rows, out / "bench.json", lost)
+    tables.write_json(out / "bench.json", {"summary": rows, "lost_events": lost, **raw})
     pngs = report.plot(raw, rows, out)
-    errors = [
-        f"{r['db']} {r['scenario']}/{r['strategy']}: queue rows not exact {r['row_check']}"
-        for r in rows
-        if not r["rows_exact"]
-    ]
-    errors += [
-        f"{r['db']} lost_events/{r['strategy']} hold {r['hold_ms']:g} ms: {r['queue_rows_left']} queue rows "
-        f"left after the drain, {r['consumed_unknown']} unknown pairs consumed"
-        for r in lost
-        if r["queue_rows_left"] or r["consumed_unknown"]
-    ]
-    errors += report.count_errors(rows, lost)
-    errors += [
-        f"{db} raw-SQL ratio F={r['fanout']}: queue rows not exact"
-        for db, results in raw.get("raw_sql_ratio", {}).items()
-        for r in results
-        if not r["rows_exact"]
-    ]
+    errors = report.problems(raw, rows, lost)
     if args.check:
         errors += [
             f"target missed: {m.db} {m.what}: {m.measured} (target {m.goal})" for m in verdict.missed(lines)

@@ -93,14 +93,9 @@ QUICK: Final = Sizes(
 def clear_of_deadlock_timeout(
     sizes: Sizes, deadlock_timeout_s: float, *, keep: frozenset[str] = frozenset()
 ) -> tuple[Sizes, list[str]]:
-    """``sizes`` with its lock and round timeouts safely above ``deadlock_timeout_s``; and what changed.
-
-    PostgreSQL waits ``deadlock_timeout`` (1 s by default) in a lock wait before it looks for a
-    deadlock: a lock timeout at or below it turns deadlocks into lock timeouts, a round timeout at
-    or below it ends the round during the first deadlock wait. They are raised to 3 x and 5 x
-    ``deadlock_timeout_s``, except the fields named in ``keep`` (given on the command line), which
-    only get a warning. MySQL/MariaDB (InnoDB detects deadlocks at once) and SQLite pass 0.
-    """
+    """``sizes`` with its lock and round timeouts raised to 3 x and 5 x ``deadlock_timeout_s`` (a lock
+    timeout below it turns deadlocks into lock timeouts, a round timeout ends the round in the first
+    deadlock wait), except those in ``keep`` (given on the command line: a warning); and what changed."""
     changes: dict[str, Any] = {}
     notes: list[str] = []
     for name, factor in (("lock_timeout_s", 3.0), ("round_timeout_s", 5.0)):
@@ -119,12 +114,8 @@ def clear_of_deadlock_timeout(
 
 @dataclass(frozen=True)
 class Cell:
-    """One round of one strategy in one scenario on one database.
-
-    ``hold_ms``: the hold before COMMIT (``lost_events`` cells; the other scenarios use
-    :attr:`Sizes.hold_ms`). ``producers``: how many producer parties take part (the others only
-    pass the round's barriers).
-    """
+    """One round of one strategy in one scenario on one database, with its hold before COMMIT and its
+    producer parties (the others only pass the round's barriers)."""
 
     index: int
     db: str
@@ -159,7 +150,7 @@ class Plan:
 
     @property
     def parties(self) -> int:
-        """The most producers any cell has, plus the coordinator (which is also the consumer)."""
+        """The most producers any cell has, plus the coordinator."""
         return max((c.producers for c in self.cells), default=self.sizes.producers) + 1
 
     def dump(self, path: Path) -> None:

@@ -1,14 +1,11 @@
-"""Producer, consumer and coordinator loops, the fan-out sweep and the raw-SQL ratio.
+"""The parties' loops of the concurrent rounds, the fan-out sweep and the raw-SQL ratio.
 
-One process per party (:mod:`.runner` starts them): party 0, the coordinator, empties the queue before
-every round, is the scheduler of ``with_consumer`` and ``lost_events`` rounds and checks the rows
-after; parties 1..N, the producers, run the round's transactions (each retried as a whole on a
-retryable failure) and append one JSON line per transaction to ``tx-<party>.jsonl``. A round: every
-taking part producer runs one warm-up transaction on its own warm-up assets (compilation and ORM
-set-up untimed, no row of the round touched); barrier ``warm``; the queue, events and runs emptied;
-``start``; the round; ``done``; ``end``. A producer transaction is what task success does: the
-strategy's whole ``register_asset_change`` per emitted asset, ``hold_ms`` open, COMMIT
-(:func:`airflow_adrq_testing.transactions.run_transaction`).
+Party 0, the coordinator, empties the queue before every round, is the scheduler of
+``with_consumer`` and ``lost_events`` rounds and checks the rows after; parties 1..N, the
+producers, run the round's transactions (what task success does: the strategy's
+``register_asset_change`` per emitted asset, ``hold_ms`` open, COMMIT; retried as a whole) and
+append a JSON line per transaction to ``tx-<party>.jsonl``. A round: one untimed warm-up
+transaction per producer on its own assets; barriers ``warm``, ``start``, ``done``, ``end``.
 """
 
 from __future__ import annotations
@@ -71,7 +68,7 @@ def share(total: int, producers: int, party: int) -> int:
 
 
 class _Party:
-    """What every party's loop takes from the plan: its generator, its barriers, one engine at a time."""
+    """A party's generator, barriers and engine (one database at a time)."""
 
     def __init__(self, plan: Plan, party: int) -> None:
         self.plan, self.sizes, self.party = plan, plan.sizes, party
@@ -82,7 +79,6 @@ class _Party:
         self._engine: Engine | None = None
 
     def engine(self, url: str) -> Engine:
-        """The engine of ``url``; the previous database's is disposed when the run moves on."""
         if url != self._url:
             self.close()
             self._engine, self._url = dataset.bench_engine(url, lock_timeout_s=self.sizes.lock_timeout_s), url
@@ -95,7 +91,6 @@ class _Party:
         self._engine, self._url = None, None
 
     def wait(self, name: str, cell: Cell) -> None:
-        """Wait at barrier ``name`` of ``cell`` until every party has arrived."""
         timeout = self.plan.barrier_timeout_s
         barrier.wait(self.sync, f"{name}-{cell.index}", self.party, self.plan.parties, timeout_s=timeout)
 
@@ -105,12 +100,11 @@ class _Party:
         """One producer transaction of ``cell``'s strategy over the assets its scenario emits."""
         emitted = emitted_assets(cell.scenario, assets, self.rng)
         emit = strategies.get(cell.strategy)
-        ids = [a.id for a in emitted]
         return run_transaction(
             engine,
             lambda session: emit(session, emitted, self.rng),
             max_attempts=self.sizes.max_attempts,
-            assets=ids,
+            assets=[a.id for a in emitted],
             **kw,
         )
 
@@ -364,6 +358,9 @@ def _lost_events_round(current: _Round) -> dict[str, Any]:
 
 # --- one caller: the fan-out sweep and the raw-SQL ratio ---------------------------
 
+#: Reports what a one-caller measurement is doing: ``step(note, advance)`` (:meth:`.progress.Task.step`).
+Step = Callable[[str, float], None]
+
 
 def _timed(engine: Engine, call: Callable[[], object], fanout: int) -> tuple[float, int, bool]:
     """One ``call`` on a queue emptied untimed: seconds, statements, whether it queued ``fanout`` rows."""
@@ -376,72 +373,55 @@ def _timed(engine: Engine, call: Callable[[], object], fanout: int) -> tuple[flo
         return elapsed, statements, len(dataset.queued_pairs(conn)) == fanout
 
 
-@contextlib.contextmanager
-def _one_caller(
-    url: str, sizes: Sizes, fanouts: Iterable[int]
-) -> Iterator[tuple[Engine, random.Random, dict[int, dataset.SeedAsset]]]:
-    """The sweep's or the ratio's engine, generator and ``sweep_<F>`` assets; the queue emptied after."""
-    engine = dataset.bench_engine(url, lock_timeout_s=sizes.lock_timeout_s)
-    rng = process_rng()
-    try:
-        with engine.connect() as conn:
-            asset_of = {f: dataset.asset(conn, f"sweep_{f}") for f in fanouts}
-        yield engine, rng, asset_of
-    finally:
-        dataset.reset(engine)
-        engine.dispose()
-
-
-def _commit(
-    engine: Engine, emit: strategies.Emit, assets: list[dataset.SeedAsset], rng: random.Random
-) -> None:
-    with Session(engine) as session:
-        emit(session, assets, rng)
-        session.commit()
-
-
-#: Reports what a one-caller measurement is doing: ``step(note, advance)`` (:meth:`.progress.Task.step`).
-Step = Callable[[str, float], None]
-
-
 def _spread(row: dict[str, Any], timed: Sequence[tuple[float, int, bool]], prefix: str = "") -> None:
     """The timed calls' latency columns (:func:`.stats.latency`, ms) and exact-rows check, into ``row``."""
     row.update(latency([t * 1000 for t, _, _ in timed], prefix))
     row["rows_exact"] = row.get("rows_exact", True) and all(ok for *_, ok in timed)
 
 
+def _commit(engine: Engine, emit: strategies.Emit, asset: dataset.SeedAsset, rng: random.Random) -> None:
+    with Session(engine) as session:
+        emit(session, [asset], rng)
+        session.commit()
+
+
+@contextlib.contextmanager
+def _one_caller(
+    url: str, sizes: Sizes, fanouts: Iterable[int]
+) -> Iterator[tuple[Engine, dict[int, dataset.SeedAsset]]]:
+    """The sweep's or the ratio's engine and ``sweep_<F>`` assets; the queue emptied after."""
+    engine = dataset.bench_engine(url, lock_timeout_s=sizes.lock_timeout_s)
+    try:
+        with engine.connect() as conn:
+            asset_of = {f: dataset.asset(conn, f"sweep_{f}") for f in fanouts}
+        yield engine, asset_of
+    finally:
+        dataset.reset(engine)
+        engine.dispose()
+
+
 def run_sweep(
-    url: str,
-    sizes: Sizes,
-    strategy_names: Iterable[str],
-    *,
-    budget_s: float = 20.0,
-    step: Step = lambda _note, _advance: None,
+    url: str, sizes: Sizes, strategy_names: Iterable[str], *, step: Step, budget_s: float = 20.0
 ) -> list[dict[str, Any]]:
     """Single-caller latency of one ``register_asset_change`` + COMMIT on an empty queue, per fan-out:
     strategies in random order, each (strategy, fan-out) after one untimed call, skipped (the row says
     so) when its time projected linearly from the previous fan-out exceeds ``budget_s``. A row has the
     median (``latency_s``) and the spread (``p25_ms``, ``p75_ms`` ...) of ``sweep_repeats`` calls."""
     results: list[dict[str, Any]] = []
-    with _one_caller(url, sizes, sizes.sweep) as (engine, rng, asset_of):
-        names = list(strategy_names)
-        rng.shuffle(names)
+    rng, names = process_rng(), list(strategy_names)
+    rng.shuffle(names)
+    with _one_caller(url, sizes, sizes.sweep) as (engine, asset_of):
         for name in names:
-            emit = strategies.get(name)
-            previous: tuple[int, float] | None = None
+            emit, previous = strategies.get(name), (1, 0.0)
             for fanout in sorted(sizes.sweep):
                 row: dict[str, Any] = {"strategy": name, "fanout": fanout}
-                projected = (
-                    previous[1] * fanout / previous[0] * (sizes.sweep_repeats + 1) if previous else 0.0
-                )
                 step(f"{name} F={fanout}", 0)
-                if projected > budget_s:
+                if previous[1] * fanout / previous[0] * (sizes.sweep_repeats + 1) > budget_s:
                     results.append({**row, "skipped": f"projected over {budget_s:.0f} s"})
                     step(f"{name} F={fanout} skipped", 1)
                     continue
-                call = functools.partial(_commit, engine, emit, [asset_of[fanout]], rng)
-                # Warm-up: statement compilation and ORM set-up are one-off costs.
-                _timed(engine, call, fanout)
+                call = functools.partial(_commit, engine, emit, asset_of[fanout], rng)
+                _timed(engine, call, fanout)  # warm-up: compilation and ORM set-up are one-off costs
                 timed = [_timed(engine, call, fanout) for _ in range(sizes.sweep_repeats)]
                 _spread(row, timed)
                 row.update(latency_s=row["p50_ms"] / 1000, statements=timed[-1][1])
@@ -451,9 +431,7 @@ def run_sweep(
     return results
 
 
-def run_raw_ratio(
-    url: str, sizes: Sizes, *, step: Step = lambda _note, _advance: None
-) -> list[dict[str, Any]]:
+def run_raw_ratio(url: str, sizes: Sizes, *, step: Step) -> list[dict[str, Any]]:
     """``register_asset_change`` + COMMIT (commit mode) against the same work in raw SQL (:mod:`.rawsql`
     on one ``raw_connection()``, the same driver): per fan-out one untimed call of each side, then
     ``ratio_calls`` pairs in random order, every call on a queue emptied untimed. Each side's latency
@@ -462,8 +440,9 @@ def run_raw_ratio(
     task = strategies.TASK
     source = (task.dag_id, task.task_id, task.run_id, task.map_index)
     results: list[dict[str, Any]] = []
+    rng = process_rng()
     with (
-        _one_caller(url, sizes, sizes.ratio_fanouts) as (engine, rng, asset_of),
+        _one_caller(url, sizes, sizes.ratio_fanouts) as (engine, asset_of),
         contextlib.closing(engine.raw_connection()) as raw_connection,
     ):
         raw = rawsql.raw_sql(engine.dialect)
@@ -476,10 +455,12 @@ def run_raw_ratio(
         def hand_written(asset: dataset.SeedAsset) -> None:
             raw.register(raw_connection, name=asset.name, uri=asset.uri, source=source)
 
-        sides: dict[str, Callable[[dataset.SeedAsset], None]] = {"ours": ours, "raw": hand_written}
         for fanout in sorted(sizes.ratio_fanouts):
             step(f"F={fanout}", 0)
-            calls = {side: functools.partial(call, asset_of[fanout]) for side, call in sides.items()}
+            calls = {
+                side: functools.partial(f, asset_of[fanout])
+                for side, f in (("ours", ours), ("raw", hand_written))
+            }
             for call in calls.values():  # warm-up
                 _timed(engine, call, fanout)
             timed: dict[str, list[tuple[float, int, bool]]] = {"ours": [], "raw": []}
@@ -489,10 +470,12 @@ def run_raw_ratio(
             row: dict[str, Any] = {"fanout": fanout, "calls": sizes.ratio_calls}
             for side, runs in timed.items():
                 _spread(row, runs, f"{side}_")
-            # The raw side goes around SQLAlchemy's cursor events.
+            # The raw side goes around SQLAlchemy's cursor events: its statements are its own count.
             row.update(ours_statements=timed["ours"][-1][1], raw_statements=raw.statements)
-            row["ratio_p50"] = row["ours_p50_ms"] / row["raw_p50_ms"]
-            row["ratio_p95"] = row["ours_p95_ms"] / row["raw_p95_ms"]
+            row.update(
+                ratio_p50=row["ours_p50_ms"] / row["raw_p50_ms"],
+                ratio_p95=row["ours_p95_ms"] / row["raw_p95_ms"],
+            )
             results.append(row)
             step(f"F={fanout}", 1)
     return results

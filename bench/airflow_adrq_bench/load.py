@@ -1,22 +1,14 @@
 """Producers under stress: connection faults (``bench --faults``) and sustained load (``bench --soak``).
 
 Both run ``producers`` threads on a scratch PostgreSQL or MySQL/MariaDB database seeded with
-:func:`airflow_adrq_testing.dataset.seed_fan`, each running ``transactions`` multi-outlet
-transactions through :func:`airflow_adrq.run_in_transaction` (outlets in a fresh random order, a
-short hold before COMMIT), retries counted by kind; then the rows are checked against what the
-callers were told.
-
-``--faults``: one event per outlet, tagged with a unique ``source_run_id``, while a killer thread
-terminates a producer connection at random every ``kill_every_s`` (``pg_terminate_backend`` /
-``KILL CONNECTION``), whatever it is doing. Checked: a completed run id has exactly one event per
-outlet; the only exceptions are ``CommitOutcomeUnknownError`` (all of that run's events or none)
-and ``RetriesExhaustedError``; no duplicates, nothing half-written; the queue is exactly the
-committed events' consumers.
-
-``--soak``: :func:`airflow_adrq.register_asset_changes` while a consumer thread does what Airflow's
-scheduler does to the queue. Reported: tx/s, deadlocks and other retries, the exact-rows check, and
-growth of resident memory, the pool's checked-out connections and the server's connections,
-sampled before, during and after.
+:func:`airflow_adrq_testing.dataset.seed_fan`, each running multi-outlet transactions through
+:func:`airflow_adrq.run_in_transaction` (outlets in random order, a short hold before COMMIT),
+retries counted by kind; then the rows are checked against what the callers were told.
+``--faults``: a killer thread terminates a producer connection at random every ``kill_every_s``;
+a completed run id must have exactly one event per outlet, the only errors raised
+``CommitOutcomeUnknownError`` (all of that run's events or none) and ``RetriesExhaustedError``.
+``--soak``: a consumer thread does what Airflow's scheduler does to the queue; reported: tx/s,
+retries, exact rows, and resident memory and connections sampled before, during and after.
 """
 
 from __future__ import annotations
@@ -69,9 +61,7 @@ class _Load:
 
     def shuffled(self, rng: random.Random) -> list[Any]:
         """The assets in a fresh random order (one transaction's outlets)."""
-        order = list(self.assets)
-        rng.shuffle(order)
-        return order
+        return rng.sample(self.assets, len(self.assets))
 
     @staticmethod
     def run(producers: int, producer: Callable[[int], None]) -> float:
@@ -80,10 +70,6 @@ class _Load:
         with ThreadPoolExecutor(producers) as pool:
             list(pool.map(producer, range(producers)))
         return time.monotonic() - started
-
-
-def _hold(hold_ms: float) -> None:
-    time.sleep(hold_ms / 1000)
 
 
 # --- bench --faults ------------------------------------------------------------------
@@ -207,7 +193,7 @@ def run_faults(
     def work(session: Session, sink: list[Callable[[], object]], order: list[Any], ti: _TI) -> None:
         for asset in order:
             manager.register_asset_change(asset=asset, task_instance=ti, session=session, callback_sink=sink)
-        _hold(sizes.hold_ms)
+        time.sleep(sizes.hold_ms / 1000)
 
     def producer(index: int) -> None:
         engine = killer.watch(create_engine(url, pool_size=1, max_overflow=1))
@@ -384,7 +370,7 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Log = print) -> S
     def work(session: Session, sink: list[Callable[[], object]], order: Sequence[Any]) -> list[int]:
         changes = [manager.AssetChange(asset=a) for a in order]
         events = manager.register_asset_changes(session=session, changes=changes, callback_sink=sink)
-        _hold(sizes.hold_ms)
+        time.sleep(sizes.hold_ms / 1000)
         return [e.asset_id for e in events if e is not None]
 
     def producer(index: int) -> None:

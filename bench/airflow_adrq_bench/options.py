@@ -1,15 +1,9 @@
 """What every ``airflow-adrq bench`` mode's command line shares: the modes differ only in what they run.
 
-A mode's sizes are a frozen :class:`Checked` dataclass whose fields are declared
-with :func:`size` (default, help text, least value). Its command line
-(:func:`add_common`, :func:`add_fields`) has ``--db`` / ``--backend``, a preset
-flag (``--quick`` or ``--small``), ``--out`` and one option per field
-(``--round-timeout-s`` for ``round_timeout_s``) whose argparse ``type=`` parses
-the field's type and checks its bound; it runs with the preset or the
-defaults, the options given replacing their fields (:func:`sizes_from`).
-:func:`guarded` and :func:`publish` are what every mode does around its
-measurement: refuse a missing requirement, turn errors into one line, print
-and write the tables, exit 1 on a problem.
+A mode's sizes are a frozen :class:`Checked` dataclass of :func:`size` fields (default, help, least
+value); :func:`add_common` and :func:`add_fields` make its options (``--db``, ``--backend``, the
+preset flag, ``--out``, one checked option per field), :func:`sizes_from` its sizes;
+:func:`guarded` and :func:`publish` are what every mode does around its measurement.
 """
 
 from __future__ import annotations
@@ -110,18 +104,18 @@ def add_fields(
     preset: DataclassInstance | None = None,
     flag: str = "--quick",
 ) -> None:
-    """One option per field of ``default``'s dataclass: its help text, then its default and ``flag``'s.
-
-    Every option defaults to ``None``: :func:`given` tells what was given. A
-    ``bool`` field is a flag; ``choices`` in a field's metadata restrict its values.
-    """
+    """One option per field of ``default``'s dataclass: its help text, then its default and ``flag``'s
+    (a ``bool`` field is a flag, with neither). Every option defaults to ``None``: :func:`given` tells
+    what was given. ``choices`` in a field's metadata restrict its values."""
     hints = typing.get_type_hints(type(default))
     for field in dataclasses.fields(default):
         value = getattr(default, field.name)
-        shown = "" if value is None or isinstance(value, bool) else f"default {show(value)}"
-        if preset is not None:
-            shown += f"; {flag} {show(getattr(preset, field.name))}"
-        text = " ".join(part for part in (field.metadata.get("help"), shown and f"({shown})") if part)
+        shown = [] if value is None or isinstance(value, bool) else [f"default {show(value)}"]
+        if preset is not None and not isinstance(value, bool):
+            shown.append(f"{flag} {show(getattr(preset, field.name))}")
+        text = " ".join(
+            part for part in (field.metadata.get("help"), shown and f"({'; '.join(shown)})") if part
+        )
         option = f"--{field.name.replace('_', '-')}"
         if hints[field.name] is bool:
             group.add_argument(option, action="store_true", default=None, dest=field.name, help=text)
@@ -169,11 +163,9 @@ def add_common(
     routing: Sequence[str] = (),
     backends: Sequence[str] | None = None,
 ) -> None:
-    """``--db URL`` (repeatable), ``--backend`` among ``backends``, the ``preset`` flag (name, help) and
-    ``--out`` (default ``bench-results/<out><UTC timestamp>``).
-
-    ``routing``: the flags that routed the command line to this mode (accepted, hidden).
-    """
+    """``--db URL`` (repeatable), ``--backend`` among ``backends``, the ``preset`` flag (name, help),
+    ``--out`` (default ``bench-results/<out><UTC timestamp>``) and, hidden, the ``routing`` flags that
+    routed the command line to this mode."""
     for flag in routing:
         parser.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--db", action="append", metavar="URL", type=database_url, help=db_help)
@@ -243,11 +235,8 @@ def guarded(
     airflow: str = "",
     prog: str = "",
 ) -> int:
-    """``measure()``'s exit status; 1 with one line for an error, 130 on Ctrl-C.
-
-    Before it: a usage error for ``--db`` with ``--backend`` (the backend selects among the servers
-    found), and exit status 1 without Airflow when the mode needs it (``airflow``: what to install).
-    """
+    """``measure()``'s exit status; 1 with one line for an error, 130 on Ctrl-C. Before it: a usage
+    error for ``--db`` with ``--backend``; 1 without Airflow when the mode needs it (``airflow``)."""
     prog = prog or parser.prog
     if getattr(args, "backend", None) and args.db:
         parser.error("--backend selects among the servers found without --db; give one or the other")

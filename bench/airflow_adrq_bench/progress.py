@@ -1,9 +1,7 @@
-"""Progress of long work, for every mode: what is running, how far, how long is left (on ``rich``).
+"""Progress of long work on ``rich``, on stderr: what is running, how far, how long is left.
 
-On a terminal the bar is redrawn in place on stderr; elsewhere (CI logs, a pipe)
-rich draws nothing live, so :meth:`Task.step` also prints a plain line at most
-every 15 s and on every step's first call, and :meth:`Task.say` always prints.
-The tables go to stdout: nothing here writes there.
+Where rich draws nothing live (CI logs, a pipe), :meth:`Task.step` prints a plain line at most
+every 15 s.
 """
 
 from __future__ import annotations

@@ -1,32 +1,14 @@
 """The raw-SQL reference: one asset event and its queue rows, hand-written, through the DB-API.
 
-What :func:`airflow_adrq.register_asset_change` + COMMIT does for one event
-of an asset with only direct consumers, with the same guarantees, as the
-least a hand-written implementation has to send, on a connection from
-``engine.raw_connection()`` (the same driver the library uses), with bound
-parameters:
-
-1. ``SELECT id FROM asset WHERE name = :name AND uri = :uri``;
-2. ``INSERT INTO asset_event ... RETURNING id`` (PostgreSQL, SQLite,
-   MariaDB; MySQL: ``cursor.lastrowid``);
-3. the queue rows and the stamp, as :func:`airflow_adrq.queue.queue_events`
-   writes them on that backend:
-
-   * PostgreSQL (the scheduler locks ``dag`` rows): ``SAVEPOINT``, then ONE
-     statement that share-locks the consumers' ``dag`` rows (``NOWAIT``),
-     reads ``clock_timestamp()`` once they are held, inserts the queue rows
-     with it in key order (``ON CONFLICT DO UPDATE`` to the greater) and
-     puts it on the event (``UPDATE ... RETURNING``);
-   * MySQL/MariaDB (MariaDB's scheduler takes no row locks): the ordered
-     ``INSERT ... SELECT`` with ``created_at = :pending`` (the rows locked
-     first), ``SELECT UTC_TIMESTAMP(6)``, then that value on the event and
-     the rows (two UPDATEs);
-   * SQLite (one writer at a time): Python's clock on the event, then the
-     ordered ``INSERT ... SELECT`` with it;
-4. COMMIT (SQLite: after ``BEGIN IMMEDIATE``, as the library's engine does).
-
-The benchmark times this against the library call by call, interleaved, in
-one run (:func:`airflow_adrq_bench.engine.run_raw_ratio`).
+What :func:`airflow_adrq.register_asset_change` + COMMIT does for one event of an asset with only
+direct consumers, with the same guarantees, as the least a hand-written implementation sends on
+``engine.raw_connection()`` (the library's driver), bound parameters: look the asset up, insert
+the event, write the queue rows and the stamp as :func:`airflow_adrq.queue.queue_events` does on
+that backend (PostgreSQL: one statement that share-locks the consumers' ``dag`` rows, reads
+``clock_timestamp()``, inserts the rows in key order and stamps the event; MySQL/MariaDB: the
+ordered ``INSERT ... SELECT`` at PENDING, the database's clock, two UPDATEs; SQLite: Python's
+clock, then the ordered ``INSERT ... SELECT``), COMMIT. Timed against the library by
+:func:`airflow_adrq_bench.engine.run_raw_ratio`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""Turn a run's raw records into the comparison table, a JSON file and PNG plots.
+"""The standalone run's report: raw records into summary rows, Markdown tables, JSON and PNG plots.
 
-Per database, scenario and strategy: planned transactions and where each
-went (committed, abandoned with the reason, not started: they add up),
-deadlocks, lock-wait timeouts, serialization failures, SQLite busy errors,
-retries, throughput, latency percentiles (a transaction's latency runs from
-its first BEGIN to its successful COMMIT, retries included), statements per
-committed transaction and the exact-rows verdict; ratios against
-``airflow_3_3`` from the same run. Plus the lost-events table ((event,
-consumer) pairs no run consumed, ours against Airflow's shape), the fan-out
-sweep, and the raw-SQL ratio row. Every kind of table is followed by a legend
-of its columns and words; the default strategy (``commit_time``) is marked.
+Per database: the contention table (per scenario and strategy, where every planned transaction
+went, failures by cause, throughput, latency, ratios against ``airflow_3_3``, the exact-rows
+check), the lost-events table, the fan-out sweep and the raw-SQL ratio, each with its legend.
 """
 
 from __future__ import annotations
@@ -20,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow_adrq_bench import plots, tables, verdict
+from airflow_adrq_bench import tables, verdict
 from airflow_adrq_bench.config import DEFAULT_STRATEGY, SCENARIOS, STRATEGIES
 from airflow_adrq_bench.stats import latency, median
 from airflow_adrq_bench.tables import fmt, times
@@ -51,13 +44,8 @@ def _transactions(raw: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
 
 
 def _outcome(cells: Sequence[dict[str, Any]], txs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Where the cells' planned transactions went, their failed attempts by cause, retries, latency.
-
-    ``planned`` comes from the coordinator's cell records (records without
-    it: what the producers recorded). ``accounted``: committed, abandoned
-    (gave up, and why) and not started add up to it. Not-started
-    transactions made no attempt: they add no retries or failures.
-    """
+    """Where the cells' planned transactions went (``accounted``: they add up to ``planned``), their
+    failed attempts by cause, retries, latency; a not-started transaction made no attempt."""
     started = [t for t in txs if t.get("outcome") != NOT_STARTED]
     ok = [t for t in started if t["ok"]]
     planned = sum(c["planned"] for c in cells) if all("planned" in c for c in cells) else len(txs)
@@ -141,13 +129,8 @@ def aggregate(raw: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def aggregate_lost(raw: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (database, hold, strategy) of the ``lost_events`` rounds.
-
-    ``lost_pairs``: (event, consumer DAG) pairs of committed events that no
-    run consumed under Airflow 3.3.2's scheduler rule; ``vs_airflow_shaped``:
-    ``lost_pairs`` over ``airflow_3_3``'s at the same hold on the same
-    database (target for ours: at most 0.2).
-    """
+    """One row per (database, hold, strategy) of the ``lost_events`` rounds; ``vs_airflow_shaped``:
+    ``lost_pairs`` over ``airflow_3_3``'s at the same hold on the same database."""
     txs = _transactions(raw)
     rows = [
         {
@@ -240,14 +223,14 @@ def format_table(raw: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     return _sections(raw, section, tables.legend("contention", **raw.get("sizes", {})))
 
 
-_LOST_LABEL = {
+_PRODUCERS = {
     "airflow_3_3": "Airflow 3.3.2 shape (airflow_3_3)",
     "commit_time": "ours (commit_time) (default)",
 }
 
 
 def _producer(strategy: str) -> str:
-    return _LOST_LABEL.get(strategy, strategy)
+    return _PRODUCERS.get(strategy, strategy)
 
 
 _LOST: tables.Columns = {
@@ -351,38 +334,52 @@ def format_sweep(raw: dict[str, Any]) -> str:
     return _sections(raw, section, tables.legend("sweep", repeats=repeats))
 
 
-def count_errors(rows: Sequence[dict[str, Any]], lost: Sequence[dict[str, Any]] = ()) -> list[str]:
-    """One message per summary row whose committed + gave up + not started is not its planned count."""
-    errors = []
+def problems(
+    raw: dict[str, Any], rows: Sequence[dict[str, Any]], lost: Sequence[dict[str, Any]] = ()
+) -> list[str]:
+    """What fails the run: queue rows not exact or left after the drain, counts that do not add up."""
+    found = []
     for r in [*rows, *lost]:
+        where = f"{r['db']} " + (
+            f"lost_events/{r['strategy']} hold {r['hold_ms']:g} ms"
+            if "hold_ms" in r
+            else f"{r['scenario']}/{r['strategy']}"
+        )
+        if not r.get("rows_exact", True):
+            found.append(f"{where}: queue rows not exact {r['row_check']}")
+        if r.get("queue_rows_left") or r.get("consumed_unknown"):
+            found.append(
+                f"{where}: {r['queue_rows_left']} queue rows left after the drain, "
+                f"{r['consumed_unknown']} unknown pairs consumed"
+            )
         if not r.get("accounted", True):
-            where = f"lost_events hold {r['hold_ms']:g} ms" if "hold_ms" in r else r["scenario"]
-            errors.append(
-                f"{r['db']} {where}/{r['strategy']}: {r['committed']} committed + {r['abandoned']} gave up + "
+            found.append(
+                f"{where}: {r['committed']} committed + {r['abandoned']} gave up + "
                 f"{r['not_started']} not started != {r['planned']} planned transactions"
             )
-    return errors
-
-
-def write_json(
-    raw: dict[str, Any], rows: Sequence[dict[str, Any]], path: Path, lost: Sequence[dict[str, Any]] = ()
-) -> None:
-    """Summary rows, lost-events rows, plus every raw record (cells, transactions, sweep, raw-SQL ratio)."""
-    tables.write_json(path, {"summary": list(rows), "lost_events": list(lost), **raw})
-
-
-def _sizes(s: dict[str, Any]) -> str:
-    return (
-        f"{s['producers']} producers x {s['transactions']} tx, fan-out {s['fanout']}, "
-        f"{s['outlets']} outlets, hold {s['hold_ms']:g} ms, {s['rounds']} round(s)"
-    )
+    for db, results in raw.get("raw_sql_ratio", {}).items():
+        found += [
+            f"{db} raw-SQL ratio F={r['fanout']}: queue rows not exact"
+            for r in results
+            if not r["rows_exact"]
+        ]
+    return found
 
 
 def plot(raw: dict[str, Any], rows: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     """One PNG per database: latency and deadlocks per strategy, latency vs fan-out, lost pairs."""
-    plt = plots.pyplot()
+    import matplotlib  # here: only the plots need it
+
+    matplotlib.use("Agg")  # no display: the benchmark runs on servers and in CI
+    import matplotlib.pyplot as plt
+
     colors = plt.get_cmap("tab10")
     all_lost = aggregate_lost(raw)
+    s = raw["sizes"]
+    title = (
+        f"{s['producers']} producers x {s['transactions']} tx, fan-out {s['fanout']}, "
+        f"{s['outlets']} outlets, hold {s['hold_ms']:g} ms, {s['rounds']} round(s)"
+    )
     paths = []
     for target in raw["targets"]:
         db = target["name"]
@@ -395,23 +392,14 @@ def plot(raw: dict[str, Any], rows: Sequence[dict[str, Any]], out_dir: Path) -> 
         for i, scenario in enumerate(scenarios):
             ax = fig.add_subplot(grid[0, i])
             cells = [mine.get((scenario, s), {}) for s in strategies]
-            series: list[plots.Series] = [
-                (q, [c.get(f"{q}_ms", math.nan) for c in cells], {}) for q in ("p50", "p95", "p99")
-            ]
-            plots.bars(ax, strategies, series, rotation=30, ha="right", fontsize=8)
+            quantiles = {q: [c.get(f"{q}_ms", math.nan) for c in cells] for q in ("p50", "p95", "p99")}
+            _bars(ax, strategies, quantiles, rotation=30, ha="right", fontsize=8)
             ax.set(yscale="log", title=f"{scenario}: latency incl. retries (ms)")
             if i == 0:
                 ax.legend(fontsize=8)
         ax = fig.add_subplot(grid[1, 0:2])
-        series = [
-            (
-                scenario,
-                [mine.get((scenario, s), {}).get("deadlocks", 0) for s in strategies],
-                {"color": colors(i)},
-            )
-            for i, scenario in enumerate(scenarios)
-        ]
-        plots.bars(ax, strategies, series, "%g", fontsize=8)
+        deadlocks = {sc: [mine.get((sc, s), {}).get("deadlocks", 0) for s in strategies] for sc in scenarios}
+        _bars(ax, strategies, deadlocks, "%g", fontsize=8)
         ax.set_title("deadlocks per strategy (all rounds)")
         ax.legend(fontsize=8)
         ax = fig.add_subplot(grid[1, 2])
@@ -428,11 +416,27 @@ def plot(raw: dict[str, Any], rows: Sequence[dict[str, Any]], out_dir: Path) -> 
             holds = sorted({r["hold_ms"] for r in lost})
             pairs = {(r["hold_ms"], r["strategy"]): r["lost_pairs"] for r in lost}
             shown = [s for s in STRATEGIES if any(r["strategy"] == s for r in lost)]
-            series = [(_producer(s), [pairs.get((h, s), 0) for h in holds], {}) for s in shown]
-            plots.bars(ax, [f"hold {h:g} ms" for h in holds], series, "%g", fontsize=8)
+            by_producer = {_producer(s): [pairs.get((h, s), 0) for h in holds] for s in shown}
+            _bars(ax, [f"hold {h:g} ms" for h in holds], by_producer, "%g", fontsize=8)
             ax.set_title(f"unconsumed (event, DAG) pairs of {lost[0]['pairs']}")
             ax.legend(fontsize=7)
-        paths.append(
-            plots.save(fig, f"{target['version']}: {_sizes(raw['sizes'])}", out_dir / f"bench-{db}.png")
-        )
+        fig.suptitle(f"{target['version']}: {title}")
+        fig.tight_layout()
+        paths.append(out_dir / f"bench-{db}.png")
+        fig.savefig(paths[-1])
+        plt.close(fig)
     return paths
+
+
+def _bars(
+    ax: Any, groups: Sequence[str], series: dict[str, list[float]], values: str = "", **ticks: Any
+) -> None:
+    """A group of bars per ``groups`` label, one bar per series side by side (``values``: a format to write
+    each bar's value on it)."""
+    width = 0.8 / max(1, len(series))
+    for k, (label, heights) in enumerate(series.items()):
+        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(groups))]
+        drawn = ax.bar(xs, heights, width, label=label)
+        if values:
+            ax.bar_label(drawn, fmt=values, fontsize=7)
+    ax.set_xticks(range(len(groups)), groups, **ticks)

@@ -1,27 +1,19 @@
-"""What is left of the timing race: producers with *disjoint* rows feeding one DAG, with a scheduler running.
+"""What is left of the timing race: producers of *disjoint* rows feeding one DAG, a scheduler running.
 
 ::
 
     python -m airflow_adrq_bench.residual --db postgresql://root@127.0.0.1/postgres [--seconds 20]
 
-Producers sharing a queue row are stamped in commit order (the stamp is read
-once the rows are locked). Producers of *different* assets feeding one DAG
-share no row: one can be stamped, another stamped later and committed, and a
-scheduler read between them, all before the first one's COMMIT is visible;
-the run's window then covers the first event's stamp without it, and the next
-window starts after it. How often, here: ``--producers`` threads, each
-emitting its own asset in a loop, one consumer DAG scheduled on all of them,
-and Airflow 3.3.2's scheduler step (:func:`airflow_adrq_testing.scheduler.scheduler_pass`) in a loop, with
-``FOR UPDATE SKIP LOCKED`` (PostgreSQL, MySQL 8) or without row locks
-(``--no-row-locks``: MariaDB's). Then the queue is drained and every event's
-runs are counted. Side by side: airflow-adrq's protocol (lock, stamp from the
-database's clock, COMMIT) and the ones before it (:mod:`airflow_adrq_testing.protocols`), each
-on its own scratch database, every side writing its events the same way.
-Also the window itself: the time from the stamp to the moment the commit is
-visible to another connection, and the time from an event's COMMIT to the
-run that consumes it. ``--scheduler-interval-ms`` pauses between scheduler
-passes, as the rest of a real scheduler loop does (default: none, the worst
-case for producers waiting on the scheduler's ``dag`` row lock).
+Producers sharing a queue row are stamped in commit order. Producers of different assets feeding
+one DAG share no row: one can be stamped, another stamped later and committed, and a scheduler
+read between them, all before the first one's COMMIT is visible. How often: ``--producers``
+threads, each emitting its own asset in a loop, one consumer DAG scheduled on all of them, and
+Airflow 3.3.2's scheduler step (:func:`airflow_adrq_testing.scheduler.scheduler_pass`) in a loop,
+with ``FOR UPDATE SKIP LOCKED`` or without row locks (``--no-row-locks``: MariaDB's); then the
+queue is drained and every event's runs counted. Side by side, each on its own scratch database:
+airflow-adrq's protocol and the ones before it (:mod:`airflow_adrq_testing.protocols`). Also the
+window (stamp to commit visible to another connection) and the time from an event's COMMIT to the
+run that consumes it.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""Run the benchmark end to end: scratch databases, the concurrent rounds, the sweep, the report.
+"""Run the benchmark end to end: scratch databases, the concurrent rounds, the sweep, the ratio.
 
-The concurrent rounds are a pytest-xdist suite (:mod:`.suite`): ``python -m pytest --pyargs
-airflow_adrq_bench.suite -n <producers + 1>`` in a subprocess of its own session, one party
-per xdist worker: the coordinator (party 0) and the producers (parties 1..N) of
-:mod:`.engine`. They meet and report through scratch files in the output directory
-(:data:`SCRATCH` and ``tx-<party>.jsonl``); :func:`run` reads the records into its result
-and removes the scratch files at the end, on failure too, unless ``keep_scratch``; after a
-failure ``pytest.log`` stays (the error names it). Progress: one step per round as the
-coordinator starts it, then the sweep and the ratio (:mod:`.progress`).
+The concurrent rounds are the pytest-xdist suite :mod:`.suite` in a subprocess of its own session,
+one party of :mod:`.engine` per worker; the parties meet and report through scratch files in the
+output directory, read into the result and removed at the end (``pytest.log`` stays after a
+failure) unless ``keep_scratch``.
 """
 
 from __future__ import annotations
@@ -45,14 +41,9 @@ SCRATCH = ("barriers", "cells.jsonl", "plan.json", "pytest.ini", "pytest.log")
 
 
 def deadlock_timeout_s(url: str) -> float:
-    """Seconds the server at ``url`` waits in a lock before it looks for a deadlock.
-
-    PostgreSQL: ``deadlock_timeout`` (1 s assumed if it cannot be read).
-    MySQL/MariaDB: 0 when InnoDB detects deadlocks at once
-    (``innodb_deadlock_detect``, the default); with detection off a deadlock
-    ends only at the lock wait timeout, which the benchmark sets itself, so
-    0 as well. SQLite: 0 (writers are serialised).
-    """
+    """Seconds the server at ``url`` waits in a lock before it looks for a deadlock: PostgreSQL's
+    ``deadlock_timeout`` (1 s if unreadable); 0 elsewhere (InnoDB detects deadlocks at once or ends
+    them at the lock wait timeout the benchmark sets; SQLite serialises writers)."""
     if sa.engine.make_url(url).get_backend_name() != "postgresql":
         return 0.0
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
@@ -66,14 +57,8 @@ def deadlock_timeout_s(url: str) -> float:
         engine.dispose()
 
 
-def scratch_paths(out_dir: Path) -> list[Path]:
-    """The scratch files and directories of a run present in ``out_dir``."""
-    paths = [out_dir / name for name in SCRATCH] + sorted(out_dir.glob("tx-*.jsonl"))
-    return [p for p in paths if p.exists()]
-
-
 def _remove_scratch(out_dir: Path, *, failed: bool = False) -> None:
-    for path in scratch_paths(out_dir):
+    for path in [out_dir / name for name in SCRATCH] + sorted(out_dir.glob("tx-*.jsonl")):
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         elif not (failed and path.name == "pytest.log"):
@@ -90,11 +75,7 @@ def run(
     say: Callable[[str], None] = progress.console.print,
     keep_scratch: bool = False,
 ) -> dict[str, Any]:
-    """Benchmark every target; returns the raw results (see :mod:`.report`).
-
-    The scratch files (:func:`scratch_paths`) are removed before returning
-    or raising (``pytest.log`` stays after a failure), unless ``keep_scratch``.
-    """
+    """Benchmark every target; returns the raw results (see :mod:`.report`)."""
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_scratch(out_dir)
@@ -181,12 +162,7 @@ def plan_cells(
     rng: random.Random,
 ) -> tuple[tuple[Cell, ...], list[dict[str, str]]]:
     """Every round of the run, in random order within each database; and what was left out, why.
-
-    Contention scenarios: every strategy that applies to the backend,
-    ``rounds`` times, with ``sizes.producers`` producers. ``lost_events``: the
-    strategies of :data:`LOST_EVENT_STRATEGIES` that were selected, once per
-    hold in ``sizes.lost_holds_ms``, with ``sizes.lost_producers`` producers.
-    """
+    ``lost_events`` runs the selected :data:`LOST_EVENT_STRATEGIES` once per hold of ``lost_holds_ms``."""
     cells: list[Cell] = []
     skipped: list[dict[str, str]] = []
     for db, url in databases:

@@ -1,10 +1,5 @@
-"""What every report of the benchmark writes its text and JSON with: Markdown tables on ``tabulate``.
-
-One way to show a number (``fmt``), a ratio (``times``), a table
-(``table``) and the legend under it (``legend``, from ``legends.md``): the
-four report modules' tables then read alike, and JSON files hold ``null``
-where a measurement is missing (NaN) or unbounded.
-"""
+"""How every report writes numbers (``fmt``, ``times``), Markdown tables (on ``tabulate``), their legends
+(from ``legends.md``) and JSON (``null`` where a measurement is missing or unbounded)."""
 
 from __future__ import annotations
 

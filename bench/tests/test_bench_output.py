@@ -134,7 +134,7 @@ def test_summary_rows_add_up_to_the_plan_and_say_why_transactions_gave_up():
         "round timeout (last error: deadlock)": 2,
         "max attempts (last error: lock timeout)": 1,
     }
-    assert report.count_errors(list(rows.values())) == []
+    assert report.problems({}, list(rows.values())) == []
     text = report.format_table(raw, list(rows.values()))
     # The cells, whatever the columns' widths.
     assert "| multi_outlet | per_call | 12 | 6 | 3 | 3 |" in " ".join(text.split())
@@ -152,7 +152,7 @@ def test_counts_that_do_not_add_up_are_an_error():
     rows = report.aggregate(raw)
 
     assert not rows[0]["accounted"]
-    assert report.count_errors(rows) == [
+    assert report.problems({}, rows) == [
         "postgresql multi_outlet/commit_time: 9 committed + 0 gave up + 1 not started "
         "!= 12 planned transactions"
     ]
@@ -187,7 +187,7 @@ def test_lost_events_rows_add_up_to_the_plan():
         3,
     )
     assert lost[0]["accounted"] and lost[0]["deadlocks"] == 50
-    assert report.count_errors([], lost) == []
+    assert report.problems({}, [], lost) == []
 
 
 def test_a_cell_plans_producers_times_transactions_or_the_lost_events():
