@@ -20,16 +20,14 @@ consumer) and --live (a real deployment); each has its own --help.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
-from airflow_adrq_bench import options, tables
-from airflow_adrq_bench.airflow_mode import report, run
+from airflow_adrq_bench import options
+from airflow_adrq_bench.airflow_mode import databases, report, run
 from airflow_adrq_bench.airflow_mode.config import DEFAULT, MANAGERS, QUICK, SCENARIOS, Sizes
-from airflow_adrq_bench.verdict import format_verdict, missed
+from airflow_adrq_bench.airflow_mode.results import conclude
+from airflow_adrq_bench.verdict import missed
 from airflow_adrq_testing import servers
 
 #: The backends the one-caller and accounting modes measure on (the live mode: not SQLite).
@@ -106,7 +104,7 @@ def _bench(args: argparse.Namespace, sizes: Sizes) -> int:
     out = options.out_dir(args)
     managers = [m for m in MANAGERS if not args.manager or m in args.manager]
     scenarios = [s for s in SCENARIOS if not args.scenario or s in args.scenario]
-    with run.targets(args.db or [], args.backend, sqlite=True) as targets:
+    with databases.targets(args.db or [], args.backend, sqlite=True) as targets:
         options.say(
             f"benchmarking {', '.join(t.version for t in targets)}: managers {', '.join(managers)}; "
             f"one caller at fan-outs {options.show(sizes.fanouts)}; {sizes.producers} producers x "
@@ -124,24 +122,8 @@ def _bench(args: argparse.Namespace, sizes: Sizes) -> int:
         )
     summary = report.summarize(raw)
     lines = report.verdict(raw, summary)
-    raw = {"verdict": [dataclasses.asdict(ln) for ln in lines], "summary": summary, **raw}
-    shown = format_verdict(lines)
     problems = report.errors(raw, summary)
     if args.check:
         problems += [f"target missed: {m.db} {m.what}: {m.measured} (target {m.goal})" for m in missed(lines)]
-    return publish(
-        out / "airflow-bench", raw, report.format_tables(raw, summary) + "\n" + shown, shown, problems
-    )
-
-
-def publish(stem: Path, raw: dict[str, Any], detail: str, shown: str, problems: Sequence[str]) -> int:
-    """Write ``raw`` as JSON and ``detail`` as Markdown beside ``stem``, print ``shown`` (the verdict),
-    say each problem; 1 if there is one."""
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    tables.write_json(stem.with_suffix(".json"), raw)
-    stem.with_suffix(".md").write_text(detail)
-    print(shown)
-    print(f"took {raw['duration_s']:.0f} s; wrote {stem}.json, {stem}.md")
-    for problem in problems:
-        options.say(f"ERROR: {problem}")
-    return 1 if problems else 0
+    raw["summary"] = summary
+    return conclude(out / "airflow-bench", raw, report.format_tables(raw, summary), lines, problems)

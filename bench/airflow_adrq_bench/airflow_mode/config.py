@@ -1,47 +1,36 @@
-"""Sizes and names of the Airflow mode (``airflow-adrq bench --airflow``) and of ``--accounting``.
-
-Also the fields every ``--airflow`` mode's raw results open and close with (:func:`raw_opening`,
-:func:`raw_finish`): what ran, when, on how many CPUs and under what load (the three reports print
-the load average, so its keys are the same in all of them).
-"""
+"""The sizes and names of every Airflow mode: ``--airflow`` (:class:`Sizes`), ``--accounting``
+(:class:`AccountingSizes`) and ``--live`` (:class:`LiveSizes`, with the DAG, asset and run ids its DAG
+files, driver and SQL share; :class:`LiveShape`), and the asset manager each name selects."""
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as dt
-import os
-import time
-from collections.abc import Sequence
+import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Final
 
+from airflow_adrq_bench.errors import BenchError
 from airflow_adrq_bench.options import Checked, size
 
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
 
-#: The three asset managers, in report order.
-#:
-#: ``stock``: Airflow's own ``airflow.assets.manager.AssetManager`` (no
-#: ``[core] asset_manager_class``). ``sorted_loop``: the same with the DAGs of
-#: each event sorted by ``dag_id`` before its queue rows are written (apache/
-#: airflow PR #70128's idea applied to 3.3.2; see :mod:`.sorted_loop`).
-#: ``plugin``: airflow-adrq's ``AdrqAssetManager``. Each runs in processes of
-#: its own whose ``[core] asset_manager_class`` selects it, as an operator
-#: would configure it.
-MANAGERS: Final = ("stock", "sorted_loop", "plugin")
+class LiveError(BenchError):
+    """The live run could not go on (a component exited, an HTTP call failed, the time limit passed ...)."""
 
-#: ``AIRFLOW__CORE__ASSET_MANAGER_CLASS`` per manager (None: unset, Airflow's default).
-MANAGER_CLASSES: Final[dict[str, str | None]] = {
-    "stock": None,
+
+#: ``[core] asset_manager_class`` per manager, in report order; every process of a manager selects
+#: it as an operator would (``stock`` names Airflow's default explicitly). ``sorted_loop``: stock
+#: with each event's DAGs sorted by ``dag_id`` (see :mod:`.sorted_loop`).
+MANAGER_CLASSES: Final = {
+    "stock": "airflow.assets.manager.AssetManager",
     "sorted_loop": "airflow_adrq_bench.airflow_mode.sorted_loop.SortedLoopAssetManager",
     "plugin": "airflow_adrq.airflow.AdrqAssetManager",
 }
+#: ``--airflow``'s managers; ``--accounting`` and ``--live`` compare stock with the plug-in.
+MANAGERS: Final = tuple(MANAGER_CLASSES)
+STOCK_AND_PLUGIN: Final = ("stock", "plugin")
 
-#: ``single``: every transaction emits the same asset (one outlet);
-#: ``multi_outlet``: every transaction emits ``outlets`` assets, through
-#: ``TaskInstance.register_asset_changes_in_db`` (which iterates them in the
-#: process's own ``set`` order).
+#: ``single``: every transaction emits the same asset (one outlet); ``multi_outlet``: every
+#: transaction emits ``outlets`` assets, through ``TaskInstance.register_asset_changes_in_db`` (which
+#: iterates them in the process's own ``set`` order).
 SCENARIOS: Final = ("single", "multi_outlet")
 
 
@@ -83,11 +72,6 @@ QUICK: Final = Sizes(
     round_budget_s=6.0,
 )
 
-# --- --accounting ---------------------------------------------------------------------
-
-#: The managers ``--accounting`` compares, in report order (see :data:`MANAGER_CLASSES`).
-ACCOUNTING_MANAGERS: Final = ("stock", "plugin")
-
 
 @dataclass(frozen=True)
 class AccountingSizes(Checked):
@@ -114,22 +98,153 @@ ACCOUNTING_DEFAULT: Final = AccountingSizes()
 ACCOUNTING_QUICK: Final = AccountingSizes(producers=4, transactions=15, budget_s=30.0)
 
 
-def raw_opening(tool: str, sizes: DataclassInstance, managers: Sequence[str]) -> dict[str, Any]:
-    """The first fields of a raw result: the tool, the start time, CPUs, load, sizes, managers."""
-    return {
-        "tool": tool,
-        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "cpus": os.cpu_count(),
-        # Other work on the machine skews every number: the 1/5/15-minute load at start and end.
-        "load_average": {"start": list(os.getloadavg())},
-        "sizes": dataclasses.asdict(sizes),
-        "managers": list(managers),
-    }
+# --- --live ------------------------------------------------------------------------------
+
+#: ``AIRFLOW__CORE__EXECUTOR`` per ``--executor``.
+EXECUTORS: Final = {"local": "LocalExecutor", "celery": "CeleryExecutor"}
+#: The warm-up DAG runs the task paths once before the first burst (the task SDK gives a cold
+#: api-server only 5 s per call); its asset has no consumers.
+WARM_DAG: Final = "adrq_live_warmup"
 
 
-def raw_finish(raw: dict[str, Any], started: float, *, ndigits: int | None = None) -> None:
-    """Add the run's duration since ``started`` (``time.monotonic()``) and the load at its end."""
-    elapsed = time.monotonic() - started
-    # round(x, None) would be an int: only round when asked to.
-    raw["duration_s"] = elapsed if ndigits is None else round(elapsed, ndigits)
-    raw["load_average"]["end"] = list(os.getloadavg())
+@dataclass(frozen=True)
+class LiveSizes(Checked):
+    """How big one deployment's run is; every manager and backend gets the same."""
+
+    instances: int = size(16, "mapped instances of each producer DAG's task (N)", ">=1")
+    outlets: int = size(3, "outlet assets of every producer instance, a0, a1 ... (shared by all)", ">=1")
+    consumers: int = size(64, "consumer DAGs (F), each scheduled on a0 | a1 | ...", ">=1")
+    bursts: int = size(4, "bursts: every producer DAG triggered once, then waited for", ">=1")
+    producer_dags: int = size(1, "producer DAGs (stock deadlocks on MySQL/MariaDB with several)", ">=1")
+    own_assets: bool = size(
+        False,
+        "each producer DAG emits assets of its own (p0a0 ..., p1a0 ...) instead of the shared a0, a1 ...; "
+        "half the consumers are scheduled on any of them (|), half on all of them (&)",
+    )
+    schedulers: int = size(1, "schedulers: 2 runs Airflow's HA mode (PostgreSQL only)", ">=1")
+    # Airflow marks a task whose success call deadlocked FAILED directly, whatever this says.
+    retries: int = size(1, "retries of the producer task", ">=0")
+    settle_s: float = size(
+        5.0, "seconds without queue rows and new consumer runs that count as drained", ">0"
+    )
+    drain_timeout_s: float = size(180.0, "longest wait for a drain (the queue left is then reported)", ">0")
+    barrier_timeout_s: float = size(
+        0.0, "seconds an instance waits for the rest of its burst (0: sized)", ">=0"
+    )
+    lead_s: float = size(0.5, "seconds from the last instance's arrival to the common finish", ">=0")
+    # 0: all at once; process scheduling alone then spreads them by ~30 ms.
+    spread_s: float = size(
+        0.3, "each instance finishes a random 0 to this many s after the common finish", ">=0"
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.schedulers > 2:
+            raise ValueError("schedulers must be 1 or 2")
+
+    @property
+    def tasks_per_burst(self) -> int:
+        """Producer task instances of one burst (every producer DAG's mapped task)."""
+        return self.instances * self.producer_dags
+
+    @property
+    def expected_events(self) -> int:
+        """Asset events the bursts write when every producer instance succeeds."""
+        return self.instances * self.outlets * self.producer_dags * self.bursts
+
+    @property
+    def barrier_s(self) -> float:
+        """The barrier's timeout: given, or long enough for a burst's task processes to start
+        (about 1.5 s of CPU each on 2 cores)."""
+        return self.barrier_timeout_s or 60.0 + 3.0 * self.tasks_per_burst
+
+    @property
+    def producer_ids(self) -> list[str]:
+        """The producer DAGs' ids."""
+        return [f"adrq_live_producer_{p}" for p in range(self.producer_dags)]
+
+    @property
+    def consumer_ids(self) -> list[str]:
+        """The consumer DAGs' ids (zero-padded so they sort as they are numbered)."""
+        return [f"adrq_live_consumer_{i:03d}" for i in range(self.consumers)]
+
+    @property
+    def all_of_ids(self) -> list[str]:
+        """The consumer DAGs scheduled on ``a0 & a1 & ...`` (with ``own_assets``: the second half)."""
+        return self.consumer_ids[self.consumers // 2 :] if self.own_assets else []
+
+    def outlets_of(self, producer: int) -> list[str]:
+        """The assets producer DAG ``producer`` emits: ``a0``, ``a1`` ... (short: an operator sees them
+        in the UI of a kept deployment); with ``own_assets``, ``p<producer>a0`` ..."""
+        return [f"{f'p{producer}' if self.own_assets else ''}a{j}" for j in range(self.outlets)]
+
+    @property
+    def assets(self) -> list[str]:
+        """Every outlet asset of the run, each once (what every consumer is scheduled on)."""
+        return [a for p in range(self.producer_dags if self.own_assets else 1) for a in self.outlets_of(p)]
+
+    @property
+    def run_ids(self) -> list[str]:
+        """The run id of every producer DAG's run in each burst."""
+        return [f"burst{b:02d}" for b in range(self.bursts)]
+
+
+#: The defaults: 16 instances x 3 outlets x 64 consumers x 4 bursts, 1 producer DAG.
+LIVE_DEFAULT: Final = LiveSizes()
+#: ``--small``: the size of the benchmark's own live test.
+LIVE_SMALL: Final = LiveSizes(instances=4, outlets=2, consumers=8, bursts=2, producer_dags=2, settle_s=4.0)
+
+
+@dataclass(frozen=True)
+class LiveShape(Checked):
+    """How every deployment of a run is laid out (but ``LiveSizes.schedulers``); stock and the plug-in
+    get the same."""
+
+    executor: str = size(
+        "local",
+        "local: LocalExecutor; celery: CeleryExecutor with --celery-workers `airflow celery worker` "
+        "processes, results in the scratch database (needs apache-airflow-providers-celery, celery[redis])",
+        choices=tuple(EXECUTORS),
+    )
+    celery_workers: int = size(2, "Celery workers, each running a share of a burst at once", ">=1")
+    broker_url: str | None = size(
+        None,
+        "the Celery broker (default: the Redis on 127.0.0.1:6379, a database number per deployment; "
+        "every deployment has a queue of its own)",
+    )
+    pgbouncer: bool = size(
+        False,
+        "every component (not airflow db migrate) reaches PostgreSQL through a throwaway PgBouncer in "
+        "transaction pooling mode, one per deployment (Debian package pgbouncer; PostgreSQL only)",
+    )
+    api_workers: int = size(1, "[api] workers of the api-server", ">=1")
+    reparse_s: int = size(
+        0,
+        "[dag_processor] min_file_process_interval: the DAG processor re-parses (and re-locks the dag rows "
+        "of) every DAG file this often, bursts included (0: Airflow's default, 30 s)",
+        ">=0",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, not {self.executor!r}")
+        if self.broker_url is not None and self.executor != "celery":
+            raise ValueError("a broker URL needs the celery executor")
+
+    @property
+    def celery(self) -> bool:
+        """Whether the deployments run CeleryExecutor (and start workers)."""
+        return self.executor == "celery"
+
+
+def default_time_limit(sizes: LiveSizes) -> float:
+    """Seconds one deployment (one manager on one backend) may take, start to stop.
+
+    Sized from what was measured on 2 cores: about 2 minutes to migrate, start the components,
+    parse the DAG files and warm up; per burst about 2 s per producer task process (start, run,
+    success call), a drain, and twice that as headroom; plus the final event's drain.
+    """
+    per_burst = 30.0 + 4.0 * sizes.tasks_per_burst + sizes.settle_s
+    fixed = 300.0 + 2 * (sizes.settle_s + sizes.drain_timeout_s)
+    return float(math.ceil(fixed + 2 * sizes.bursts * per_burst))

@@ -1,16 +1,10 @@
-"""The databases the Airflow modes measure on, and the controller's plain-SQL reads of them.
-
-Shared by the three modes (:mod:`.run`, :mod:`.accounting`, :mod:`.live`),
-whose controllers never import Airflow: a server is a :class:`Target`, every
-run writes only scratch databases of its own (:func:`migrated`), and a URL
-that names an Airflow metadata database is refused outright.
-"""
+"""The databases every Airflow mode measures on (scratch databases only: a URL that names an Airflow
+metadata database is refused), and the controller's plain-SQL reads of them (it never imports Airflow)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import subprocess
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -69,11 +63,7 @@ def describe(url: str) -> Target:
 
 
 def refuse_airflow_database(url: str) -> None:
-    """Raise :class:`BenchError` if the database ``url`` names already has Airflow tables.
-
-    The benchmark only ever writes a scratch database it creates, so that
-    nobody mistakes a metadata database for one.
-    """
+    """Raise :class:`BenchError` if the database ``url`` names already has Airflow tables."""
     parsed = sa.make_url(url)
     if parsed.get_backend_name() == "sqlite" and (
         not parsed.database or parsed.database == ":memory:" or not Path(parsed.database).exists()
@@ -97,13 +87,9 @@ def refuse_airflow_database(url: str) -> None:
 
 @contextlib.contextmanager
 def targets(urls: Sequence[str], backends: Sequence[str] | None, *, sqlite: bool) -> Iterator[list[Target]]:
-    """The databases an Airflow mode measures on, with unique names; servers it started stop at the end.
-
-    ``urls`` (``--db``; each refused if it holds Airflow's tables) or else
-    every server :func:`.options.servers_found` finds among ``backends`` (all
-    when empty; it says each), plus SQLite when ``sqlite``. Raises :class:`BenchError` for
-    none at all, or for a SQLite URL when ``sqlite`` is false.
-    """
+    """The databases an Airflow mode measures on, with unique names: ``urls`` (``--db``), or else every
+    server :func:`.options.servers_found` finds among ``backends`` (stopped at the end if it started
+    them), plus SQLite when ``sqlite`` (which also allows SQLite URLs)."""
     with contextlib.ExitStack() as stack:
         found: list[Target] = []
         for url in urls:
@@ -125,12 +111,9 @@ def targets(urls: Sequence[str], backends: Sequence[str] | None, *, sqlite: bool
 def migrated(
     targets: Sequence[Target], workdir: Path
 ) -> Iterator[list[tuple[Target, str, Callable[[], None]]]]:
-    """Per target a scratch database (dropped on exit), ``airflow db migrate`` started on it.
-
-    Yields ``(target, Airflow's URL of it, wait)``: the migrations run in the
-    background (while the caller starts its Airflow processes); ``wait()``
-    returns once the target's has finished, or raises :class:`BenchError`.
-    """
+    """Per target a scratch database (dropped on exit) and ``airflow db migrate`` started on it in the
+    background (while the caller starts its Airflow processes): ``(target, Airflow's URL of it, wait)``;
+    ``wait()`` returns once it has finished, or raises :class:`BenchError`."""
     with contextlib.ExitStack() as stack:
         out: list[tuple[Target, str, Callable[[], None]]] = []
         for n, target in enumerate(targets):
@@ -138,15 +121,8 @@ def migrated(
             log = workdir / f"db-migrate-{n}.log"
             proc = start_migrate(clean_environ(airflow_settings(workdir, url)), log)
             stack.callback(proc.kill)
-            out.append((target, url, functools.partial(_wait, proc, log, target.version)))
+            out.append((target, url, functools.partial(wait_migrate, proc, log, label=f"{target.version}: ")))
         yield out
-
-
-def _wait(proc: subprocess.Popen[bytes], log: Path, version: str) -> None:
-    try:
-        wait_migrate(proc, log)
-    except BenchError as exc:
-        raise BenchError(f"{version}: {exc}") from None
 
 
 def control_engine(url: str) -> sa.Engine:
@@ -164,11 +140,8 @@ def clear_queue(engine: sa.Engine) -> None:
 
 
 def end_transactions(engine: sa.Engine) -> int:
-    """End every transaction still open on the database (their sessions are ended); how many there were.
-
-    After a round whose budget ran out: nothing of it may hold rows into the
-    next round. SQLite has no other session to end.
-    """
+    """End every transaction still open on the database (their sessions are ended); how many there were
+    (none on SQLite, which has no other session)."""
     name = engine.dialect.name
     if name not in _OPEN:
         return 0
@@ -216,10 +189,8 @@ def server_settings(engine: sa.Engine) -> dict[str, str]:
 
 
 def latest_deadlock(conn: sa.Connection) -> str | None:
-    """MySQL/MariaDB: InnoDB's LATEST DETECTED DEADLOCK section (who waited for what).
-
-    ``""`` when InnoDB has none; None on other servers or without the PROCESS privilege to read it.
-    """
+    """MySQL/MariaDB: InnoDB's LATEST DETECTED DEADLOCK section (``""``: none); None on other servers or
+    without the PROCESS privilege to read it."""
     if conn.dialect.name != "mysql":
         return None
     try:

@@ -1,12 +1,6 @@
-"""The Airflow processes of the Airflow modes: the ``airflow`` CLI, and spawned children that import Airflow.
-
-The controllers never import Airflow; what needs it runs in a child: the
-``airflow`` command of this environment (``db migrate`` from
-:func:`start_migrate` only), or a :class:`Child`: one spawned process (a
-``ProcessPoolExecutor`` of one worker) whose initializer takes the run's own
-Airflow settings, none of the caller's, and imports Airflow once; the
-controller then calls module-level functions there.
-"""
+"""What imports Airflow, out of the controllers' process: this environment's ``airflow`` CLI, and a
+:class:`Child` (a spawned ``ProcessPoolExecutor`` of one worker with the run's own Airflow settings,
+none of the caller's) whose module-level functions the controller calls."""
 
 from __future__ import annotations
 
@@ -48,13 +42,6 @@ def clean_environ(settings: Mapping[str, str]) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}, **settings}
 
 
-def apply_environment(settings: Mapping[str, str]) -> None:
-    """:func:`clean_environ` applied to this (child) process's own ``os.environ``."""
-    for name in [n for n in os.environ if n.startswith("AIRFLOW")]:
-        del os.environ[name]
-    os.environ.update(settings)
-
-
 def start_migrate(env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
     """``airflow db migrate`` with exactly ``env`` (Airflow's schema, as an operator creates it), in the
     background, its output to ``log``; :func:`wait_migrate` waits for it."""
@@ -70,25 +57,25 @@ def start_migrate(env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
         )
 
 
-def wait_migrate(proc: subprocess.Popen[bytes], log: Path, timeout: float = 900) -> None:
-    """Wait for :func:`start_migrate`'s ``proc``; raise :class:`BenchError` with the log's tail on failure."""
+def wait_migrate(proc: subprocess.Popen[bytes], log: Path, timeout: float = 900, label: str = "") -> None:
+    """Wait for :func:`start_migrate`'s ``proc``; :class:`BenchError` (``label`` first) with the log's tail
+    on failure."""
     try:
         proc.wait(timeout=max(timeout, 1.0))
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        raise BenchError(f"airflow db migrate did not finish within {timeout:.0f} s (log: {log})") from None
+        raise BenchError(
+            f"{label}airflow db migrate did not finish within {timeout:.0f} s (log: {log})"
+        ) from None
     if proc.returncode != 0:
         tail = log.read_text(errors="replace")[-3000:]
-        raise BenchError(f"airflow db migrate failed (exit {proc.returncode}, log: {log}):\n{tail}")
+        raise BenchError(f"{label}airflow db migrate failed (exit {proc.returncode}, log: {log}):\n{tail}")
 
 
 class AirflowOrm:
-    """Airflow's own ORM in a child, pointed at one scratch database at a time.
-
-    ``airflow.settings.reconfigure_orm``: Airflow's engine arguments, event
-    handlers and session maker, exactly as its own processes get them.
-    """
+    """Airflow's own ORM in a child, pointed at one scratch database at a time (``reconfigure_orm``:
+    Airflow's engine arguments, event handlers and session maker, as its own processes get them)."""
 
     engine: Any = None
     session_factory: Any = None
@@ -117,17 +104,17 @@ class AirflowOrm:
 def _start(settings: Mapping[str, str], setup: Callable[..., None], args: tuple[Any, ...]) -> None:
     # Ctrl-C reaches the whole process group: the controller stops its children, they ignore it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    apply_environment(settings)
+    environ = clean_environ(settings)
+    os.environ.clear()
+    os.environ.update(environ)
     setup(*args)
 
 
 class Child:
     """One spawned process that ran ``setup(*args)`` under ``settings``; :meth:`call` runs a function there.
 
-    ``spawn_env`` is set in this process's environment while the child is
-    spawned (a ``PYTHONHASHSEED`` must be there when its interpreter starts).
-    ``args`` may hold the spawn context's locks, barriers and events: a child
-    inherits them at its start.
+    ``spawn_env`` is in this process's environment while the child is spawned (a ``PYTHONHASHSEED``
+    must be there when its interpreter starts); ``args`` may hold the spawn context's barriers and events.
     """
 
     def __init__(

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_adrq_bench import tables
+from airflow_adrq_bench.airflow_mode.results import heading
 from airflow_adrq_bench.stats import latency, median
 from airflow_adrq_bench.tables import fmt, ratio, times
 from airflow_adrq_bench.verdict import DEADLOCKS, NOT_COMMITTED, ROWS_EXACT, Line, Target, line, ratio_line
@@ -209,11 +210,7 @@ _CONTENTION: tables.Columns = {
 def format_tables(raw: dict[str, Any], summary: Summary) -> str:
     """Markdown: per database the one-caller table and the contention table; then the legend."""
     s = raw["sizes"]
-    loads = ", ".join(f"{k} {v[0]:.1f}" for k, v in raw.get("load_average", {}).items() if v)
-    out = [
-        f"## airflow-adrq bench --airflow: Apache Airflow {raw.get('airflow_version', '?')}, "
-        f"{raw.get('cpus', '?')} CPUs" + (f" (1-minute load average: {loads})" if loads else "") + "\n"
-    ]
+    out = [heading("airflow-adrq bench --airflow", raw) + "\n"]
     for target in raw["targets"]:
         db = target["name"]
         settings = ", ".join(f"{k} {v}" for k, v in target.get("settings", {}).items())

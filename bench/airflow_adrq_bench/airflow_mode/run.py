@@ -22,7 +22,7 @@ import contextlib
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ import sqlalchemy as sa
 
 from airflow_adrq_bench import progress
 from airflow_adrq_bench.airflow_mode import worker
-from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES, Sizes, raw_finish, raw_opening
+from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES, SCENARIOS, Sizes
 from airflow_adrq_bench.airflow_mode.databases import (
     Target,
     analyze,
@@ -41,7 +41,7 @@ from airflow_adrq_bench.airflow_mode.databases import (
     rotate,
     server_settings,
 )
-from airflow_adrq_bench.airflow_mode.databases import targets as targets  # the live mode's import
+from airflow_adrq_bench.airflow_mode.results import raw_finish, raw_opening
 from airflow_adrq_bench.airflow_mode.worker import Workers
 
 Rows = set[tuple[int, str]]
@@ -66,15 +66,45 @@ def row_check(actual: Rows, expected: Rows) -> dict[str, Any]:
     }
 
 
+def run(
+    targets: Sequence[Target],
+    sizes: Sizes,
+    *,
+    managers: Sequence[str],
+    scenarios: Sequence[str],
+    sweep: bool = True,
+    contention: bool = True,
+    pg_deadlock_timeout_ms: int | None = None,
+) -> dict[str, Any]:
+    """Benchmark every target; returns the raw results (see :mod:`.report`)."""
+    started = time.monotonic()
+    raw: dict[str, Any] = {
+        **raw_opening("airflow-adrq bench --airflow", sizes, managers),
+        "manager_classes": {m: MANAGER_CLASSES[m] for m in managers},
+        "scenarios": list(scenarios),
+        "targets": [],
+        "sweep": [],
+        "rounds": [],
+        "skipped": [],
+    }
+    _Bench(sizes, list(managers), list(scenarios), sweep, contention, pg_deadlock_timeout_ms, raw).run(
+        targets
+    )
+    raw_finish(raw, started)
+    return raw
+
+
 @dataclass
-class _Plan:
+class _Bench:
+    """What the run measures, on the worker processes; then, per target, its set-up, sweep and contention."""
+
     sizes: Sizes
     managers: Sequence[str]
     scenarios: Sequence[str]
     sweep: bool
     contention: bool
     pg_deadlock_timeout_ms: int | None
-    dag_ids: list[str] = field(init=False)
+    raw: dict[str, Any]
 
     def __post_init__(self) -> None:
         count = max([*self.sizes.fanouts, self.sizes.fanout, 1])
@@ -87,104 +117,66 @@ class _Plan:
             else [f"adrq_multi_{i}" for i in range(self.sizes.outlets)]
         )
 
-    def assets(self) -> dict[str, int]:
-        out = {f"adrq_sweep_f{f:05d}": f for f in self.sizes.fanouts}
-        for scenario in ("single", "multi_outlet"):
-            out.update(dict.fromkeys(self.scenario_assets(scenario), self.sizes.fanout))
-        return out
-
     def steps(self) -> int:
         """Progress steps per database: set-up, the sweep's calls, the contention rounds."""
         sweep = len(self.sizes.fanouts) * (self.sizes.sweep_calls + 1) if self.sweep else 0
         rounds = len(self.scenarios) * self.sizes.rounds if self.contention else 0
         return 1 + (sweep + rounds) * len(self.managers)
 
+    def run(self, targets: Sequence[Target]) -> None:
+        with (
+            tempfile.TemporaryDirectory(prefix="adrq-airflow-bench-") as tmp,
+            contextlib.ExitStack() as stack,
+        ):
+            databases = stack.enter_context(migrated(targets, Path(tmp)))
+            with progress.task(
+                "starting Airflow worker processes", len(self.managers) * self.sizes.producers
+            ) as bar:
+                bar.step("each imports Airflow: about 3 s of CPU apiece")
+                self.workers = Workers(
+                    self.managers, self.sizes.producers, Path(tmp), started=lambda: bar.step("", 1)
+                )
+            stack.callback(self.workers.close)  # before the scratch databases are dropped
+            self.raw["workers"] = self.workers.info
+            self.raw["airflow_version"] = self.workers.info[0]["airflow"]
+            for target, url, wait in databases:
+                with progress.task(target.version, self.steps()) as self.bar:
+                    self.bar.step("airflow db migrate on a scratch database")
+                    wait()
+                    self.target = target
+                    self.raw["targets"].append(self.measure(url))
 
-def run(
-    targets: Sequence[Target],
-    sizes: Sizes,
-    *,
-    managers: Sequence[str],
-    scenarios: Sequence[str],
-    sweep: bool = True,
-    contention: bool = True,
-    pg_deadlock_timeout_ms: int | None = None,
-) -> dict[str, Any]:
-    """Benchmark every target; returns the raw results (see :mod:`.report`)."""
-    plan = _Plan(sizes, list(managers), list(scenarios), sweep, contention, pg_deadlock_timeout_ms)
-    started = time.monotonic()
-    raw: dict[str, Any] = {
-        **raw_opening("airflow-adrq bench --airflow", sizes, managers),
-        "manager_classes": {m: MANAGER_CLASSES[m] or "airflow.assets.manager.AssetManager" for m in managers},
-        "scenarios": list(scenarios),
-        "targets": [],
-        "sweep": [],
-        "rounds": [],
-        "skipped": [],
-    }
-    with tempfile.TemporaryDirectory(prefix="adrq-airflow-bench-") as tmp, contextlib.ExitStack() as stack:
-        databases = stack.enter_context(migrated(targets, Path(tmp)))
-        with progress.task("starting Airflow worker processes", len(managers) * sizes.producers) as bar:
-            bar.step("each imports Airflow: about 3 s of CPU apiece")
-            workers = Workers(managers, sizes.producers, Path(tmp), started=lambda: bar.step("", 1))
-        stack.callback(workers.close)  # before the scratch databases are dropped
-        raw["workers"] = [p.info for p in workers.procs.values()]
-        raw["airflow_version"] = raw["workers"][0]["airflow"]
-        for target, url, wait in databases:
-            with progress.task(target.version, plan.steps()) as bar:
-                bar.step("airflow db migrate on a scratch database")
-                wait()
-                raw["targets"].append(_Target(target, plan, workers, raw, bar).run(url))
-    raw_finish(raw, started)
-    return raw
-
-
-@dataclass
-class _Target:
-    """One target's measurements: set-up, the sweep, contention."""
-
-    target: Target
-    plan: _Plan
-    workers: Workers
-    raw: dict[str, Any]
-    bar: progress.Task
-
-    def run(self, url: str) -> dict[str, Any]:
-        began = time.monotonic()
-        every = list(self.workers.procs.values())
+    def measure(self, url: str) -> dict[str, Any]:
+        began, every = time.monotonic(), list(self.workers.procs.values())
         self.engine = control_engine(url)
         try:
             self.workers.broadcast(
-                every, worker.target, url=url, pg_deadlock_timeout_ms=self.plan.pg_deadlock_timeout_ms
+                every, worker.target, url=url, pg_deadlock_timeout_ms=self.pg_deadlock_timeout_ms
             )
-            seeder = self.workers.group(self.plan.managers[0])[0]
-            self.asset_ids: dict[str, int] = seeder.call(
-                worker.seed, dag_ids=self.plan.dag_ids, assets=self.plan.assets()
-            )
+            assets = {f"adrq_sweep_f{f:05d}": f for f in self.sizes.fanouts}
+            for scenario in SCENARIOS:
+                assets |= dict.fromkeys(self.scenario_assets(scenario), self.sizes.fanout)
+            seeder = self.workers.group(self.managers[0])[0]
+            self.asset_ids: dict[str, int] = seeder.call(worker.seed, dag_ids=self.dag_ids, assets=assets)
             analyze(self.engine)
-            settings = server_settings(self.engine)
             self.bar.step("seeded", 1)
-            if self.plan.sweep:
-                self.sweep()
-            if self.plan.contention:
-                self.contention()
+            if self.sweep:
+                self.one_caller()
+            if self.contention:
+                self.contend()
             self.workers.broadcast(every, worker.release)
+            settings = server_settings(self.engine)
         finally:
             self.engine.dispose()
-        return {
-            "name": self.target.name,
-            "backend": self.target.backend,
-            "version": self.target.version,
-            "settings": settings,
-            "duration_s": time.monotonic() - began,
-        }
+        described = {"name": self.target.name, "backend": self.target.backend, "version": self.target.version}
+        return described | {"settings": settings, "duration_s": time.monotonic() - began}
 
-    def sweep(self) -> None:
-        sizes, managers = self.plan.sizes, self.plan.managers
+    def one_caller(self) -> None:
+        sizes, managers = self.sizes, self.managers
         callers = {m: self.workers.group(m)[0] for m in managers}
         for fanout in sizes.fanouts:
             asset = f"adrq_sweep_f{fanout:05d}"
-            expected = {(self.asset_ids[asset], d) for d in self.plan.dag_ids[:fanout]}
+            expected = {(self.asset_ids[asset], d) for d in self.dag_ids[:fanout]}
 
             def one(
                 manager: str, call: int, asset: str = asset, fanout: int = fanout, expected: Rows = expected
@@ -195,17 +187,9 @@ class _Target:
                     worker.sweep_call, asset=asset, run_id=f"{manager}-sweep-f{fanout}-{call}"
                 )
                 check = row_check(queued(self.engine), expected)
-                self.raw["sweep"].append(
-                    {
-                        "db": self.target.name,
-                        "fanout": fanout,
-                        "manager": manager,
-                        "call": call,
-                        "warmup": call < 0,
-                    }
-                    | result
-                    | {"rows_exact": check["exact"], "check": check}
-                )
+                where = {"db": self.target.name, "fanout": fanout, "manager": manager, "call": call}
+                found = {"warmup": call < 0, "rows_exact": check["exact"], "check": check}
+                self.raw["sweep"].append(where | result | found)
 
             for manager in managers:
                 one(manager, -1)
@@ -222,20 +206,20 @@ class _Target:
                     break
         clear_queue(self.engine)
 
-    def contention(self) -> None:
-        sizes, plan = self.plan.sizes, self.plan
-        warm = [a for s in plan.scenarios for a in plan.scenario_assets(s)]
+    def contend(self) -> None:
+        sizes = self.sizes
+        warm = [a for s in self.scenarios for a in self.scenario_assets(s)]
         self.bar.step("contention: warming up every producer (one transaction each)")
-        for manager in plan.managers:
+        for manager in self.managers:
             self.workers.broadcast(
                 self.workers.group(manager), worker.warmup, assets=warm, run_id=f"warmup-{manager}"
             )
-        for scenario in plan.scenarios:
-            assets = plan.scenario_assets(scenario)
-            expected = {(self.asset_ids[a], d) for a in assets for d in plan.dag_ids[: sizes.fanout]}
+        for scenario in self.scenarios:
+            assets = self.scenario_assets(scenario)
+            expected = {(self.asset_ids[a], d) for a in assets for d in self.dag_ids[: sizes.fanout]}
             stopped: set[str] = set()
             for round_no in range(sizes.rounds):
-                for manager in rotate(plan.managers, round_no):
+                for manager in rotate(self.managers, round_no):
                     if manager in stopped:
                         self.bar.step(f"{scenario}: {manager} skipped", 1)
                         continue
@@ -246,19 +230,13 @@ class _Target:
                     ):
                         stopped.add(manager)
                         reason = f"round {round_no + 1} ran out of its {sizes.round_budget_s:g} s budget"
-                        self.raw["skipped"].append(
-                            {
-                                "db": self.target.name,
-                                "scenario": scenario,
-                                "manager": manager,
-                                "reason": reason,
-                            }
-                        )
+                        where = {"db": self.target.name, "scenario": scenario, "manager": manager}
+                        self.raw["skipped"].append(where | {"reason": reason})
         clear_queue(self.engine)
 
     def round(self, scenario: str, assets: list[str], expected: Rows, round_no: int, manager: str) -> bool:
         """One contention round of ``manager``'s producers; whether every transaction committed."""
-        sizes = self.plan.sizes
+        sizes = self.sizes
         clear_queue(self.engine)
         prefix = f"{manager}-{scenario}-r{round_no}-"
         results = self.workers.broadcast(

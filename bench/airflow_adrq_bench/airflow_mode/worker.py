@@ -29,7 +29,7 @@ from airflow_adrq_bench.airflow_mode.processes import AirflowOrm, Child, airflow
 #: The DAG bundle, and the producing DAG the task-instance stand-ins belong to.
 BUNDLE = "adrq-bench-bundle"
 PRODUCER_DAG = "adrq_bench_producer"
-#: A transaction a round's budget left no time to start.
+#: A transaction a round's budget left no time to start (one that gave up: with its attempts, failures).
 NOT_STARTED: dict[str, Any] = {"ok": False, "latency_s": None, "attempts": 0, "failures": {}, "statements": 0}
 
 
@@ -75,13 +75,6 @@ class _Worker(AirflowOrm):
             failures[found.kind.value] += 1
 
         start = time.monotonic()
-        out: dict[str, Any] = {
-            "ok": True,
-            "latency_s": None,
-            "attempts": 0,
-            "failures": failures,
-            "statements": 0,
-        }
         try:
             callbacks = run_in_transaction(
                 self.session_factory,
@@ -95,11 +88,18 @@ class _Worker(AirflowOrm):
         except RetriesExhaustedError as exc:
             if (final := classify(exc.__cause__ or exc)) is not None:
                 failures[final.kind.value] += 1
-            return out | {"ok": False, "attempts": exc.attempts, "failures": dict(failures)}
-        out |= {"latency_s": time.monotonic() - start, "statements": self.statements}
+            return NOT_STARTED | {"attempts": exc.attempts, "failures": dict(failures)}
+        latency, statements = time.monotonic() - start, self.statements
         for callback in callbacks:  # Airflow's, after the COMMIT that succeeded
             callback()
-        return out | {"attempts": sum(failures.values()) + 1, "failures": dict(failures)}
+        attempts = sum(failures.values()) + 1
+        return {
+            "ok": True,
+            "latency_s": latency,
+            "attempts": attempts,
+            "failures": dict(failures),
+            "statements": statements,
+        }
 
 
 #: This process's worker (set by :func:`setup`).
@@ -248,9 +248,7 @@ def _check_manager(manager: str) -> dict[str, Any]:
     import airflow.models.taskinstance as taskinstance_module
     from airflow.assets import manager as airflow_manager
 
-    module, _, class_name = (MANAGER_CLASSES[manager] or "airflow.assets.manager.AssetManager").rpartition(
-        "."
-    )
+    module, _, class_name = MANAGER_CLASSES[manager].rpartition(".")
     resolved, expected = airflow_manager.asset_manager, getattr(importlib.import_module(module), class_name)
     name = f"{type(resolved).__module__}.{type(resolved).__qualname__}"
     # The same instance must be the one TaskInstance.register_asset_changes_in_db calls.
@@ -265,15 +263,6 @@ def _check_manager(manager: str) -> dict[str, Any]:
     }
 
 
-class Producer(Child):
-    """The controller's handle on one worker process."""
-
-    manager: str
-    index: int
-    barrier: Any
-    info: dict[str, Any]
-
-
 class Workers:
     """The worker processes: ``producers`` per manager, each bound to its manager for life."""
 
@@ -281,42 +270,40 @@ class Workers:
         self, managers: Sequence[str], producers: int, home: Path, started: Callable[[], None] = lambda: None
     ) -> None:
         """Start them (``started()`` after each has imported Airflow); :class:`BenchError` if one fails."""
-
         ctx = multiprocessing.get_context("spawn")
-        self.procs: dict[tuple[str, int], Producer] = {}
+        # A barrier per manager, inherited by its producers at their start.
+        barriers = {manager: ctx.Barrier(producers) for manager in managers}
         base = airflow_settings(home, f"sqlite:///{home}/unused.db")
+        #: Per (manager, index) its process; ``info``: what each resolved (:func:`info`).
+        self.procs: dict[tuple[str, int], Child] = {}
+        self.info: list[dict[str, Any]] = []
         try:
             for index in range(producers):
                 for manager in managers:
-                    settings = dict(base)
-                    if MANAGER_CLASSES[manager]:
-                        settings["AIRFLOW__CORE__ASSET_MANAGER_CLASS"] = str(MANAGER_CLASSES[manager])
-                    # A barrier per manager, inherited by its producers at their start.
-                    barrier = self.procs[(manager, 0)].barrier if index else ctx.Barrier(producers)
-                    proc = Producer(
+                    settings = base | {"AIRFLOW__CORE__ASSET_MANAGER_CLASS": MANAGER_CLASSES[manager]}
+                    seed = {"PYTHONHASHSEED": str(1000 + index)}
+                    self.procs[(manager, index)] = Child(
                         f"worker {manager}/{index}",
                         settings,
                         setup,
                         manager,
                         index,
-                        barrier,
-                        spawn_env={"PYTHONHASHSEED": str(1000 + index)},
+                        barriers[manager],
+                        spawn_env=seed,
                     )
-                    proc.manager, proc.index, proc.barrier = manager, index, barrier
-                    self.procs[(manager, index)] = proc
             for proc in self.procs.values():
                 proc.started()
-                proc.info = proc.call(info)
+                self.info.append(proc.call(info))
                 started()
         except BaseException:
             self.close()
             raise
 
-    def group(self, manager: str) -> list[Producer]:
+    def group(self, manager: str) -> list[Child]:
         return [p for (m, _), p in sorted(self.procs.items()) if m == manager]
 
     def broadcast(
-        self, procs: Sequence[Producer], function: Any, timeout: float = 600, **kwargs: Any
+        self, procs: Sequence[Child], function: Any, timeout: float = 600, **kwargs: Any
     ) -> list[Any]:
         """Start ``function(**kwargs)`` in every one of ``procs`` first, then collect the answers."""
         futures = [proc.submit(function, **kwargs) for proc in procs]

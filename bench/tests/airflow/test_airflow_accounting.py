@@ -35,7 +35,7 @@ from airflow_adrq_bench.airflow_mode import accounting
 from airflow_adrq_bench.airflow_mode import main as airflow_mode_main
 from airflow_adrq_bench.airflow_mode.accounting.classify import classify
 from airflow_adrq_bench.airflow_mode.accounting.controller import run, verdict
-from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_MANAGERS, AccountingSizes
+from airflow_adrq_bench.airflow_mode.config import STOCK_AND_PLUGIN, AccountingSizes
 from airflow_adrq_bench.airflow_mode.databases import describe
 from airflow_adrq_testing import servers
 from airflow_adrq_testing.pytest_plugin import skip_or_fail
@@ -148,7 +148,7 @@ def test_stock_vs_plugin_through_airflows_scheduler(measured, db):
     if db in missing:
         skip_or_fail(f"{db} not measured: {missing[db]}")
     cells = {(c["shape"], c["manager"]): c for c in raw["cells"] if c["db"] == db}
-    assert set(cells) == {(shape, m) for shape in ("fan_out", "fan_in") for m in ACCOUNTING_MANAGERS}
+    assert set(cells) == {(shape, m) for shape in ("fan_out", "fan_in") for m in STOCK_AND_PLUGIN}
     planned = SIZES.producers * SIZES.transactions
     for (shape, _), cell in cells.items():
         dags = SIZES.consumers if shape == "fan_out" else 1  # fan-in: one DAG on every producer's asset
@@ -165,7 +165,7 @@ def test_stock_vs_plugin_through_airflows_scheduler(measured, db):
         assert cell["runs"] - cell["runs_before_sentinel"] == dags
         assert cell["runs_before_sentinel"] >= dags
 
-    assert [ln for ln in raw["verdict"] if ln["db"] == db and ln["verdict"] != "met"] == []
+    assert [ln for ln in verdict(raw["cells"]) if ln.db == db and ln.verdict != "met"] == []
     for shape in ("fan_out", "fan_in"):
         assert cells[(shape, "plugin")]["unconsumed"] <= cells[(shape, "stock")]["unconsumed"]
     if db == "sqlite":

@@ -14,6 +14,9 @@ import threading
 import pytest
 
 from airflow_adrq_bench import verdict
+from airflow_adrq_bench.airflow_mode.config import LIVE_DEFAULT as DEFAULT
+from airflow_adrq_bench.airflow_mode.config import LIVE_SMALL as SMALL
+from airflow_adrq_bench.airflow_mode.config import LiveError, LiveShape, LiveSizes, default_time_limit
 from airflow_adrq_bench.airflow_mode.live import (
     build_parser,
     dags,
@@ -22,14 +25,6 @@ from airflow_adrq_bench.airflow_mode.live import (
     measure,
     report,
     shape_from,
-)
-from airflow_adrq_bench.airflow_mode.live.config import (
-    DEFAULT,
-    SMALL,
-    LiveError,
-    LiveShape,
-    LiveSizes,
-    default_time_limit,
 )
 from airflow_adrq_testing import servers
 from airflow_adrq_testing.dataset import Target

@@ -22,8 +22,9 @@ import json
 import pytest
 
 from airflow_adrq_bench.airflow_mode import main as airflow_mode_main
+from airflow_adrq_bench.airflow_mode.config import LIVE_SMALL as SMALL
+from airflow_adrq_bench.airflow_mode.config import LiveSizes
 from airflow_adrq_bench.airflow_mode.live import report
-from airflow_adrq_bench.airflow_mode.live.config import SMALL, LiveSizes
 
 #: Each backend's deployment shape (HA schedulers and PgBouncer are PostgreSQL's).
 SHAPES = {

@@ -30,19 +30,19 @@ controller never imports Airflow.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from airflow_adrq_bench import options, tables
-from airflow_adrq_bench.airflow_mode import parser_for, publish
-from airflow_adrq_bench.airflow_mode.accounting.controller import run
+from airflow_adrq_bench.airflow_mode import parser_for
+from airflow_adrq_bench.airflow_mode.accounting.controller import run, verdict
 from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_DEFAULT as DEFAULT
 from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_QUICK as QUICK
 from airflow_adrq_bench.airflow_mode.config import AccountingSizes
 from airflow_adrq_bench.airflow_mode.databases import targets
-from airflow_adrq_bench.verdict import Line, format_verdict
+from airflow_adrq_bench.airflow_mode.results import conclude, heading
+from airflow_adrq_bench.verdict import missed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,8 +64,9 @@ def _measure(args: argparse.Namespace, sizes: AccountingSizes) -> int:
     out = options.out_dir(args)
     with targets(args.db or [], args.backend, sqlite=True) as found:
         raw = run(found, sizes)
-    shown = format_verdict([Line(**ln) for ln in raw["verdict"]])
-    return publish(out / "airflow-accounting", raw, format_tables(raw) + "\n" + shown, shown, raw["problems"])
+    lines = verdict(raw["cells"])
+    problems = raw["problems"] + [f"{m.db} {m.what}: {m.measured}" for m in missed(lines)]
+    return conclude(out / "airflow-accounting", raw, format_tables(raw), lines, problems)
 
 
 _COLUMNS: tables.Columns = {
@@ -87,23 +88,20 @@ _COLUMNS: tables.Columns = {
 
 
 def format_tables(raw: dict[str, Any]) -> str:
-    """The accounting table (Markdown) with its legend."""
+    """The accounting table (Markdown) with its legend and each cell's problems."""
     sizes = raw["sizes"]
-    loads = ", ".join(f"{k} {v[0]:.2f}" for k, v in raw.get("load_average", {}).items() if v) or "?"
+    versions = ", ".join(f"{t['name']}: {t['version']}" for t in raw["targets"])
     lines = [
-        "## Event accounting through Apache Airflow "
-        f"{raw.get('airflow_version', '?')}: stock AssetManager vs airflow-adrq's plug-in",
+        heading("Event accounting, stock AssetManager vs airflow-adrq's plug-in", raw),
         "",
         f"{sizes['producers']} producers per manager x {sizes['transactions']} transactions, "
         f"{sizes['consumers']} consumer DAGs, consumer pass every {sizes['consumer_pause_ms']:g} ms; "
-        f"{raw.get('cpus')} CPUs, load average {loads}.",
+        f"databases: {versions}.",
         "",
         tables.table(raw["cells"], _COLUMNS, left=4),
         "",
         tables.legend("accounting"),
     ]
-    versions = ", ".join(f"{t['name']}: {t['version']}" for t in raw["targets"])
-    lines += ["", f"Databases: {versions}. Took {raw.get('duration_s', math.nan):.0f} s."]
     if raw["problems"]:
         lines += ["", "Problems:", *[f"* {p}" for p in raw["problems"]]]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)

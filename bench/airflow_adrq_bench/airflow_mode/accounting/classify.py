@@ -6,7 +6,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-# --- classification (pure) ----------------------------------------------------------
+#: From worst to best: an event is in the worst class of its pairs.
+_CLASSES = ("unconsumed", "late", "consumed")
 
 
 @dataclass(frozen=True)
@@ -17,21 +18,14 @@ class PairClasses:
     consumed_pairs: int
     late_pairs: int
     unconsumed_pairs: int
-    #: Pairs consumed by more than one run of the DAG (counted once above).
-    duplicate_pairs: int
+    duplicate_pairs: int  # consumed by more than one run of the DAG (counted once above)
     events: int
-    #: Every pair consumed before the sentinel.
-    consumed: int
-    #: No pair unconsumed, at least one only by the sentinel's runs.
-    late: int
-    #: At least one consumer DAG's runs never consumed it.
-    unconsumed: int
-    #: Consumed by no run of any consumer DAG.
-    in_no_run: int
-    #: Consumed pairs of the cell's DAGs whose event is neither the cell's nor the sentinel.
-    unknown: int
-    #: Consumer DAGs that consumed the sentinel.
-    sentinel_consumers: int
+    consumed: int  # every pair consumed before the sentinel
+    late: int  # no pair unconsumed, at least one only by the sentinel's runs
+    unconsumed: int  # at least one consumer DAG's runs never consumed it
+    in_no_run: int  # consumed by no run of any consumer DAG
+    unknown: int  # consumed pairs of the cell's DAGs whose event is neither the cell's nor the sentinel
+    sentinel_consumers: int  # consumer DAGs that consumed the sentinel
 
     @property
     def classes_add_up(self) -> bool:
@@ -48,20 +42,16 @@ def classify(
     cutoff: int,
     sentinel: int | None,
 ) -> PairClasses:
-    """Classify ``events`` x ``dags`` from ``consumed`` rows ``(dag_run id, dag_id, event id)``.
-
-    Runs with ``id <= cutoff`` were created before the sentinel; the others
-    after it. A pair is *consumed* if a run before the sentinel consumed it,
-    *late* if only later runs did, *unconsumed* if none did.
-    """
+    """Classify ``events`` x ``dags`` from ``consumed`` rows ``(dag_run id, dag_id, event id)``: a pair is
+    *consumed* if a run created before the sentinel (``id <= cutoff``) consumed it, *late* if only later
+    runs did, *unconsumed* if none did."""
     event_ids = sorted(set(events))
-    known = set(event_ids)
-    dag_set = set(dags)
+    known, cell_dags = set(event_ids), set(dags)
     runs_of: dict[tuple[int, str], set[int]] = defaultdict(set)
     sentinel_dags: set[str] = set()
     unknown = 0
     for run_id, dag_id, event_id in consumed:
-        if dag_id not in dag_set:
+        if dag_id not in cell_dags:
             continue
         if event_id in known:
             runs_of[(event_id, dag_id)].add(run_id)
@@ -69,36 +59,24 @@ def classify(
             sentinel_dags.add(dag_id)
         else:
             unknown += 1
-    pair_class: dict[tuple[int, str], str] = {}
-    for event_id in event_ids:
-        for dag_id in dags:
-            runs = runs_of.get((event_id, dag_id), set())
-            if not runs:
-                pair_class[(event_id, dag_id)] = "unconsumed"
-            elif min(runs) <= cutoff:
-                pair_class[(event_id, dag_id)] = "consumed"
-            else:
-                pair_class[(event_id, dag_id)] = "late"
-    pair_counts = Counter(pair_class.values())
-    event_counts: Counter[str] = Counter()
-    in_no_run = 0
-    for event_id in event_ids:
-        classes = {pair_class[(event_id, d)] for d in dags}
-        worst = next(c for c in ("unconsumed", "late", "consumed") if c in classes)
-        event_counts[worst] += 1
-        if classes == {"unconsumed"}:
-            in_no_run += 1
+
+    def pair_class(runs: set[int]) -> str:
+        return "unconsumed" if not runs else "consumed" if min(runs) <= cutoff else "late"
+
+    per_event = {e: {pair_class(runs_of.get((e, d), set())) for d in dags} for e in event_ids}
+    pairs = Counter(pair_class(runs_of.get((e, d), set())) for e in event_ids for d in dags)
+    worst = Counter(next(c for c in _CLASSES if c in classes) for classes in per_event.values())
     return PairClasses(
-        pairs=len(pair_class),
-        consumed_pairs=pair_counts["consumed"],
-        late_pairs=pair_counts["late"],
-        unconsumed_pairs=pair_counts["unconsumed"],
+        pairs=len(event_ids) * len(dags),
+        consumed_pairs=pairs["consumed"],
+        late_pairs=pairs["late"],
+        unconsumed_pairs=pairs["unconsumed"],
         duplicate_pairs=sum(1 for runs in runs_of.values() if len(runs) > 1),
         events=len(event_ids),
-        consumed=event_counts["consumed"],
-        late=event_counts["late"],
-        unconsumed=event_counts["unconsumed"],
-        in_no_run=in_no_run,
+        consumed=worst["consumed"],
+        late=worst["late"],
+        unconsumed=worst["unconsumed"],
+        in_no_run=sum(1 for classes in per_event.values() if classes == {"unconsumed"}),
         unknown=unknown,
         sentinel_consumers=len(sentinel_dags),
     )

@@ -18,6 +18,7 @@ live.md and live.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import signal
@@ -31,20 +32,16 @@ from types import FrameType
 from typing import Any
 
 import airflow_adrq
-from airflow_adrq_bench import options, progress, tables, verdict
+from airflow_adrq_bench import options, progress
 from airflow_adrq_bench.airflow_mode import parser_for
-from airflow_adrq_bench.airflow_mode.config import raw_finish, raw_opening
+from airflow_adrq_bench.airflow_mode.config import LIVE_DEFAULT as DEFAULT
+from airflow_adrq_bench.airflow_mode.config import LIVE_SMALL as SMALL
+from airflow_adrq_bench.airflow_mode.config import STOCK_AND_PLUGIN as MANAGERS
+from airflow_adrq_bench.airflow_mode.config import LiveShape, LiveSizes, default_time_limit
 from airflow_adrq_bench.airflow_mode.databases import targets
 from airflow_adrq_bench.airflow_mode.live import deployment, report
-from airflow_adrq_bench.airflow_mode.live.config import (
-    DEFAULT,
-    MANAGERS,
-    SMALL,
-    LiveShape,
-    LiveSizes,
-    default_time_limit,
-)
 from airflow_adrq_bench.airflow_mode.live.driver import run_cell, steps
+from airflow_adrq_bench.airflow_mode.results import conclude, raw_finish, raw_opening
 
 _EPILOG = """\
 Exit status 1 when a deployment did not complete or the plug-in missed a target of correctness in
@@ -65,11 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     limit = f"default: sized to the run, {default_time_limit(DEFAULT):.0f} s at the default size"
     parser.add_argument("--time-limit", type=float, metavar="S", help=f"per deployment, in seconds ({limit})")
-    parser.add_argument(
-        "--keep-scratch",
-        action="store_true",
-        help="keep the scratch databases and AIRFLOW_HOMEs (see live.json)",
-    )
+    keep = "keep the scratch databases and AIRFLOW_HOMEs (see live.json)"
+    parser.add_argument("--keep-scratch", action="store_true", help=keep)
     parser.add_argument(
         "--plugin-kwargs",
         metavar="JSON",
@@ -77,11 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         help='[core] asset_manager_kwargs of the plug-in\'s deployments, e.g. \'{"on_conflict": "refresh"}\'',
     )
     parser.add_argument("--check", action="store_true", help="exit 1 also when the speed target is missed")
-    parser.add_argument(
-        "--expect-stock-worse",
-        action="store_true",
-        help="also fail unless stock had failed producer tasks or stranded pairs somewhere (for CI)",
-    )
+    worse = "also fail unless stock had failed producer tasks or stranded pairs somewhere (for CI)"
+    parser.add_argument("--expect-stock-worse", action="store_true", help=worse)
     options.add_fields(
         parser.add_argument_group("deployment shape (every manager gets the same)"), LiveShape()
     )
@@ -134,7 +125,6 @@ def _terminate(signum: int, _frame: FrameType | None) -> None:
 def _measure(args: argparse.Namespace, sizes: LiveSizes, shape: LiveShape) -> int:
     """Every (run, database, manager) deployment, one after the other, then the report and the verdict."""
     out = options.out_dir(args)
-    out.mkdir(parents=True, exist_ok=True)
     managers = [m for m in MANAGERS if not args.manager or m in args.manager]
     limit, started = args.time_limit or default_time_limit(sizes), time.monotonic()
     with targets(args.db or [], args.backend, sqlite=False) as found:
@@ -167,29 +157,20 @@ def _measure(args: argparse.Namespace, sizes: LiveSizes, shape: LiveShape) -> in
                     manager_kwargs=kwargs,
                 )
                 raw["cells"].append(cell)
-    raw_finish(raw, started, ndigits=1)
+    raw_finish(raw, started)
     lines = report.verdict_lines(raw["cells"])
-    raw["verdict"] = [dataclasses.asdict(line) for line in lines]
-    raw["problems"] = report.problems(
+    problems = report.problems(
         raw["cells"], lines, check=args.check, expect_stock_worse=args.expect_stock_worse
     )
-    tables.write_json(out / "live.json", raw, indent=2)
-    shown = verdict.format_verdict(lines)
-    text = f"{report.format_tables(raw)}\n{shown}"
-    return options.publish(out / "live.md", text, [out / "live.json"], raw["problems"], shown=shown)
+    return conclude(out / "live", raw, report.format_tables(raw), lines, problems)
 
 
 def _plugin_source() -> str:
     """Which airflow_adrq the plug-in deployments ran: the package's path, and in a git checkout its
     commit, ``-dirty`` with uncommitted changes (an editable install runs the working tree as it is)."""
     package = Path(airflow_adrq.__file__).resolve().parent
-    try:
-        git = subprocess.run(
-            ["git", "-C", str(package), "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return str(package)
-    return f"{package} at {git.stdout.strip()}" if git.returncode == 0 else str(package)
+    describe = ["git", "-C", str(package), "describe", "--always", "--dirty"]
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        git = subprocess.run(describe, capture_output=True, text=True, timeout=10, check=True)
+        return f"{package} at {git.stdout.strip()}"
+    return str(package)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from airflow_adrq_bench.airflow_mode.live.config import WARM_DAG, LiveSizes
+from airflow_adrq_bench.airflow_mode.config import WARM_DAG, LiveSizes
 
 PRODUCERS_FILE: Final = "adrq_live_producers.py"
 CONSUMERS_FILE: Final = "adrq_live_consumers.py"

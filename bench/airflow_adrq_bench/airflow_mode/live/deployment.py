@@ -1,12 +1,9 @@
 """One manager's Airflow deployment on a scratch database of its own: its settings, processes and end.
 
-Every component (``airflow api-server``, ``scheduler``, ``dag-processor``, ``celery worker``) runs
-this environment's ``airflow`` CLI (the controller never imports Airflow) in a process group of its
-own, with the same settings and none of the caller's, binds only ``127.0.0.1`` and writes its own
-log. :meth:`Deployment.stop` sends each group SIGTERM; what is left after the grace period (the
-task SDK moves each task into a group of its own) is found by the ``ADRQ_LIVE_DEPLOYMENT`` its
-environment carries. :func:`check` runs before the first deployment: a missing piece of a shape is
-one :class:`~.config.LiveError` naming the fix, not a component dying in the middle of a run.
+Every component runs this environment's ``airflow`` CLI in a process group of its own, with the same
+settings (and none of the caller's), binds only ``127.0.0.1`` and writes its own log. :func:`check`
+runs before the first deployment: a missing piece of a shape is an error naming the fix, not a
+component dying in the middle of a run.
 """
 
 from __future__ import annotations
@@ -33,14 +30,14 @@ import psutil
 import sqlalchemy as sa
 
 from airflow_adrq_bench.airflow_mode import processes
-from airflow_adrq_bench.airflow_mode.databases import airflow_url
-from airflow_adrq_bench.airflow_mode.live.config import (
+from airflow_adrq_bench.airflow_mode.config import (
     EXECUTORS,
     MANAGER_CLASSES,
     LiveError,
     LiveShape,
     LiveSizes,
 )
+from airflow_adrq_bench.airflow_mode.databases import airflow_url
 from airflow_adrq_testing import servers
 from airflow_adrq_testing.dataset import Target
 
@@ -153,10 +150,9 @@ class Deployment:
         self.broker_url = None
         if shape.celery:
             self.broker_url = shape.broker_url or f"{DEFAULT_REDIS}/{1 + next(_REDIS_DBS) % 15}"
-        #: MySQL/MariaDB get one scheduler (HA mode is measured on PostgreSQL).
+        # MySQL/MariaDB get one scheduler (HA mode is measured on PostgreSQL).
         self.schedulers = sizes.schedulers if target.backend == "postgresql" else 1
-        #: The started ``airflow`` commands by name, each a process group leader.
-        self.components: dict[str, subprocess.Popen[bytes]] = {}
+        self.components: dict[str, subprocess.Popen[bytes]] = {}  # each a process group leader
         self.url = ""  # made on entering, with the settings
         self.env: dict[str, str] = {}
         self.kept: dict[str, str | None] | None = None
@@ -196,14 +192,13 @@ class Deployment:
         """The settings every component gets."""
         tasks = self.sizes.tasks_per_burst
         settings = {
-            "AIRFLOW_HOME": str(self.home),
+            **processes.airflow_settings(self.home, url),
             **self._database(url),
             "AIRFLOW__CORE__EXECUTOR": EXECUTORS[self.shape.executor],
             # Every producer task of a burst runs at once (plus nothing else: the
             # consumers' EmptyOperator never reaches the executor).
             "AIRFLOW__CORE__PARALLELISM": str(max(tasks, 4)),
             "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(max(tasks, 16)),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
@@ -257,9 +252,8 @@ class Deployment:
     def migrate(self, timeout: float) -> None:
         """``airflow db migrate``: Airflow's own schema on the scratch database, as an operator makes it
         (directly: its advisory lock is session state, which PgBouncer's transaction pooling loses)."""
-        processes.wait_migrate(
-            processes.start_migrate(self.env, self.log_of("db-migrate")), self.log_of("db-migrate"), timeout
-        )
+        log = self.log_of("db-migrate")
+        processes.wait_migrate(processes.start_migrate(self.env, log), log, timeout)
 
     def start(self) -> None:
         """Start the PgBouncer (with one), the api-server, the scheduler(s), the DAG processor and the
@@ -309,8 +303,9 @@ class Deployment:
     def stop(self) -> list[str]:
         """Stop everything this deployment started (once); returns what needed SIGKILL.
 
-        SIGTERM to each component's process group in :data:`_STOP_ORDER`, then SIGKILL to every
-        process still carrying the deployment's marker after the grace period; the PgBouncer last.
+        SIGTERM to each component's process group in :data:`_STOP_ORDER`; after the grace period SIGKILL
+        to every process still carrying the deployment's :data:`MARKER` (the task SDK moves each task
+        into a group of its own); the PgBouncer last.
         """
         names = sorted(
             self.components, key=lambda n: next(i for i, p in enumerate(_STOP_ORDER) if n.startswith(p))

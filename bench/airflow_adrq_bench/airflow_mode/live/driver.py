@@ -1,10 +1,7 @@
-"""One cell of the live run: one manager's deployment on one database server, driven and measured.
-
-:func:`run_cell` makes the deployment, lets the :class:`Driver` run it, and records a failure (a
-component exits, the time limit passes, an HTTP call fails) with its error, so the next cell
-still runs. The driver uses the deployment's public interfaces, as an operator's tooling would:
-the REST API for what Airflow does, read-only SQL (:mod:`.measure`) for what it waits for and counts.
-"""
+"""One cell of the live run: one manager's deployment on one database server, driven and measured
+through its public interfaces, as an operator's tooling would: the REST API for what Airflow does,
+read-only SQL (:mod:`.measure`) for what it waits for and counts. A cell that fails records its error
+and the next cell still runs."""
 
 from __future__ import annotations
 
@@ -18,9 +15,9 @@ import httpx
 import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
 
+from airflow_adrq_bench.airflow_mode.config import WARM_DAG, LiveError, LiveShape, LiveSizes
 from airflow_adrq_bench.airflow_mode.databases import control_engine, fetch, queue_rows
 from airflow_adrq_bench.airflow_mode.live import measure
-from airflow_adrq_bench.airflow_mode.live.config import WARM_DAG, LiveError, LiveShape, LiveSizes
 from airflow_adrq_bench.airflow_mode.live.dags import write_dag_files
 from airflow_adrq_bench.airflow_mode.live.deployment import Deployment
 from airflow_adrq_bench.errors import BenchError
@@ -82,10 +79,6 @@ class Driver:
                 raise LiveError(f"the time limit passed while {doing}")
             time.sleep(_POLL_S)
 
-    def _count(self, sql: str, **params: Any) -> int:
-        with self.engine.connect() as conn:
-            return int(fetch(conn, sql, **params)[0][0])
-
     def wait_ready(self) -> None:
         """Until the api-server answers and reports a healthy scheduler and DAG processor; then log in."""
 
@@ -113,7 +106,9 @@ class Driver:
         ref_sql = "SELECT count(*) FROM dag_schedule_asset_reference WHERE dag_id IN :ids"
 
         def parsed() -> tuple[bool, str]:
-            dags, refs = self._count(dag_sql, ids=dag_ids), self._count(ref_sql, ids=self.consumers)
+            with self.engine.connect() as conn:
+                dags = int(fetch(conn, dag_sql, ids=dag_ids)[0][0])
+                refs = int(fetch(conn, ref_sql, ids=self.consumers)[0][0])
             status = f"{dags}/{len(dag_ids)} DAGs, {refs}/{references} schedule references"
             return dags == len(dag_ids) and refs == references, status
 
@@ -158,13 +153,8 @@ class Driver:
             return done or now - started > self.sizes.drain_timeout_s, status
 
         self._wait(doing, drained)
-        elapsed = round(time.monotonic() - started, 2)
-        return {
-            "seconds": elapsed,
-            "drained": seen["queue"] == 0,
-            "queue_rows": seen["queue"],
-            "consumer_runs": seen["runs"],
-        }
+        elapsed, queue = round(time.monotonic() - started, 2), seen["queue"]
+        return {"seconds": elapsed, "drained": queue == 0, "queue_rows": queue, "consumer_runs": seen["runs"]}
 
     def run(self, result: dict[str, Any]) -> None:
         """Drive the deployment and count after each drain (the results go into ``result``)."""
@@ -330,6 +320,5 @@ def _latency(result: dict[str, Any], deployment: Deployment) -> None:
 
 def _seconds(start: str, end: str | None) -> float | None:
     """Seconds from ISO timestamp ``start`` to ``end`` (None without an end)."""
-    if end is None:
-        return None
-    return round((dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(start)).total_seconds(), 2)
+    span = None if end is None else dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(start)
+    return None if span is None else round(span.total_seconds(), 2)

@@ -1,10 +1,6 @@
-"""The live run's report: the detail per database (``live.md``), the verdict, the exit status.
-
-The detail: a table per database, a row per measured quantity, a column per manager (with
-``--runs K`` a cell lists the K runs' values separated by ``;``), headed by the deployments'
-shape, then the legend. The verdict: per database the plug-in against the targets defined here,
-once, with stock's figure beside. A deployment that did not complete, or a missed target of
-correctness, makes the exit status 1; a missed speed target does with ``--check``.
+"""The live run's report: the detail per database (a row per measured quantity, a column per manager;
+with ``--runs K`` a cell lists the K runs' values separated by ``;``), the verdict (the plug-in
+against the targets defined here, once, with stock's figure beside) and what makes the exit status 1.
 """
 
 from __future__ import annotations
@@ -15,7 +11,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from airflow_adrq_bench import tables, verdict
-from airflow_adrq_bench.airflow_mode.live.config import MANAGERS
+from airflow_adrq_bench.airflow_mode.config import STOCK_AND_PLUGIN as MANAGERS
+from airflow_adrq_bench.airflow_mode.results import heading
 from airflow_adrq_bench.verdict import Line, Target
 
 Cell = dict[str, Any]
@@ -28,7 +25,7 @@ DEADLOCKS = Target("deadlocks (server, log lines)", "0", lambda v: v == 0)
 EXACT = Target("events written; queue rows left", "exact", lambda v: v == 1)
 # Judged on the stranded pairs beyond those allowed (stranded_allowed).
 STRANDED = Target("pairs stranded after the bursts", "<= allowed", lambda v: v <= 0)
-LOST = Target("pairs lost (after one more event)", "0", lambda v: v == 0)
+LOST = Target("pairs lost after one more event", "0", lambda v: v == 0)
 TWICE = Target("pairs consumed twice", "0", lambda v: v == 0)
 SPEED = Target("PATCH .../state p50 vs stock", "<= 1x", lambda v: v <= 1)
 
@@ -127,16 +124,15 @@ def format_tables(raw: dict[str, Any]) -> str:
         if sizes["own_assets"]
         else "the OR of the outlets"
     )
+    start_up = "; ".join(sorted({str(c.get("plugin_start_up")) for c in cells if c["manager"] == "plugin"}))
     lines = [
-        f"## Live Airflow {raw['airflow_version']}: stock AssetManager vs airflow-adrq's plug-in",
+        heading("Live Airflow, stock AssetManager vs airflow-adrq's plug-in", raw),
         "",
         f"{sizes['producer_dags']} producer DAG(s) x {sizes['instances']} mapped instances x "
         f"{sizes['outlets']} outlets, {sizes['consumers']} consumer DAGs on {on}, {sizes['bursts']} bursts "
         f"(a burst's instances finish together, each a random 0 to {sizes['spread_s']:g} s after a common "
-        f"deadline), {raw['runs']} run(s); {raw['cpus']} CPUs. Plug-in: {raw['plugin_source']}; "
-        f"asset_manager_kwargs "
-        f"{raw['plugin_kwargs'] or '(none)'}; its start-up line: "
-        f"{'; '.join(sorted({str(c.get('plugin_start_up')) for c in cells if c['manager'] == 'plugin'}))}.",
+        f"deadline), {raw['runs']} run(s). Plug-in: {raw['plugin_source']}; asset_manager_kwargs "
+        f"{raw['plugin_kwargs'] or '(none)'}; its start-up line: {start_up}.",
     ]
     for db in dict.fromkeys(c["db"] for c in cells):
         mine = sorted((c for c in cells if c["db"] == db), key=lambda c: c["run"])
@@ -149,15 +145,14 @@ def format_tables(raw: dict[str, Any]) -> str:
             [label, *("; ".join(value(c, row) for c in mine if c["manager"] == m) for m in managers)]
             for label, row in ROWS
         ]
-        heading = f"### {db}: {mine[0]['version']}; {shape_label(mine[0]['shape'])}"
-        lines += ["", heading, "", tables.markdown(["", *managers], body, left=1)]
+        lines += ["", f"### {db}: {mine[0]['version']}; {shape_label(mine[0]['shape'])}", ""]
+        lines.append(tables.markdown(["", *managers], body, left=1))
         lines += [
             f"\n* {c['manager']} run {c['run']} failed: {c['error'].splitlines()[0]} (logs: {c['log_dir']})"
             for c in mine
             if c["error"]
         ]
-    lines += ["", tables.legend("live"), f"Took {raw['duration_s']:.0f} s."]
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", tables.legend("live")])
 
 
 def shape_label(shape: dict[str, Any]) -> str:
