@@ -184,9 +184,14 @@ def _heading(target: dict[str, Any], what: str = "") -> str:
     return f"### {what}{target['name']} ({target['version']})\n"
 
 
-def _sections(raw: dict[str, Any], section: Callable[[dict[str, Any]], list[str]], legend: str) -> str:
-    """Each database's section (``section`` gives none for a database without rows), then ``legend``."""
-    out = [line for target in raw["targets"] for line in section(target)]
+def _sections(
+    raw: dict[str, Any],
+    rows: Callable[[str], Sequence[dict[str, Any]]],
+    section: Callable[[dict[str, Any], Sequence[dict[str, Any]]], list[str]],
+    legend: str,
+) -> str:
+    """``section(target, its rows)`` of each database with ``rows(name)``, then ``legend``; or nothing."""
+    out = [line for t in raw["targets"] if (mine := rows(t["name"])) for line in section(t, mine)]
     return "\n".join([*out, legend]) if out else ""
 
 
@@ -211,16 +216,14 @@ def _skip_notes(raw: dict[str, Any], db: str) -> list[str]:
 def format_table(raw: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     """The comparison table (Markdown), one section per database, then its legend."""
 
-    def section(target: dict[str, Any]) -> list[str]:
-        mine = [r for r in rows if r["db"] == target["name"]]
-        if not mine:
-            return []
+    def section(target: dict[str, Any], mine: Sequence[dict[str, Any]]) -> list[str]:
         note = [f"> {SQLITE_NOTE}\n"] if target["name"].startswith("sqlite") else []
         notes = [n for r in mine for n in _row_notes(r, f"{r['scenario']}/{r['strategy']}")]
         skipped = _skip_notes(raw, target["name"])
         return [_heading(target), *note, tables.table(mine, _CONTENTION), *notes, *skipped, ""]
 
-    return _sections(raw, section, tables.legend("contention", **raw.get("sizes", {})))
+    legend = tables.legend("contention", **raw.get("sizes", {}))
+    return _sections(raw, lambda db: [r for r in rows if r["db"] == db], section, legend)
 
 
 _PRODUCERS = {
@@ -255,15 +258,12 @@ _LOST: tables.Columns = {
 def format_lost(raw: dict[str, Any], lost: Sequence[dict[str, Any]]) -> str:
     """The lost-events table (Markdown), one section per database."""
 
-    def section(target: dict[str, Any]) -> list[str]:
-        mine = [r for r in lost if r["db"] == target["name"]]
-        if not mine:
-            return []
+    def section(target: dict[str, Any], mine: Sequence[dict[str, Any]]) -> list[str]:
         sizes = f"{mine[0]['producers']} producers of one asset, {mine[0]['consumers']} consumer DAGs\n"
         notes = [n for r in mine for n in _row_notes(r, f"hold {r['hold_ms']:g} ms {r['strategy']}")]
         return [_heading(target, "lost events, "), sizes, tables.table(mine, _LOST), *notes, ""]
 
-    return _sections(raw, section, LOST_LEGEND)
+    return _sections(raw, lambda db: [r for r in lost if r["db"] == db], section, LOST_LEGEND)
 
 
 def _spread(row: dict[str, Any], prefix: str = "") -> str:
@@ -288,10 +288,7 @@ _RATIO: tables.Columns = {
 def format_ratio(raw: dict[str, Any]) -> str:
     """The raw-SQL ratio row: ``register_asset_change`` + COMMIT against hand-written SQL."""
 
-    def section(target: dict[str, Any]) -> list[str]:
-        results = raw.get("raw_sql_ratio", {}).get(target["name"], [])
-        if not results:
-            return []
+    def section(target: dict[str, Any], results: Sequence[dict[str, Any]]) -> list[str]:
         calls = f"{results[0]['calls']} calls each side per fan-out\n"
         judged = verdict.raw_sql(target["name"], results)
         said = (
@@ -306,7 +303,8 @@ def format_ratio(raw: dict[str, Any]) -> str:
             said,
         ]
 
-    return _sections(raw, section, tables.legend("ratio", target=verdict.RAW_SQL.goal))
+    legend = tables.legend("ratio", target=verdict.RAW_SQL.goal)
+    return _sections(raw, lambda db: raw.get("raw_sql_ratio", {}).get(db, []), section, legend)
 
 
 def format_sweep(raw: dict[str, Any]) -> str:
@@ -318,10 +316,7 @@ def format_sweep(raw: dict[str, Any]) -> str:
         exact = "" if r["rows_exact"] else " NOT EXACT"
         return f"{_spread(r)} / {r['statements']:,}{exact}"
 
-    def section(target: dict[str, Any]) -> list[str]:
-        results = raw["sweeps"].get(target["name"], [])
-        if not results:
-            return []
+    def section(target: dict[str, Any], results: Sequence[dict[str, Any]]) -> list[str]:
         fanouts = sorted({r["fanout"] for r in results})
         by = {(r["strategy"], r["fanout"]): r for r in results}
         strategies = sorted(dict.fromkeys(r["strategy"] for r in results), key=lambda s: _ORDER.get(s, 99))
@@ -331,7 +326,8 @@ def format_sweep(raw: dict[str, Any]) -> str:
         return [_heading(target, "fan-out sweep, "), what, table, *_skip_notes(raw, target["name"]), ""]
 
     repeats = raw.get("sizes", {}).get("sweep_repeats", "sweep_repeats")
-    return _sections(raw, section, tables.legend("sweep", repeats=repeats))
+    legend = tables.legend("sweep", repeats=repeats)
+    return _sections(raw, lambda db: raw["sweeps"].get(db, []), section, legend)
 
 
 def problems(

@@ -48,12 +48,8 @@ class _Event:
 
 
 def _ours(session: Session, asset_ids: Sequence[int], policy: ConflictPolicy) -> list[int]:
-    """The installed airflow-adrq's queue write (:func:`airflow_adrq.queue_events`) after the same events.
-
-    The same events as the other protocols, written the same way, so that the
-    sides differ only in the queue write (``register_asset_change`` would add
-    its lookup, and Python time, to this side alone).
-    """
+    """The installed airflow-adrq's queue write (:func:`airflow_adrq.queue_events`) after the events the
+    other protocols write too, so that the sides differ only in the queue write."""
     ids = events(session.connection(), asset_ids)
     queue_events(session, [_Event(i, a) for i, a in zip(ids, asset_ids, strict=True)], on_conflict=policy)
     session.commit()
