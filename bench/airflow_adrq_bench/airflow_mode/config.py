@@ -239,12 +239,8 @@ class LiveShape(Checked):
 
 
 def default_time_limit(sizes: LiveSizes) -> float:
-    """Seconds one deployment (one manager on one backend) may take, start to stop.
-
-    Sized from what was measured on 2 cores: about 2 minutes to migrate, start the components,
-    parse the DAG files and warm up; per burst about 2 s per producer task process (start, run,
-    success call), a drain, and twice that as headroom; plus the final event's drain.
-    """
+    """Seconds one deployment may take, start to stop, as measured on 2 cores: about 2 minutes to migrate,
+    start, parse and warm up; per burst about 2 s per producer task and a drain, twice as headroom."""
     per_burst = 30.0 + 4.0 * sizes.tasks_per_burst + sizes.settle_s
     fixed = 300.0 + 2 * (sizes.settle_s + sizes.drain_timeout_s)
     return float(math.ceil(fixed + 2 * sizes.bursts * per_burst))

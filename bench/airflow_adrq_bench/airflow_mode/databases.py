@@ -12,7 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-from airflow_adrq_bench import options
+from airflow_adrq_bench import options, progress
 from airflow_adrq_bench.airflow_mode.processes import (
     airflow_settings,
     clean_environ,
@@ -123,6 +123,18 @@ def migrated(
             stack.callback(proc.kill)
             out.append((target, url, functools.partial(wait_migrate, proc, log, label=f"{target.version}: ")))
         yield out
+
+
+def each_ready(
+    databases: Sequence[tuple[Target, str, Callable[[], None]]], steps: int
+) -> Iterator[tuple[Target, str, progress.Task]]:
+    """Each of :func:`migrated`'s databases once migrated, with a progress bar of ``steps`` (the first:
+    the wait for the migration) open while the caller measures it."""
+    for target, url, wait in databases:
+        with progress.task(target.version, steps) as bar:
+            bar.step("airflow db migrate on a scratch database")
+            wait()
+            yield target, url, bar
 
 
 def control_engine(url: str) -> sa.Engine:

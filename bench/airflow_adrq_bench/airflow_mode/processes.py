@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +21,24 @@ from airflow_adrq_bench.errors import BenchError
 START_TIMEOUT = 600.0
 
 
-def airflow_command() -> list[str]:
-    """The ``airflow`` CLI installed next to this interpreter (``python -m airflow`` without one)."""
+def airflow(
+    args: Sequence[str], env: Mapping[str, str], log: Path, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start the ``airflow`` CLI installed next to this interpreter (``python -m airflow`` without one)
+    with ``args`` and exactly ``env``, in a process group of its own, its output appended to ``log``."""
     script = Path(sys.executable).parent / "airflow"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "airflow"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "airflow"]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:  # the child has its own copy of the descriptor
+        return subprocess.Popen(
+            [*command, *args],
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def airflow_settings(home: Path, url: str) -> dict[str, str]:
@@ -43,18 +57,9 @@ def clean_environ(settings: Mapping[str, str]) -> dict[str, str]:
 
 
 def start_migrate(env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """``airflow db migrate`` with exactly ``env`` (Airflow's schema, as an operator creates it), in the
-    background, its output to ``log``; :func:`wait_migrate` waits for it."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [*airflow_command(), "db", "migrate"],
-            env=dict(env),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    """``airflow db migrate`` (Airflow's schema, as an operator creates it) in the background;
+    :func:`wait_migrate` waits for it."""
+    return airflow(["db", "migrate"], env, log)
 
 
 def wait_migrate(proc: subprocess.Popen[bytes], log: Path, timeout: float = 900, label: str = "") -> None:
@@ -112,10 +117,7 @@ def _start(settings: Mapping[str, str], setup: Callable[..., None], args: tuple[
 
 class Child:
     """One spawned process that ran ``setup(*args)`` under ``settings``; :meth:`call` runs a function there.
-
-    ``spawn_env`` is in this process's environment while the child is spawned (a ``PYTHONHASHSEED``
-    must be there when its interpreter starts); ``args`` may hold the spawn context's barriers and events.
-    """
+    ``spawn_env``: set while it is spawned (a ``PYTHONHASHSEED`` must be there as its interpreter starts)."""
 
     def __init__(
         self,

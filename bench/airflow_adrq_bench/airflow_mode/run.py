@@ -36,6 +36,7 @@ from airflow_adrq_bench.airflow_mode.databases import (
     analyze,
     clear_queue,
     control_engine,
+    each_ready,
     end_transactions,
     migrated,
     rotate,
@@ -139,12 +140,9 @@ class _Bench:
             stack.callback(self.workers.close)  # before the scratch databases are dropped
             self.raw["workers"] = self.workers.info
             self.raw["airflow_version"] = self.workers.info[0]["airflow"]
-            for target, url, wait in databases:
-                with progress.task(target.version, self.steps()) as self.bar:
-                    self.bar.step("airflow db migrate on a scratch database")
-                    wait()
-                    self.target = target
-                    self.raw["targets"].append(self.measure(url))
+            for target, url, bar in each_ready(databases, self.steps()):
+                self.target, self.bar = target, bar
+                self.raw["targets"].append(self.measure(url))
 
     def measure(self, url: str) -> dict[str, Any]:
         began, every = time.monotonic(), list(self.workers.procs.values())

@@ -47,14 +47,9 @@ class _Worker(AirflowOrm):
             self.statements += len(parameters) if many and parameters else 1
 
     def transaction(self, assets: list[str], run_id: str, hold_s: float, deadline: float) -> dict[str, Any]:
-        """Task success as Airflow's Execution API runs it: register the outlets, hold, COMMIT, callbacks.
-
-        A retryable failure (deadlock, lock timeout, serialization failure,
-        SQLite busy) rolls the whole transaction back and replays it after a
-        jittered back-off (:func:`airflow_adrq.retry.run_in_transaction`),
-        until ``deadline``; anything else is raised. Airflow's callbacks run
-        after the COMMIT that succeeded, outside the timing.
-        """
+        """Task success as Airflow's Execution API runs it: register the outlets, hold, COMMIT, then
+        Airflow's callbacks (untimed). A retryable failure replays the whole transaction until ``deadline``
+        (:func:`airflow_adrq.retry.run_in_transaction`); anything else is raised."""
         from airflow.api_fastapi.execution_api.datamodels.asset import AssetProfile
         from airflow.models.taskinstance import TaskInstance
 
@@ -204,11 +199,8 @@ def round_of(
     budget_s: float,
     own_asset: bool = False,
 ) -> dict[str, Any]:
-    """Wait for the manager's other producers, then run ``transactions`` transactions until ``budget_s``.
-
-    A transaction not started by then is counted with 0 attempts. ``own_asset``: producer ``i`` emits
-    ``{asset}_p{i}`` for every one of ``assets``.
-    """
+    """Wait for the manager's other producers, then run ``transactions`` transactions until ``budget_s``
+    (those not started by then: 0 attempts); with ``own_asset``, producer ``i`` emits ``{asset}_p{i}``."""
     if own_asset:
         assets = [f"{asset}_p{_worker.index}" for asset in assets]
     _worker.barrier.wait(timeout=120)

@@ -1,8 +1,5 @@
-"""The consumer: Airflow's own ``SchedulerJobRunner._create_dagruns_for_dags`` on real serialized DAGs.
-
-The functions run in the consumer process (:class:`Consumer`, a :class:`.processes.Child`) on its one
-:class:`_Consumer`.
-"""
+"""The consumer: Airflow's own ``SchedulerJobRunner._create_dagruns_for_dags`` on real serialized DAGs,
+in a process of its own (:class:`Consumer`); the functions below run there."""
 
 from __future__ import annotations
 
@@ -149,10 +146,8 @@ def drain(dag_ids: list[str], max_passes: int = 500) -> dict[str, Any]:
 
 
 def consume(dag_ids: list[str], pause_s: float) -> dict[str, Any]:
-    """Pass continuously until the controller sets ``stop``, then drain.
-
-    Sets ``started`` after the first pass, so that the producers start with the consumer already running.
-    """
+    """Pass continuously until the controller sets ``stop``, then drain; sets ``started`` after the first
+    pass (the producers start with the consumer already running)."""
     failures: Counter[str] = Counter()
     _consumer.db_errors.clear()
     pass_s = [_pass(failures)]

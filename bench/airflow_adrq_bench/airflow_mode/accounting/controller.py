@@ -25,6 +25,7 @@ from airflow_adrq_bench.airflow_mode.databases import (
     analyze,
     clear_queue,
     control_engine,
+    each_ready,
     fetch,
     latest_deadlock,
     migrated,
@@ -43,12 +44,9 @@ WARM_ASSET = "adrq_acct_warm"
 
 @dataclass(frozen=True)
 class _Cell:
-    """One cell: a hold, a shape, a manager; the assets its producers emit and its consumer DAGs.
-
-    ``fan_out``: every producer emits one asset, which ``consumers`` DAGs are
-    scheduled on. ``fan_in``: producer ``i`` emits ``{name}_p{i}``, and one
-    DAG is scheduled on any of them.
-    """
+    """One cell: a hold, a shape, a manager, and its consumer DAGs. ``fan_out``: every producer emits one
+    asset, ``consumers`` DAGs are scheduled on it; ``fan_in``: producer ``i`` emits ``{name}_p{i}``, one
+    DAG is scheduled on any of them."""
 
     hold_ms: float
     shape: str
@@ -117,11 +115,8 @@ class _Accounting:
                 bar.step("", 1)
             self.raw["workers"] = self.workers.info
             self.raw["airflow_version"] = self.workers.info[0]["airflow"]
-            for target, url, wait in databases:
-                with progress.task(target.version, len(self.cells) + 1) as bar:
-                    bar.step("airflow db migrate on a scratch database")
-                    wait()
-                    self.raw["targets"].append(self.measure(target, url, bar))
+            for target, url, bar in each_ready(databases, len(self.cells) + 1):
+                self.raw["targets"].append(self.measure(target, url, bar))
 
     def measure(self, target: Target, url: str, bar: progress.Task) -> dict[str, Any]:
         began, every = time.monotonic(), list(self.workers.procs.values())

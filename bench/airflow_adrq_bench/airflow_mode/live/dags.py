@@ -130,11 +130,7 @@ def write_dag_files(dags_folder: Path, barrier_dir: Path, sizes: LiveSizes) -> l
         "warm_dag": WARM_DAG,
         "warm_asset": "adrq_live_warm",
     }
-    consumers = {
-        "dag_ids": sizes.consumer_ids,
-        "assets": sizes.assets,
-        "all_of": sizes.all_of_ids,
-    }
+    consumers = {"dag_ids": sizes.consumer_ids, "assets": sizes.assets, "all_of": sizes.all_of_ids}
     files = {
         PRODUCERS_FILE: _render(
             "Producer DAGs (one mapped task each, every instance of a DAG with the same outlets) and the "

@@ -123,10 +123,9 @@ def check_celery(broker: str, module: str = CELERY_MODULE) -> None:
 
 
 class Deployment:
-    """One manager's Airflow on a scratch database (``adrq_live_<manager>_<random>``) of ``target``'s
-    server, made on entering (see the module docstring). Leaving stops every process and drops the
-    database; the scratch ``AIRFLOW_HOME`` (DAG files, task logs) is removed too, but after a failure
-    other than Ctrl-C, or with ``keep_scratch`` (which keeps the database as well)."""
+    """One manager's Airflow on a scratch database of ``target``'s server, made on entering. Leaving stops
+    every process, drops the database and removes the scratch ``AIRFLOW_HOME``; ``keep_scratch`` keeps
+    both, a failure other than Ctrl-C keeps the home (DAG files, task logs)."""
 
     def __init__(
         self,
@@ -276,16 +275,7 @@ class Deployment:
             self._start(f"celery-worker-{index + 1}", "celery", "worker", "--skip-serve-logs", "-H", hostname)
 
     def _start(self, name: str, *args: str) -> None:
-        with self.log_of(name).open("ab") as out:  # the child has its own copy of the descriptor
-            self.components[name] = subprocess.Popen(
-                [*processes.airflow_command(), *args],
-                env=self.env,
-                cwd=self.home,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.components[name] = processes.airflow(args, self.env, self.log_of(name), cwd=self.home)
 
     def log_of(self, name: str) -> Path:
         """The log file of component ``name`` (``api-server``, ``scheduler-1``, ``dag-processor`` ...)."""

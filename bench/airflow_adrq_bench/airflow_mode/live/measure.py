@@ -4,6 +4,7 @@ live legend's (``legends.md``)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import math
 import re
@@ -66,11 +67,8 @@ def producer_tasks(conn: sa.Connection, dag_ids: Sequence[str], run_ids: Sequenc
 
     def tally(mine: Sequence[tuple[Any, ...]]) -> dict[str, int]:
         failed = sum(1 for _, _, state, _, _ in mine if state == "failed")
-        return {
-            "tasks": len(mine),
-            "failed": failed,
-            "retried": sum(1 for *_, tries, _ in mine if (tries or 0) > 1),
-        }
+        retried = sum(1 for *_, tries, _ in mine if (tries or 0) > 1)
+        return {"tasks": len(mine), "failed": failed, "retried": retried}
 
     bursts = []
     for run_id in run_ids:
@@ -99,11 +97,8 @@ def count_pairs(
     waiting: frozenset[tuple[int, str]] = frozenset(),
 ) -> dict[str, int]:
     """The (event, consumer) pairs of the burst runs' events: how many, how many no run consumed
-    (``stranded``; also of the last burst alone) and how many two or more runs of the DAG did.
-
-    ``waiting``: the (asset id, consumer) queue rows of all-of consumers still missing an asset;
-    their unconsumed pairs are ``waiting`` (consumed once every asset has an event), not stranded.
-    """
+    (``stranded``; also of the last burst alone), how many two or more runs of the DAG did, and how
+    many are ``waiting``: unconsumed, of the queue rows ``waiting`` (all-of consumers missing an asset)."""
     params = {"producers": list(producers), "consumers": list(consumers), "run_ids": list(run_ids)}
     out = dict.fromkeys(("pairs", "stranded", "consumed_twice", "last_burst_pairs", "last_burst_stranded"), 0)
     out["waiting"] = 0
@@ -121,12 +116,8 @@ def count_pairs(
 
 
 def deadlock_counter(conn: sa.Connection, database: str) -> dict[str, Any]:
-    """The server's deadlock counter now: ``{"value", "scope", "latest_names_database"}``.
-
-    PostgreSQL: ``pg_stat_database.deadlocks`` of ``database`` (only the deployment uses it).
-    MySQL/MariaDB: ``Innodb_deadlocks`` of the whole server, and whether InnoDB's latest detected
-    deadlock names ``database`` (None when that cannot be read).
-    """
+    """The server's deadlock counter now: PostgreSQL's of ``database``; MySQL/MariaDB's of the whole
+    server, with whether InnoDB's latest detected deadlock names ``database`` (None: unreadable)."""
     if conn.dialect.name == "postgresql":
         # A fresh snapshot: the statistics are cached per transaction by default.
         conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
@@ -200,10 +191,9 @@ def uuid_hex(value: object) -> str:
 
 def _at(stamp: str) -> dt.datetime | None:
     """The ISO timestamp a structlog console line starts with (``2026-01-01T00:00:00.123456Z``)."""
-    try:
+    with contextlib.suppress(ValueError):
         return _utc(dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")))
-    except ValueError:
-        return None
+    return None
 
 
 def _utc(value: dt.datetime) -> dt.datetime:
