@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -284,7 +283,7 @@ def _measure(mode: str, prog: str, args: argparse.Namespace, sizes: Any) -> int:
                     results.append({"server": version, **spec["run"](scratch, sizes, log=task.say).as_dict()})
                 task.step(version, 1)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{mode}.json").write_text(json.dumps(results, indent=2, default=str))
+    tables.write_json(out / f"{mode}.json", results)
     text = tables.table(results, spec["columns"], left=1) + "\n\n" + tables.legend(mode)
     failed = [
         f"{r['server']}: the {mode} checks failed (the table says which)"

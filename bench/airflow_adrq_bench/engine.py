@@ -358,6 +358,8 @@ def _lost_events_round(current: _Round) -> dict[str, Any]:
 
 # --- one caller: the fan-out sweep and the raw-SQL ratio ---------------------------
 
+#: Seconds a sweep cell may take (projected from the previous fan-out) before it is skipped.
+SWEEP_BUDGET_S = 20.0
 #: Reports what a one-caller measurement is doing: ``step(note, advance)`` (:meth:`.progress.Task.step`).
 Step = Callable[[str, float], None]
 
@@ -400,13 +402,11 @@ def _one_caller(
         engine.dispose()
 
 
-def run_sweep(
-    url: str, sizes: Sizes, strategy_names: Iterable[str], *, step: Step, budget_s: float = 20.0
-) -> list[dict[str, Any]]:
+def run_sweep(url: str, sizes: Sizes, strategy_names: Iterable[str], *, step: Step) -> list[dict[str, Any]]:
     """Single-caller latency of one ``register_asset_change`` + COMMIT on an empty queue, per fan-out:
     strategies in random order, each (strategy, fan-out) after one untimed call, skipped (the row says
-    so) when its time projected linearly from the previous fan-out exceeds ``budget_s``. A row has the
-    median (``latency_s``) and the spread (``p25_ms``, ``p75_ms`` ...) of ``sweep_repeats`` calls."""
+    so) when its time projected from the previous fan-out exceeds :data:`SWEEP_BUDGET_S`. A row has
+    the median (``latency_s``) and the spread (``p25_ms``, ``p75_ms`` ...) of ``sweep_repeats`` calls."""
     results: list[dict[str, Any]] = []
     rng, names = process_rng(), list(strategy_names)
     rng.shuffle(names)
@@ -416,8 +416,8 @@ def run_sweep(
             for fanout in sorted(sizes.sweep):
                 row: dict[str, Any] = {"strategy": name, "fanout": fanout}
                 step(f"{name} F={fanout}", 0)
-                if previous[1] * fanout / previous[0] * (sizes.sweep_repeats + 1) > budget_s:
-                    results.append({**row, "skipped": f"projected over {budget_s:.0f} s"})
+                if previous[1] * fanout / previous[0] * (sizes.sweep_repeats + 1) > SWEEP_BUDGET_S:
+                    results.append({**row, "skipped": f"projected over {SWEEP_BUDGET_S:.0f} s"})
                     step(f"{name} F={fanout} skipped", 1)
                     continue
                 call = functools.partial(_commit, engine, emit, asset_of[fanout], rng)

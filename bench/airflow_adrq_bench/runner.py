@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,6 @@ def run(
     *,
     strategies: Sequence[str] = STRATEGIES,
     scenarios: Sequence[str] = SCENARIOS,
-    say: Callable[[str], None] = progress.console.print,
     keep_scratch: bool = False,
 ) -> dict[str, Any]:
     """Benchmark every target; returns the raw results (see :mod:`.report`)."""
@@ -81,7 +80,7 @@ def run(
     _remove_scratch(out_dir)
     failed = True
     try:
-        raw = _run(dataset.unique_names(targets), sizes, out_dir, strategies, scenarios, say)
+        raw = _run(dataset.unique_names(targets), sizes, out_dir, strategies, scenarios)
         failed = False
         return raw
     finally:
@@ -95,14 +94,13 @@ def _run(
     out_dir: Path,
     strategies: Sequence[str],
     scenarios: Sequence[str],
-    say: Callable[[str], None],
 ) -> dict[str, Any]:
     (out_dir / "barriers").mkdir()
     started = time.time()
     with contextlib.ExitStack() as stack:
         scratch: dict[str, str] = {}
         for target in targets:
-            say(f"{target.name}: creating a scratch database and seed data")
+            progress.console.print(f"{target.name}: creating a scratch database and seed data")
             scratch[target.name] = stack.enter_context(dataset.scratch_database(target.server_url))
             seed_engine = dataset.bench_engine(scratch[target.name], lock_timeout_s=sizes.lock_timeout_s)
             try:

@@ -58,7 +58,7 @@ def table(rows: Sequence[dict[str, Any]], columns: Columns, left: int = 2) -> st
     return markdown(list(columns), body, left)
 
 
-def write_json(path: Path, data: Any, indent: int = 1) -> None:
+def write_json(path: Path, data: Any) -> None:
     """``data`` as JSON: NaN and infinities as ``null`` (JSON has neither), anything else as text."""
 
     def clean(value: Any) -> Any:
@@ -70,7 +70,7 @@ def write_json(path: Path, data: Any, indent: int = 1) -> None:
             return [clean(v) for v in value]
         return value
 
-    path.write_text(json.dumps(clean(data), indent=indent, default=str) + "\n")
+    path.write_text(json.dumps(clean(data), indent=1, default=str) + "\n")
 
 
 @functools.cache
