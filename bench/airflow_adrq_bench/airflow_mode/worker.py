@@ -146,16 +146,8 @@ def seed(dag_ids: list[str], assets: dict[str, int]) -> dict[str, int]:
     with _worker.session_factory() as session:
         session.add(DagBundleModel(name=BUNDLE))
         session.flush()  # dag.bundle_name has an FK but no relationship to order the inserts
-        for dag_id in [PRODUCER_DAG, *dag_ids]:
-            session.add(
-                DagModel(
-                    dag_id=dag_id,
-                    bundle_name=BUNDLE,
-                    is_paused=False,
-                    is_stale=False,
-                    timetable_partitioned=False,
-                )
-            )
+        flags = {"bundle_name": BUNDLE, "is_paused": False, "is_stale": False, "timetable_partitioned": False}
+        session.add_all(DagModel(dag_id=dag_id, **flags) for dag_id in [PRODUCER_DAG, *dag_ids])
         session.flush()
         for name, fanout in assets.items():
             model = AssetModel(name=name, uri=asset_uri(name), group="asset")
