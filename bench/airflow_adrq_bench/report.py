@@ -362,6 +362,12 @@ def problems(
     return found
 
 
+def _legend(ax: Any, fontsize: int) -> None:
+    """A legend where the plot has labelled series (a run of one scenario may have none)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=fontsize)
+
+
 def plot(raw: dict[str, Any], rows: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     """One PNG per database: latency and deadlocks per strategy, latency vs fan-out, lost pairs."""
     import matplotlib  # here: only the plots need it
@@ -392,12 +398,12 @@ def plot(raw: dict[str, Any], rows: Sequence[dict[str, Any]], out_dir: Path) -> 
             _bars(ax, strategies, quantiles, rotation=30, ha="right", fontsize=8)
             ax.set(yscale="log", title=f"{scenario}: latency incl. retries (ms)")
             if i == 0:
-                ax.legend(fontsize=8)
+                _legend(ax, 8)
         ax = fig.add_subplot(grid[1, 0:2])
         deadlocks = {sc: [mine.get((sc, s), {}).get("deadlocks", 0) for s in strategies] for sc in scenarios}
         _bars(ax, strategies, deadlocks, "%g", fontsize=8)
         ax.set_title("deadlocks per strategy (all rounds)")
-        ax.legend(fontsize=8)
+        _legend(ax, 8)
         ax = fig.add_subplot(grid[1, 2])
         sweep = [r for r in raw["sweeps"].get(db, []) if r.get("latency_s") is not None]
         for k, strategy in enumerate(strategies):
@@ -406,7 +412,7 @@ def plot(raw: dict[str, Any], rows: Sequence[dict[str, Any]], out_dir: Path) -> 
                 ax.plot(*zip(*points, strict=True), marker="o", label=strategy, color=colors(k))
         ax.set(xscale="log", yscale="log", xlabel="fan-out (consumer DAGs)")
         ax.set_title("one call + COMMIT, no concurrency (ms)")
-        ax.legend(fontsize=7)
+        _legend(ax, 7)
         if lost:
             ax = fig.add_subplot(grid[1, 3])
             holds = sorted({r["hold_ms"] for r in lost})

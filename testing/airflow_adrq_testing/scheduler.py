@@ -58,6 +58,13 @@ def floor_of(runs: Sequence[tuple[dt.datetime, Any]], triggered: dt.datetime) ->
     return max((run_after for run_after, _ in runs if run_after < triggered), default=None)
 
 
+def take_dag(conn: sa.Connection, dag_id: str) -> bool:
+    """``dags_needing_dagruns``' lock on the DAG's ``dag`` row (``FOR NO KEY UPDATE SKIP LOCKED``);
+    False when another transaction holds it (a producer's ``FOR SHARE``): the DAG is skipped this pass."""
+    dag = sa.select(DAG.c.dag_id).where(DAG.c.dag_id == dag_id)
+    return conn.execute(dag.with_for_update(skip_locked=True, key_share=True)).first() is not None
+
+
 def scheduler_pass(
     conn: sa.Connection, dag_id: str, *, locks: bool, runs: Sequence[Run], lock_dag: bool = True
 ) -> Run | None:
@@ -71,10 +78,8 @@ def scheduler_pass(
     :func:`delete`, the floor being the newest of ``runs`` below
     ``triggered_date``. The caller records the run once the transaction committed.
     """
-    if locks and lock_dag:
-        dag = sa.select(DAG.c.dag_id).where(DAG.c.dag_id == dag_id)
-        if conn.execute(dag.with_for_update(skip_locked=True, key_share=True)).first() is None:
-            return None
+    if locks and lock_dag and not take_dag(conn, dag_id):
+        return None
     rows = queued(conn, dag_id, locks=locks)
     if not rows:
         return None
@@ -88,10 +93,14 @@ def scheduler_pass(
 _FLOOR = dt.datetime(1970, 1, 2, tzinfo=dt.timezone.utc)
 
 
-def recorded_pass(session: Session, dags: Sequence[str], consumed: list[tuple[int, str]]) -> int:
+def recorded_pass(
+    session: Session, dags: Sequence[str], consumed: list[tuple[int, str]], *, lock_dag: bool = False
+) -> int:
     """One pass of Airflow 3.3.2's ``_create_dag_runs_asset_triggered`` over ``dags`` (catchup off).
 
-    Per DAG :func:`queued`, :func:`window` and :func:`delete`, with floor =
+    Per DAG, with ``lock_dag`` (where Airflow's scheduler takes row locks) first
+    :func:`take_dag` as ``dags_needing_dagruns`` does, skipping a DAG another
+    transaction holds; then :func:`queued`, :func:`window` and :func:`delete`, with floor =
     ``coalesce(max(run_after) of its earlier runs below triggered_date,
     min(created_at) of its references)``; the run recorded in
     :data:`.dataset.bench_run` with ``run_after = triggered_date``;
@@ -101,6 +110,8 @@ def recorded_pass(session: Session, dags: Sequence[str], consumed: list[tuple[in
     conn, run = session.connection(), dataset.bench_run
     runs = 0
     for dag in dags:
+        if lock_dag and not take_dag(conn, dag):
+            continue
         rows = queued(conn, dag)
         if not rows:
             continue
