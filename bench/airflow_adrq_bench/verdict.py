@@ -147,7 +147,7 @@ def _not_done(row: dict[str, Any], who: str = "") -> str:
     return f"{who}{n} of {row['planned']} not committed" if n else ""
 
 
-def _rate_spread(row: dict[str, Any]) -> Spread:
+def rate_spread(row: dict[str, Any]) -> Spread:
     """How sure a row's tx/s is: the range of its rounds, or with one round its rate scaled by its
     transactions' median latency interval (rate x p50/high .. rate x p50/low)."""
     rates = row.get("round_tx_per_s", [])
@@ -176,7 +176,7 @@ def _speed(db: str, rows: Sequence[dict[str, Any]]) -> list[Line]:
             ours["tx_per_s"],
             by[base]["tx_per_s"],
             what=SPEED.what.format(base=base),
-            spreads=(_rate_spread(ours), _rate_spread(by[base])),
+            spreads=(rate_spread(ours), rate_spread(by[base])),
             unfinished=(_not_done(ours), _not_done(by[base], f"{base}: ")),
         )
         for base in (STOCK, SORTED)

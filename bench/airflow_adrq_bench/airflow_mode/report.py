@@ -16,7 +16,16 @@ from airflow_adrq_bench import tables
 from airflow_adrq_bench.airflow_mode.results import heading
 from airflow_adrq_bench.stats import latency, median
 from airflow_adrq_bench.tables import fmt, ratio, times
-from airflow_adrq_bench.verdict import DEADLOCKS, NOT_COMMITTED, ROWS_EXACT, Line, Target, line, ratio_line
+from airflow_adrq_bench.verdict import (
+    DEADLOCKS,
+    NOT_COMMITTED,
+    ROWS_EXACT,
+    Line,
+    Target,
+    line,
+    rate_spread,
+    ratio_line,
+)
 
 
 def _at_least(factor: float) -> Target:
@@ -151,7 +160,7 @@ def verdict(raw: dict[str, Any], summary: Summary) -> list[Line]:
                         mine["tx_per_s"],
                         base["tx_per_s"],
                         what=f"tx/s {scenario} vs sorted",
-                        spreads=(_over_rounds(mine), _over_rounds(base)),
+                        spreads=(rate_spread(mine), rate_spread(base)),
                         unfinished=(_unfinished(mine), _unfinished(base, "sorted: ")),
                     )
                 )
@@ -161,16 +170,6 @@ def verdict(raw: dict[str, Any], summary: Summary) -> list[Line]:
 def _calls_per_s(row: dict[str, Any]) -> tuple[float, tuple[float, float]]:
     """One caller's calls per second at the median, and over the median's 95 % interval (its spread)."""
     return 1000 / row["p50_ms"], (1000 / row["ci_high_ms"], 1000 / row["ci_low_ms"])
-
-
-def _over_rounds(row: dict[str, Any]) -> tuple[float, float]:
-    """The spread of a row's tx/s: over its rounds; with one round, its rate scaled by its transactions'
-    median latency interval (rate x p50/high .. rate x p50/low), as the standalone verdict does."""
-    rates = row["round_tx_per_s"]
-    if len(rates) > 1:
-        return min(rates), max(rates)
-    scaled = row["tx_per_s"] * row["p50_ms"]
-    return scaled / row["ci_high_ms"], scaled / row["ci_low_ms"]
 
 
 def _unfinished(row: dict[str, Any], who: str = "") -> str:
