@@ -9,6 +9,7 @@ supports and which shape each makes.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import sqlalchemy as sa
@@ -23,29 +24,30 @@ from airflow_adrq.errors import UnsupportedSchemaError
 
 __all__ = ["detect", "read"]
 
+_PASS_URL = "pass Airflow's [database] sql_alchemy_conn as --url"
+
 
 def read(
     conn: Connection, probe: Probe, inspector: Inspector, tables: set[str], schema: str | None
 ) -> tuple[Compatibility, shapes.QueueShape | None, list[str]]:
     """``(compatibility, the queue's shape or None, warnings)``; :class:`DoctorError`: no Airflow database."""
+    version = schema_version(_alembic_revision(conn, tables))
     warnings = []
-    revision = _alembic_revision(conn, tables)
-    version = schema_version(revision)
     if version.airflow_version is not None and not version.complete:
         warnings.append(
-            f"alembic_version {revision} is not the last migration of Airflow "
+            f"alembic_version {version.revision} is not the last migration of Airflow "
             f"{version.airflow_version}: was `airflow db migrate` interrupted?"
         )
-    found: shapes.QueueShape | None = None
-    shape_error = queue_key = None
+    queue_key = None
     if "asset_dag_run_queue" in tables:
-        pk = inspector.get_pk_constraint("asset_dag_run_queue", schema=schema)
-        queue_key = tuple(pk.get("constrained_columns") or ())
+        queue_key = _primary_key(inspector, schema)
+    found: shapes.QueueShape | None = None
     try:
         found = detect(conn, schema=schema)
     except UnsupportedSchemaError as exc:
-        shape_error = str(exc)
-    supported, why, tested = _support(version, found, shape_error)
+        supported, why, tested = _support(version, None, str(exc))
+    else:
+        supported, why, tested = _support(version, found, None)
     warnings.extend(_below_minimum(version))
     compatibility = Compatibility(
         backend=probe.name,
@@ -65,22 +67,20 @@ def read(
 
 
 def _alembic_revision(conn: Connection, tables: set[str]) -> str:
+    """The one revision in ``alembic_version``; :class:`DoctorError` when this is no Airflow database."""
     if "alembic_version" not in tables:
         if "airflow_adrq_version" in tables:
             own = scalar(conn, "SELECT version_num FROM airflow_adrq_version")
             raise DoctorError(
                 f"this is airflow-adrq's own database (airflow_adrq_version {own}), not an Airflow "
-                "metadata database: pass Airflow's [database] sql_alchemy_conn as --url"
+                f"metadata database: {_PASS_URL}"
             )
         if {"dag", "asset_dag_run_queue"} <= tables:
             raise DoctorError(
                 "no alembic_version table: these are airflow-adrq's own tables (or a copy), not a database "
-                "Airflow migrated; pass Airflow's [database] sql_alchemy_conn as --url"
+                f"Airflow migrated; {_PASS_URL}"
             )
-        raise DoctorError(
-            "no alembic_version table: not an Airflow metadata database; pass Airflow's "
-            "[database] sql_alchemy_conn as --url"
-        )
+        raise DoctorError(f"no alembic_version table: not an Airflow metadata database; {_PASS_URL}")
     revisions = [str(r) for r in conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars()]
     if len(revisions) != 1:
         raise DoctorError(
@@ -137,7 +137,7 @@ def _below_minimum(schema: SchemaVersion) -> list[str]:
     migration, so it cannot tell which of those runs.
     """
     version, line = schema.airflow_version, schema.line
-    if version is None or line is None or line not in compat.ADAPTERS:
+    if version is None or line not in compat.ADAPTERS:
         return []
     minimum = compat.ADAPTERS[line].minimum
     if _version_tuple(version) >= minimum:
@@ -149,6 +149,12 @@ def _below_minimum(schema: SchemaVersion) -> list[str]:
         f"from {'.'.join(map(str, minimum))} on (see compat.py): check `airflow version`, older releases "
         "refuse to start with the option set"
     ]
+
+
+def _primary_key(inspector: Inspector, schema: str | None) -> tuple[str, ...]:
+    return tuple(
+        inspector.get_pk_constraint("asset_dag_run_queue", schema=schema).get("constrained_columns") or ()
+    )
 
 
 def detect(connection: Connection, schema: str | None = None) -> shapes.QueueShape:
@@ -169,22 +175,16 @@ def detect(connection: Connection, schema: str | None = None) -> shapes.QueueSha
 
     if not inspector.has_table("asset_dag_run_queue", schema=schema):
         raise UnsupportedSchemaError("no asset_dag_run_queue table: not an Airflow 3 metadata database")
-    pk = tuple(
-        inspector.get_pk_constraint("asset_dag_run_queue", schema=schema).get("constrained_columns") or ()
-    )
+    pk = _primary_key(inspector, schema)
     dag_columns, event_columns = columns("dag"), columns("asset_event")
     found = shapes.QueueShape(
         "detected",
         partitions="timetable_partitioned" in dag_columns and "partition_key" in event_columns,
         draining="is_draining" in dag_columns,
-        event_keyed=set(pk) == {"target_dag_id", "asset_event_id"} and len(pk) == 2,
+        event_keyed=set(pk) == set(shapes.EVENT_KEYED.queue_key),
     )
-    matches = [
-        s
-        for s in shapes.KNOWN
-        if (s.partitions, s.draining, s.event_keyed) == (found.partitions, found.draining, found.event_keyed)
-    ]
-    if set(pk) != set(found.queue_key) or "is_paused" not in dag_columns or not matches:
+    known = [s for s in shapes.KNOWN if dataclasses.replace(found, name=s.name) == s]
+    if set(pk) != set(found.queue_key) or "is_paused" not in dag_columns or not known:
         key = f"({', '.join(pk)})" if pk else "no primary key"
         relevant = sorted(dag_columns & {"is_paused", "timetable_partitioned", "is_draining"})
         raise UnsupportedSchemaError(
@@ -192,4 +192,4 @@ def detect(connection: Connection, schema: str | None = None) -> shapes.QueueSha
             "of is_paused, timetable_partitioned, is_draining: not an Airflow 3.0-3.4 schema airflow-adrq "
             "knows how to write."
         )
-    return matches[0]
+    return known[0]
