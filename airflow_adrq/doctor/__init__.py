@@ -1,24 +1,17 @@
 """``airflow-adrq doctor``: should this Airflow deployment enable the plug-in? A read-only check.
 
-Reads an Airflow metadata database and reports, on one screen, its
-compatibility (schema version, queue key, the plug-in's support, server,
-isolation, collations, PgBouncer), its exposure (consumers per asset,
-producers, multi-outlet tasks, aliases, deadlock counters) and a verdict
-with its exit status (:data:`EXIT_CODES`; :data:`EXIT_NO_REPORT` for no
-report). What each line means: the README's "Should I enable it?".
+:func:`check` reads an Airflow metadata database's compatibility
+(:mod:`.compatibility`) and exposure (:mod:`.exposure`) into a :mod:`.report`
+(which also renders it) and decides: enable when a transaction can write two
+queue rows that another locks in the other order; not needed when none
+writes two, the queue is keyed by event, or the backend runs one writer at a
+time. The exit status is the verdict's (:data:`EXIT_CODES`; 4 for no report).
+What each line means: the README's "Should I enable it?".
 
-Read-only by construction, and tested so: one transaction, made read-only
-before the first query and rolled back at the end (:mod:`.backends`); only
-``SELECT``, ``SHOW`` and catalog reads, from one snapshot. PgBouncer
-detection opens at most three more connections (:mod:`.pgbouncer`).
-:func:`check` reads :mod:`.compatibility` and :mod:`.exposure` into a
-:mod:`.report` (which also renders it), then decides. What differs per
-backend is a :class:`.backends.Probe`: no other module compares backend names.
-
-Enable when a transaction can write two queue rows that another locks in
-the other order (racing producers, multi-outlet tasks, assets with several
-consumers, alias events); not needed when none writes two, the queue is
-keyed by event, or the backend runs one writer at a time.
+Read-only by construction, and tested so: one transaction, read-only before
+the first query and rolled back at the end; only ``SELECT``, ``SHOW`` and
+catalog reads (:mod:`.backends`, where each backend's differences live).
+PgBouncer detection opens at most three more connections (:mod:`.pgbouncer`).
 """
 
 from __future__ import annotations
@@ -111,18 +104,16 @@ def _decide(compat: Compatibility, exposed: Exposure | None) -> tuple[str, list[
     probe = backends.get(compat.backend)
     if probe.cannot_deadlock:
         return NOT_NEEDED, [probe.cannot_deadlock]
+    assert exposed is not None  # check() refuses a supported schema without the exposure's tables
     if set(compat.queue_key or ()) == {"target_dag_id", "asset_event_id"}:
         reason = (
             "this queue is keyed by (target_dag_id, asset_event_id): concurrent producers insert different "
             "rows and cannot deadlock on them"
         )
-        if exposed is not None and exposed.fanout_max > FANOUT_THRESHOLDS[0]:
-            reason += (
-                "; the plug-in still saves loading every consumer DAG per event "
-                f"(up to {exposed.fanout_max:,} here)"
-            )
+        if exposed.fanout_max > FANOUT_THRESHOLDS[0]:
+            reason += "; the plug-in still saves loading every consumer DAG per event "
+            reason += f"(up to {exposed.fanout_max:,} here)"
         return NOT_NEEDED, [reason]
-    assert exposed is not None
     reasons = []
     if exposed.racing:
         reasons.append(

@@ -1,8 +1,7 @@
 """The exposure half of the report: who consumes, produces and aliases which asset.
 
-Consumers are the pairs the plug-in's statement would queue
-(:func:`queued_pairs`, :func:`alias_consumers`:
-its own UNION and ``dag`` filter), so the counts are queue rows an event would write.
+Consumers are the pairs the plug-in's statement would queue (its own UNION
+and ``dag`` filter), so the counts are queue rows an event would write.
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import sqlalchemy as sa
@@ -32,7 +31,7 @@ def queued_pairs(shape: shapes.QueueShape = shapes.PARTITIONED) -> sa.Select[Any
     """``SELECT asset_id, dag_id``: every (asset, consumer) pair an event of the asset would queue.
 
     The statement's direct, name and URI references and ``dag`` filter over
-    every asset (aliases: :func:`alias_consumers`). Locks nothing; for
+    every asset (aliases: :func:`_alias_consumers`). Locks nothing; for
     ``doctor``.
     """
     src = statement.consumers(sa.select(tables.asset.c.id.label("asset_id")).cte("ev"), with_aliases=False)
@@ -44,7 +43,7 @@ def queued_pairs(shape: shapes.QueueShape = shapes.PARTITIONED) -> sa.Select[Any
 
 
 @functools.cache
-def alias_consumers(shape: shapes.QueueShape = shapes.PARTITIONED) -> sa.Select[Any]:
+def _alias_consumers(shape: shapes.QueueShape) -> sa.Select[Any]:
     """``SELECT alias_id, dag_id``: the consumers an event emitted through an alias queues, per alias."""
     by_alias = tables.dag_schedule_asset_alias_reference
     return (
@@ -64,43 +63,27 @@ def fallback_shape(inspector: Inspector, schema: str | None) -> shapes.QueueShap
     )
 
 
-def read(conn: Connection, tables: set[str], shape: shapes.QueueShape) -> Exposure:
-    """The exposure of the database ``conn`` reads, whose DAGs are filtered as ``shape`` filters them."""
-    active = "asset a JOIN asset_active aa ON aa.name = a.name AND aa.uri = a.uri"
-    assets = {int(a) for (a,) in conn.execute(sa.text(f"SELECT a.id FROM {active}"))}
-    consumers: dict[int, set[str]] = defaultdict(set)
-    for asset_id, dag_id in conn.execute(queued_pairs(shape)):
-        if int(asset_id) in assets:
-            consumers[int(asset_id)].add(str(dag_id))
+def read(conn: Connection, names: set[str], shape: shapes.QueueShape) -> Exposure:
+    """The exposure of the database ``conn`` reads (tables ``names``), DAGs filtered as ``shape`` does."""
+    active = "SELECT a.id FROM asset a JOIN asset_active aa ON aa.name = a.name AND aa.uri = a.uri"
+    assets = set(conn.execute(sa.text(active)).scalars())
+    consumers = _grouped((a, d) for a, d in conn.execute(queued_pairs(shape)) if a in assets)
     counts = sorted(len(d) for d in consumers.values())
 
-    producers: dict[int, set[tuple[str, str]]] = defaultdict(set)
-    outlets: dict[tuple[str, str], set[int]] = defaultdict(set)
-    if "task_outlet_asset_reference" in tables:
-        for asset_id, dag_id, task_id in conn.execute(
+    outlet_rows: list[Any] = []
+    if "task_outlet_asset_reference" in names:
+        outlet_rows = conn.execute(
             sa.text("SELECT asset_id, dag_id, task_id FROM task_outlet_asset_reference")
-        ):
-            producers[int(asset_id)].add((str(dag_id), str(task_id)))
-            outlets[(str(dag_id), str(task_id))].add(int(asset_id))
+        ).all()
+    producers = _grouped((a, (d, t)) for a, d, t in outlet_rows)
     several = {a for a, p in producers.items() if len(p) > 1}
-    several_dags = {a for a in several if len({d for d, _ in producers[a]}) > 1}
-    racing = {a for a in several if len(consumers.get(a, ())) > 1}
+    multi_outlet = [s for s in _grouped(((d, t), a) for a, d, t in outlet_rows).values() if len(s) > 1]
+    # The queue rows one success of each multi-outlet task writes: a consumer once per outlet it is under.
+    per_success = [[d for a in assets_of for d in consumers.get(a, ())] for assets_of in multi_outlet]
 
-    multi_outlet = [assets_of for assets_of in outlets.values() if len(assets_of) > 1]
-    multirow = shared = 0
-    for assets_of in multi_outlet:
-        rows_per_success = [d for a in assets_of for d in consumers.get(a, ())]
-        multirow += len(rows_per_success) > 1
-        shared += len(set(rows_per_success)) < len(rows_per_success)
-
-    alias_count = int(scalar(conn, "SELECT COUNT(*) FROM asset_alias") or 0)
-    by_alias: dict[int, set[str]] = defaultdict(set)
-    for alias_id, dag_id in conn.execute(alias_consumers(shape)):
-        by_alias[int(alias_id)].add(str(dag_id))
+    by_alias = _grouped(conn.execute(_alias_consumers(shape)))
     links = conn.execute(sa.text("SELECT alias_id, asset_id FROM asset_alias_asset")).all()
-    alias_assets: dict[int, set[int]] = defaultdict(set)
-    for alias_id, asset_id in links:
-        alias_assets[int(alias_id)].add(int(asset_id))
+    alias_assets = _grouped(links)
     # An event emitted through an alias queues the alias's consumers and its asset's.
     alias_multirow = sum(
         1
@@ -117,19 +100,28 @@ def read(conn: Connection, tables: set[str], shape: shapes.QueueShape) -> Exposu
         fanout_over={n: sum(1 for c in counts if c > n) for n in FANOUT_THRESHOLDS},
         multi_consumer_assets=sum(1 for c in counts if c > 1),
         several_producers=len(several),
-        several_producer_dags=len(several_dags),
-        racing=len(racing),
+        several_producer_dags=sum(1 for a in several if len({d for d, _ in producers[a]}) > 1),
+        racing=sum(1 for a in several if len(consumers.get(a, ())) > 1),
         multi_outlet_tasks=len(multi_outlet),
-        multi_outlet_multirow=multirow,
-        multi_outlet_shared=shared,
-        aliases=alias_count,
+        multi_outlet_multirow=sum(1 for rows in per_success if len(rows) > 1),
+        multi_outlet_shared=sum(1 for rows in per_success if len(set(rows)) < len(rows)),
+        aliases=int(scalar(conn, "SELECT COUNT(*) FROM asset_alias") or 0),
         alias_references=sum(len(d) for d in by_alias.values()),
         alias_links=len(links),
         alias_multirow=alias_multirow,
     )
 
 
-def _percentile(sorted_values: Sequence[int], q: float) -> int:
+def _grouped(pairs: Iterable[Any]) -> dict[Any, set[Any]]:
+    """``{key: {values}}`` of ``(key, value)`` pairs."""
+    grouped: dict[Any, set[Any]] = defaultdict(set)
+    for key, value in pairs:
+        grouped[key].add(value)
+    return grouped
+
+
+def _percentile(sorted_values: list[int], q: float) -> int:
+    """Nearest rank."""
     if not sorted_values:
         return 0
     return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
