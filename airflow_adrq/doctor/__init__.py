@@ -11,7 +11,7 @@ What each line means: the README's "Should I enable it?".
 Read-only by construction, and tested so: one transaction, read-only before
 the first query and rolled back at the end; only ``SELECT``, ``SHOW`` and
 catalog reads (:mod:`.backends`, where each backend's differences live).
-PgBouncer detection opens at most three more connections (:mod:`.pgbouncer`).
+PgBouncer detection opens at most three more connections.
 """
 
 from __future__ import annotations

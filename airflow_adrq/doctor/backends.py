@@ -1,17 +1,18 @@
 """The one read-only transaction doctor reads in, and what it reads differently on each backend.
 
-Each backend is a :class:`Probe` (data and a few functions); generic modules
-ask :func:`get` for it and never compare backend names.
+Each backend is a :class:`Probe` (data and a few functions): no other module
+compares backend names.
 
-* PostgreSQL: a ``READ ONLY`` snapshot; every setting transaction-scoped
-  (``SET TRANSACTION``, ``set_config(..., true)``), so nothing stays on a server
-  connection PgBouncer hands to someone else. Its deadlock counter is this
-  database's own: the verdict cites it.
-* MySQL/MariaDB: ``START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY``.
-  The plug-in refuses to write above READ COMMITTED, which Airflow sets only
-  for URLs starting with ``mysql``: the server's default and the URL's scheme
-  are both reported. ``Innodb_deadlocks`` counts the whole server's, so the
-  verdict does not cite it.
+* PostgreSQL: a ``READ ONLY`` snapshot; every setting transaction-scoped, so
+  nothing stays on a server connection PgBouncer hands to someone else. Its
+  deadlock counter is this database's own: the verdict cites it. PgBouncer
+  in between rules out the server seeing this connection's own TCP ports;
+  then at most three more connections tell it and its pool mode: its admin
+  console (``SHOW`` only), else two that run ``SELECT pg_backend_pid()``.
+* MySQL/MariaDB: a consistent ``READ ONLY`` snapshot. The plug-in refuses to
+  write above READ COMMITTED, which Airflow sets only for URLs starting with
+  ``mysql``: the server's default and the URL's scheme are both reported.
+  ``Innodb_deadlocks`` counts the whole server's, so the verdict does not cite it.
 * SQLite: the file opened ``mode=ro`` (a missing file is an error, never
   created) and ``PRAGMA query_only``. One writer at a time: the verdict is
   "not needed" whatever the exposure.
@@ -20,6 +21,8 @@ ask :func:`get` for it and never compare backend names.
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,12 +30,18 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import URL, Connection
+from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
-from airflow_adrq.doctor import pgbouncer
-from airflow_adrq.doctor.report import Compatibility, DoctorError, Exposure, QueueInsert, first_line
+from airflow_adrq.doctor.report import (
+    Compatibility,
+    DoctorError,
+    Exposure,
+    PgBouncer,
+    QueueInsert,
+    first_line,
+)
 
 #: Seconds doctor waits for a server to accept a connection.
 CONNECT_TIMEOUT = 10
@@ -56,13 +65,12 @@ class Probe:
 
     ``begin_read_only``: the statements that make the transaction read-only
     before its first query. ``engine_args(url)``: the URL and ``connect_args``
-    to open (by default, a connect timeout). ``search_path`` resolves
-    unqualified names in a schema first, for that transaction only (``None``:
-    not checked here). ``compatibility`` and ``stats`` fill the backend's own
-    fields and return warnings. ``cannot_deadlock``: why the verdict is "not
-    needed" whatever the exposure; ``deadlock_counter``: who counts this
-    database's own deadlocks, cited in the verdict (``None``: no counter, or a
-    server-wide one).
+    to open. ``search_path``: the statement that puts schema ``:schema`` first
+    for this transaction only (``None``: schemas are not checked here).
+    ``compatibility`` and ``stats`` fill the backend's own fields and return
+    warnings. ``cannot_deadlock``: why the verdict is "not needed" whatever
+    the exposure; ``deadlock_counter``: who counts this database's own
+    deadlocks, cited in the verdict (``None``: no counter, or a server-wide one).
     """
 
     name: str
@@ -70,7 +78,7 @@ class Probe:
     server: Callable[[Connection], str]
     collations: Callable[[Connection], dict[str, str]]
     engine_args: Callable[[URL], tuple[URL, dict[str, Any]]] = field(default=_connect_timeout)
-    search_path: Callable[[Connection, str], None] | None = None
+    search_path: str | None = None
     compatibility: Callable[[Connection, Compatibility], list[str]] = field(default=lambda conn, c: [])
     stats: Callable[[Connection, Exposure], list[str]] = field(default=lambda conn, e: [])
     cannot_deadlock: str | None = None
@@ -103,7 +111,7 @@ def read_only_connection(url: str | URL, schema: str | None = None) -> Iterator[
                             f"[database] sql_alchemy_schema ({schema!r}) is only checked on PostgreSQL; on "
                             "MySQL/MariaDB name Airflow's database in the URL instead"
                         )
-                    probe.search_path(conn, schema)
+                    conn.execute(sa.text(probe.search_path), {"schema": schema})
                 yield conn
             finally:
                 conn.rollback()
@@ -112,6 +120,7 @@ def read_only_connection(url: str | URL, schema: str | None = None) -> Iterator[
 
 
 def scalar(conn: Connection, sql: str) -> Any:
+    """The first column of the first row ``sql`` returns."""
     return conn.execute(sa.text(sql)).scalar()
 
 
@@ -136,26 +145,101 @@ def _collations_in(conn: Connection, schema: str, default: str | None) -> dict[s
 _HIDDEN = "<insufficient privilege>"
 
 
-def _pg_search_path(conn: Connection, schema: str) -> None:
-    # The old path stays after it: `airflow db migrate` leaves alembic_version
-    # in the connection's default schema.
-    conn.execute(
-        sa.text(
-            "SELECT set_config('search_path', "
-            "quote_ident(:schema) || ', ' || current_setting('search_path'), true)"
-        ),
-        {"schema": schema},
-    )
-
-
 def _pg_collations(conn: Connection) -> dict[str, str]:
     default = scalar(conn, "SELECT datcollate FROM pg_database WHERE datname = current_database()")
     return _collations_in(conn, "current_schema()", default)
 
 
 def _pg_compatibility(conn: Connection, compatibility: Compatibility) -> list[str]:
-    compatibility.pgbouncer = pgbouncer.detect(conn, CONNECT_TIMEOUT)
+    compatibility.pgbouncer = _pgbouncer(conn)
     return []
+
+
+def _pgbouncer(conn: Connection) -> PgBouncer:
+    """Whether ``conn`` goes through PgBouncer, and how that was decided."""
+    ours = _socket_ports(conn)
+    row = conn.execute(sa.text("SELECT inet_client_port(), inet_server_port()")).one()
+    theirs = (row[0], row[1]) if row[0] is not None else None
+    if ours is not None and ours == theirs:
+        return PgBouncer(
+            False, f"no: the server sees this connection's own TCP ports ({ours[0]} -> {ours[1]})"
+        )
+    if ours is None and theirs is None:
+        between = "both ends are Unix sockets"
+    elif ours is None or theirs is None:
+        between = "this end is a Unix socket and the server's is TCP, or the reverse"
+    else:
+        between = f"ports {ours[0]} -> {ours[1]} here, {theirs[0]} -> {theirs[1]} at the server"
+    detected, how, mode = _admin_console(conn.engine)
+    how = f"{between}; {how}"
+    if detected is False:
+        return PgBouncer(False, how)
+    mode_how = "SHOW DATABASES / SHOW CONFIG" if mode else None
+    if detected and mode is None:
+        mode, mode_how = _pool_mode_by_behaviour(conn.engine)
+    return PgBouncer(detected, how, mode, mode_how)
+
+
+def _socket_ports(conn: Connection) -> tuple[int, int] | None:
+    """``(local port, remote port)`` of the connection's socket; ``None`` for a Unix socket or no access."""
+    raw: Any = conn.connection.dbapi_connection
+    try:
+        fd = int(raw.fileno())
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            if sock.family not in (socket.AF_INET, socket.AF_INET6):
+                return None
+            return int(sock.getsockname()[1]), int(sock.getpeername()[1])
+    except (AttributeError, OSError, TypeError, ValueError):
+        return None
+
+
+def _admin_console(engine: Engine) -> tuple[bool | None, str, str | None]:
+    """``(is PgBouncer, what was seen, pool mode)`` from database ``pgbouncer``, same host and user."""
+    cargs, cparams = engine.dialect.create_connect_args(engine.url.set(database="pgbouncer"))
+    try:
+        console: Any = engine.dialect.connect(*cargs, **{**cparams, "connect_timeout": CONNECT_TIMEOUT})
+    except Exception as exc:
+        message = first_line(exc)
+        if "not allowed" in message:
+            return True, "its admin console says 'not allowed' to this user", None
+        if 'database "pgbouncer" does not exist' in message:
+            return False, "a PostgreSQL server answers for database pgbouncer: not PgBouncer", None
+        return None, f"its admin console did not answer: {message}", None
+    try:
+        console.autocommit = True
+        cursor = console.cursor()
+        cursor.execute("SHOW VERSION")
+        version = " ".join(str(v) for v in cursor.fetchone() or ())
+        cursor.execute("SHOW DATABASES")
+        names = [d[0] for d in cursor.description]
+        records = [dict(zip(names, row, strict=False)) for row in cursor.fetchall()]
+        modes = [
+            r["pool_mode"] for r in records if r.get("name") == engine.url.database and r.get("pool_mode")
+        ]
+        if not modes:
+            cursor.execute("SHOW CONFIG")
+            modes = [row[1] for row in cursor.fetchall() if row[0] == "pool_mode"]
+        mode = str(modes[-1]) if modes else None
+        return True, f"its admin console answers SHOW VERSION: {version}", mode
+    except Exception as exc:
+        return None, f"database pgbouncer answered, but not as PgBouncer's console: {first_line(exc)}", None
+    finally:
+        with contextlib.suppress(Exception):
+            console.close()
+
+
+def _pool_mode_by_behaviour(engine: Engine) -> tuple[str, str]:
+    """Tell transaction from session pooling by which server process two connections in a row get."""
+    pid = "SELECT pg_backend_pid()"
+    with engine.connect() as first:
+        first_pid = first.exec_driver_sql(pid).scalar()
+        first.rollback()  # transaction pooling hands its server connection back here
+        with engine.connect() as second:
+            second_pid = second.exec_driver_sql(pid).scalar()
+            second.rollback()
+    if first_pid == second_pid:
+        return "transaction", "a 2nd connection got the 1st one's server process while it was connected"
+    return "session (probably)", "a 2nd connection got another server process while the 1st was connected"
 
 
 def _classify_insert(query: str) -> str:
@@ -222,7 +306,10 @@ POSTGRESQL = Probe(
     name="postgresql",
     # Unlike default_transaction_read_only, nothing stays on the server connection.
     begin_read_only=("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY",),
-    search_path=_pg_search_path,
+    # The old path stays after it: `airflow db migrate` leaves alembic_version
+    # in the connection's default schema.
+    search_path="SELECT set_config('search_path', "
+    "quote_ident(:schema) || ', ' || current_setting('search_path'), true)",
     server=lambda conn: f"PostgreSQL {scalar(conn, 'SHOW server_version')}",
     collations=_pg_collations,
     compatibility=_pg_compatibility,
