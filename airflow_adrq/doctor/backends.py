@@ -242,15 +242,6 @@ def _pool_mode_by_behaviour(engine: Engine) -> tuple[str, str]:
     return "session (probably)", "a 2nd connection got another server process while the 1st was connected"
 
 
-def _classify_insert(query: str) -> str:
-    q = " ".join(query.split()).lower()
-    if "select" in q and "asset_event" in q:
-        return "airflow-adrq's statement (INSERT ... SELECT)"
-    if "values" in q:
-        return "Airflow's own insert (INSERT ... VALUES)"
-    return "other insert"
-
-
 def _pg_stats(conn: Connection, exposure: Exposure) -> list[str]:
     row = conn.execute(
         sa.text("SELECT deadlocks, stats_reset FROM pg_stat_database WHERE datname = current_database()")
@@ -277,27 +268,24 @@ def _pg_stats(conn: Connection, exposure: Exposure) -> list[str]:
         with conn.begin_nested():
             found = conn.execute(
                 sa.text(
-                    f"SELECT query, calls, {mean} FROM {quoted}.pg_stat_statements WHERE dbid = "
+                    f"SELECT CASE WHEN query = '{_HIDDEN}' THEN NULL"
+                    "  WHEN query ILIKE '%select%' AND query ILIKE '%asset_event%'"
+                    "    THEN 'airflow-adrq''s statement (INSERT ... SELECT)'"
+                    "  WHEN query ILIKE '%values%' THEN 'Airflow''s own insert (INSERT ... VALUES)'"
+                    "  ELSE 'other insert' END,"
+                    f" sum(calls), coalesce(sum(calls * {mean}) / nullif(sum(calls), 0), 0)"
+                    f" FROM {quoted}.pg_stat_statements WHERE dbid = "
                     "(SELECT oid FROM pg_database WHERE datname = current_database()) AND "
-                    f"(query ILIKE '%insert into asset_dag_run_queue%' OR query = '{_HIDDEN}')"
+                    f"(query ILIKE '%insert into asset_dag_run_queue%' OR query = '{_HIDDEN}') GROUP BY 1"
                 )
             ).all()
     except DBAPIError as exc:
         exposure.queue_inserts_note = f"pg_stat_statements unreadable: {first_line(exc)}"
         return []
-    totals: dict[str, list[float]] = {}
-    for query, calls, mean_ms in found:
-        if query != _HIDDEN:
-            total = totals.setdefault(_classify_insert(str(query)), [0, 0.0])
-            total[0] += int(calls)
-            total[1] += int(calls) * float(mean_ms)
-    exposure.queue_inserts = [
-        QueueInsert(kind, int(calls), (time / calls) if calls else 0.0)
-        for kind, (calls, time) in totals.items()
-    ]
+    exposure.queue_inserts = [QueueInsert(k, int(calls), float(mean_ms)) for k, calls, mean_ms in found if k]
     if not exposure.queue_inserts:
         exposure.queue_inserts_note = "pg_stat_statements has no insert into asset_dag_run_queue yet"
-    if any(r[0] == _HIDDEN for r in found):
+    if any(kind is None for kind, _, _ in found):
         return ["pg_stat_statements hides other users' queries from this user (grant pg_read_all_stats)"]
     return []
 
