@@ -14,6 +14,7 @@ import importlib.util
 import re
 from pathlib import Path
 
+from airflow_adrq.airflow.compat import release_line
 from airflow_adrq.doctor.report import SchemaVersion
 
 __all__ = ["KNOWN_UP_TO", "REVISIONS", "schema_version"]
@@ -59,7 +60,6 @@ _BY_RELEASE = """
 
 def _parse(table: str) -> tuple[tuple[str, str], ...]:
     revisions: list[tuple[str, str]] = []
-    version = ""
     for line in table.strip().splitlines():
         if not line.startswith(" "):
             version, line = line.split(maxsplit=1)
@@ -77,11 +77,8 @@ def schema_version(revision: str) -> SchemaVersion:
     version = dict(revisions).get(revision)
     if version is None:
         return SchemaVersion(revision, None, None, False)
-    match = re.match(r"(\d+)\.(\d+)", version)
     last = [r for r, v in revisions if v == version][-1]
-    return SchemaVersion(
-        revision, version, (int(match[1]), int(match[2])) if match else None, revision == last
-    )
+    return SchemaVersion(revision, version, release_line(version), revision == last)
 
 
 def _installed_airflow_revisions() -> tuple[tuple[str, str], ...]:

@@ -60,7 +60,7 @@ class Compatibility:
     schema: SchemaVersion
     #: The primary key of ``asset_dag_run_queue`` as found (``None``: no such table).
     queue_key: tuple[str, ...] | None
-    #: :class:`airflow_adrq.shapes.QueueShape` name (``None``: :func:`.shape.detect` refused it).
+    #: :class:`airflow_adrq.shapes.QueueShape` name (``None``: :func:`.compatibility.detect` refused it).
     shape: str | None
     supported: bool
     #: Why (not) supported, one sentence.
@@ -153,7 +153,6 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0].strip() if text else type(exc).__name__
 
 
-CONFIG_SECTION = "[core]"
 CONFIG_LINE = "asset_manager_class = airflow_adrq.airflow.AdrqAssetManager"
 _ADVICE = {
     ENABLE: "Enable it, in airflow.cfg on every component that writes asset events:",
@@ -170,8 +169,9 @@ def render_text(report: Report) -> str:
     def wrap(text: str, first: str, rest: str = "    ") -> None:
         lines.extend(textwrap.wrap(text, 100, initial_indent=first, subsequent_indent=rest))
 
-    def row(label: str, value: str) -> None:
-        wrap(value, f"  {label:<19} ", " " * 22)
+    def row(label: str, value: str | None) -> None:
+        if value is not None:
+            wrap(value, f"  {label:<19} ", " " * 22)
 
     row("Airflow schema", f"{c.schema.airflow_version or 'unknown'} (alembic_version {c.schema.revision})")
     key = f"({', '.join(c.queue_key)})" if c.queue_key else "none"
@@ -182,12 +182,10 @@ def render_text(report: Report) -> str:
     row("Queue key", key)
     row("Plug-in", ("supported: " if c.supported else "NOT supported: ") + c.support)
     row("Server", c.server + (f", asset_dag_run_queue on {c.storage_engine}" if c.storage_engine else ""))
-    if c.isolation:
-        row("Isolation", c.isolation)
-    if c.dag_id_collations:
-        distinct = sorted(set(c.dag_id_collations.values()))
-        each = "; ".join(f"{k} {v}" for k, v in c.dag_id_collations.items())
-        row("dag_id collation", distinct[0] if len(distinct) == 1 else each)
+    row("Isolation", c.isolation)
+    distinct = sorted(set(c.dag_id_collations.values()))
+    each = "; ".join(f"{k} {v}" for k, v in c.dag_id_collations.items())
+    row("dag_id collation", distinct[0] if len(distinct) == 1 else each or None)
     if (p := c.pgbouncer) is not None:
         if p.detected:
             mode = f"{p.pool_mode} pooling ({p.pool_mode_how})" if p.pool_mode else "pool mode unknown"
@@ -226,20 +224,19 @@ def render_text(report: Report) -> str:
             f"{n(e.aliases)}; {n(e.alias_references)} DAG schedule references, "
             f"{n(e.alias_links)} asset links; {n(e.alias_multirow)} queue 2+ rows per event",
         )
-        if e.deadlocks is not None:
-            row("Deadlocks", f"{n(e.deadlocks)} ({e.deadlocks_scope})")
+        row("Deadlocks", None if e.deadlocks is None else f"{n(e.deadlocks)} ({e.deadlocks_scope})")
         # Only a backend with pg_stat_statements reports inserts, or why it has none.
         if e.queue_inserts:
             for i, q in enumerate(sorted(e.queue_inserts, key=lambda q: q.kind)):
                 row("" if i else "Queue inserts", f"{q.kind}: {n(q.calls)} calls, mean {q.mean_ms:.2f} ms")
-        elif e.queue_inserts_note is not None:
-            row("Queue inserts", f"n/a: {e.queue_inserts_note}")
+        else:
+            row("Queue inserts", e.queue_inserts_note and f"n/a: {e.queue_inserts_note}")
     for warning in report.warnings:
         wrap(warning, "  ! ")
     lines.append(f"Verdict: {report.verdict.upper()} (exit {report.exit_code})")
     for reason in report.reasons:
         wrap(reason, "  - ")
-    lines.extend([f"  {_ADVICE[report.verdict]}", f"    {CONFIG_SECTION}", f"    {CONFIG_LINE}"])
+    lines.extend([f"  {_ADVICE[report.verdict]}", "    [core]", f"    {CONFIG_LINE}"])
     return "\n".join(lines)
 
 
