@@ -17,7 +17,6 @@ PgBouncer detection opens at most three more connections.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 
@@ -213,15 +212,11 @@ def _airflow_setting(option: str) -> str | None:
 
     ``None`` when empty, or when Airflow is not importable: ``--url`` needs no Airflow.
     """
-    variable = f"AIRFLOW__DATABASE__{option.upper()}"
-    if variable in os.environ:
-        return os.environ[variable].strip() or None
-    # find_spec of a submodule raises, not returns None, when its package is missing.
-    if (
-        importlib.util.find_spec("airflow") is None
-        or importlib.util.find_spec("airflow.configuration") is None
-    ):
-        return None
-    from airflow.configuration import conf
-
-    return str(conf.get("database", option, fallback="")).strip() or None
+    value = os.environ.get(f"AIRFLOW__DATABASE__{option.upper()}")
+    if value is None:
+        try:
+            from airflow.configuration import conf
+        except ModuleNotFoundError:
+            return None
+        value = str(conf.get("database", option, fallback=""))
+    return value.strip() or None
