@@ -1,21 +1,16 @@
 """The one read-only transaction doctor reads in, and what it reads differently on each backend.
 
-Each backend is a :class:`Probe` (data and a few functions): no other module
-compares backend names.
+Each backend is a :class:`Probe`: no other module compares backend names.
 
-* PostgreSQL: a ``READ ONLY`` snapshot; every setting transaction-scoped, so
-  nothing stays on a server connection PgBouncer hands to someone else. Its
-  deadlock counter is this database's own: the verdict cites it. PgBouncer
-  in between rules out the server seeing this connection's own TCP ports;
-  then at most three more connections tell it and its pool mode: its admin
-  console (``SHOW`` only), else two that run ``SELECT pg_backend_pid()``.
-* MySQL/MariaDB: a consistent ``READ ONLY`` snapshot. The plug-in refuses to
-  write above READ COMMITTED, which Airflow sets only for URLs starting with
-  ``mysql``: the server's default and the URL's scheme are both reported.
-  ``Innodb_deadlocks`` counts the whole server's, so the verdict does not cite it.
+* PostgreSQL: every setting transaction-scoped, so nothing stays on a server
+  connection PgBouncer hands to someone else. Its deadlock counter is this
+  database's own: the verdict cites it. PgBouncer: see :func:`_pgbouncer`.
+* MySQL/MariaDB: the plug-in refuses to write above READ COMMITTED, which
+  Airflow sets only for URLs starting with ``mysql``: the server's default and
+  the URL's scheme are both reported. ``Innodb_deadlocks`` counts the whole
+  server's, so the verdict does not cite it.
 * SQLite: the file opened ``mode=ro`` (a missing file is an error, never
-  created) and ``PRAGMA query_only``. One writer at a time: the verdict is
-  "not needed" whatever the exposure.
+  created). One writer at a time: "not needed" whatever the exposure.
 """
 
 from __future__ import annotations
@@ -63,14 +58,13 @@ def _connect_timeout(url: URL) -> tuple[URL, dict[str, Any]]:
 class Probe:
     """How doctor reads one backend; ``name`` is the report's backend (``"mysql"`` for MariaDB too).
 
-    ``begin_read_only``: the statements that make the transaction read-only
-    before its first query. ``engine_args(url)``: the URL and ``connect_args``
-    to open. ``search_path``: the statement that puts schema ``:schema`` first
-    for this transaction only (``None``: schemas are not checked here).
-    ``compatibility`` and ``stats`` fill the backend's own fields and return
-    warnings. ``cannot_deadlock``: why the verdict is "not needed" whatever
-    the exposure; ``deadlock_counter``: who counts this database's own
-    deadlocks, cited in the verdict (``None``: no counter, or a server-wide one).
+    ``begin_read_only`` makes the transaction read-only before its first
+    query; ``engine_args(url)``: the URL and ``connect_args`` to open;
+    ``search_path`` puts schema ``:schema`` first for this transaction only
+    (``None``: not checked here). ``compatibility`` and ``stats`` fill the
+    backend's own fields and return warnings. ``cannot_deadlock``: why the
+    verdict is "not needed" whatever the exposure; ``deadlock_counter``: who
+    counts this database's own deadlocks (``None``: nobody, or server-wide).
     """
 
     name: str
@@ -156,7 +150,12 @@ def _pg_compatibility(conn: Connection, compatibility: Compatibility) -> list[st
 
 
 def _pgbouncer(conn: Connection) -> PgBouncer:
-    """Whether ``conn`` goes through PgBouncer, and how that was decided."""
+    """Whether ``conn`` goes through PgBouncer, and how that was decided.
+
+    The server seeing this connection's own TCP ports rules it out. Otherwise at
+    most three more connections: PgBouncer's admin console (``SHOW`` only), then,
+    when it does not tell the pool mode, two that run ``SELECT pg_backend_pid()``.
+    """
     ours = _socket_ports(conn)
     row = conn.execute(sa.text("SELECT inet_client_port(), inet_server_port()")).one()
     theirs = (row[0], row[1]) if row[0] is not None else None
@@ -323,17 +322,16 @@ def _mysql_compatibility(conn: Connection, compatibility: Compatibility) -> list
     level = str(variables.get("transaction_isolation") or variables.get("tx_isolation") or "unknown")
     warnings = []
     drivername = conn.engine.url.drivername
+    compatibility.isolation = f"server default {level}"
     if drivername.startswith("mysql"):
-        compatibility.isolation = f"server default {level}; Airflow's mysql connections use READ COMMITTED"
-    else:
-        compatibility.isolation = f"server default {level}"
-        if level.replace("-", " ").upper() not in ("READ COMMITTED", "READ UNCOMMITTED"):
-            warnings.append(
-                "Airflow sets READ COMMITTED only for URLs starting with mysql: with "
-                f"{drivername}:// its connections run at the server's {level}, where the plug-in "
-                "refuses to write (IsolationLevelError). Use mysql+mysqldb:// or set "
-                "transaction_isolation=READ-COMMITTED"
-            )
+        compatibility.isolation += "; Airflow's mysql connections use READ COMMITTED"
+    elif level.replace("-", " ").upper() not in ("READ COMMITTED", "READ UNCOMMITTED"):
+        warnings.append(
+            "Airflow sets READ COMMITTED only for URLs starting with mysql: with "
+            f"{drivername}:// its connections run at the server's {level}, where the plug-in "
+            "refuses to write (IsolationLevelError). Use mysql+mysqldb:// or set "
+            "transaction_isolation=READ-COMMITTED"
+        )
     compatibility.storage_engine = scalar(
         conn,
         "SELECT engine FROM information_schema.tables WHERE table_schema = DATABASE() "
