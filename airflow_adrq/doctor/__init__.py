@@ -110,8 +110,10 @@ def _decide(compat: Compatibility, exposed: Exposure | None) -> tuple[str, list[
             "rows and cannot deadlock on them"
         )
         if exposed.fanout_max > FANOUT_THRESHOLDS[0]:
-            reason += "; the plug-in still saves loading every consumer DAG per event "
-            reason += f"(up to {exposed.fanout_max:,} here)"
+            reason += (
+                "; the plug-in still saves loading every consumer DAG per event "
+                f"(up to {exposed.fanout_max:,} here)"
+            )
         return NOT_NEEDED, [reason]
     reasons = []
     if exposed.racing:

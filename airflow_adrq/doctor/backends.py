@@ -159,7 +159,7 @@ def _pgbouncer(conn: Connection) -> PgBouncer:
     ours = _socket_ports(conn)
     row = conn.execute(sa.text("SELECT inet_client_port(), inet_server_port()")).one()
     theirs = (row[0], row[1]) if row[0] is not None else None
-    if ours is not None and ours == theirs:
+    if ours is not None and theirs is not None and ours == theirs:
         return PgBouncer(
             False, f"no: the server sees this connection's own TCP ports ({ours[0]} -> {ours[1]})"
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -70,7 +70,7 @@ def read(conn: Connection, names: set[str], shape: shapes.QueueShape) -> Exposur
     consumers = _grouped((a, d) for a, d in conn.execute(queued_pairs(shape)) if a in assets)
     counts = sorted(len(d) for d in consumers.values())
 
-    outlet_rows: list[Any] = []
+    outlet_rows: Sequence[Any] = ()
     if "task_outlet_asset_reference" in names:
         outlet_rows = conn.execute(
             sa.text("SELECT asset_id, dag_id, task_id FROM task_outlet_asset_reference")
