@@ -5,13 +5,13 @@
 (which also renders it) and decides: enable when a transaction can write two
 queue rows that another locks in the other order; not needed when none
 writes two, the queue is keyed by event, or the backend runs one writer at a
-time. The exit status is the verdict's (:data:`EXIT_CODES`; 4 for no report).
-What each line means: the README's "Should I enable it?".
+time. The exit status is the verdict's (:data:`EXIT_CODES`; :data:`EXIT_NO_REPORT`
+for no report). What each line means: the README's "Should I enable it?".
 
 Read-only by construction, and tested so: one transaction, read-only before
 the first query and rolled back at the end; only ``SELECT``, ``SHOW`` and
-catalog reads (:mod:`.backends`, where each backend's differences live).
-PgBouncer detection opens at most three more connections.
+catalog reads, from one snapshot (:mod:`.backends`, where each backend's
+differences live). PgBouncer detection opens at most three more connections.
 """
 
 from __future__ import annotations
