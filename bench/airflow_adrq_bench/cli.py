@@ -23,7 +23,7 @@ from airflow_adrq_bench.config import clear_of_deadlock_timeout as clear
 from airflow_adrq_bench.load import FaultSizes, SoakSizes, run_faults, run_soak
 from airflow_adrq_testing import dataset, servers
 
-__all__ = ["MODES", "add_bench_parser", "main", "route"]
+__all__ = ["MODES", "bench_parser", "main", "route"]
 
 DB_HELP = (
     "benchmark this server (repeatable). The database the URL names must exist and is never written to: "
@@ -47,6 +47,15 @@ SCENARIO_HELP = (
     "scheduler-like process claims queue rows; lost_events: events no run consumes under Airflow "
     "3.3.2's scheduler rule (airflow_3_3 and commit_time only)"
 )
+#: The mode flags and their help, in the order ``airflow-adrq bench --help`` lists them.
+MODES = {
+    "--faults": "producers while their connections are killed at random: what callers see, nothing "
+    "duplicated or half-written",
+    "--soak": "sustained load (default 32 producers x 1,000 transactions) with a consumer: deadlocks, "
+    "exact rows, memory and connection growth",
+    "--airflow": "Airflow's own AssetManager vs the plug-in, through Airflow's code on a scratch database "
+    "made by airflow db migrate (needs Apache Airflow installed; tox -e airflow-bench)",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,19 +64,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     routed = route(argv)
     if routed is not None:
         return routed
-    commands = argparse.ArgumentParser(allow_abbrev=False, prog="airflow-adrq").add_subparsers()
-    add_bench_parser(commands)
-    # The bench parser itself, so that its errors show its own usage, not the top level's.
-    args = commands.choices["bench"].parse_args(argv)
-    return options.guarded(args.parser, args, lambda: _bench(args), prog="airflow-adrq")
+    parser = bench_parser()
+    args = parser.parse_args(argv)
+    return options.guarded(parser, args, lambda: _bench(parser, args), prog="airflow-adrq")
 
 
-def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``bench``."""
-    parser = subparsers.add_parser(
-        "bench",
+def bench_parser() -> argparse.ArgumentParser:
+    """The parser of ``airflow-adrq bench`` (its errors show its own usage)."""
+    parser = argparse.ArgumentParser(
         allow_abbrev=False,
-        help="show Airflow's loops and per-call queueing deadlocking and commit-time queueing not",
+        prog="airflow-adrq bench",
         description=(
             "Concurrent producer processes register asset events through Airflow "
             "3.3.2's whole register_asset_change (and two later loop variants) and through airflow-adrq's, "
@@ -101,19 +107,17 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     options.add_fields(
         parser.add_argument_group("sizes (defaults: a few minutes per database)"), DEFAULT, QUICK
     )
-    parser.set_defaults(parser=parser)
+    return parser
 
 
-def _bench(args: argparse.Namespace) -> int:
+def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     for url in args.db or ():
         if make_url(url).get_backend_name() not in ("sqlite", "postgresql", "mysql", "mariadb"):
             raise runner.BenchError(
                 f"--db {url!r}: the benchmark runs on SQLite, PostgreSQL and MySQL/MariaDB"
             )
-    sizes, out = (
-        options.sizes_from(args.parser, args, QUICK if args.preset else DEFAULT),
-        options.out_dir(args),
-    )
+    sizes = options.sizes_from(parser, args, QUICK if args.preset else DEFAULT)
+    out = options.out_dir(args)
     with contextlib.ExitStack() as stack:
         urls = args.db or ["sqlite://", *options.servers_found(stack)]
         targets = [runner.describe(url) for url in urls]
@@ -139,10 +143,10 @@ def _bench(args: argparse.Namespace) -> int:
             keep_scratch=args.keep_scratch,
         )
     rows, lost = report.aggregate(raw), report.aggregate_lost(raw)
-    detail = (report.format_table(raw, rows), report.format_lost(raw, lost), report.format_sweep(raw))
     lines = verdict.standalone(raw, rows, lost)
     board = verdict.format_verdict(lines)
     # The detail goes to bench.md; the terminal gets the verdict, what the user came for.
+    detail = [report.format_table(raw, rows), report.format_lost(raw, lost), report.format_sweep(raw)]
     text = "\n".join(part for part in (*detail, report.format_ratio(raw), board) if part)
     tables.write_json(out / "bench.json", {"summary": rows, "lost_events": lost, **raw})
     pngs = report.plot(raw, rows, out)
@@ -154,17 +158,6 @@ def _bench(args: argparse.Namespace) -> int:
     return options.publish(
         out / "bench.md", text, [out / "bench.json", *pngs], errors, took=raw["duration_s"], shown=board
     )
-
-
-#: The mode flags and their help, in the order ``airflow-adrq bench --help`` lists them.
-MODES = {
-    "--faults": "producers while their connections are killed at random: what callers see, nothing "
-    "duplicated or half-written",
-    "--soak": "sustained load (default 32 producers x 1,000 transactions) with a consumer: deadlocks, "
-    "exact rows, memory and connection growth",
-    "--airflow": "Airflow's own AssetManager vs the plug-in, through Airflow's code on a scratch database "
-    "made by airflow db migrate (needs Apache Airflow installed; tox -e airflow-bench)",
-}
 
 
 def route(argv: Sequence[str]) -> int | None:

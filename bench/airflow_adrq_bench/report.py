@@ -156,6 +156,20 @@ def strategy_label(strategy: str) -> str:
     return f"{strategy} (default)" if strategy == DEFAULT_STRATEGY else strategy
 
 
+def _producer(strategy: str) -> str:
+    """The strategy's name in the lost-events table and plot."""
+    return {
+        "airflow_3_3": "Airflow 3.3.2 shape (airflow_3_3)",
+        "commit_time": "ours (commit_time) (default)",
+    }.get(strategy, strategy)
+
+
+def _spread(row: dict[str, Any], prefix: str = "") -> str:
+    """A timed cell: its median and, in brackets, its spread (p25-p75), in ms."""
+    p25, p50, p75 = (fmt(row.get(f"{prefix}p{q}_ms", math.nan), 2) for q in (25, 50, 75))
+    return f"{p50} [{p25}-{p75}]"
+
+
 _CONTENTION: tables.Columns = {
     "scenario": "scenario",
     "strategy": lambda r: strategy_label(r["strategy"]),
@@ -178,64 +192,6 @@ _CONTENTION: tables.Columns = {
     "stmts/tx": lambda r: fmt(float(r["statements_per_tx"]), 0),
     "rows exact": "rows_exact",
 }
-
-
-def _heading(target: dict[str, Any], what: str = "") -> str:
-    return f"### {what}{target['name']} ({target['version']})\n"
-
-
-def _sections(
-    raw: dict[str, Any],
-    rows: Callable[[str], Sequence[dict[str, Any]]],
-    section: Callable[[dict[str, Any], Sequence[dict[str, Any]]], list[str]],
-    legend: str,
-) -> str:
-    """``section(target, its rows)`` of each database with ``rows(name)``, then ``legend``; or nothing."""
-    out = [line for t in raw["targets"] if (mine := rows(t["name"])) for line in section(t, mine)]
-    return "\n".join([*out, legend]) if out else ""
-
-
-def _row_notes(row: dict[str, Any], label: str) -> list[str]:
-    """The notes under a table for its row ``label``: why transactions gave up, counts that do not add up."""
-    notes = []
-    if row.get("gave_up_why"):
-        why = "; ".join(f"{n} {reason}" for reason, n in row["gave_up_why"].items())
-        notes.append(f"\n> gave up, {label}: {why}")
-    if not row.get("accounted", True):
-        notes.append(
-            f"\n> COUNTS DO NOT ADD UP, {label}: {row['committed']} ok + {row['abandoned']} gave up + "
-            f"{row['not_started']} not started != {row['planned']} planned"
-        )
-    return notes
-
-
-def _skip_notes(raw: dict[str, Any], db: str) -> list[str]:
-    return [f"\n> {s['strategy']}: {s['reason']}." for s in raw.get("skipped", []) if s["db"] == db]
-
-
-def format_table(raw: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
-    """The comparison table (Markdown), one section per database, then its legend."""
-
-    def section(target: dict[str, Any], mine: Sequence[dict[str, Any]]) -> list[str]:
-        note = [f"> {SQLITE_NOTE}\n"] if target["name"].startswith("sqlite") else []
-        notes = [n for r in mine for n in _row_notes(r, f"{r['scenario']}/{r['strategy']}")]
-        skipped = _skip_notes(raw, target["name"])
-        return [_heading(target), *note, tables.table(mine, _CONTENTION), *notes, *skipped, ""]
-
-    legend = tables.legend("contention", **raw.get("sizes", {}))
-    return _sections(raw, lambda db: [r for r in rows if r["db"] == db], section, legend)
-
-
-_PRODUCERS = {
-    "airflow_3_3": "Airflow 3.3.2 shape (airflow_3_3)",
-    "commit_time": "ours (commit_time) (default)",
-}
-
-
-def _producer(strategy: str) -> str:
-    return _PRODUCERS.get(strategy, strategy)
-
-
 _LOST: tables.Columns = {
     "hold ms": lambda r: f"{r['hold_ms']:g}",
     "producer": lambda r: _producer(r["strategy"]),
@@ -253,25 +209,6 @@ _LOST: tables.Columns = {
     "deadlocks": "deadlocks",
     "p50 ms": "p50_ms",
 }
-
-
-def format_lost(raw: dict[str, Any], lost: Sequence[dict[str, Any]]) -> str:
-    """The lost-events table (Markdown), one section per database."""
-
-    def section(target: dict[str, Any], mine: Sequence[dict[str, Any]]) -> list[str]:
-        sizes = f"{mine[0]['producers']} producers of one asset, {mine[0]['consumers']} consumer DAGs\n"
-        notes = [n for r in mine for n in _row_notes(r, f"hold {r['hold_ms']:g} ms {r['strategy']}")]
-        return [_heading(target, "lost events, "), sizes, tables.table(mine, _LOST), *notes, ""]
-
-    return _sections(raw, lambda db: [r for r in lost if r["db"] == db], section, LOST_LEGEND)
-
-
-def _spread(row: dict[str, Any], prefix: str = "") -> str:
-    """A timed cell: its median and, in brackets, its spread (p25-p75), in ms."""
-    p25, p50, p75 = (fmt(row.get(f"{prefix}p{q}_ms", math.nan), 2) for q in (25, 50, 75))
-    return f"{p50} [{p25}-{p75}]"
-
-
 _RATIO: tables.Columns = {
     "fan-out": lambda r: f"F={r['fanout']:,}",
     "ours p50 [p25-p75] ms": lambda r: _spread(r, "ours_"),
@@ -285,26 +222,85 @@ _RATIO: tables.Columns = {
 }
 
 
+def _by_db(
+    raw: dict[str, Any],
+    title: str,
+    rows_of: Callable[[str], Sequence[dict[str, Any]]],
+    section: Callable[[dict[str, Any], Sequence[dict[str, Any]]], list[str]],
+    legend: str,
+) -> str:
+    """Per database with rows (``rows_of(name)``): a ``### {title}{name} ({version})`` heading and
+    ``section(target, rows)``; then ``legend``. Nothing where no database has rows."""
+    out = []
+    for target in raw["targets"]:
+        if mine := rows_of(target["name"]):
+            out += [f"### {title}{target['name']} ({target['version']})\n", *section(target, mine), ""]
+    return "\n".join([*out, legend]) if out else ""
+
+
+def _where(row: dict[str, Any]) -> str:
+    """How notes and problems name a summary row."""
+    if row["scenario"] == "lost_events":
+        return f"lost_events/{row['strategy']} hold {row['hold_ms']:g} ms"
+    return f"{row['scenario']}/{row['strategy']}"
+
+
+def _unaccounted(row: dict[str, Any]) -> str:
+    """Why the row's counts do not add up to its plan; ``""`` where they do."""
+    if row.get("accounted", True):
+        return ""
+    return (
+        f"{row['committed']} committed + {row['abandoned']} gave up + {row['not_started']} not started "
+        f"!= {row['planned']} planned transactions"
+    )
+
+
+def _notes(raw: dict[str, Any], rows: Sequence[dict[str, Any]], db: str = "") -> list[str]:
+    """The notes under a table: why its rows' transactions gave up, counts that do not add up, and
+    (``db``) the strategies skipped there."""
+    notes = []
+    for row in rows:
+        if row.get("gave_up_why"):
+            why = "; ".join(f"{n} {reason}" for reason, n in row["gave_up_why"].items())
+            notes.append(f"\n> gave up, {_where(row)}: {why}")
+        if unaccounted := _unaccounted(row):
+            notes.append(f"\n> COUNTS DO NOT ADD UP, {_where(row)}: {unaccounted}")
+    return notes + [f"\n> {s['strategy']}: {s['reason']}." for s in raw.get("skipped", []) if s["db"] == db]
+
+
+def format_table(raw: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+    """The comparison table (Markdown), one section per database, then its legend."""
+
+    def section(target: dict[str, Any], mine: Sequence[dict[str, Any]]) -> list[str]:
+        note = [f"> {SQLITE_NOTE}\n"] if target["name"].startswith("sqlite") else []
+        return [*note, tables.table(mine, _CONTENTION), *_notes(raw, mine, target["name"])]
+
+    legend = tables.legend("contention", **raw.get("sizes", {}))
+    return _by_db(raw, "", lambda db: [r for r in rows if r["db"] == db], section, legend)
+
+
+def format_lost(raw: dict[str, Any], lost: Sequence[dict[str, Any]]) -> str:
+    """The lost-events table (Markdown), one section per database."""
+
+    def section(target: dict[str, Any], mine: Sequence[dict[str, Any]]) -> list[str]:
+        sizes = f"{mine[0]['producers']} producers of one asset, {mine[0]['consumers']} consumer DAGs\n"
+        return [sizes, tables.table(mine, _LOST), *_notes(raw, mine)]
+
+    return _by_db(raw, "lost events, ", lambda db: [r for r in lost if r["db"] == db], section, LOST_LEGEND)
+
+
 def format_ratio(raw: dict[str, Any]) -> str:
     """The raw-SQL ratio row: ``register_asset_change`` + COMMIT against hand-written SQL."""
 
     def section(target: dict[str, Any], results: Sequence[dict[str, Any]]) -> list[str]:
-        calls = f"{results[0]['calls']} calls each side per fan-out\n"
         judged = verdict.raw_sql(target["name"], results)
-        said = (
-            f"\nF=1 against its target ({judged.goal}): {judged.measured}, {judged.verdict}\n"
-            if judged
-            else ""
-        )
-        return [
-            _heading(target, "register_asset_change vs raw SQL, "),
-            calls,
-            tables.table(results, _RATIO, 1),
-            said,
-        ]
+        said = f"\nF=1 against its target ({judged.goal}): {judged.measured}, {judged.verdict}"
+        calls = f"{results[0]['calls']} calls each side per fan-out\n"
+        return [calls, tables.table(results, _RATIO, 1), *([said] if judged else [])]
 
     legend = tables.legend("ratio", target=verdict.RAW_SQL.goal)
-    return _sections(raw, lambda db: raw.get("raw_sql_ratio", {}).get(db, []), section, legend)
+    rows_of = raw.get("raw_sql_ratio", {}).get
+    return _by_db(raw, "register_asset_change vs raw SQL, ", lambda db: rows_of(db, []), section, legend)
 
 
 def format_sweep(raw: dict[str, Any]) -> str:
@@ -313,8 +309,7 @@ def format_sweep(raw: dict[str, Any]) -> str:
     def cell(r: dict[str, Any]) -> str:
         if "skipped" in r:
             return "skipped"
-        exact = "" if r["rows_exact"] else " NOT EXACT"
-        return f"{_spread(r)} / {r['statements']:,}{exact}"
+        return f"{_spread(r)} / {r['statements']:,}" + ("" if r["rows_exact"] else " NOT EXACT")
 
     def section(target: dict[str, Any], results: Sequence[dict[str, Any]]) -> list[str]:
         fanouts = sorted({r["fanout"] for r in results})
@@ -323,11 +318,10 @@ def format_sweep(raw: dict[str, Any]) -> str:
         body = [[strategy_label(s), *(cell(by[(s, f)]) for f in fanouts)] for s in strategies]
         what = "latency (ms) of one register_asset_change + COMMIT on an empty queue / statements sent\n"
         table = tables.markdown(["strategy", *(f"F={f:,}" for f in fanouts)], body, left=1)
-        return [_heading(target, "fan-out sweep, "), what, table, *_skip_notes(raw, target["name"]), ""]
+        return [what, table, *_notes(raw, [], target["name"])]
 
-    repeats = raw.get("sizes", {}).get("sweep_repeats", "sweep_repeats")
-    legend = tables.legend("sweep", repeats=repeats)
-    return _sections(raw, lambda db: raw["sweeps"].get(db, []), section, legend)
+    legend = tables.legend("sweep", repeats=raw.get("sizes", {}).get("sweep_repeats", "sweep_repeats"))
+    return _by_db(raw, "fan-out sweep, ", lambda db: raw["sweeps"].get(db, []), section, legend)
 
 
 def problems(
@@ -336,11 +330,7 @@ def problems(
     """What fails the run: queue rows not exact or left after the drain, counts that do not add up."""
     found = []
     for r in [*rows, *lost]:
-        where = f"{r['db']} " + (
-            f"lost_events/{r['strategy']} hold {r['hold_ms']:g} ms"
-            if "hold_ms" in r
-            else f"{r['scenario']}/{r['strategy']}"
-        )
+        where = f"{r['db']} {_where(r)}"
         if not r.get("rows_exact", True):
             found.append(f"{where}: queue rows not exact {r['row_check']}")
         if r.get("queue_rows_left") or r.get("consumed_unknown"):
@@ -348,11 +338,8 @@ def problems(
                 f"{where}: {r['queue_rows_left']} queue rows left after the drain, "
                 f"{r['consumed_unknown']} unknown pairs consumed"
             )
-        if not r.get("accounted", True):
-            found.append(
-                f"{where}: {r['committed']} committed + {r['abandoned']} gave up + "
-                f"{r['not_started']} not started != {r['planned']} planned transactions"
-            )
+        if unaccounted := _unaccounted(r):
+            found.append(f"{where}: {unaccounted}")
     for db, results in raw.get("raw_sql_ratio", {}).items():
         found += [
             f"{db} raw-SQL ratio F={r['fanout']}: queue rows not exact"
