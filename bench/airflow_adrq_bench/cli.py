@@ -92,11 +92,8 @@ def bench_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exit 1 when a target of the verdict (printed last) is missed, for an operator's own CI",
     )
-    parser.add_argument(
-        "--keep-scratch",
-        action="store_true",
-        help="keep the scratch files in --out (barrier files, per-process records)",
-    )
+    scratch = "keep the scratch files in --out (barrier files, per-process records)"
+    parser.add_argument("--keep-scratch", action="store_true", help=scratch)
     group = parser.add_argument_group(
         "other modes (each has its own options: airflow-adrq bench --soak --help)"
     )
@@ -134,13 +131,9 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             f"{options.show(sizes.lost_holds_ms)} ms; output in {out}"
         )
         options.say("\n".join([summary, *notes]))
+        strategies, scenarios = args.strategy or STRATEGIES, args.scenario or SCENARIOS
         raw = runner.run(
-            targets,
-            sizes,
-            out,
-            strategies=args.strategy or STRATEGIES,
-            scenarios=args.scenario or SCENARIOS,
-            keep_scratch=args.keep_scratch,
+            targets, sizes, out, strategies=strategies, scenarios=scenarios, keep_scratch=args.keep_scratch
         )
     rows, lost = report.aggregate(raw), report.aggregate_lost(raw)
     lines = verdict.standalone(raw, rows, lost)
@@ -149,7 +142,7 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     detail = [report.format_table(raw, rows), report.format_lost(raw, lost), report.format_sweep(raw)]
     text = "\n".join(part for part in (*detail, report.format_ratio(raw), board) if part)
     tables.write_json(out / "bench.json", {"summary": rows, "lost_events": lost, **raw})
-    pngs = report.plot(raw, rows, out)
+    pngs = report.plot(raw, rows, lost, out)
     errors = report.problems(raw, rows, lost)
     if args.check:
         errors += [

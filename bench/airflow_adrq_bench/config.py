@@ -6,7 +6,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from airflow_adrq_bench.options import Checked, size
 from airflow_adrq_testing.strategies import STRATEGIES as STRATEGIES
@@ -98,17 +98,15 @@ def clear_of_deadlock_timeout(
     """``sizes`` with its lock and round timeouts raised to 3 x and 5 x ``deadlock_timeout_s`` (a lock
     timeout below it turns deadlocks into lock timeouts, a round timeout ends the round in the first
     deadlock wait), except those in ``keep`` (given on the command line: a warning); and what changed."""
-    changes: dict[str, Any] = {}
+    changes: dict[str, float] = {}
     notes: list[str] = []
     for name, factor in (("lock_timeout_s", 3.0), ("round_timeout_s", 5.0)):
         value, floor = float(getattr(sizes, name)), factor * deadlock_timeout_s
-        if value >= floor:
-            continue
         why = f"{floor:g} s ({factor:g} x the server's deadlock_timeout of {deadlock_timeout_s:g} s)"
         option = "--" + name.replace("_", "-")
-        if name in keep:
+        if value < floor and name in keep:
             notes.append(f"warning: {option} {value:g} is below {why}: expect deadlock waits to end rounds")
-        else:
+        elif value < floor:
             changes[name] = floor
             notes.append(f"{option} raised from {value:g} to {why}")
     return dataclasses.replace(sizes, **changes), notes
@@ -156,13 +154,12 @@ class Plan:
         return max((c.producers for c in self.cells), default=self.sizes.producers) + 1
 
     def dump(self, path: Path) -> None:
+        """Write the plan as JSON for :meth:`load`."""
         path.write_text(json.dumps(dataclasses.asdict(self), indent=2))
 
     @classmethod
     def load(cls, path: Path) -> Plan:
+        """The plan :meth:`dump` wrote (JSON lists back to the sizes' tuples)."""
         raw = json.loads(path.read_text())
-        sizes: dict[str, Any] = {
-            k: tuple(v) if isinstance(v, list) else v for k, v in raw.pop("sizes").items()
-        }
-        cells = tuple(Cell(**c) for c in raw.pop("cells"))
-        return cls(sizes=Sizes(**sizes), cells=cells, **raw)
+        sizes = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.pop("sizes").items()}
+        return cls(sizes=Sizes(**sizes), cells=tuple(Cell(**c) for c in raw.pop("cells")), **raw)

@@ -125,7 +125,7 @@ def _parser(field: dataclasses.Field[Any], hint: Any) -> Callable[[str], Any]:
 
 
 def _metavar(name: str, hint: Any) -> str:
-    """``N,N,...`` for a tuple, ``S`` / ``MS`` for seconds / milliseconds, ``N`` for an integer, else ``X``."""
+    """The option's metavar: ``N,N,...`` (a tuple), ``S`` / ``MS`` (seconds, milliseconds), ``N``, ``X``."""
     if typing.get_origin(hint) is tuple:
         return "N,N,..."
     return "S" if name.endswith("_s") else "MS" if name.endswith("_ms") else "N" if hint is int else "X"

@@ -37,6 +37,7 @@ _ORDER = {s: i for i, s in enumerate(STRATEGIES)}
 
 
 def _transactions(raw: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
+    """The run's transaction records by cell index."""
     by_cell: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for tx in raw["transactions"]:
         by_cell[tx["cell"]].append(tx)
@@ -65,6 +66,7 @@ def _outcome(cells: Sequence[dict[str, Any]], txs: Sequence[dict[str, Any]]) -> 
 
 
 def _why(tx: dict[str, Any]) -> str:
+    """Why a transaction gave up, with its last error."""
     reason = tx.get("gave_up") or "gave up"
     last = tx.get("last_failure")
     return f"{reason} (last error: {_FAILURES.get(last, last)})" if last else reason
@@ -77,6 +79,7 @@ def _baseline(rows: Sequence[dict[str, Any]], row: dict[str, Any], by: str) -> d
 
 
 def _in_order(raw: dict[str, Any], rows: list[dict[str, Any]], by: Callable[[dict[str, Any]], Any]) -> None:
+    """Sort ``rows`` by database (as run), ``by``, then strategy (as :data:`STRATEGIES` lists them)."""
     dbs = [t["name"] for t in raw["targets"]]
     rows.sort(key=lambda r: (dbs.index(r["db"]), by(r), _ORDER.get(r["strategy"], 99)))
 
@@ -115,13 +118,9 @@ def aggregate(raw: dict[str, Any]) -> list[dict[str, Any]]:
     for row in rows:
         base = _baseline(rows, row, "scenario")
         # No ratio where a side left transactions unfinished: it would measure the round's time budget.
-        finished = base and not (
-            row["abandoned"] + row["not_started"] + base["abandoned"] + base["not_started"]
-        )
-        row["throughput_vs_airflow_3_3"] = (
-            tables.ratio(row["tx_per_s"], base["tx_per_s"]) if finished else math.nan
-        )
-        row["p99_vs_airflow_3_3"] = tables.ratio(row["p99_ms"], base["p99_ms"]) if finished else math.nan
+        finished = base and not any(r["abandoned"] + r["not_started"] for r in (row, base))
+        for key, name in (("tx_per_s", "throughput_vs_airflow_3_3"), ("p99_ms", "p99_vs_airflow_3_3")):
+            row[name] = tables.ratio(row[key], base[key]) if finished else math.nan
     # Scenarios in their documented order, whatever order the rounds ran in.
     known = {s: i for i, s in enumerate(SCENARIOS)}
     _in_order(raw, rows, lambda r: (known.get(r["scenario"], len(known)), r["scenario"]))
@@ -294,9 +293,13 @@ def format_ratio(raw: dict[str, Any]) -> str:
 
     def section(target: dict[str, Any], results: Sequence[dict[str, Any]]) -> list[str]:
         judged = verdict.raw_sql(target["name"], results)
-        said = f"\nF=1 against its target ({judged.goal}): {judged.measured}, {judged.verdict}"
+        said = (
+            [f"\nF=1 against its target ({judged.goal}): {judged.measured}, {judged.verdict}"]
+            if judged
+            else []
+        )
         calls = f"{results[0]['calls']} calls each side per fan-out\n"
-        return [calls, tables.table(results, _RATIO, 1), *([said] if judged else [])]
+        return [calls, tables.table(results, _RATIO, 1), *said]
 
     legend = tables.legend("ratio", target=verdict.RAW_SQL.goal)
     rows_of = raw.get("raw_sql_ratio", {}).get
@@ -349,66 +352,58 @@ def problems(
     return found
 
 
-def _legend(ax: Any, fontsize: int) -> None:
-    """A legend where the plot has labelled series (a run of one scenario may have none)."""
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=fontsize)
-
-
-def plot(raw: dict[str, Any], rows: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
+def plot(
+    raw: dict[str, Any], rows: Sequence[dict[str, Any]], lost: Sequence[dict[str, Any]], out_dir: Path
+) -> list[Path]:
     """One PNG per database: latency and deadlocks per strategy, latency vs fan-out, lost pairs."""
     import matplotlib  # here: only the plots need it
 
     matplotlib.use("Agg")  # no display: the benchmark runs on servers and in CI
     import matplotlib.pyplot as plt
 
-    colors = plt.get_cmap("tab10")
-    all_lost = aggregate_lost(raw)
-    s = raw["sizes"]
+    colors, s, paths = plt.get_cmap("tab10"), raw["sizes"], []
     title = (
         f"{s['producers']} producers x {s['transactions']} tx, fan-out {s['fanout']}, "
         f"{s['outlets']} outlets, hold {s['hold_ms']:g} ms, {s['rounds']} round(s)"
     )
-    paths = []
     for target in raw["targets"]:
         db = target["name"]
         mine = {(r["scenario"], r["strategy"]): r for r in rows if r["db"] == db}
-        lost = [r for r in all_lost if r["db"] == db]
+        its_lost = [r for r in lost if r["db"] == db]
         scenarios = list(dict.fromkeys(scenario for scenario, _ in mine))
         strategies = [s for s in STRATEGIES if any(strategy == s for _, strategy in mine)]
         fig = plt.figure(figsize=(15, 8), dpi=70)
-        grid = fig.add_gridspec(2, max(4 if lost else 3, len(scenarios)))
+        grid = fig.add_gridspec(2, max(4 if its_lost else 3, len(scenarios)))
         for i, scenario in enumerate(scenarios):
-            ax = fig.add_subplot(grid[0, i])
+            ax = fig.add_subplot(grid[0, i], title=f"{scenario}: latency incl. retries (ms)")
             cells = [mine.get((scenario, s), {}) for s in strategies]
             quantiles = {q: [c.get(f"{q}_ms", math.nan) for c in cells] for q in ("p50", "p95", "p99")}
-            _bars(ax, strategies, quantiles, rotation=30, ha="right", fontsize=8)
-            ax.set(yscale="log", title=f"{scenario}: latency incl. retries (ms)")
-            if i == 0:
-                _legend(ax, 8)
-        ax = fig.add_subplot(grid[1, 0:2])
+            _bars(ax, strategies, quantiles, legend=8 if i == 0 else 0, rotation=30, ha="right")
+            ax.set(yscale="log")
         deadlocks = {sc: [mine.get((sc, s), {}).get("deadlocks", 0) for s in strategies] for sc in scenarios}
-        _bars(ax, strategies, deadlocks, "%g", fontsize=8)
-        ax.set_title("deadlocks per strategy (all rounds)")
-        _legend(ax, 8)
+        _bars(
+            fig.add_subplot(grid[1, 0:2], title="deadlocks per strategy (all rounds)"),
+            strategies,
+            deadlocks,
+            "%g",
+        )
         ax = fig.add_subplot(grid[1, 2])
         sweep = [r for r in raw["sweeps"].get(db, []) if r.get("latency_s") is not None]
         for k, strategy in enumerate(strategies):
             points = [(r["fanout"], r["latency_s"] * 1000) for r in sweep if r["strategy"] == strategy]
             if points:
                 ax.plot(*zip(*points, strict=True), marker="o", label=strategy, color=colors(k))
-        ax.set(xscale="log", yscale="log", xlabel="fan-out (consumer DAGs)")
-        ax.set_title("one call + COMMIT, no concurrency (ms)")
-        _legend(ax, 7)
-        if lost:
-            ax = fig.add_subplot(grid[1, 3])
-            holds = sorted({r["hold_ms"] for r in lost})
-            pairs = {(r["hold_ms"], r["strategy"]): r["lost_pairs"] for r in lost}
-            shown = [s for s in STRATEGIES if any(r["strategy"] == s for r in lost)]
-            by_producer = {_producer(s): [pairs.get((h, s), 0) for h in holds] for s in shown}
-            _bars(ax, [f"hold {h:g} ms" for h in holds], by_producer, "%g", fontsize=8)
-            ax.set_title(f"unconsumed (event, DAG) pairs of {lost[0]['pairs']}")
+        what = "one call + COMMIT, no concurrency (ms)"
+        ax.set(xscale="log", yscale="log", xlabel="fan-out (consumer DAGs)", title=what)
+        if ax.get_legend_handles_labels()[0]:  # a run may have drawn no series
             ax.legend(fontsize=7)
+        if its_lost:
+            holds = sorted({r["hold_ms"] for r in its_lost})
+            pairs = {(r["hold_ms"], r["strategy"]): r["lost_pairs"] for r in its_lost}
+            shown = [s for s in STRATEGIES if any(r["strategy"] == s for r in its_lost)]
+            by_producer = {_producer(s): [pairs.get((h, s), 0) for h in holds] for s in shown}
+            ax = fig.add_subplot(grid[1, 3], title=f"unconsumed (event, DAG) pairs of {its_lost[0]['pairs']}")
+            _bars(ax, [f"hold {h:g} ms" for h in holds], by_producer, "%g", 7)
         fig.suptitle(f"{target['version']}: {title}")
         fig.tight_layout()
         paths.append(out_dir / f"bench-{db}.png")
@@ -418,14 +413,21 @@ def plot(raw: dict[str, Any], rows: Sequence[dict[str, Any]], out_dir: Path) -> 
 
 
 def _bars(
-    ax: Any, groups: Sequence[str], series: dict[str, list[float]], values: str = "", **ticks: Any
+    ax: Any,
+    groups: Sequence[str],
+    series: dict[str, list[float]],
+    values: str = "",
+    legend: int = 8,
+    **ticks: Any,
 ) -> None:
     """A group of bars per ``groups`` label, one bar per series side by side (``values``: a format to write
-    each bar's value on it)."""
+    each bar's value on it); the series' legend in font size ``legend`` (0: none) where there are any."""
     width = 0.8 / max(1, len(series))
     for k, (label, heights) in enumerate(series.items()):
         xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(groups))]
         drawn = ax.bar(xs, heights, width, label=label)
         if values:
             ax.bar_label(drawn, fmt=values, fontsize=7)
-    ax.set_xticks(range(len(groups)), groups, **ticks)
+    ax.set_xticks(range(len(groups)), groups, fontsize=8, **ticks)
+    if legend and series:
+        ax.legend(fontsize=legend)
