@@ -6,7 +6,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from airflow_adrq_bench.options import Checked, size
 from airflow_adrq_testing.strategies import STRATEGIES as STRATEGIES
@@ -98,7 +98,7 @@ def clear_of_deadlock_timeout(
     """``sizes`` with its lock and round timeouts raised to 3 x and 5 x ``deadlock_timeout_s`` (a lock
     timeout below it turns deadlocks into lock timeouts, a round timeout ends the round in the first
     deadlock wait), except those in ``keep`` (given on the command line: a warning); and what changed."""
-    changes: dict[str, float] = {}
+    changes: dict[str, Any] = {}
     notes: list[str] = []
     for name, factor in (("lock_timeout_s", 3.0), ("round_timeout_s", 5.0)):
         value, floor = float(getattr(sizes, name)), factor * deadlock_timeout_s
@@ -161,5 +161,7 @@ class Plan:
     def load(cls, path: Path) -> Plan:
         """The plan :meth:`dump` wrote (JSON lists back to the sizes' tuples)."""
         raw = json.loads(path.read_text())
-        sizes = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.pop("sizes").items()}
+        sizes: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in raw.pop("sizes").items()
+        }
         return cls(sizes=Sizes(**sizes), cells=tuple(Cell(**c) for c in raw.pop("cells")), **raw)

@@ -90,17 +90,14 @@ def add_fields(
         shown = [] if value is None or isinstance(value, bool) else [f"default {show(value)}"]
         if preset is not None and not isinstance(value, bool):
             shown.append(f"{flag} {show(getattr(preset, field.name))}")
-        text = " ".join(
-            part for part in (field.metadata.get("help"), shown and f"({'; '.join(shown)})") if part
-        )
+        text = " ".join([field.metadata.get("help", ""), f"({'; '.join(shown)})" if shown else ""]).strip()
         option, dest = f"--{field.name.replace('_', '-')}", field.name
         if hint is bool:
             group.add_argument(option, action="store_true", default=None, dest=dest, help=text)
-        elif choices := field.metadata.get("choices"):
-            group.add_argument(option, type=_parser(field, hint), choices=choices, dest=dest, help=text)
-        else:
-            metavar = _metavar(field.name, hint)
-            group.add_argument(option, type=_parser(field, hint), metavar=metavar, dest=dest, help=text)
+            continue
+        choices = field.metadata.get("choices")
+        how = {"choices": choices} if choices else {"metavar": _metavar(field.name, hint)}
+        group.add_argument(option, type=_parser(field, hint), dest=dest, help=text, **how)
 
 
 def _parser(field: dataclasses.Field[Any], hint: Any) -> Callable[[str], Any]:

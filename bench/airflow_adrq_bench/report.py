@@ -34,6 +34,11 @@ _FAILURES = {
     "busy": "SQLite busy",
 }
 _ORDER = {s: i for i, s in enumerate(STRATEGIES)}
+#: The lost-events table's and plot's names of its two producers.
+_PRODUCERS = {
+    "airflow_3_3": "Airflow 3.3.2 shape (airflow_3_3)",
+    "commit_time": "ours (commit_time) (default)",
+}
 
 
 def _transactions(raw: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
@@ -131,16 +136,9 @@ def aggregate_lost(raw: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per (database, hold, strategy) of the ``lost_events`` rounds; ``vs_airflow_shaped``:
     ``lost_pairs`` over ``airflow_3_3``'s at the same hold on the same database."""
     txs = _transactions(raw)
-    rows = [
-        {
-            **c,
-            **_outcome([c], txs[c["index"]]),
-            "lost_pct": 100 * c["lost_pairs"] / c["pairs"] if c["pairs"] else math.nan,
-        }
-        for c in raw["cells"]
-        if c["scenario"] == "lost_events"
-    ]
+    rows = [{**c, **_outcome([c], txs[c["index"]])} for c in raw["cells"] if c["scenario"] == "lost_events"]
     for row in rows:
+        row["lost_pct"] = 100 * row["lost_pairs"] / row["pairs"] if row["pairs"] else math.nan
         base = _baseline(rows, row, "hold_ms").get("lost_pairs", math.nan)
         # 0 lost of Airflow's 0 is as good: 0x, not "not measured".
         row["vs_airflow_shaped"] = (
@@ -153,14 +151,6 @@ def aggregate_lost(raw: dict[str, Any]) -> list[dict[str, Any]]:
 def strategy_label(strategy: str) -> str:
     """The strategy's name in the tables, the default one marked."""
     return f"{strategy} (default)" if strategy == DEFAULT_STRATEGY else strategy
-
-
-def _producer(strategy: str) -> str:
-    """The strategy's name in the lost-events table and plot."""
-    return {
-        "airflow_3_3": "Airflow 3.3.2 shape (airflow_3_3)",
-        "commit_time": "ours (commit_time) (default)",
-    }.get(strategy, strategy)
 
 
 def _spread(row: dict[str, Any], prefix: str = "") -> str:
@@ -193,7 +183,7 @@ _CONTENTION: tables.Columns = {
 }
 _LOST: tables.Columns = {
     "hold ms": lambda r: f"{r['hold_ms']:g}",
-    "producer": lambda r: _producer(r["strategy"]),
+    "producer": lambda r: _PRODUCERS.get(r["strategy"]) or r["strategy"],
     "planned": "planned",
     "events": "events",
     "gave up": "abandoned",
@@ -401,7 +391,7 @@ def plot(
             holds = sorted({r["hold_ms"] for r in its_lost})
             pairs = {(r["hold_ms"], r["strategy"]): r["lost_pairs"] for r in its_lost}
             shown = [s for s in STRATEGIES if any(r["strategy"] == s for r in its_lost)]
-            by_producer = {_producer(s): [pairs.get((h, s), 0) for h in holds] for s in shown}
+            by_producer = {_PRODUCERS.get(s, s): [pairs.get((h, s), 0) for h in holds] for s in shown}
             ax = fig.add_subplot(grid[1, 3], title=f"unconsumed (event, DAG) pairs of {its_lost[0]['pairs']}")
             _bars(ax, [f"hold {h:g} ms" for h in holds], by_producer, "%g", 7)
         fig.suptitle(f"{target['version']}: {title}")

@@ -107,7 +107,8 @@ def standalone(
         if ours:
             deadlocks = sum(r["deadlocks"] for r in ours)
             lines.append(line(db, DEADLOCKS, deadlocks, f"{deadlocks}"))
-            unfinished, planned = sum(map(_unfinished, ours)), sum(r["planned"] for r in ours)
+            unfinished = sum(r["abandoned"] + r["not_started"] for r in ours)
+            planned = sum(r["planned"] for r in ours)
             lines.append(line(db, NOT_COMMITTED, unfinished, f"{unfinished} of {planned}"))
             exact = all(r["rows_exact"] for r in ours)
             lines.append(line(db, ROWS_EXACT, 1.0 if exact else 0.0, "all" if exact else "NOT all"))
@@ -116,14 +117,9 @@ def standalone(
     return lines
 
 
-def _unfinished(row: dict[str, Any]) -> int:
-    """The row's transactions not committed: given up or not started."""
-    return int(row["abandoned"] + row["not_started"])
-
-
 def _not_done(row: dict[str, Any], who: str = "") -> str:
     """What ``row`` left undone, as a verdict cell says it; ``""`` if it committed everything."""
-    n = _unfinished(row)
+    n = row["abandoned"] + row["not_started"]
     return f"{who}{n} of {row['planned']} not committed" if n else ""
 
 
@@ -147,9 +143,7 @@ def _interval(row: dict[str, Any], prefix: str = "") -> Spread:
 def _speed(db: str, rows: Sequence[dict[str, Any]]) -> list[Line]:
     """Ours against each baseline in the single-outlet scenario: tx/s, with its spread."""
     by = {r["strategy"]: r for r in rows if r["db"] == db and r["scenario"] == "single"}
-    ours = by.get(DEFAULT_STRATEGY)
-    if ours is None:
-        return []
+    ours = by.get(DEFAULT_STRATEGY, {})
     return [
         ratio_line(
             db,
@@ -161,7 +155,7 @@ def _speed(db: str, rows: Sequence[dict[str, Any]]) -> list[Line]:
             unfinished=(_not_done(ours), _not_done(by[base], f"{base}: ")),
         )
         for base in (STOCK, SORTED)
-        if base in by
+        if ours and base in by
     ]
 
 
