@@ -166,17 +166,13 @@ def route(argv: Sequence[str]) -> int | None:
 
 
 def _pairs(counts: dict[str, int]) -> str:
+    """Counts by kind as a cell: ``deadlock 2, lock_timeout 1`` (``none``)."""
     return ", ".join(f"{k} {v}" for k, v in counts.items()) or "none"
 
 
 def _series(index: int) -> Callable[[dict[str, Any]], str]:
     """Soak samples at the start, the middle and the end: ``before -> during -> after``."""
-
-    def cell(r: dict[str, Any]) -> str:
-        samples = r["samples"]
-        return " -> ".join(str(s[index]) for s in (samples[0], samples[len(samples) // 2], samples[-1]))
-
-    return cell
+    return lambda r: " -> ".join(str(r["samples"][i][index]) for i in (0, len(r["samples"]) // 2, -1))
 
 
 _SPECS: dict[str, dict[str, Any]] = {
@@ -271,9 +267,6 @@ def _measure(mode: str, prog: str, args: argparse.Namespace, sizes: Any) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tables.write_json(out / f"{mode}.json", results)
     text = tables.table(results, spec["columns"], left=1) + "\n\n" + tables.legend(mode)
-    failed = [
-        f"{r['server']}: the {mode} checks failed (the table says which)"
-        for r in results
-        if not spec["ok"](r)
-    ]
+    bad = [r["server"] for r in results if not spec["ok"](r)]
+    failed = [f"{server}: the {mode} checks failed (the table says which)" for server in bad]
     return options.publish(out / f"{mode}.md", text, [out / f"{mode}.json"], failed)

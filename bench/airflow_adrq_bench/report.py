@@ -282,14 +282,10 @@ def format_ratio(raw: dict[str, Any]) -> str:
     """The raw-SQL ratio row: ``register_asset_change`` + COMMIT against hand-written SQL."""
 
     def section(target: dict[str, Any], results: Sequence[dict[str, Any]]) -> list[str]:
-        judged = verdict.raw_sql(target["name"], results)
-        said = (
-            [f"\nF=1 against its target ({judged.goal}): {judged.measured}, {judged.verdict}"]
-            if judged
-            else []
-        )
-        calls = f"{results[0]['calls']} calls each side per fan-out\n"
-        return [calls, tables.table(results, _RATIO, 1), *said]
+        out = [f"{results[0]['calls']} calls each side per fan-out\n", tables.table(results, _RATIO, 1)]
+        if judged := verdict.raw_sql(target["name"], results):
+            out.append(f"\nF=1 against its target ({judged.goal}): {judged.measured}, {judged.verdict}")
+        return out
 
     legend = tables.legend("ratio", target=verdict.RAW_SQL.goal)
     rows_of = raw.get("raw_sql_ratio", {}).get
@@ -334,11 +330,8 @@ def problems(
         if unaccounted := _unaccounted(r):
             found.append(f"{where}: {unaccounted}")
     for db, results in raw.get("raw_sql_ratio", {}).items():
-        found += [
-            f"{db} raw-SQL ratio F={r['fanout']}: queue rows not exact"
-            for r in results
-            if not r["rows_exact"]
-        ]
+        inexact = [r["fanout"] for r in results if not r["rows_exact"]]
+        found += [f"{db} raw-SQL ratio F={fanout}: queue rows not exact" for fanout in inexact]
     return found
 
 
