@@ -87,11 +87,8 @@ def bench_parser() -> argparse.ArgumentParser:
     options.add_common(
         parser, db_help=DB_HELP, preset=("--quick", "small sizes (the --quick values below)"), out=""
     )
-    parser.add_argument(
-        "--check",
-        action="store_true",
-        help="exit 1 when a target of the verdict (printed last) is missed, for an operator's own CI",
-    )
+    check = "exit 1 when a target of the verdict (printed last) is missed, for an operator's own CI"
+    parser.add_argument("--check", action="store_true", help=check)
     scratch = "keep the scratch files in --out (barrier files, per-process records)"
     parser.add_argument("--keep-scratch", action="store_true", help=scratch)
     group = parser.add_argument_group(

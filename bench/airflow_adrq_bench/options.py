@@ -97,10 +97,10 @@ def add_fields(
             continue
         choices = field.metadata.get("choices")
         how = {"choices": choices} if choices else {"metavar": _metavar(field.name, hint)}
-        group.add_argument(option, type=_parser(field, hint), dest=dest, help=text, **how)
+        group.add_argument(option, type=_option_type(field, hint), dest=dest, help=text, **how)
 
 
-def _parser(field: dataclasses.Field[Any], hint: Any) -> Callable[[str], Any]:
+def _option_type(field: dataclasses.Field[Any], hint: Any) -> Callable[[str], Any]:
     """The argparse ``type=`` of ``field`` (type ``hint``): a value, or comma-separated values for a
     tuple, parsed and checked against its bound."""
     args = [a for a in typing.get_args(hint) if a is not type(None) and a is not Ellipsis]
@@ -158,13 +158,11 @@ def add_common(
         parser.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--db", action="append", metavar="URL", type=_database_url, help=db_help)
     if backends is not None:
-        parser.add_argument(
-            "--backend", action="append", choices=backends, help="without --db: only these (repeatable)"
-        )
+        only = "without --db: only these (repeatable)"
+        parser.add_argument("--backend", action="append", choices=backends, help=only)
     parser.add_argument(preset[0], dest="preset", action="store_true", help=preset[1])
-    parser.add_argument(
-        "--out", type=Path, help=f"output directory (default: ./bench-results/{out}<UTC time>)"
-    )
+    where = f"output directory (default: ./bench-results/{out}<UTC time>)"
+    parser.add_argument("--out", type=Path, help=where)
     parser.set_defaults(out_prefix=out)
 
 
@@ -202,8 +200,7 @@ def servers_found(stack: contextlib.ExitStack, backends: Sequence[str] | None = 
 
 def say(message: str) -> None:
     """A line of progress or diagnosis on stderr (the tables go to stdout)."""
-    sys.stderr.write(message + "\n")
-    sys.stderr.flush()
+    print(message, file=sys.stderr, flush=True)
 
 
 def guarded(
