@@ -23,7 +23,7 @@ from airflow_adrq_bench.config import clear_of_deadlock_timeout as clear
 from airflow_adrq_bench.load import FaultSizes, SoakSizes, run_faults, run_soak
 from airflow_adrq_testing import dataset, servers
 
-__all__ = ["MODES", "add_bench_parser", "main", "route"]
+__all__ = ["MODES", "bench_parser", "main", "route"]
 
 DB_HELP = (
     "benchmark this server (repeatable). The database the URL names must exist and is never written to: "
@@ -47,6 +47,15 @@ SCENARIO_HELP = (
     "scheduler-like process claims queue rows; lost_events: events no run consumes under Airflow "
     "3.3.2's scheduler rule (airflow_3_3 and commit_time only)"
 )
+#: The mode flags and their help, in the order ``airflow-adrq bench --help`` lists them.
+MODES = {
+    "--faults": "producers while their connections are killed at random: what callers see, nothing "
+    "duplicated or half-written",
+    "--soak": "sustained load (default 32 producers x 1,000 transactions) with a consumer: deadlocks, "
+    "exact rows, memory and connection growth",
+    "--airflow": "Airflow's own AssetManager vs the plug-in, through Airflow's code on a scratch database "
+    "made by airflow db migrate (needs Apache Airflow installed; tox -e airflow-bench)",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,19 +64,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     routed = route(argv)
     if routed is not None:
         return routed
-    commands = argparse.ArgumentParser(allow_abbrev=False, prog="airflow-adrq").add_subparsers()
-    add_bench_parser(commands)
-    # The bench parser itself, so that its errors show its own usage, not the top level's.
-    args = commands.choices["bench"].parse_args(argv)
-    return options.guarded(args.parser, args, lambda: _bench(args), prog="airflow-adrq")
+    parser = bench_parser()
+    args = parser.parse_args(argv)
+    return options.guarded(parser, args, lambda: _bench(parser, args), prog="airflow-adrq")
 
 
-def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``bench``."""
-    parser = subparsers.add_parser(
-        "bench",
+def bench_parser() -> argparse.ArgumentParser:
+    """The parser of ``airflow-adrq bench`` (its errors show its own usage)."""
+    parser = argparse.ArgumentParser(
         allow_abbrev=False,
-        help="show Airflow's loops and per-call queueing deadlocking and commit-time queueing not",
+        prog="airflow-adrq bench",
         description=(
             "Concurrent producer processes register asset events through Airflow "
             "3.3.2's whole register_asset_change (and two later loop variants) and through airflow-adrq's, "
@@ -81,16 +87,10 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     options.add_common(
         parser, db_help=DB_HELP, preset=("--quick", "small sizes (the --quick values below)"), out=""
     )
-    parser.add_argument(
-        "--check",
-        action="store_true",
-        help="exit 1 when a target of the verdict (printed last) is missed, for an operator's own CI",
-    )
-    parser.add_argument(
-        "--keep-scratch",
-        action="store_true",
-        help="keep the scratch files in --out (barrier files, per-process records)",
-    )
+    check = "exit 1 when a target of the verdict (printed last) is missed, for an operator's own CI"
+    parser.add_argument("--check", action="store_true", help=check)
+    scratch = "keep the scratch files in --out (barrier files, per-process records)"
+    parser.add_argument("--keep-scratch", action="store_true", help=scratch)
     group = parser.add_argument_group(
         "other modes (each has its own options: airflow-adrq bench --soak --help)"
     )
@@ -101,19 +101,17 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     options.add_fields(
         parser.add_argument_group("sizes (defaults: a few minutes per database)"), DEFAULT, QUICK
     )
-    parser.set_defaults(parser=parser)
+    return parser
 
 
-def _bench(args: argparse.Namespace) -> int:
+def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     for url in args.db or ():
         if make_url(url).get_backend_name() not in ("sqlite", "postgresql", "mysql", "mariadb"):
             raise runner.BenchError(
                 f"--db {url!r}: the benchmark runs on SQLite, PostgreSQL and MySQL/MariaDB"
             )
-    sizes, out = (
-        options.sizes_from(args.parser, args, QUICK if args.preset else DEFAULT),
-        options.out_dir(args),
-    )
+    sizes = options.sizes_from(parser, args, QUICK if args.preset else DEFAULT)
+    out = options.out_dir(args)
     with contextlib.ExitStack() as stack:
         urls = args.db or ["sqlite://", *options.servers_found(stack)]
         targets = [runner.describe(url) for url in urls]
@@ -130,22 +128,18 @@ def _bench(args: argparse.Namespace) -> int:
             f"{options.show(sizes.lost_holds_ms)} ms; output in {out}"
         )
         options.say("\n".join([summary, *notes]))
+        strategies, scenarios = args.strategy or STRATEGIES, args.scenario or SCENARIOS
         raw = runner.run(
-            targets,
-            sizes,
-            out,
-            strategies=args.strategy or STRATEGIES,
-            scenarios=args.scenario or SCENARIOS,
-            keep_scratch=args.keep_scratch,
+            targets, sizes, out, strategies=strategies, scenarios=scenarios, keep_scratch=args.keep_scratch
         )
     rows, lost = report.aggregate(raw), report.aggregate_lost(raw)
-    detail = (report.format_table(raw, rows), report.format_lost(raw, lost), report.format_sweep(raw))
     lines = verdict.standalone(raw, rows, lost)
     board = verdict.format_verdict(lines)
     # The detail goes to bench.md; the terminal gets the verdict, what the user came for.
+    detail = [report.format_table(raw, rows), report.format_lost(raw, lost), report.format_sweep(raw)]
     text = "\n".join(part for part in (*detail, report.format_ratio(raw), board) if part)
     tables.write_json(out / "bench.json", {"summary": rows, "lost_events": lost, **raw})
-    pngs = report.plot(raw, rows, out)
+    pngs = report.plot(raw, rows, lost, out)
     errors = report.problems(raw, rows, lost)
     if args.check:
         errors += [
@@ -154,17 +148,6 @@ def _bench(args: argparse.Namespace) -> int:
     return options.publish(
         out / "bench.md", text, [out / "bench.json", *pngs], errors, took=raw["duration_s"], shown=board
     )
-
-
-#: The mode flags and their help, in the order ``airflow-adrq bench --help`` lists them.
-MODES = {
-    "--faults": "producers while their connections are killed at random: what callers see, nothing "
-    "duplicated or half-written",
-    "--soak": "sustained load (default 32 producers x 1,000 transactions) with a consumer: deadlocks, "
-    "exact rows, memory and connection growth",
-    "--airflow": "Airflow's own AssetManager vs the plug-in, through Airflow's code on a scratch database "
-    "made by airflow db migrate (needs Apache Airflow installed; tox -e airflow-bench)",
-}
 
 
 def route(argv: Sequence[str]) -> int | None:
@@ -180,17 +163,13 @@ def route(argv: Sequence[str]) -> int | None:
 
 
 def _pairs(counts: dict[str, int]) -> str:
+    """Counts by kind as a cell: ``deadlock 2, lock_timeout 1`` (``none``)."""
     return ", ".join(f"{k} {v}" for k, v in counts.items()) or "none"
 
 
 def _series(index: int) -> Callable[[dict[str, Any]], str]:
     """Soak samples at the start, the middle and the end: ``before -> during -> after``."""
-
-    def cell(r: dict[str, Any]) -> str:
-        samples = r["samples"]
-        return " -> ".join(str(s[index]) for s in (samples[0], samples[len(samples) // 2], samples[-1]))
-
-    return cell
+    return lambda r: " -> ".join(str(r["samples"][i][index]) for i in (0, len(r["samples"]) // 2, -1))
 
 
 _SPECS: dict[str, dict[str, Any]] = {
@@ -285,9 +264,6 @@ def _measure(mode: str, prog: str, args: argparse.Namespace, sizes: Any) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tables.write_json(out / f"{mode}.json", results)
     text = tables.table(results, spec["columns"], left=1) + "\n\n" + tables.legend(mode)
-    failed = [
-        f"{r['server']}: the {mode} checks failed (the table says which)"
-        for r in results
-        if not spec["ok"](r)
-    ]
+    bad = [r["server"] for r in results if not spec["ok"](r)]
+    failed = [f"{server}: the {mode} checks failed (the table says which)" for server in bad]
     return options.publish(out / f"{mode}.md", text, [out / f"{mode}.json"], failed)

@@ -102,13 +102,11 @@ def clear_of_deadlock_timeout(
     notes: list[str] = []
     for name, factor in (("lock_timeout_s", 3.0), ("round_timeout_s", 5.0)):
         value, floor = float(getattr(sizes, name)), factor * deadlock_timeout_s
-        if value >= floor:
-            continue
         why = f"{floor:g} s ({factor:g} x the server's deadlock_timeout of {deadlock_timeout_s:g} s)"
         option = "--" + name.replace("_", "-")
-        if name in keep:
+        if value < floor and name in keep:
             notes.append(f"warning: {option} {value:g} is below {why}: expect deadlock waits to end rounds")
-        else:
+        elif value < floor:
             changes[name] = floor
             notes.append(f"{option} raised from {value:g} to {why}")
     return dataclasses.replace(sizes, **changes), notes
@@ -156,13 +154,14 @@ class Plan:
         return max((c.producers for c in self.cells), default=self.sizes.producers) + 1
 
     def dump(self, path: Path) -> None:
+        """Write the plan as JSON for :meth:`load`."""
         path.write_text(json.dumps(dataclasses.asdict(self), indent=2))
 
     @classmethod
     def load(cls, path: Path) -> Plan:
+        """The plan :meth:`dump` wrote (JSON lists back to the sizes' tuples)."""
         raw = json.loads(path.read_text())
         sizes: dict[str, Any] = {
             k: tuple(v) if isinstance(v, list) else v for k, v in raw.pop("sizes").items()
         }
-        cells = tuple(Cell(**c) for c in raw.pop("cells"))
-        return cls(sizes=Sizes(**sizes), cells=cells, **raw)
+        return cls(sizes=Sizes(**sizes), cells=tuple(Cell(**c) for c in raw.pop("cells")), **raw)

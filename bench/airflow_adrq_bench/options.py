@@ -1,9 +1,8 @@
 """What every ``airflow-adrq bench`` mode's command line shares: the modes differ only in what they run.
 
-A mode's sizes are a frozen :class:`Checked` dataclass of :func:`size` fields (default, help, least
-value); :func:`add_common` and :func:`add_fields` make its options (``--db``, ``--backend``, the
-preset flag, ``--out``, one checked option per field), :func:`sizes_from` its sizes;
-:func:`guarded` and :func:`publish` are what every mode does around its measurement.
+A mode's sizes are a frozen :class:`Checked` dataclass of :func:`size` fields; :func:`add_common` and
+:func:`add_fields` make its options, :func:`sizes_from` its sizes; :func:`guarded` and :func:`publish`
+are what every mode does around its measurement.
 """
 
 from __future__ import annotations
@@ -42,13 +41,13 @@ def size(
     **metadata: Any,
 ) -> _T:
     """A sizes field: its default, its ``--help`` text, and the bound every value must meet: at least
-    ``minimum`` or greater than ``above`` (``check``, the older spelling: ``">=1"``, ``">0"``)."""
+    ``minimum`` or greater than ``above`` (``check``, the older spelling: ``">=1"``, ``">0"``).
+    ``metadata`` may add ``choices``, the only values its option takes."""
     if check:
         bound = float(check.lstrip(">="))
         minimum, above = (bound, above) if check.startswith(">=") else (minimum, bound)
-    return dataclasses.field(
-        default=default, metadata={"help": text, "minimum": minimum, "above": above, **metadata}
-    )
+    metadata |= {"help": text, "minimum": minimum, "above": above}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def _check(field: dataclasses.Field[Any], value: Any) -> None:
@@ -69,12 +68,43 @@ class Checked:
             _check(field, getattr(self, field.name))
 
 
+def show(value: object) -> str:
+    """A size as the help texts show it: ``5``, ``0.5``, ``1,16,256``."""
+    if isinstance(value, tuple):
+        return ",".join(map(show, value))
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def add_fields(
+    group: argparse._ActionsContainer,
+    default: DataclassInstance,
+    preset: DataclassInstance | None = None,
+    flag: str = "--quick",
+) -> None:
+    """One option per field of ``default``'s dataclass: its help text, then its default and ``flag``'s
+    (``preset``'s; a ``bool`` field is a flag, with neither). Every option defaults to ``None``
+    (:func:`given` tells what was given) and is parsed and checked against its bound by argparse."""
+    hints = typing.get_type_hints(type(default))
+    for field in dataclasses.fields(default):
+        value, hint = getattr(default, field.name), hints[field.name]
+        shown = [] if value is None or isinstance(value, bool) else [f"default {show(value)}"]
+        if preset is not None and not isinstance(value, bool):
+            shown.append(f"{flag} {show(getattr(preset, field.name))}")
+        text = " ".join([field.metadata.get("help", ""), f"({'; '.join(shown)})" if shown else ""]).strip()
+        option, dest = f"--{field.name.replace('_', '-')}", field.name
+        if hint is bool:
+            group.add_argument(option, action="store_true", default=None, dest=dest, help=text)
+            continue
+        choices = field.metadata.get("choices")
+        how = {"choices": choices} if choices else {"metavar": _metavar(field.name, hint)}
+        group.add_argument(option, type=_option_type(field, hint), dest=dest, help=text, **how)
+
+
 def _option_type(field: dataclasses.Field[Any], hint: Any) -> Callable[[str], Any]:
     """The argparse ``type=`` of ``field`` (type ``hint``): a value, or comma-separated values for a
     tuple, parsed and checked against its bound."""
     args = [a for a in typing.get_args(hint) if a is not type(None) and a is not Ellipsis]
-    kind = args[0] if args else hint
-    many = typing.get_origin(hint) is tuple
+    kind, many = args[0] if args else hint, typing.get_origin(hint) is tuple
 
     def parse(text: str) -> Any:
         try:
@@ -91,47 +121,8 @@ def _option_type(field: dataclasses.Field[Any], hint: Any) -> Callable[[str], An
     return parse
 
 
-def show(value: object) -> str:
-    """A size as the help texts show it: ``5``, ``0.5``, ``1,16,256``."""
-    if isinstance(value, tuple):
-        return ",".join(map(show, value))
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def add_fields(
-    group: argparse._ActionsContainer,
-    default: DataclassInstance,
-    preset: DataclassInstance | None = None,
-    flag: str = "--quick",
-) -> None:
-    """One option per field of ``default``'s dataclass: its help text, then its default and ``flag``'s
-    (a ``bool`` field is a flag, with neither). Every option defaults to ``None``: :func:`given` tells
-    what was given. ``choices`` in a field's metadata restrict its values."""
-    hints = typing.get_type_hints(type(default))
-    for field in dataclasses.fields(default):
-        value = getattr(default, field.name)
-        shown = [] if value is None or isinstance(value, bool) else [f"default {show(value)}"]
-        if preset is not None and not isinstance(value, bool):
-            shown.append(f"{flag} {show(getattr(preset, field.name))}")
-        text = " ".join(
-            part for part in (field.metadata.get("help"), shown and f"({'; '.join(shown)})") if part
-        )
-        option = f"--{field.name.replace('_', '-')}"
-        if hints[field.name] is bool:
-            group.add_argument(option, action="store_true", default=None, dest=field.name, help=text)
-            continue
-        choices = field.metadata.get("choices")
-        group.add_argument(
-            option,
-            type=_option_type(field, hints[field.name]),
-            default=None,
-            dest=field.name,
-            help=text,
-            **({"choices": choices} if choices else {"metavar": _metavar(field.name, hints[field.name])}),
-        )
-
-
 def _metavar(name: str, hint: Any) -> str:
+    """The option's metavar: ``N,N,...`` (a tuple), ``S`` / ``MS`` (seconds, milliseconds), ``N``, ``X``."""
     if typing.get_origin(hint) is tuple:
         return "N,N,..."
     return "S" if name.endswith("_s") else "MS" if name.endswith("_ms") else "N" if hint is int else "X"
@@ -139,11 +130,8 @@ def _metavar(name: str, hint: Any) -> str:
 
 def given(args: argparse.Namespace, sizes: type[DataclassInstance]) -> dict[str, Any]:
     """The options of ``sizes``'s fields given on the command line: ``{field name: value}``."""
-    return {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(sizes)
-        if getattr(args, f.name, None) is not None
-    }
+    fields = dataclasses.fields(sizes)
+    return {f.name: getattr(args, f.name) for f in fields if getattr(args, f.name, None) is not None}
 
 
 def sizes_from(parser: argparse.ArgumentParser, args: argparse.Namespace, base: _SizesT) -> _SizesT:
@@ -168,19 +156,17 @@ def add_common(
     routed the command line to this mode."""
     for flag in routing:
         parser.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--db", action="append", metavar="URL", type=database_url, help=db_help)
+    parser.add_argument("--db", action="append", metavar="URL", type=_database_url, help=db_help)
     if backends is not None:
-        parser.add_argument(
-            "--backend", action="append", choices=backends, help="without --db: only these (repeatable)"
-        )
+        only = "without --db: only these (repeatable)"
+        parser.add_argument("--backend", action="append", choices=backends, help=only)
     parser.add_argument(preset[0], dest="preset", action="store_true", help=preset[1])
-    parser.add_argument(
-        "--out", type=Path, help=f"output directory (default: ./bench-results/{out}<UTC time>)"
-    )
+    where = f"output directory (default: ./bench-results/{out}<UTC time>)"
+    parser.add_argument("--out", type=Path, help=where)
     parser.set_defaults(out_prefix=out)
 
 
-def database_url(text: str) -> str:
+def _database_url(text: str) -> str:
     """``--db``'s type: a database URL (which backend it names is each mode's to check)."""
     try:
         make_url(text)
@@ -214,17 +200,7 @@ def servers_found(stack: contextlib.ExitStack, backends: Sequence[str] | None = 
 
 def say(message: str) -> None:
     """A line of progress or diagnosis on stderr (the tables go to stdout)."""
-    sys.stderr.write(message + "\n")
-    sys.stderr.flush()
-
-
-def _installed(distribution: str) -> bool:
-    # The distribution, not `import airflow`: a directory named airflow on sys.path would pass for it.
-    try:
-        importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
+    print(message, file=sys.stderr, flush=True)
 
 
 def guarded(
@@ -240,7 +216,8 @@ def guarded(
     prog = prog or parser.prog
     if getattr(args, "backend", None) and args.db:
         parser.error("--backend selects among the servers found without --db; give one or the other")
-    if airflow and not _installed("apache-airflow-core"):
+    # The distribution, not `import airflow`: a directory named airflow on sys.path would pass for it.
+    if airflow and not any(importlib.metadata.distributions(name="apache-airflow-core")):
         say(f"{prog}: error: needs {airflow} in this environment (from a checkout: tox -e airflow-bench)")
         return 1
     try:
@@ -262,17 +239,14 @@ def publish(
     problems: Sequence[str],
     *,
     took: float | None = None,
-    notes: Sequence[str] = (),
     shown: str | None = None,
 ) -> int:
     """Write ``text`` to ``markdown`` and print it (or only ``shown``: the rest is in the file), name the
-    files, say each note and problem; 1 if there is a problem."""
+    files, say each problem; 1 if there is a problem."""
     markdown.write_text(text)
     print(text if shown is None else shown)
     files = ", ".join(map(str, [*written[:1], markdown, *written[1:]]))
     print(("" if took is None else f"took {took:.0f} s; ") + f"wrote {files}")
-    for note in notes:
-        say(f"note: {note}")
     for problem in problems:
         say(f"ERROR: {problem}")
     return 1 if problems else 0

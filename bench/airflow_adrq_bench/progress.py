@@ -10,15 +10,8 @@ import contextlib
 import time
 from collections.abc import Iterator
 
+from rich import progress as rich
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 __all__ = ["Task", "console", "task"]
 
@@ -28,9 +21,9 @@ _PLAIN_EVERY_S = 15.0
 
 
 class Task:
-    """One piece of long work: ``total`` steps (``None``: unknown), each with a note of what runs."""
+    """One piece of long work: ``total`` steps, each with a note of what runs."""
 
-    def __init__(self, progress: Progress, label: str, total: float | None) -> None:
+    def __init__(self, progress: rich.Progress, label: str, total: float) -> None:
         self._progress, self._label = progress, label
         self._id = progress.add_task(label, total=total, note="")
         self._printed = -_PLAIN_EVERY_S
@@ -40,10 +33,10 @@ class Task:
         self._progress.update(self._id, advance=advance, note=note)
         now = time.monotonic()
         if not console.is_terminal and now - self._printed >= _PLAIN_EVERY_S:
-            self._printed = now
-            done = self._progress.tasks[self._id]
-            total = f"/{done.total:g}" if done.total is not None else ""
-            console.print(f"{self._label} [{done.completed:g}{total}, {done.elapsed or 0:.0f} s]: {note}")
+            self._printed, done = now, self._progress.tasks[self._id]
+            console.print(
+                f"{self._label} [{done.completed:g}/{done.total:g}, {done.elapsed or 0:.0f} s]: {note}"
+            )
 
     def say(self, message: str) -> None:
         """A line that stays (a milestone, a warning), printed above the bar."""
@@ -51,16 +44,16 @@ class Task:
 
 
 @contextlib.contextmanager
-def task(label: str, total: float | None = None) -> Iterator[Task]:
+def task(label: str, total: float) -> Iterator[Task]:
     """Show progress of ``label`` while the block runs; the bar stays, complete, when it ends."""
     columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("left"),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[note]}"),
+        rich.TextColumn("[bold]{task.description}"),
+        rich.BarColumn(),
+        rich.MofNCompleteColumn(),
+        rich.TimeElapsedColumn(),
+        rich.TextColumn("left"),
+        rich.TimeRemainingColumn(),
+        rich.TextColumn("{task.fields[note]}"),
     )
-    with Progress(*columns, console=console, transient=False) as progress:
+    with rich.Progress(*columns, console=console, transient=False) as progress:
         yield Task(progress, label, total)

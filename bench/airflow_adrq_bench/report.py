@@ -34,9 +34,15 @@ _FAILURES = {
     "busy": "SQLite busy",
 }
 _ORDER = {s: i for i, s in enumerate(STRATEGIES)}
+#: The lost-events table's and plot's names of its two producers.
+_PRODUCERS = {
+    "airflow_3_3": "Airflow 3.3.2 shape (airflow_3_3)",
+    "commit_time": "ours (commit_time) (default)",
+}
 
 
 def _transactions(raw: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
+    """The run's transaction records by cell index."""
     by_cell: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for tx in raw["transactions"]:
         by_cell[tx["cell"]].append(tx)
@@ -65,6 +71,7 @@ def _outcome(cells: Sequence[dict[str, Any]], txs: Sequence[dict[str, Any]]) -> 
 
 
 def _why(tx: dict[str, Any]) -> str:
+    """Why a transaction gave up, with its last error."""
     reason = tx.get("gave_up") or "gave up"
     last = tx.get("last_failure")
     return f"{reason} (last error: {_FAILURES.get(last, last)})" if last else reason
@@ -77,6 +84,7 @@ def _baseline(rows: Sequence[dict[str, Any]], row: dict[str, Any], by: str) -> d
 
 
 def _in_order(raw: dict[str, Any], rows: list[dict[str, Any]], by: Callable[[dict[str, Any]], Any]) -> None:
+    """Sort ``rows`` by database (as run), ``by``, then strategy (as :data:`STRATEGIES` lists them)."""
     dbs = [t["name"] for t in raw["targets"]]
     rows.sort(key=lambda r: (dbs.index(r["db"]), by(r), _ORDER.get(r["strategy"], 99)))
 
@@ -115,13 +123,9 @@ def aggregate(raw: dict[str, Any]) -> list[dict[str, Any]]:
     for row in rows:
         base = _baseline(rows, row, "scenario")
         # No ratio where a side left transactions unfinished: it would measure the round's time budget.
-        finished = base and not (
-            row["abandoned"] + row["not_started"] + base["abandoned"] + base["not_started"]
-        )
-        row["throughput_vs_airflow_3_3"] = (
-            tables.ratio(row["tx_per_s"], base["tx_per_s"]) if finished else math.nan
-        )
-        row["p99_vs_airflow_3_3"] = tables.ratio(row["p99_ms"], base["p99_ms"]) if finished else math.nan
+        finished = base and not any(r["abandoned"] + r["not_started"] for r in (row, base))
+        for key, name in (("tx_per_s", "throughput_vs_airflow_3_3"), ("p99_ms", "p99_vs_airflow_3_3")):
+            row[name] = tables.ratio(row[key], base[key]) if finished else math.nan
     # Scenarios in their documented order, whatever order the rounds ran in.
     known = {s: i for i, s in enumerate(SCENARIOS)}
     _in_order(raw, rows, lambda r: (known.get(r["scenario"], len(known)), r["scenario"]))
@@ -132,16 +136,9 @@ def aggregate_lost(raw: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per (database, hold, strategy) of the ``lost_events`` rounds; ``vs_airflow_shaped``:
     ``lost_pairs`` over ``airflow_3_3``'s at the same hold on the same database."""
     txs = _transactions(raw)
-    rows = [
-        {
-            **c,
-            **_outcome([c], txs[c["index"]]),
-            "lost_pct": 100 * c["lost_pairs"] / c["pairs"] if c["pairs"] else math.nan,
-        }
-        for c in raw["cells"]
-        if c["scenario"] == "lost_events"
-    ]
+    rows = [{**c, **_outcome([c], txs[c["index"]])} for c in raw["cells"] if c["scenario"] == "lost_events"]
     for row in rows:
+        row["lost_pct"] = 100 * row["lost_pairs"] / row["pairs"] if row["pairs"] else math.nan
         base = _baseline(rows, row, "hold_ms").get("lost_pairs", math.nan)
         # 0 lost of Airflow's 0 is as good: 0x, not "not measured".
         row["vs_airflow_shaped"] = (
@@ -154,6 +151,12 @@ def aggregate_lost(raw: dict[str, Any]) -> list[dict[str, Any]]:
 def strategy_label(strategy: str) -> str:
     """The strategy's name in the tables, the default one marked."""
     return f"{strategy} (default)" if strategy == DEFAULT_STRATEGY else strategy
+
+
+def _spread(row: dict[str, Any], prefix: str = "") -> str:
+    """A timed cell: its median and, in brackets, its spread (p25-p75), in ms."""
+    p25, p50, p75 = (fmt(row.get(f"{prefix}p{q}_ms", math.nan), 2) for q in (25, 50, 75))
+    return f"{p50} [{p25}-{p75}]"
 
 
 _CONTENTION: tables.Columns = {
@@ -178,67 +181,9 @@ _CONTENTION: tables.Columns = {
     "stmts/tx": lambda r: fmt(float(r["statements_per_tx"]), 0),
     "rows exact": "rows_exact",
 }
-
-
-def _heading(target: dict[str, Any], what: str = "") -> str:
-    return f"### {what}{target['name']} ({target['version']})\n"
-
-
-def _sections(
-    raw: dict[str, Any],
-    rows: Callable[[str], Sequence[dict[str, Any]]],
-    section: Callable[[dict[str, Any], Sequence[dict[str, Any]]], list[str]],
-    legend: str,
-) -> str:
-    """``section(target, its rows)`` of each database with ``rows(name)``, then ``legend``; or nothing."""
-    out = [line for t in raw["targets"] if (mine := rows(t["name"])) for line in section(t, mine)]
-    return "\n".join([*out, legend]) if out else ""
-
-
-def _row_notes(row: dict[str, Any], label: str) -> list[str]:
-    """The notes under a table for its row ``label``: why transactions gave up, counts that do not add up."""
-    notes = []
-    if row.get("gave_up_why"):
-        why = "; ".join(f"{n} {reason}" for reason, n in row["gave_up_why"].items())
-        notes.append(f"\n> gave up, {label}: {why}")
-    if not row.get("accounted", True):
-        notes.append(
-            f"\n> COUNTS DO NOT ADD UP, {label}: {row['committed']} ok + {row['abandoned']} gave up + "
-            f"{row['not_started']} not started != {row['planned']} planned"
-        )
-    return notes
-
-
-def _skip_notes(raw: dict[str, Any], db: str) -> list[str]:
-    return [f"\n> {s['strategy']}: {s['reason']}." for s in raw.get("skipped", []) if s["db"] == db]
-
-
-def format_table(raw: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
-    """The comparison table (Markdown), one section per database, then its legend."""
-
-    def section(target: dict[str, Any], mine: Sequence[dict[str, Any]]) -> list[str]:
-        note = [f"> {SQLITE_NOTE}\n"] if target["name"].startswith("sqlite") else []
-        notes = [n for r in mine for n in _row_notes(r, f"{r['scenario']}/{r['strategy']}")]
-        skipped = _skip_notes(raw, target["name"])
-        return [_heading(target), *note, tables.table(mine, _CONTENTION), *notes, *skipped, ""]
-
-    legend = tables.legend("contention", **raw.get("sizes", {}))
-    return _sections(raw, lambda db: [r for r in rows if r["db"] == db], section, legend)
-
-
-_PRODUCERS = {
-    "airflow_3_3": "Airflow 3.3.2 shape (airflow_3_3)",
-    "commit_time": "ours (commit_time) (default)",
-}
-
-
-def _producer(strategy: str) -> str:
-    return _PRODUCERS.get(strategy, strategy)
-
-
 _LOST: tables.Columns = {
     "hold ms": lambda r: f"{r['hold_ms']:g}",
-    "producer": lambda r: _producer(r["strategy"]),
+    "producer": lambda r: _PRODUCERS.get(r["strategy"]) or r["strategy"],
     "planned": "planned",
     "events": "events",
     "gave up": "abandoned",
@@ -253,25 +198,6 @@ _LOST: tables.Columns = {
     "deadlocks": "deadlocks",
     "p50 ms": "p50_ms",
 }
-
-
-def format_lost(raw: dict[str, Any], lost: Sequence[dict[str, Any]]) -> str:
-    """The lost-events table (Markdown), one section per database."""
-
-    def section(target: dict[str, Any], mine: Sequence[dict[str, Any]]) -> list[str]:
-        sizes = f"{mine[0]['producers']} producers of one asset, {mine[0]['consumers']} consumer DAGs\n"
-        notes = [n for r in mine for n in _row_notes(r, f"hold {r['hold_ms']:g} ms {r['strategy']}")]
-        return [_heading(target, "lost events, "), sizes, tables.table(mine, _LOST), *notes, ""]
-
-    return _sections(raw, lambda db: [r for r in lost if r["db"] == db], section, LOST_LEGEND)
-
-
-def _spread(row: dict[str, Any], prefix: str = "") -> str:
-    """A timed cell: its median and, in brackets, its spread (p25-p75), in ms."""
-    p25, p50, p75 = (fmt(row.get(f"{prefix}p{q}_ms", math.nan), 2) for q in (25, 50, 75))
-    return f"{p50} [{p25}-{p75}]"
-
-
 _RATIO: tables.Columns = {
     "fan-out": lambda r: f"F={r['fanout']:,}",
     "ours p50 [p25-p75] ms": lambda r: _spread(r, "ours_"),
@@ -285,26 +211,85 @@ _RATIO: tables.Columns = {
 }
 
 
+def _by_db(
+    raw: dict[str, Any],
+    title: str,
+    rows_of: Callable[[str], Sequence[dict[str, Any]]],
+    section: Callable[[dict[str, Any], Sequence[dict[str, Any]]], list[str]],
+    legend: str,
+) -> str:
+    """Per database with rows (``rows_of(name)``): a ``### {title}{name} ({version})`` heading and
+    ``section(target, rows)``; then ``legend``. Nothing where no database has rows."""
+    out = []
+    for target in raw["targets"]:
+        if mine := rows_of(target["name"]):
+            out += [f"### {title}{target['name']} ({target['version']})\n", *section(target, mine), ""]
+    return "\n".join([*out, legend]) if out else ""
+
+
+def _where(row: dict[str, Any]) -> str:
+    """How notes and problems name a summary row."""
+    if row["scenario"] == "lost_events":
+        return f"lost_events/{row['strategy']} hold {row['hold_ms']:g} ms"
+    return f"{row['scenario']}/{row['strategy']}"
+
+
+def _unaccounted(row: dict[str, Any]) -> str:
+    """Why the row's counts do not add up to its plan; ``""`` where they do."""
+    if row.get("accounted", True):
+        return ""
+    return (
+        f"{row['committed']} committed + {row['abandoned']} gave up + {row['not_started']} not started "
+        f"!= {row['planned']} planned transactions"
+    )
+
+
+def _notes(raw: dict[str, Any], rows: Sequence[dict[str, Any]], db: str = "") -> list[str]:
+    """The notes under a table: why its rows' transactions gave up, counts that do not add up, and
+    (``db``) the strategies skipped there."""
+    notes = []
+    for row in rows:
+        if row.get("gave_up_why"):
+            why = "; ".join(f"{n} {reason}" for reason, n in row["gave_up_why"].items())
+            notes.append(f"\n> gave up, {_where(row)}: {why}")
+        if unaccounted := _unaccounted(row):
+            notes.append(f"\n> COUNTS DO NOT ADD UP, {_where(row)}: {unaccounted}")
+    return notes + [f"\n> {s['strategy']}: {s['reason']}." for s in raw.get("skipped", []) if s["db"] == db]
+
+
+def format_table(raw: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+    """The comparison table (Markdown), one section per database, then its legend."""
+
+    def section(target: dict[str, Any], mine: Sequence[dict[str, Any]]) -> list[str]:
+        note = [f"> {SQLITE_NOTE}\n"] if target["name"].startswith("sqlite") else []
+        return [*note, tables.table(mine, _CONTENTION), *_notes(raw, mine, target["name"])]
+
+    legend = tables.legend("contention", **raw.get("sizes", {}))
+    return _by_db(raw, "", lambda db: [r for r in rows if r["db"] == db], section, legend)
+
+
+def format_lost(raw: dict[str, Any], lost: Sequence[dict[str, Any]]) -> str:
+    """The lost-events table (Markdown), one section per database."""
+
+    def section(target: dict[str, Any], mine: Sequence[dict[str, Any]]) -> list[str]:
+        sizes = f"{mine[0]['producers']} producers of one asset, {mine[0]['consumers']} consumer DAGs\n"
+        return [sizes, tables.table(mine, _LOST), *_notes(raw, mine)]
+
+    return _by_db(raw, "lost events, ", lambda db: [r for r in lost if r["db"] == db], section, LOST_LEGEND)
+
+
 def format_ratio(raw: dict[str, Any]) -> str:
     """The raw-SQL ratio row: ``register_asset_change`` + COMMIT against hand-written SQL."""
 
     def section(target: dict[str, Any], results: Sequence[dict[str, Any]]) -> list[str]:
-        calls = f"{results[0]['calls']} calls each side per fan-out\n"
-        judged = verdict.raw_sql(target["name"], results)
-        said = (
-            f"\nF=1 against its target ({judged.goal}): {judged.measured}, {judged.verdict}\n"
-            if judged
-            else ""
-        )
-        return [
-            _heading(target, "register_asset_change vs raw SQL, "),
-            calls,
-            tables.table(results, _RATIO, 1),
-            said,
-        ]
+        out = [f"{results[0]['calls']} calls each side per fan-out\n", tables.table(results, _RATIO, 1)]
+        if judged := verdict.raw_sql(target["name"], results):
+            out.append(f"\nF=1 against its target ({judged.goal}): {judged.measured}, {judged.verdict}")
+        return out
 
     legend = tables.legend("ratio", target=verdict.RAW_SQL.goal)
-    return _sections(raw, lambda db: raw.get("raw_sql_ratio", {}).get(db, []), section, legend)
+    rows_of = raw.get("raw_sql_ratio", {}).get
+    return _by_db(raw, "register_asset_change vs raw SQL, ", lambda db: rows_of(db, []), section, legend)
 
 
 def format_sweep(raw: dict[str, Any]) -> str:
@@ -313,8 +298,7 @@ def format_sweep(raw: dict[str, Any]) -> str:
     def cell(r: dict[str, Any]) -> str:
         if "skipped" in r:
             return "skipped"
-        exact = "" if r["rows_exact"] else " NOT EXACT"
-        return f"{_spread(r)} / {r['statements']:,}{exact}"
+        return f"{_spread(r)} / {r['statements']:,}" + ("" if r["rows_exact"] else " NOT EXACT")
 
     def section(target: dict[str, Any], results: Sequence[dict[str, Any]]) -> list[str]:
         fanouts = sorted({r["fanout"] for r in results})
@@ -323,11 +307,10 @@ def format_sweep(raw: dict[str, Any]) -> str:
         body = [[strategy_label(s), *(cell(by[(s, f)]) for f in fanouts)] for s in strategies]
         what = "latency (ms) of one register_asset_change + COMMIT on an empty queue / statements sent\n"
         table = tables.markdown(["strategy", *(f"F={f:,}" for f in fanouts)], body, left=1)
-        return [_heading(target, "fan-out sweep, "), what, table, *_skip_notes(raw, target["name"]), ""]
+        return [what, table, *_notes(raw, [], target["name"])]
 
-    repeats = raw.get("sizes", {}).get("sweep_repeats", "sweep_repeats")
-    legend = tables.legend("sweep", repeats=repeats)
-    return _sections(raw, lambda db: raw["sweeps"].get(db, []), section, legend)
+    legend = tables.legend("sweep", repeats=raw.get("sizes", {}).get("sweep_repeats", "sweep_repeats"))
+    return _by_db(raw, "fan-out sweep, ", lambda db: raw["sweeps"].get(db, []), section, legend)
 
 
 def problems(
@@ -336,11 +319,7 @@ def problems(
     """What fails the run: queue rows not exact or left after the drain, counts that do not add up."""
     found = []
     for r in [*rows, *lost]:
-        where = f"{r['db']} " + (
-            f"lost_events/{r['strategy']} hold {r['hold_ms']:g} ms"
-            if "hold_ms" in r
-            else f"{r['scenario']}/{r['strategy']}"
-        )
+        where = f"{r['db']} {_where(r)}"
         if not r.get("rows_exact", True):
             found.append(f"{where}: queue rows not exact {r['row_check']}")
         if r.get("queue_rows_left") or r.get("consumed_unknown"):
@@ -348,80 +327,66 @@ def problems(
                 f"{where}: {r['queue_rows_left']} queue rows left after the drain, "
                 f"{r['consumed_unknown']} unknown pairs consumed"
             )
-        if not r.get("accounted", True):
-            found.append(
-                f"{where}: {r['committed']} committed + {r['abandoned']} gave up + "
-                f"{r['not_started']} not started != {r['planned']} planned transactions"
-            )
+        if unaccounted := _unaccounted(r):
+            found.append(f"{where}: {unaccounted}")
     for db, results in raw.get("raw_sql_ratio", {}).items():
-        found += [
-            f"{db} raw-SQL ratio F={r['fanout']}: queue rows not exact"
-            for r in results
-            if not r["rows_exact"]
-        ]
+        inexact = [r["fanout"] for r in results if not r["rows_exact"]]
+        found += [f"{db} raw-SQL ratio F={fanout}: queue rows not exact" for fanout in inexact]
     return found
 
 
-def _legend(ax: Any, fontsize: int) -> None:
-    """A legend where the plot has labelled series (a run of one scenario may have none)."""
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=fontsize)
-
-
-def plot(raw: dict[str, Any], rows: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
+def plot(
+    raw: dict[str, Any], rows: Sequence[dict[str, Any]], lost: Sequence[dict[str, Any]], out_dir: Path
+) -> list[Path]:
     """One PNG per database: latency and deadlocks per strategy, latency vs fan-out, lost pairs."""
     import matplotlib  # here: only the plots need it
 
     matplotlib.use("Agg")  # no display: the benchmark runs on servers and in CI
     import matplotlib.pyplot as plt
 
-    colors = plt.get_cmap("tab10")
-    all_lost = aggregate_lost(raw)
-    s = raw["sizes"]
+    colors, s, paths = plt.get_cmap("tab10"), raw["sizes"], []
     title = (
         f"{s['producers']} producers x {s['transactions']} tx, fan-out {s['fanout']}, "
         f"{s['outlets']} outlets, hold {s['hold_ms']:g} ms, {s['rounds']} round(s)"
     )
-    paths = []
     for target in raw["targets"]:
         db = target["name"]
         mine = {(r["scenario"], r["strategy"]): r for r in rows if r["db"] == db}
-        lost = [r for r in all_lost if r["db"] == db]
+        its_lost = [r for r in lost if r["db"] == db]
         scenarios = list(dict.fromkeys(scenario for scenario, _ in mine))
         strategies = [s for s in STRATEGIES if any(strategy == s for _, strategy in mine)]
         fig = plt.figure(figsize=(15, 8), dpi=70)
-        grid = fig.add_gridspec(2, max(4 if lost else 3, len(scenarios)))
+        grid = fig.add_gridspec(2, max(4 if its_lost else 3, len(scenarios)))
         for i, scenario in enumerate(scenarios):
-            ax = fig.add_subplot(grid[0, i])
+            ax = fig.add_subplot(grid[0, i], title=f"{scenario}: latency incl. retries (ms)")
             cells = [mine.get((scenario, s), {}) for s in strategies]
             quantiles = {q: [c.get(f"{q}_ms", math.nan) for c in cells] for q in ("p50", "p95", "p99")}
-            _bars(ax, strategies, quantiles, rotation=30, ha="right", fontsize=8)
-            ax.set(yscale="log", title=f"{scenario}: latency incl. retries (ms)")
-            if i == 0:
-                _legend(ax, 8)
-        ax = fig.add_subplot(grid[1, 0:2])
+            _bars(ax, strategies, quantiles, legend=8 if i == 0 else 0, rotation=30, ha="right")
+            ax.set(yscale="log")
         deadlocks = {sc: [mine.get((sc, s), {}).get("deadlocks", 0) for s in strategies] for sc in scenarios}
-        _bars(ax, strategies, deadlocks, "%g", fontsize=8)
-        ax.set_title("deadlocks per strategy (all rounds)")
-        _legend(ax, 8)
+        _bars(
+            fig.add_subplot(grid[1, 0:2], title="deadlocks per strategy (all rounds)"),
+            strategies,
+            deadlocks,
+            "%g",
+        )
         ax = fig.add_subplot(grid[1, 2])
         sweep = [r for r in raw["sweeps"].get(db, []) if r.get("latency_s") is not None]
         for k, strategy in enumerate(strategies):
             points = [(r["fanout"], r["latency_s"] * 1000) for r in sweep if r["strategy"] == strategy]
             if points:
                 ax.plot(*zip(*points, strict=True), marker="o", label=strategy, color=colors(k))
-        ax.set(xscale="log", yscale="log", xlabel="fan-out (consumer DAGs)")
-        ax.set_title("one call + COMMIT, no concurrency (ms)")
-        _legend(ax, 7)
-        if lost:
-            ax = fig.add_subplot(grid[1, 3])
-            holds = sorted({r["hold_ms"] for r in lost})
-            pairs = {(r["hold_ms"], r["strategy"]): r["lost_pairs"] for r in lost}
-            shown = [s for s in STRATEGIES if any(r["strategy"] == s for r in lost)]
-            by_producer = {_producer(s): [pairs.get((h, s), 0) for h in holds] for s in shown}
-            _bars(ax, [f"hold {h:g} ms" for h in holds], by_producer, "%g", fontsize=8)
-            ax.set_title(f"unconsumed (event, DAG) pairs of {lost[0]['pairs']}")
+        what = "one call + COMMIT, no concurrency (ms)"
+        ax.set(xscale="log", yscale="log", xlabel="fan-out (consumer DAGs)", title=what)
+        if ax.get_legend_handles_labels()[0]:  # a run may have drawn no series
             ax.legend(fontsize=7)
+        if its_lost:
+            holds = sorted({r["hold_ms"] for r in its_lost})
+            pairs = {(r["hold_ms"], r["strategy"]): r["lost_pairs"] for r in its_lost}
+            shown = [s for s in STRATEGIES if any(r["strategy"] == s for r in its_lost)]
+            by_producer = {_PRODUCERS.get(s, s): [pairs.get((h, s), 0) for h in holds] for s in shown}
+            ax = fig.add_subplot(grid[1, 3], title=f"unconsumed (event, DAG) pairs of {its_lost[0]['pairs']}")
+            _bars(ax, [f"hold {h:g} ms" for h in holds], by_producer, "%g", 7)
         fig.suptitle(f"{target['version']}: {title}")
         fig.tight_layout()
         paths.append(out_dir / f"bench-{db}.png")
@@ -431,14 +396,21 @@ def plot(raw: dict[str, Any], rows: Sequence[dict[str, Any]], out_dir: Path) -> 
 
 
 def _bars(
-    ax: Any, groups: Sequence[str], series: dict[str, list[float]], values: str = "", **ticks: Any
+    ax: Any,
+    groups: Sequence[str],
+    series: dict[str, list[float]],
+    values: str = "",
+    legend: int = 8,
+    **ticks: Any,
 ) -> None:
     """A group of bars per ``groups`` label, one bar per series side by side (``values``: a format to write
-    each bar's value on it)."""
+    each bar's value on it); the series' legend in font size ``legend`` (0: none) where there are any."""
     width = 0.8 / max(1, len(series))
     for k, (label, heights) in enumerate(series.items()):
         xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(groups))]
         drawn = ax.bar(xs, heights, width, label=label)
         if values:
             ax.bar_label(drawn, fmt=values, fontsize=7)
-    ax.set_xticks(range(len(groups)), groups, **ticks)
+    ax.set_xticks(range(len(groups)), groups, fontsize=8, **ticks)
+    if legend and series:
+        ax.legend(fontsize=legend)

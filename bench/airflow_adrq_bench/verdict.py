@@ -1,17 +1,12 @@
 """The verdict at the end of every ``airflow-adrq bench`` run: what a user runs it for, each with its target.
 
-One short table per run (at most 100 columns) of :class:`Line` rows, built with
-:func:`line` and :func:`ratio_line` by every mode (:func:`standalone` for the
-main run). A ratio is printed only where both sides finished their work; where
-a side did not, the row says what did not finish instead. A ratio of two timed
-sides shows the range it can be in (from how sure each side's figure is: the
-median's 95 % interval), says so where the two sides' intervals overlap, and is
-judged on that range: met where all of it meets the target, MISSED where none
-of it does, ``unclear`` where the target lies within the noise (no winner is
-claimed either way). ``--check`` turns a missed target into exit status 1, so
-an operator can run the benchmark in their own CI against their own database.
-The ratio of one call to the same work in raw SQL is a maintainer's measure, not
-an operator's question: it is in ``bench.md`` (:mod:`.report`), not here.
+One short table per run (at most 100 columns) of :class:`Line` rows, built with :func:`line` and
+:func:`ratio_line` by every mode (:func:`standalone` for the main run). A ratio is printed only where
+both sides finished their work (else the row says what did not finish), with the range the two sides'
+spreads allow, and is judged on that range: met, MISSED, or ``unclear`` where the target lies within
+the noise (no winner is claimed either way). ``--check`` turns a miss into exit status 1, for an
+operator's own CI. The raw-SQL ratio (:func:`raw_sql`) is a maintainer's measure, not an operator's
+question: it is judged in ``bench.md`` (:mod:`.report`), not here.
 """
 
 from __future__ import annotations
@@ -23,18 +18,6 @@ from typing import Any
 
 from airflow_adrq_bench.config import DEFAULT_STRATEGY
 from airflow_adrq_bench.tables import markdown
-
-__all__ = [
-    "Line",
-    "Target",
-    "format_verdict",
-    "line",
-    "missed",
-    "overlap",
-    "ratio_line",
-    "raw_sql",
-    "standalone",
-]
 
 #: The baselines: Airflow 3.3.2's own loop, and the same loop sorted (the seed's fix).
 STOCK, SORTED = "airflow_3_3", "sorted_loop"
@@ -77,11 +60,6 @@ def line(db: str, target: Target, value: float, shown: str, what: str | None = N
     return Line(db, what or target.what, target.goal, shown, verdict)
 
 
-def overlap(a: Spread, b: Spread) -> bool:
-    """Whether two spreads (low, high) share any value: then neither side is measurably ahead."""
-    return a[0] <= b[1] and b[0] <= a[1]
-
-
 def ratio_line(
     db: str,
     target: Target,
@@ -95,13 +73,12 @@ def ratio_line(
 ) -> Line:
     """``ours / base`` judged by ``target``, unless a side did not finish; with the spread of the ratio.
 
-    ``unfinished``: (ours, baseline): what each left undone (``""``: all done). Ours not done: missed,
+    ``unfinished`` (ours, baseline): what each left undone (``""``: all done). Ours not done: MISSED,
     saying what; only the baseline not done: met, saying what (a ratio would measure the time budget,
-    not speed). ``spreads`` (ours, baseline), each (low, high) such as a median's interval
-    (:func:`.stats.median_interval`): the ratio can be anywhere from
-    ``ours low / base high`` to ``ours high / base low``; met if the target is met over all of that
-    range, MISSED if nowhere in it, else ``unclear``; overlapping spreads are said to overlap.
-    ``shown``: what the measured cell says before the ratio.
+    not speed). ``spreads`` (ours, baseline), each (low, high) such as :func:`.stats.median_interval`:
+    the ratio can be anywhere from ours low / base high to ours high / base low; met if the target is
+    met over all of it, MISSED if nowhere in it, else ``unclear``; overlapping spreads are said to
+    overlap (neither side is measurably ahead). ``shown``: the measured cell's text before the ratio.
     """
     what = what or target.what
     if unfinished[0]:
@@ -113,14 +90,11 @@ def ratio_line(
         return line(db, target, value, f"{shown}{value:.2f}x", what)
     (ours_lo, ours_hi), (base_lo, base_hi) = spreads
     low, high = ours_lo / base_hi if base_hi else math.inf, ours_hi / base_lo if base_lo else math.inf
-    said = "spreads overlap" if overlap(spreads[0], spreads[1]) else f"{low:.2f}-{high:.2f}x"
+    overlap = ours_lo <= base_hi and base_lo <= ours_hi
+    said = "spreads overlap" if overlap else f"{low:.2f}-{high:.2f}x"
     judged = {target.met(value), target.met(low), target.met(high)}
     verdict = "unclear" if len(judged) > 1 else ("met" if judged == {True} else "MISSED")
     return Line(db, what, target.goal, f"{shown}{value:.2f}x ({said})", verdict)
-
-
-def _unfinished(row: dict[str, Any]) -> int:
-    return int(row["abandoned"] + row["not_started"])
 
 
 def standalone(
@@ -133,7 +107,8 @@ def standalone(
         if ours:
             deadlocks = sum(r["deadlocks"] for r in ours)
             lines.append(line(db, DEADLOCKS, deadlocks, f"{deadlocks}"))
-            unfinished, planned = sum(map(_unfinished, ours)), sum(r["planned"] for r in ours)
+            unfinished = sum(r["abandoned"] + r["not_started"] for r in ours)
+            planned = sum(r["planned"] for r in ours)
             lines.append(line(db, NOT_COMMITTED, unfinished, f"{unfinished} of {planned}"))
             exact = all(r["rows_exact"] for r in ours)
             lines.append(line(db, ROWS_EXACT, 1.0 if exact else 0.0, "all" if exact else "NOT all"))
@@ -143,7 +118,8 @@ def standalone(
 
 
 def _not_done(row: dict[str, Any], who: str = "") -> str:
-    n = _unfinished(row)
+    """What ``row`` left undone, as a verdict cell says it; ``""`` if it committed everything."""
+    n = row["abandoned"] + row["not_started"]
     return f"{who}{n} of {row['planned']} not committed" if n else ""
 
 
@@ -153,22 +129,21 @@ def rate_spread(row: dict[str, Any]) -> Spread:
     rates = row.get("round_tx_per_s", [])
     if len(rates) > 1:
         return (min(rates), max(rates))
-    (low, high), p50 = _spread(row), row.get("p50_ms", math.nan)
+    (low, high), p50 = _interval(row), row.get("p50_ms", math.nan)
     if not (low > 0 and high > 0):  # not measured (NaN) or nothing to scale by
         return (math.nan, math.nan)
     return (row["tx_per_s"] * p50 / high, row["tx_per_s"] * p50 / low)
 
 
-def _spread(row: dict[str, Any], prefix: str = "") -> Spread:
+def _interval(row: dict[str, Any], prefix: str = "") -> Spread:
+    """The row's median latency interval (:func:`.stats.latency`'s ``ci_*_ms``)."""
     return (row.get(f"{prefix}ci_low_ms", math.nan), row.get(f"{prefix}ci_high_ms", math.nan))
 
 
 def _speed(db: str, rows: Sequence[dict[str, Any]]) -> list[Line]:
     """Ours against each baseline in the single-outlet scenario: tx/s, with its spread."""
     by = {r["strategy"]: r for r in rows if r["db"] == db and r["scenario"] == "single"}
-    ours = by.get(DEFAULT_STRATEGY)
-    if ours is None:
-        return []
+    ours = by.get(DEFAULT_STRATEGY, {})
     return [
         ratio_line(
             db,
@@ -180,25 +155,22 @@ def _speed(db: str, rows: Sequence[dict[str, Any]]) -> list[Line]:
             unfinished=(_not_done(ours), _not_done(by[base], f"{base}: ")),
         )
         for base in (STOCK, SORTED)
-        if base in by
+        if ours and base in by
     ]
 
 
-def _count(n: int) -> Spread:
-    """How sure a count of rare events is: about 95 % (Poisson, n +- 1.96 sqrt(n))."""
-    return (max(0.0, n - 1.96 * math.sqrt(n)), n + 1.96 * math.sqrt(n))
-
-
 def _lost(db: str, lost: Sequence[dict[str, Any]]) -> list[Line]:
-    ours = [r for r in lost if r["db"] == db and r["strategy"] == DEFAULT_STRATEGY]
-    stock = [r for r in lost if r["db"] == db and r["strategy"] == STOCK]
-    if not ours or not stock:
+    """Pairs ours lost over Airflow's, judged on the counts' noise (about 95 %: n +- 1.96 sqrt(n))."""
+    mine = [r["lost_pairs"] for r in lost if r["db"] == db and r["strategy"] == DEFAULT_STRATEGY]
+    theirs = [r["lost_pairs"] for r in lost if r["db"] == db and r["strategy"] == STOCK]
+    if not mine or not theirs:
         return []
-    mine, theirs = sum(r["lost_pairs"] for r in ours), sum(r["lost_pairs"] for r in stock)
-    shown = f"{mine}/{theirs}"  # pairs: ours / Airflow's
-    if mine == 0 or theirs == 0:
-        return [line(db, LOST, 0.0 if mine == 0 else math.inf, shown)]
-    return [ratio_line(db, LOST, mine, theirs, spreads=(_count(mine), _count(theirs)), shown=f"{shown} ")]
+    ours, stock = sum(mine), sum(theirs)
+    shown = f"{ours}/{stock}"  # pairs: ours / Airflow's
+    if ours == 0 or stock == 0:
+        return [line(db, LOST, 0.0 if ours == 0 else math.inf, shown)]
+    spreads = [(max(0.0, n - 1.96 * math.sqrt(n)), n + 1.96 * math.sqrt(n)) for n in (ours, stock)]
+    return [ratio_line(db, LOST, ours, stock, spreads=spreads, shown=f"{shown} ")]
 
 
 def raw_sql(db: str, results: Sequence[dict[str, Any]]) -> Line | None:
@@ -206,9 +178,8 @@ def raw_sql(db: str, results: Sequence[dict[str, Any]]) -> Line | None:
     one = [r for r in results if r["fanout"] == 1]
     if not one:
         return None
-    r = one[0]
-    spreads = (_spread(r, "ours_"), _spread(r, "raw_"))
-    return ratio_line(db, RAW_SQL, r["ours_p50_ms"], r["raw_p50_ms"], spreads=spreads)
+    spreads = (_interval(one[0], "ours_"), _interval(one[0], "raw_"))
+    return ratio_line(db, RAW_SQL, one[0]["ours_p50_ms"], one[0]["raw_p50_ms"], spreads=spreads)
 
 
 def missed(lines: Sequence[Line]) -> list[Line]:

@@ -3,7 +3,6 @@ counter, timeouts clear of ``deadlock_timeout``, legends, and the help text."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import random
 
@@ -331,9 +330,7 @@ def test_every_table_has_a_legend_of_its_columns_and_marks_the_default_strategy(
 
 
 def _bench_help():
-    parser = argparse.ArgumentParser(prog="airflow-adrq")
-    cli.add_bench_parser(parser.add_subparsers())
-    bench = parser._subparsers._group_actions[0].choices["bench"]
+    bench = cli.bench_parser()
     return bench, bench.format_help()
 
 
