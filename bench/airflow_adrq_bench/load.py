@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool, QueuePool
 
@@ -40,36 +39,34 @@ T = TypeVar("T")
 Log = Callable[[str], None]
 
 
-class _Load:
-    """One run's shared state: the backend, the seeded assets, a lock, and retry counting by kind."""
+def _count(counts: dict[str, int], key: str, lock: threading.Lock) -> None:
+    with lock:
+        counts[key] = counts.get(key, 0) + 1
 
-    def __init__(
-        self, url: str, purpose: str, engine: Engine, prefix: str, outlets: int, fanout: int
-    ) -> None:
-        self.backend = dataset.server_backend(url, purpose)
-        self.assets = dataset.seed_fan(engine, prefix, outlets=outlets, fanout=fanout)
-        self.lock = threading.Lock()
 
-    def counting(self, counter: collections.Counter[str]) -> Callable[[int, retry.Retryable], None]:
-        """An ``on_retry`` that counts each retry's kind in ``counter``."""
+def _counting(counts: dict[str, int], lock: threading.Lock) -> Callable[[int, retry.Retryable], None]:
+    """An ``on_retry`` that counts each retry's kind in ``counts``."""
 
-        def on_retry(_n: int, found: retry.Retryable) -> None:
-            with self.lock:
-                counter[found.kind.value] += 1
+    def on_retry(_n: int, found: retry.Retryable) -> None:
+        _count(counts, found.kind.value, lock)
 
-        return on_retry
+    return on_retry
 
-    def shuffled(self, rng: random.Random) -> list[Any]:
-        """The assets in a fresh random order (one transaction's outlets)."""
-        return rng.sample(self.assets, len(self.assets))
 
-    @staticmethod
-    def run(producers: int, producer: Callable[[int], None]) -> float:
-        """``producer(index)`` for every index at once, in threads; the seconds they took."""
-        started = time.monotonic()
-        with ThreadPoolExecutor(producers) as pool:
-            list(pool.map(producer, range(producers)))
-        return time.monotonic() - started
+def _run_threads(producers: int, producer: Callable[[int], None]) -> float:
+    """``producer(index)`` for every index at once, in threads; the seconds they took."""
+    started = time.monotonic()
+    with ThreadPoolExecutor(producers) as pool:
+        list(pool.map(producer, range(producers)))
+    return time.monotonic() - started
+
+
+#: The ids of the client connections to the current database, the asking one's included.
+_CONNECTIONS = {
+    "postgresql": "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+    "AND backend_type = 'client backend'",
+    "mysql": "SELECT id FROM information_schema.processlist WHERE db = DATABASE()",
+}
 
 
 # --- bench --faults ------------------------------------------------------------------
@@ -120,75 +117,43 @@ class FaultRun:
         }
 
 
-#: The server's id of the connection running it, and the ids of the given connections still alive.
 _OWN_ID = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
-_ALIVE = {
-    "postgresql": "SELECT pid FROM pg_stat_activity WHERE pid IN :ids",
-    "mysql": "SELECT id FROM information_schema.processlist WHERE id IN :ids",
-}
+_KILL = {"postgresql": "SELECT pg_terminate_backend({})", "mysql": "KILL CONNECTION {}"}
 
 
-class _Killer(threading.Thread):
-    """Terminates one producer connection at random, every ``every_s`` (jittered), until stopped."""
-
-    def __init__(self, url: str, backend: str, every_s: float, rng: random.Random) -> None:
-        super().__init__(name="adrq-fault-killer", daemon=True)
-        self.engine = sa.create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
-        self.backend, self.every_s, self.rng = backend, every_s, rng
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-        #: The producers' connections, recorded as they connect (:meth:`watch`).
-        self.producer_ids: set[int] = set()
-        self.kills = 0
-
-    def watch(self, engine: Engine) -> Engine:
-        """Record the server id of every connection ``engine`` opens: those are the killer's victims."""
-
-        @sa.event.listens_for(engine, "connect")
-        def _record(dbapi_connection: Any, _record: Any) -> None:
-            cursor = dbapi_connection.cursor()
-            cursor.execute(_OWN_ID[self.backend])
-            (own_id,) = cursor.fetchone()
-            cursor.close()
-            with self.lock:
-                self.producer_ids.add(int(own_id))
-
-        return engine
-
-    def run(self) -> None:
-        alive = sa.text(_ALIVE[self.backend]).bindparams(sa.bindparam("ids", expanding=True))
-        with self.engine.connect() as conn:
-            while not self.stop.wait(self.rng.uniform(0.5, 1.5) * self.every_s):
-                with self.lock:
-                    known = sorted(self.producer_ids)
-                try:
-                    victims = [int(r[0]) for r in conn.execute(alive, {"ids": known})] if known else []
-                    if not victims:
-                        continue
-                    victim = self.rng.choice(victims)
-                    if self.backend == "postgresql":
-                        conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": victim})
-                    else:
-                        conn.exec_driver_sql(f"KILL CONNECTION {int(victim)}")
-                    self.kills += 1
-                except sa.exc.DBAPIError:  # the victim left in between
-                    pass
-        self.engine.dispose()
+def _kill_at_random(url: str, backend: str, every_s: float, rng: random.Random, stop: threading.Event) -> int:
+    """Terminate another connection to the database at random every ``every_s`` (jittered) until
+    ``stop``; returns the kills."""
+    engine = sa.create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    kills = 0
+    with engine.connect() as conn:
+        own = conn.exec_driver_sql(_OWN_ID[backend]).scalar_one()
+        while not stop.wait(rng.uniform(0.5, 1.5) * every_s):
+            victims = [int(i) for (i,) in conn.exec_driver_sql(_CONNECTIONS[backend]) if i != own]
+            if not victims:
+                continue
+            try:
+                conn.exec_driver_sql(_KILL[backend].format(rng.choice(victims)))
+                kills += 1
+            except sa.exc.DBAPIError:  # the victim left in between
+                pass
+    engine.dispose()
+    return kills
 
 
 def run_faults(
     url: str, sizes: FaultSizes = FaultSizes(), *, seed: int | None = None, log: Log = print
 ) -> FaultRun:
     """Run the fault scenario on the (scratch) database at ``url`` and check what it left."""
-    rng = random.Random(seed)
+    rng, backend = random.Random(seed), dataset.server_backend(url, "the fault run")
     seed_engine = create_engine(url)
-    load = _Load(url, "the fault run", seed_engine, "fault", sizes.outlets, sizes.fanout)
-    # Nothing of ours but the producers stays connected during the run.
+    assets = dataset.seed_fan(seed_engine, "fault", outlets=sizes.outlets, fanout=sizes.fanout)
+    # Nothing of ours but the producers stays connected during the run: the killer's victims.
     seed_engine.dispose()
-    result = FaultRun(backend=load.backend, sizes=asdict(sizes))
+    result = FaultRun(backend=backend, sizes=asdict(sizes))
     outcomes: dict[str, str] = {}
-    retries: collections.Counter[str] = collections.Counter()
-    killer = _Killer(url, load.backend, sizes.kill_every_s, random.Random(rng.random()))
+    lock, stop = threading.Lock(), threading.Event()
+    killer_rng = random.Random(rng.random())
 
     def work(session: Session, sink: list[Callable[[], object]], order: list[Any], ti: _TI) -> None:
         for asset in order:
@@ -196,18 +161,18 @@ def run_faults(
         time.sleep(sizes.hold_ms / 1000)
 
     def producer(index: int) -> None:
-        engine = killer.watch(create_engine(url, pool_size=1, max_overflow=1))
+        engine = create_engine(url, pool_size=1, max_overflow=1)
         factory = sessionmaker(engine)
         local = random.Random(rng.random())
         for t in range(sizes.transactions):
             run_id = f"p{index}-t{t}"
-            one = functools.partial(work, order=load.shuffled(local), ti=_TI(run_id))
+            one = functools.partial(work, order=local.sample(assets, len(assets)), ti=_TI(run_id))
             try:
                 retry.run_in_transaction(
                     factory,
                     one,
                     max_attempts=sizes.max_attempts,
-                    on_retry=load.counting(retries),
+                    on_retry=_counting(result.retries, lock),
                     max_wait=0.5,
                 )
                 outcome = "completed"
@@ -215,20 +180,23 @@ def run_faults(
                 outcome = type(exc).__name__
             except Exception as exc:  # reported, never hidden
                 outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-            with load.lock:
+            with lock:
                 outcomes[run_id] = outcome
         engine.dispose()
 
-    killer.start()
-    result.seconds = load.run(sizes.producers, producer)
-    killer.stop.set()
-    killer.join()
-    result.kills, result.retries, result.transactions = killer.kills, dict(retries), len(outcomes)
+    with ThreadPoolExecutor(1) as pool:
+        killer = pool.submit(_kill_at_random, url, backend, sizes.kill_every_s, killer_rng, stop)
+        try:
+            result.seconds = _run_threads(sizes.producers, producer)
+        finally:
+            stop.set()
+        result.kills = killer.result()
+    result.transactions = len(outcomes)
     result.completed = sum(1 for o in outcomes.values() if o == "completed")
     result.raised = dict(collections.Counter(o for o in outcomes.values() if o != "completed"))
     _check_faults(url, sizes, outcomes, result)
     log(
-        f"{load.backend}: {result.completed}/{result.transactions} completed, {result.kills} kills, "
+        f"{backend}: {result.completed}/{result.transactions} completed, {result.kills} kills, "
         f"raised {result.raised or 'nothing'}, {result.duplicate_events} duplicate events, "
         f"{result.half_written} half-written, queue rows exact: {result.queue_rows_exact}"
     )
@@ -320,12 +288,6 @@ def _rss_mib() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-_SERVER_CONNECTIONS = {
-    "postgresql": "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()",
-    "mysql": "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE()",
-}
-
-
 def _claim(session: Session, _sink: list[Callable[[], object]], dag: str) -> list[dataset.Pair]:
     """What the scheduler does to one DAG's queue rows: lock them (skipping locked ones), delete them."""
     rows = scheduler.queued(session.connection(), dag)
@@ -336,35 +298,30 @@ def _claim(session: Session, _sink: list[Callable[[], object]], dag: str) -> lis
 
 def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Log = print) -> SoakRun:
     """Run the soak on the (scratch) database at ``url``; PostgreSQL or MySQL/MariaDB."""
+    result = SoakRun(backend=dataset.server_backend(url, "the soak"), sizes=asdict(sizes))
     engine = create_engine(url, pool_size=sizes.producers + 2, max_overflow=0)
-    load = _Load(url, "the soak", engine, "soak", sizes.outlets, sizes.fanout)
+    assets = dataset.seed_fan(engine, "soak", outlets=sizes.outlets, fanout=sizes.fanout)
     with engine.connect() as conn:
-        consumers = dataset.consumer_dags(conn, [a.id for a in load.assets])
-    result = SoakRun(backend=load.backend, sizes=asdict(sizes))
+        consumers = dataset.consumer_dags(conn, [a.id for a in assets])
     factory = sessionmaker(engine)
     emitted: set[dataset.Pair] = set()
     consumed: set[dataset.Pair] = set()
-    producer_retries: collections.Counter[str] = collections.Counter()
-    consumer_retries: collections.Counter[str] = collections.Counter()
-    failed: collections.Counter[str] = collections.Counter()
-    done = [0]
-    stop = threading.Event()
+    lock, stop = threading.Lock(), threading.Event()
     total = sizes.producers * sizes.transactions
     marks = {max(1, total * k // sizes.samples) for k in range(1, sizes.samples)}
 
     def sample(progress: int) -> None:
         with engine.connect() as conn:
-            server = int(conn.exec_driver_sql(_SERVER_CONNECTIONS[load.backend]).scalar_one())
+            server = len(conn.exec_driver_sql(_CONNECTIONS[result.backend]).all())
         pool = cast(QueuePool, engine.pool)
         result.samples.append((progress, round(_rss_mib(), 1), pool.checkedout(), server))
 
-    def transact(work: Callable[..., T], retries: collections.Counter[str], who: str) -> T | None:
+    def transact(work: Callable[..., T], retries: dict[str, int], who: str) -> T | None:
         """``work`` through ``run_in_transaction``, retries counted; None, counted as failed, if it raised."""
         try:
-            return retry.run_in_transaction(factory, work, on_retry=load.counting(retries))
+            return retry.run_in_transaction(factory, work, on_retry=_counting(result.retries, lock))
         except Exception as exc:
-            with load.lock:
-                failed[f"{who}{type(exc).__name__}"] += 1
+            _count(result.failed, f"{who}{type(exc).__name__}", lock)
             return None
 
     def work(session: Session, sink: list[Callable[[], object]], order: Sequence[Any]) -> list[int]:
@@ -376,13 +333,14 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Log = print) -> S
     def producer(index: int) -> None:
         rng = random.Random(index)
         for _ in range(sizes.transactions):
-            asset_ids = transact(functools.partial(work, order=load.shuffled(rng)), producer_retries, "")
+            order = rng.sample(assets, len(assets))
+            asset_ids = transact(functools.partial(work, order=order), result.producer_retries, "")
             if asset_ids is None:
                 continue
-            with load.lock:
+            with lock:
                 emitted.update((a, d) for a in asset_ids for d in consumers[a])
-                done[0] += 1
-                progress = done[0]
+                result.committed += 1
+                progress = result.committed
             if progress in marks:
                 sample(progress)
 
@@ -390,10 +348,10 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Log = print) -> S
         dags = sorted({d for ds in consumers.values() for d in ds})
         while not stop.is_set():
             for dag in dags:
-                rows = transact(functools.partial(_claim, dag=dag), consumer_retries, "consumer ")
+                rows = transact(functools.partial(_claim, dag=dag), result.consumer_retries, "consumer ")
                 if rows is None:
                     continue
-                with load.lock:
+                with lock:
                     consumed.update(rows)
                     result.consumed_rows += len(rows)
             stop.wait(0.01)
@@ -401,17 +359,15 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Log = print) -> S
     sample(0)
     consumer_thread = threading.Thread(target=consumer)
     consumer_thread.start()
-    result.seconds = load.run(sizes.producers, producer)
+    result.seconds = _run_threads(sizes.producers, producer)
     stop.set()
     consumer_thread.join()
-    sample(done[0])
+    sample(result.committed)
     with engine.connect() as conn:
         result.rows = dataset.check_rows(dataset.queued_pairs(conn), emitted, consumed)
     engine.dispose()
-    result.committed, result.failed = done[0], dict(failed)
-    result.producer_retries, result.consumer_retries = dict(producer_retries), dict(consumer_retries)
     log(
-        f"{load.backend}: {result.committed}/{total} committed in {result.seconds:.0f} s, "
+        f"{result.backend}: {result.committed}/{total} committed in {result.seconds:.0f} s, "
         f"{result.deadlocks} deadlocks, retries {result.producer_retries or 'none'} / consumer "
         f"{result.consumer_retries or 'none'}, rows exact: {result.rows_exact}, samples {result.samples}"
     )

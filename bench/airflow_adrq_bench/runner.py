@@ -212,12 +212,10 @@ def _run_parties(plan: Plan) -> None:
         )
         shown = 0
         try:
-            while shown < len(plan.cells) or proc.poll() is None:
+            while proc.poll() is None:
                 while shown < len(plan.cells) and engine.cell_started(out / "barriers", shown):
                     task.step(plan.cells[shown].label, advance=1)
                     shown += 1
-                if proc.poll() is not None:
-                    break
                 time.sleep(0.25)
         finally:
             _stop(proc)
