@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool, QueuePool
 
@@ -59,14 +60,6 @@ def _run_threads(producers: int, producer: Callable[[int], None]) -> float:
     with ThreadPoolExecutor(producers) as pool:
         list(pool.map(producer, range(producers)))
     return time.monotonic() - started
-
-
-#: The ids of the client connections to the current database, the asking one's included.
-_CONNECTIONS = {
-    "postgresql": "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-    "AND backend_type = 'client backend'",
-    "mysql": "SELECT id FROM information_schema.processlist WHERE db = DATABASE()",
-}
 
 
 # --- bench --faults ------------------------------------------------------------------
@@ -117,28 +110,60 @@ class FaultRun:
         }
 
 
+#: The server's id of the connection running it, and the ids of the given connections still alive.
 _OWN_ID = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
-_KILL = {"postgresql": "SELECT pg_terminate_backend({})", "mysql": "KILL CONNECTION {}"}
+_ALIVE = {
+    "postgresql": "SELECT pid FROM pg_stat_activity WHERE pid IN :ids",
+    "mysql": "SELECT id FROM information_schema.processlist WHERE id IN :ids",
+}
 
 
-def _kill_at_random(url: str, backend: str, every_s: float, rng: random.Random, stop: threading.Event) -> int:
-    """Terminate another connection to the database at random every ``every_s`` (jittered) until
-    ``stop``; returns the kills."""
-    engine = sa.create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
-    kills = 0
-    with engine.connect() as conn:
-        own = conn.exec_driver_sql(_OWN_ID[backend]).scalar_one()
-        while not stop.wait(rng.uniform(0.5, 1.5) * every_s):
-            victims = [int(i) for (i,) in conn.exec_driver_sql(_CONNECTIONS[backend]) if i != own]
-            if not victims:
-                continue
-            try:
-                conn.exec_driver_sql(_KILL[backend].format(rng.choice(victims)))
-                kills += 1
-            except sa.exc.DBAPIError:  # the victim left in between
-                pass
-    engine.dispose()
-    return kills
+class _Killer(threading.Thread):
+    """Terminates one producer connection at random, every ``every_s`` (jittered), until stopped."""
+
+    def __init__(self, url: str, backend: str, every_s: float, rng: random.Random) -> None:
+        super().__init__(name="adrq-fault-killer", daemon=True)
+        self.engine = sa.create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+        self.backend, self.every_s, self.rng = backend, every_s, rng
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        #: The producers' connections, recorded as they connect (:meth:`watch`).
+        self.producer_ids: set[int] = set()
+        self.kills = 0
+
+    def watch(self, engine: Engine) -> Engine:
+        """Record the server id of every connection ``engine`` opens: those are the killer's victims."""
+
+        @sa.event.listens_for(engine, "connect")
+        def _record(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute(_OWN_ID[self.backend])
+            (own_id,) = cursor.fetchone()
+            cursor.close()
+            with self.lock:
+                self.producer_ids.add(int(own_id))
+
+        return engine
+
+    def run(self) -> None:
+        alive = sa.text(_ALIVE[self.backend]).bindparams(sa.bindparam("ids", expanding=True))
+        with self.engine.connect() as conn:
+            while not self.stop.wait(self.rng.uniform(0.5, 1.5) * self.every_s):
+                with self.lock:
+                    known = sorted(self.producer_ids)
+                try:
+                    victims = [int(r[0]) for r in conn.execute(alive, {"ids": known})] if known else []
+                    if not victims:
+                        continue
+                    victim = self.rng.choice(victims)
+                    if self.backend == "postgresql":
+                        conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": victim})
+                    else:
+                        conn.exec_driver_sql(f"KILL CONNECTION {int(victim)}")
+                    self.kills += 1
+                except sa.exc.DBAPIError:  # the victim left in between
+                    pass
+        self.engine.dispose()
 
 
 def run_faults(
@@ -148,12 +173,12 @@ def run_faults(
     rng, backend = random.Random(seed), dataset.server_backend(url, "the fault run")
     seed_engine = create_engine(url)
     assets = dataset.seed_fan(seed_engine, "fault", outlets=sizes.outlets, fanout=sizes.fanout)
-    # Nothing of ours but the producers stays connected during the run: the killer's victims.
+    # Nothing of ours but the producers stays connected during the run.
     seed_engine.dispose()
     result = FaultRun(backend=backend, sizes=asdict(sizes))
     outcomes: dict[str, str] = {}
-    lock, stop = threading.Lock(), threading.Event()
-    killer_rng = random.Random(rng.random())
+    lock = threading.Lock()
+    killer = _Killer(url, backend, sizes.kill_every_s, random.Random(rng.random()))
 
     def work(session: Session, sink: list[Callable[[], object]], order: list[Any], ti: _TI) -> None:
         for asset in order:
@@ -161,7 +186,7 @@ def run_faults(
         time.sleep(sizes.hold_ms / 1000)
 
     def producer(index: int) -> None:
-        engine = create_engine(url, pool_size=1, max_overflow=1)
+        engine = killer.watch(create_engine(url, pool_size=1, max_overflow=1))
         factory = sessionmaker(engine)
         local = random.Random(rng.random())
         for t in range(sizes.transactions):
@@ -184,14 +209,11 @@ def run_faults(
                 outcomes[run_id] = outcome
         engine.dispose()
 
-    with ThreadPoolExecutor(1) as pool:
-        killer = pool.submit(_kill_at_random, url, backend, sizes.kill_every_s, killer_rng, stop)
-        try:
-            result.seconds = _run_threads(sizes.producers, producer)
-        finally:
-            stop.set()
-        result.kills = killer.result()
-    result.transactions = len(outcomes)
+    killer.start()
+    result.seconds = _run_threads(sizes.producers, producer)
+    killer.stop.set()
+    killer.join()
+    result.kills, result.transactions = killer.kills, len(outcomes)
     result.completed = sum(1 for o in outcomes.values() if o == "completed")
     result.raised = dict(collections.Counter(o for o in outcomes.values() if o != "completed"))
     _check_faults(url, sizes, outcomes, result)
@@ -288,6 +310,12 @@ def _rss_mib() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+_SERVER_CONNECTIONS = {
+    "postgresql": "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()",
+    "mysql": "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE()",
+}
+
+
 def _claim(session: Session, _sink: list[Callable[[], object]], dag: str) -> list[dataset.Pair]:
     """What the scheduler does to one DAG's queue rows: lock them (skipping locked ones), delete them."""
     rows = scheduler.queued(session.connection(), dag)
@@ -312,14 +340,14 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Log = print) -> S
 
     def sample(progress: int) -> None:
         with engine.connect() as conn:
-            server = len(conn.exec_driver_sql(_CONNECTIONS[result.backend]).all())
+            server = int(conn.exec_driver_sql(_SERVER_CONNECTIONS[result.backend]).scalar_one())
         pool = cast(QueuePool, engine.pool)
         result.samples.append((progress, round(_rss_mib(), 1), pool.checkedout(), server))
 
     def transact(work: Callable[..., T], retries: dict[str, int], who: str) -> T | None:
         """``work`` through ``run_in_transaction``, retries counted; None, counted as failed, if it raised."""
         try:
-            return retry.run_in_transaction(factory, work, on_retry=_counting(result.retries, lock))
+            return retry.run_in_transaction(factory, work, on_retry=_counting(retries, lock))
         except Exception as exc:
             _count(result.failed, f"{who}{type(exc).__name__}", lock)
             return None
