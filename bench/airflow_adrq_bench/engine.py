@@ -423,7 +423,6 @@ def run_raw_ratio(url: str, sizes: Sizes, *, step: Step) -> list[dict[str, Any]]
     columns (``ours_p50_ms``, ``raw_p25_ms`` ...), the ratios of the medians and of the p95s, statements
     per call."""
     task = strategies.TASK
-    source = (task.dag_id, task.task_id, task.run_id, task.map_index)
     results: list[dict[str, Any]] = []
     rng = process_rng()
     with (
@@ -438,7 +437,7 @@ def run_raw_ratio(url: str, sizes: Sizes, *, step: Step) -> list[dict[str, Any]]
                 session.commit()
 
         def hand_written(asset: dataset.SeedAsset) -> None:
-            raw.register(raw_connection, name=asset.name, uri=asset.uri, source=source)
+            raw.register(raw_connection, name=asset.name, uri=asset.uri, source=asdict(task))
 
         for fanout in sorted(sizes.ratio_fanouts):
             step(f"F={fanout}", 0)

@@ -35,6 +35,7 @@ from airflow_adrq.engine import create_engine
 from airflow_adrq.errors import CommitOutcomeUnknownError, RetriesExhaustedError
 from airflow_adrq.models import AssetEvent
 from airflow_adrq_testing import dataset, scheduler
+from airflow_adrq_testing.strategies import BenchTask
 
 T = TypeVar("T")
 Log = Callable[[str], None]
@@ -180,7 +181,7 @@ def run_faults(
     lock = threading.Lock()
     killer = _Killer(url, backend, sizes.kill_every_s, random.Random(rng.random()))
 
-    def work(session: Session, sink: list[Callable[[], object]], order: list[Any], ti: _TI) -> None:
+    def work(session: Session, sink: list[Callable[[], object]], order: list[Any], ti: BenchTask) -> None:
         for asset in order:
             manager.register_asset_change(asset=asset, task_instance=ti, session=session, callback_sink=sink)
         time.sleep(sizes.hold_ms / 1000)
@@ -191,7 +192,9 @@ def run_faults(
         local = random.Random(rng.random())
         for t in range(sizes.transactions):
             run_id = f"p{index}-t{t}"
-            one = functools.partial(work, order=local.sample(assets, len(assets)), ti=_TI(run_id))
+            one = functools.partial(
+                work, order=local.sample(assets, len(assets)), ti=BenchTask(run_id=run_id)
+            )
             try:
                 retry.run_in_transaction(
                     factory,
@@ -246,16 +249,6 @@ def _check_faults(url: str, sizes: FaultSizes, outcomes: dict[str, str], result:
             result.unknown_committed += count == sizes.outlets
             result.unknown_not_committed += count == 0
     result.queue_rows_exact = queued == {(a, d) for a, dags in consumers.items() for d in dags}
-
-
-@dataclass(frozen=True)
-class _TI:
-    """The producing task: its ``run_id`` names the transaction, so the check can count its events."""
-
-    run_id: str
-    dag_id: str = "fault_producer"
-    task_id: str = "emit"
-    map_index: int = -1
 
 
 # --- bench --soak --------------------------------------------------------------------
