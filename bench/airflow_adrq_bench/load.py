@@ -191,10 +191,9 @@ def run_faults(
         factory = sessionmaker(engine)
         local = random.Random(rng.random())
         for t in range(sizes.transactions):
-            run_id = f"p{index}-t{t}"
-            one = functools.partial(
-                work, order=local.sample(assets, len(assets)), ti=BenchTask(run_id=run_id)
-            )
+            run_id = f"p{index}-t{t}"  # names the transaction: the check counts its events by it
+            task = BenchTask(run_id=run_id)
+            one = functools.partial(work, order=local.sample(assets, len(assets)), ti=task)
             try:
                 retry.run_in_transaction(
                     factory,
