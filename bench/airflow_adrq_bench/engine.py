@@ -177,12 +177,10 @@ class _Round:
         _wait(self.plan, "done", self.cell, 0, between=between, pause_s=pause_s)
         return time.perf_counter() - self.started
 
-    def consume(
-        self, work: Callable[[Session, list[dataset.Pair]], int], *, deadline: float
-    ) -> tuple[TxResult, int]:
-        """One consumer transaction, retried like a producer's, no hold: its result and how many claims
-        or runs ``work`` made (0 uncommitted). ``work`` appends the pairs it takes to a list emptied at
-        every attempt; only a committed transaction's join :attr:`consumed`."""
+    def consume(self, work: Callable[[Session, list[dataset.Pair]], int], *, deadline: float) -> TxResult:
+        """One consumer transaction, retried like a producer's, no hold. ``work`` appends the pairs it
+        takes to a list emptied at every attempt and returns the claims or runs it made; only a
+        committed transaction's join :attr:`consumed` and :attr:`made`."""
         taken: list[dataset.Pair] = []
         made = [0]
 
@@ -193,11 +191,10 @@ class _Round:
         max_attempts = self.plan.sizes.max_attempts
         result = run_transaction(self.engine, attempt, max_attempts=max_attempts, deadline=deadline, hold_s=0)
         self.failures.update(result.failures)
-        if not result.ok:
-            return result, 0
-        self.consumed.update(taken)
-        self.made += made[0]
-        return result, made[0]
+        if result.ok:
+            self.consumed.update(taken)
+            self.made += made[0]
+        return result
 
 
 def _contention_round(current: _Round) -> dict[str, Any]:
@@ -270,13 +267,14 @@ def _lost_events_round(current: _Round) -> dict[str, Any]:
     pass_ms: list[float] = []
 
     def one_pass() -> int:
-        deadline = time.monotonic() + current.plan.barrier_timeout_s
-        result, made = current.consume(
+        """One scheduler pass (retried as a whole); the runs it committed."""
+        before, deadline = current.made, time.monotonic() + current.plan.barrier_timeout_s
+        result = current.consume(
             lambda session, taken: scheduler.recorded_pass(session, dags, taken, lock_dag=lock_dag),
             deadline=deadline,
         )
         pass_ms.append(result.latency_s * 1000)
-        return made
+        return current.made - before
 
     duration = current.wait_done(one_pass)
     # Drain: every committed queue row becomes a run.
@@ -436,21 +434,21 @@ def run_raw_ratio(url: str, sizes: Sizes, *, step: Step) -> list[dict[str, Any]]
                 airflow_adrq.register_asset_change(asset=asset, task_instance=task, session=session)
                 session.commit()
 
-        def hand_written(asset: dataset.SeedAsset) -> None:
-            raw.register(raw_connection, name=asset.name, uri=asset.uri, source=asdict(task))
-
         for fanout in sorted(sizes.ratio_fanouts):
             step(f"F={fanout}", 0)
             asset = asset_of[fanout]
-            calls = {"ours_": functools.partial(ours, asset), "raw_": functools.partial(hand_written, asset)}
+            hand_written = functools.partial(
+                raw.register, raw_connection, name=asset.name, uri=asset.uri, source=asdict(task)
+            )
+            calls: dict[str, Callable[[], object]] = {
+                "ours_": functools.partial(ours, asset),
+                "raw_": hand_written,
+            }
             row: dict[str, Any] = {"fanout": fanout, "calls": sizes.ratio_calls}
             row.update(_measure(engine, calls, fanout, sizes.ratio_calls, rng))
             # The raw side goes around SQLAlchemy's cursor events: its statements are its own count.
             row["raw_statements"] = raw.statements
-            row.update(
-                ratio_p50=row["ours_p50_ms"] / row["raw_p50_ms"],
-                ratio_p95=row["ours_p95_ms"] / row["raw_p95_ms"],
-            )
+            row.update({f"ratio_p{q}": row[f"ours_p{q}_ms"] / row[f"raw_p{q}_ms"] for q in (50, 95)})
             results.append(row)
             step(f"F={fanout}", 1)
     return results
