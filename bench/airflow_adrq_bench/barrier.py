@@ -2,9 +2,9 @@
 
 The parties are pytest-xdist workers, interpreters that share no memory and no parent's
 ``multiprocessing`` handle, so the barrier is files: each party creates ``<dir>/<name>.<party>``
-and polls (every millisecond) until the files of all ``parties`` exist. Files stay for the run,
-so a late poller still sees a passed barrier, and the runner reads progress from them. A file
-``abort`` ends every wait at once: a failing party writes it.
+and polls (by default every millisecond) until the files of all ``parties`` exist. Files stay
+for the run, so a late poller still sees a passed barrier, and the runner reads progress from
+them. A file ``abort`` ends every wait at once: a failing party writes it.
 """
 
 from __future__ import annotations
