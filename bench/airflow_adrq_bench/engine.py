@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import random
 import time
@@ -68,147 +69,118 @@ def share(total: int, producers: int, party: int) -> int:
 # --- the parties ---------------------------------------------------------------
 
 
-class _Party:
-    """A party's generator, barriers and engine (one database at a time)."""
+@contextlib.contextmanager
+def _engines(plan: Plan) -> Iterator[dict[str, Engine]]:
+    """An engine per database of the plan, kept for the run (it connects once its rounds begin)."""
+    urls = dict.fromkeys(cell.url for cell in plan.cells)
+    engines = {url: dataset.bench_engine(url, lock_timeout_s=plan.sizes.lock_timeout_s) for url in urls}
+    try:
+        yield engines
+    finally:
+        for engine in engines.values():
+            engine.dispose()
 
-    def __init__(self, plan: Plan, party: int) -> None:
-        self.plan, self.sizes, self.party = plan, plan.sizes, party
-        self.out = Path(plan.out_dir)
-        self.sync = self.out / "barriers"
-        self.rng = process_rng()
-        self._url: str | None = None
-        self._engine: Engine | None = None
 
-    def engine(self, url: str) -> Engine:
-        if url != self._url:
-            self.close()
-            self._engine, self._url = dataset.bench_engine(url, lock_timeout_s=self.sizes.lock_timeout_s), url
-        assert self._engine is not None
-        return self._engine
+def _wait(plan: Plan, name: str, cell: Cell, party: int, **poll: Any) -> None:
+    """Barrier ``<name>-<round>`` (:func:`.barrier.wait`); its error names the round."""
+    sync, timeout = Path(plan.out_dir) / "barriers", plan.barrier_timeout_s
+    try:
+        barrier.wait(sync, f"{name}-{cell.index}", party, plan.parties, timeout_s=timeout, **poll)
+    except barrier.BarrierTimeoutError as exc:
+        raise barrier.BarrierTimeoutError(f"{cell.label}: {exc}") from None
 
-    def close(self) -> None:
-        if self._engine is not None:
-            self._engine.dispose()
-        self._engine, self._url = None, None
 
-    def wait(self, name: str, cell: Cell) -> None:
-        timeout = self.plan.barrier_timeout_s
-        barrier.wait(self.sync, f"{name}-{cell.index}", self.party, self.plan.parties, timeout_s=timeout)
-
-    def transaction(
-        self, engine: Engine, cell: Cell, assets: Sequence[dataset.SeedAsset], **kw: Any
-    ) -> TxResult:
-        """One producer transaction of ``cell``'s strategy over the assets its scenario emits."""
-        emitted = emitted_assets(cell.scenario, assets, self.rng)
-        emit = strategies.get(cell.strategy)
-        return run_transaction(
-            engine,
-            lambda session: emit(session, emitted, self.rng),
-            max_attempts=self.sizes.max_attempts,
-            assets=[a.id for a in emitted],
-            **kw,
-        )
+def _transaction(
+    engine: Engine, cell: Cell, assets: Sequence[dataset.SeedAsset], rng: random.Random, **kw: Any
+) -> TxResult:
+    """One producer transaction of ``cell``'s strategy over the assets its scenario emits."""
+    emitted = emitted_assets(cell.scenario, assets, rng)
+    emit = strategies.get(cell.strategy)
+    return run_transaction(
+        engine, lambda session: emit(session, emitted, rng), assets=[a.id for a in emitted], **kw
+    )
 
 
 def run_producer(plan: Plan, party: int) -> None:
     """Party ``party`` (1..N): every round it takes part in, warm up, then run its transactions."""
-    this, sizes = _Party(plan, party), plan.sizes
-    try:
-        with (this.out / f"tx-{party}.jsonl").open("a") as sink:
-            for cell in plan.cells:
-                active = party <= cell.producers
-                if active:
-                    engine = this.engine(cell.url)
-                    with engine.connect() as conn:
-                        if cell.scenario == "lost_events":
-                            assets = [dataset.asset(conn, "lost_asset")]
-                            warm = [dataset.asset(conn, f"lost_warm_{party}")]
-                        else:
-                            assets, warm = dataset.main_assets(conn), dataset.warm_assets(conn, party)
-                    deadline = time.monotonic() + plan.barrier_timeout_s
-                    this.transaction(engine, cell, warm, deadline=deadline, hold_s=0)
-                this.wait("warm", cell)
-                this.wait("start", cell)
-                if active:
-                    if cell.scenario == "lost_events":
-                        count = share(sizes.lost_events, cell.producers, party)
-                        deadline = time.monotonic() + sizes.lost_timeout_s
+    sizes, rng = plan.sizes, process_rng()
+    with _engines(plan) as engines, (Path(plan.out_dir) / f"tx-{party}.jsonl").open("a") as sink:
+        for cell in plan.cells:
+            active, lost = party <= cell.producers, cell.scenario == "lost_events"
+            tx = functools.partial(
+                _transaction, engines[cell.url], cell, rng=rng, max_attempts=sizes.max_attempts
+            )
+            if active:
+                with engines[cell.url].connect() as conn:
+                    if lost:
+                        assets = [dataset.asset(conn, "lost_asset")]
+                        warm = [dataset.asset(conn, f"lost_warm_{party}")]
                     else:
-                        count = sizes.transactions
-                        deadline = time.monotonic() + sizes.round_timeout_s
-                    hold_s = cell.hold_ms / 1000
-                    one = functools.partial(
-                        this.transaction, engine, cell, assets, deadline=deadline, hold_s=hold_s
-                    )
-                    for record in round_records(count, deadline, one):
-                        sink.write(json.dumps({"cell": cell.index, "party": party, **record}) + "\n")
-                        sink.flush()
-                barrier.arrive(this.sync, f"done-{cell.index}", party)
-                this.wait("end", cell)
-    finally:
-        this.close()
+                        assets, warm = dataset.main_assets(conn), dataset.warm_assets(conn, party)
+                tx(warm, deadline=time.monotonic() + plan.barrier_timeout_s, hold_s=0)
+            _wait(plan, "warm", cell, party)
+            _wait(plan, "start", cell, party)
+            if active:
+                count = share(sizes.lost_events, cell.producers, party) if lost else sizes.transactions
+                deadline = time.monotonic() + (sizes.lost_timeout_s if lost else sizes.round_timeout_s)
+                one = functools.partial(tx, assets, deadline=deadline, hold_s=cell.hold_ms / 1000)
+                for record in round_records(count, deadline, one):
+                    sink.write(json.dumps({"cell": cell.index, "party": party, **record}) + "\n")
+                    sink.flush()
+            barrier.arrive(Path(plan.out_dir) / "barriers", f"done-{cell.index}", party)
+            _wait(plan, "end", cell, party)
 
 
 def run_coordinator(plan: Plan) -> None:
     """Party 0: reset before each round, consume, check rows (or count lost events) after."""
-    this = _Party(plan, 0)
-    try:
-        with (this.out / "cells.jsonl").open("a") as sink:
-            for cell in plan.cells:
-                engine = this.engine(cell.url)
-                this.wait("warm", cell)
-                dataset.reset(engine)
-                this.wait("start", cell)
-                current = _Round(this, engine, cell, time.perf_counter())
-                record = (
-                    _lost_events_round(current)
-                    if cell.scenario == "lost_events"
-                    else _contention_round(current)
-                )
-                this.wait("end", cell)
-                record["planned"] = cell.planned(plan.sizes)
-                sink.write(json.dumps(record) + "\n")
-                sink.flush()
-    finally:
-        this.close()
+    rng = process_rng()
+    with _engines(plan) as engines, (Path(plan.out_dir) / "cells.jsonl").open("a") as sink:
+        for cell in plan.cells:
+            engine = engines[cell.url]
+            _wait(plan, "warm", cell, 0)
+            dataset.reset(engine)
+            _wait(plan, "start", cell, 0)
+            current = _Round(plan, engine, cell, rng, time.perf_counter())
+            lost = cell.scenario == "lost_events"
+            record = _lost_events_round(current) if lost else _contention_round(current)
+            _wait(plan, "end", cell, 0)
+            record["planned"] = cell.planned(plan.sizes)
+            sink.write(json.dumps(record) + "\n")
+            sink.flush()
 
 
 def cell_started(sync: Path, index: int) -> bool:
     """Whether the coordinator has begun round ``index`` (it arrives at its ``warm`` barrier first)."""
-    return barrier.arrived(sync, f"warm-{index}", 1) == 1
+    return barrier.arrived(sync, f"warm-{index}", 0)
 
 
 @dataclass
 class _Round:
     """One round as the coordinator runs it, and the tally of its scheduler side (the ``with_consumer``
-    claimer and the ``lost_events`` scheduler differ only in what their :meth:`consume` step does)."""
+    claimer and the ``lost_events`` scheduler differ only in the ``work`` they :meth:`consume`)."""
 
-    party: _Party
+    plan: Plan
     engine: Engine
     cell: Cell
+    rng: random.Random
     started: float
     #: What the committed consumer transactions took: (asset, DAG) claims or (event, DAG) runs.
     consumed: set[dataset.Pair] = field(default_factory=set)
+    #: Claims or runs the committed consumer transactions made.
+    made: int = 0
     #: Failed consumer attempts, by kind.
     failures: Counter[str] = field(default_factory=Counter)
 
     def wait_done(self, between: Callable[[], object] = lambda: None, *, pause_s: float = 0.001) -> float:
         """Call ``between`` (a consumer's step) until every producer is done (or the barrier timeout
         raises); returns the round's duration."""
-        parties = self.party.plan.parties
-        while barrier.arrived(self.party.sync, f"done-{self.cell.index}", parties) < parties - 1:
-            if time.perf_counter() - self.started > self.party.plan.barrier_timeout_s:
-                raise barrier.BarrierTimeoutError(f"producers did not finish {self.cell.label}")
-            between()
-            time.sleep(pause_s)
+        _wait(self.plan, "done", self.cell, 0, between=between, pause_s=pause_s)
         return time.perf_counter() - self.started
 
-    def consume(
-        self, work: Callable[[Session, list[dataset.Pair]], int], *, deadline: float
-    ) -> tuple[TxResult, int]:
-        """One consumer transaction, retried like a producer's, no hold: its result and how many claims
-        or runs ``work`` made (0 uncommitted). ``work`` appends the pairs it takes to a list emptied at
-        every attempt; only a committed transaction's join :attr:`consumed`."""
+    def consume(self, work: Callable[[Session, list[dataset.Pair]], int], *, deadline: float) -> TxResult:
+        """One consumer transaction, retried like a producer's, no hold. ``work`` appends the pairs it
+        takes to a list emptied at every attempt and returns the claims or runs it made; only a
+        committed transaction's join :attr:`consumed` and :attr:`made`."""
         taken: list[dataset.Pair] = []
         made = [0]
 
@@ -216,13 +188,13 @@ class _Round:
             taken.clear()
             made[0] = work(session, taken)
 
-        max_attempts = self.party.sizes.max_attempts
+        max_attempts = self.plan.sizes.max_attempts
         result = run_transaction(self.engine, attempt, max_attempts=max_attempts, deadline=deadline, hold_s=0)
         self.failures.update(result.failures)
-        if not result.ok:
-            return result, 0
-        self.consumed.update(taken)
-        return result, made[0]
+        if result.ok:
+            self.consumed.update(taken)
+            self.made += made[0]
+        return result
 
 
 def _contention_round(current: _Round) -> dict[str, Any]:
@@ -230,15 +202,25 @@ def _contention_round(current: _Round) -> dict[str, Any]:
         consumers = dataset.consumer_dags(conn, dataset.main_asset_ids(conn))
     consumer: dict[str, Any] = {}
     if current.cell.scenario == "with_consumer":
-        step, claims = _claimer(current, sorted(set().union(*consumers.values())))
-        duration = current.wait_done(step, pause_s=0.002)
-        consumer = {"claims": claims[0], "failures": dict(current.failures)}
+        # The scheduler: one DAG's claim per step, DAGs in a shuffled round-robin, until its deadline.
+        order = sorted(set().union(*consumers.values()))
+        current.rng.shuffle(order)
+        turns = itertools.cycle(order)
+        sizes = current.plan.sizes
+        deadline = time.monotonic() + sizes.round_timeout_s + 2 * sizes.lock_timeout_s
+
+        def claim_next() -> None:
+            if time.monotonic() < deadline:
+                current.consume(functools.partial(_claim, next(turns)), deadline=deadline)
+
+        duration = current.wait_done(claim_next, pause_s=0.002)
+        consumer = {"claims": current.made, "failures": dict(current.failures)}
     else:
         duration = current.wait_done()
     # Every producer has written its transactions before arriving at "done".
     emitted: set[dataset.Pair] = set()
-    for party in range(1, current.party.plan.parties):
-        path = current.party.out / f"tx-{party}.jsonl"
+    for party in range(1, current.plan.parties):
+        path = Path(current.plan.out_dir) / f"tx-{party}.jsonl"
         for line in path.read_text().splitlines() if path.exists() else []:
             tx = json.loads(line)
             if tx["cell"] == current.cell.index and tx["ok"]:
@@ -258,33 +240,17 @@ def _contention_round(current: _Round) -> dict[str, Any]:
     }
 
 
-def _claimer(current: _Round, dags: Sequence[str]) -> tuple[Callable[[], None], list[int]]:
-    """The ``with_consumer`` scheduler's step (one DAG's claim per call, DAGs in a shuffled round-robin,
-    until its deadline) and its count of claims. A claim is one transaction: the DAG's queue rows
-    (:func:`.scheduler.queued`), a recorded run, exactly those rows deleted, COMMIT."""
-    order = list(dags)
-    current.party.rng.shuffle(order)
-    sizes = current.party.sizes
-    deadline = time.monotonic() + sizes.round_timeout_s + 2 * sizes.lock_timeout_s
-    turn, claims = [0], [0]
-
-    def claim(dag: str, session: Session, claimed: list[dataset.Pair]) -> int:
-        conn = session.connection()
-        rows = scheduler.queued(conn, dag)
-        if not rows:
-            return 0
-        claimed.extend((a, dag) for a, _ in rows)
-        conn.execute(sa.insert(dataset.bench_run).values(dag_id=dag, queued_rows=len(rows)))
-        scheduler.delete(conn, dag, rows)
-        return 1
-
-    def step() -> None:
-        if time.monotonic() < deadline:
-            dag = order[turn[0] % len(order)]
-            turn[0] += 1
-            claims[0] += current.consume(functools.partial(claim, dag), deadline=deadline)[1]
-
-    return step, claims
+def _claim(dag: str, session: Session, claimed: list[dataset.Pair]) -> int:
+    """One ``with_consumer`` claim: the DAG's queue rows (:func:`.scheduler.queued`), a recorded run,
+    exactly those rows deleted; the caller commits."""
+    conn = session.connection()
+    rows = scheduler.queued(conn, dag)
+    if not rows:
+        return 0
+    claimed.extend((a, dag) for a, _ in rows)
+    conn.execute(sa.insert(dataset.bench_run).values(dag_id=dag, queued_rows=len(rows)))
+    scheduler.delete(conn, dag, rows)
+    return 1
 
 
 # --- lost events: Airflow 3.3.2's scheduler rule ----------------------------------
@@ -299,17 +265,16 @@ def _lost_events_round(current: _Round) -> dict[str, Any]:
         # (not on MariaDB): the same fact that makes "auto" refresh in the producer.
         lock_dag = dialects.get(conn).refresh_by_default(conn)
     pass_ms: list[float] = []
-    runs = [0]
 
     def one_pass() -> int:
-        deadline = time.monotonic() + current.party.plan.barrier_timeout_s
-        result, made = current.consume(
+        """One scheduler pass (retried as a whole); the runs it committed."""
+        before, deadline = current.made, time.monotonic() + current.plan.barrier_timeout_s
+        result = current.consume(
             lambda session, taken: scheduler.recorded_pass(session, dags, taken, lock_dag=lock_dag),
             deadline=deadline,
         )
         pass_ms.append(result.latency_s * 1000)
-        runs[0] += made
-        return made
+        return current.made - before
 
     duration = current.wait_done(one_pass)
     # Drain: every committed queue row becomes a run.
@@ -350,7 +315,7 @@ def _lost_events_round(current: _Round) -> dict[str, Any]:
         "lost_events": len({e for e, _ in lost}),
         # Consumed only by the sentinel's runs, after the round.
         "late_pairs": len((pairs & consumed) - consumed_in_round),
-        "runs": runs[0],
+        "runs": current.made,
         "passes": len(pass_ms),
         "pass_p50_ms": median(pass_ms),
         "pass_max_ms": max(pass_ms, default=float("nan")),
@@ -380,10 +345,25 @@ def _timed(engine: Engine, call: Callable[[], object], fanout: int) -> tuple[flo
         return elapsed, statements, len(dataset.queued_pairs(conn)) == fanout
 
 
-def _spread(row: dict[str, Any], timed: Sequence[tuple[float, int, bool]], prefix: str = "") -> None:
-    """The timed calls' latency columns (:func:`.stats.latency`, ms) and exact-rows check, into ``row``."""
-    row.update(latency([t * 1000 for t, _, _ in timed], prefix))
-    row["rows_exact"] = row.get("rows_exact", True) and all(ok for *_, ok in timed)
+def _measure(
+    engine: Engine, calls: dict[str, Callable[[], object]], fanout: int, repeats: int, rng: random.Random
+) -> dict[str, Any]:
+    """Time ``calls`` (column prefix -> call) with :func:`_timed`: one untimed call of each, then
+    ``repeats`` of each, the calls of a repeat in random order. Each call's latency columns
+    (:func:`.stats.latency`, ms) and ``statements`` (of its last call), after its prefix;
+    ``rows_exact``: every timed call queued ``fanout`` rows."""
+    for call in calls.values():
+        _timed(engine, call, fanout)  # warm-up: compilation and ORM set-up are one-off costs
+    timed: dict[str, list[tuple[float, int, bool]]] = {prefix: [] for prefix in calls}
+    for _ in range(repeats):
+        for prefix in rng.sample(list(calls), len(calls)):
+            timed[prefix].append(_timed(engine, calls[prefix], fanout))
+    row: dict[str, Any] = {}
+    for prefix, runs in timed.items():
+        row.update(latency([t * 1000 for t, _, _ in runs], prefix))
+        row[f"{prefix}statements"] = runs[-1][1]
+    row["rows_exact"] = all(ok for runs in timed.values() for *_, ok in runs)
+    return row
 
 
 def _commit(engine: Engine, emit: strategies.Emit, asset: dataset.SeedAsset, rng: random.Random) -> None:
@@ -426,10 +406,8 @@ def run_sweep(url: str, sizes: Sizes, strategy_names: Iterable[str], *, step: St
                     step(f"{name} F={fanout} skipped", 1)
                     continue
                 call = functools.partial(_commit, engine, emit, asset_of[fanout], rng)
-                _timed(engine, call, fanout)  # warm-up: compilation and ORM set-up are one-off costs
-                timed = [_timed(engine, call, fanout) for _ in range(sizes.sweep_repeats)]
-                _spread(row, timed)
-                row.update(latency_s=row["p50_ms"] / 1000, statements=timed[-1][1])
+                row.update(_measure(engine, {"": call}, fanout, sizes.sweep_repeats, rng))
+                row["latency_s"] = row["p50_ms"] / 1000
                 previous = (fanout, row["latency_s"])
                 results.append(row)
                 step(f"{name} F={fanout}", 1)
@@ -443,7 +421,6 @@ def run_raw_ratio(url: str, sizes: Sizes, *, step: Step) -> list[dict[str, Any]]
     columns (``ours_p50_ms``, ``raw_p25_ms`` ...), the ratios of the medians and of the p95s, statements
     per call."""
     task = strategies.TASK
-    source = (task.dag_id, task.task_id, task.run_id, task.map_index)
     results: list[dict[str, Any]] = []
     rng = process_rng()
     with (
@@ -457,30 +434,21 @@ def run_raw_ratio(url: str, sizes: Sizes, *, step: Step) -> list[dict[str, Any]]
                 airflow_adrq.register_asset_change(asset=asset, task_instance=task, session=session)
                 session.commit()
 
-        def hand_written(asset: dataset.SeedAsset) -> None:
-            raw.register(raw_connection, name=asset.name, uri=asset.uri, source=source)
-
         for fanout in sorted(sizes.ratio_fanouts):
             step(f"F={fanout}", 0)
-            calls = {
-                side: functools.partial(f, asset_of[fanout])
-                for side, f in (("ours", ours), ("raw", hand_written))
-            }
-            for call in calls.values():  # warm-up
-                _timed(engine, call, fanout)
-            timed: dict[str, list[tuple[float, int, bool]]] = {"ours": [], "raw": []}
-            for _ in range(sizes.ratio_calls):
-                for side in rng.sample(list(calls), len(calls)):
-                    timed[side].append(_timed(engine, calls[side], fanout))
-            row: dict[str, Any] = {"fanout": fanout, "calls": sizes.ratio_calls}
-            for side, runs in timed.items():
-                _spread(row, runs, f"{side}_")
-            # The raw side goes around SQLAlchemy's cursor events: its statements are its own count.
-            row.update(ours_statements=timed["ours"][-1][1], raw_statements=raw.statements)
-            row.update(
-                ratio_p50=row["ours_p50_ms"] / row["raw_p50_ms"],
-                ratio_p95=row["ours_p95_ms"] / row["raw_p95_ms"],
+            asset = asset_of[fanout]
+            hand_written = functools.partial(
+                raw.register, raw_connection, name=asset.name, uri=asset.uri, source=asdict(task)
             )
+            calls: dict[str, Callable[[], object]] = {
+                "ours_": functools.partial(ours, asset),
+                "raw_": hand_written,
+            }
+            row: dict[str, Any] = {"fanout": fanout, "calls": sizes.ratio_calls}
+            row.update(_measure(engine, calls, fanout, sizes.ratio_calls, rng))
+            # The raw side goes around SQLAlchemy's cursor events: its statements are its own count.
+            row["raw_statements"] = raw.statements
+            row.update({f"ratio_p{q}": row[f"ours_p{q}_ms"] / row[f"raw_p{q}_ms"] for q in (50, 95)})
             results.append(row)
             step(f"F={fanout}", 1)
     return results

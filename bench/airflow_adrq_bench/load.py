@@ -35,41 +35,32 @@ from airflow_adrq.engine import create_engine
 from airflow_adrq.errors import CommitOutcomeUnknownError, RetriesExhaustedError
 from airflow_adrq.models import AssetEvent
 from airflow_adrq_testing import dataset, scheduler
+from airflow_adrq_testing.strategies import BenchTask
 
 T = TypeVar("T")
 Log = Callable[[str], None]
 
 
-class _Load:
-    """One run's shared state: the backend, the seeded assets, a lock, and retry counting by kind."""
+def _count(counts: dict[str, int], key: str, lock: threading.Lock) -> None:
+    with lock:
+        counts[key] = counts.get(key, 0) + 1
 
-    def __init__(
-        self, url: str, purpose: str, engine: Engine, prefix: str, outlets: int, fanout: int
-    ) -> None:
-        self.backend = dataset.server_backend(url, purpose)
-        self.assets = dataset.seed_fan(engine, prefix, outlets=outlets, fanout=fanout)
-        self.lock = threading.Lock()
 
-    def counting(self, counter: collections.Counter[str]) -> Callable[[int, retry.Retryable], None]:
-        """An ``on_retry`` that counts each retry's kind in ``counter``."""
+def _counting(counts: dict[str, int], lock: threading.Lock) -> Callable[[int, retry.Retryable], None]:
+    """An ``on_retry`` that counts each retry's kind in ``counts``."""
 
-        def on_retry(_n: int, found: retry.Retryable) -> None:
-            with self.lock:
-                counter[found.kind.value] += 1
+    def on_retry(_n: int, found: retry.Retryable) -> None:
+        _count(counts, found.kind.value, lock)
 
-        return on_retry
+    return on_retry
 
-    def shuffled(self, rng: random.Random) -> list[Any]:
-        """The assets in a fresh random order (one transaction's outlets)."""
-        return rng.sample(self.assets, len(self.assets))
 
-    @staticmethod
-    def run(producers: int, producer: Callable[[int], None]) -> float:
-        """``producer(index)`` for every index at once, in threads; the seconds they took."""
-        started = time.monotonic()
-        with ThreadPoolExecutor(producers) as pool:
-            list(pool.map(producer, range(producers)))
-        return time.monotonic() - started
+def _run_threads(producers: int, producer: Callable[[int], None]) -> float:
+    """``producer(index)`` for every index at once, in threads; the seconds they took."""
+    started = time.monotonic()
+    with ThreadPoolExecutor(producers) as pool:
+        list(pool.map(producer, range(producers)))
+    return time.monotonic() - started
 
 
 # --- bench --faults ------------------------------------------------------------------
@@ -180,17 +171,17 @@ def run_faults(
     url: str, sizes: FaultSizes = FaultSizes(), *, seed: int | None = None, log: Log = print
 ) -> FaultRun:
     """Run the fault scenario on the (scratch) database at ``url`` and check what it left."""
-    rng = random.Random(seed)
+    rng, backend = random.Random(seed), dataset.server_backend(url, "the fault run")
     seed_engine = create_engine(url)
-    load = _Load(url, "the fault run", seed_engine, "fault", sizes.outlets, sizes.fanout)
+    assets = dataset.seed_fan(seed_engine, "fault", outlets=sizes.outlets, fanout=sizes.fanout)
     # Nothing of ours but the producers stays connected during the run.
     seed_engine.dispose()
-    result = FaultRun(backend=load.backend, sizes=asdict(sizes))
+    result = FaultRun(backend=backend, sizes=asdict(sizes))
     outcomes: dict[str, str] = {}
-    retries: collections.Counter[str] = collections.Counter()
-    killer = _Killer(url, load.backend, sizes.kill_every_s, random.Random(rng.random()))
+    lock = threading.Lock()
+    killer = _Killer(url, backend, sizes.kill_every_s, random.Random(rng.random()))
 
-    def work(session: Session, sink: list[Callable[[], object]], order: list[Any], ti: _TI) -> None:
+    def work(session: Session, sink: list[Callable[[], object]], order: list[Any], ti: BenchTask) -> None:
         for asset in order:
             manager.register_asset_change(asset=asset, task_instance=ti, session=session, callback_sink=sink)
         time.sleep(sizes.hold_ms / 1000)
@@ -200,14 +191,15 @@ def run_faults(
         factory = sessionmaker(engine)
         local = random.Random(rng.random())
         for t in range(sizes.transactions):
-            run_id = f"p{index}-t{t}"
-            one = functools.partial(work, order=load.shuffled(local), ti=_TI(run_id))
+            run_id = f"p{index}-t{t}"  # names the transaction: the check counts its events by it
+            task = BenchTask(run_id=run_id)
+            one = functools.partial(work, order=local.sample(assets, len(assets)), ti=task)
             try:
                 retry.run_in_transaction(
                     factory,
                     one,
                     max_attempts=sizes.max_attempts,
-                    on_retry=load.counting(retries),
+                    on_retry=_counting(result.retries, lock),
                     max_wait=0.5,
                 )
                 outcome = "completed"
@@ -215,20 +207,20 @@ def run_faults(
                 outcome = type(exc).__name__
             except Exception as exc:  # reported, never hidden
                 outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-            with load.lock:
+            with lock:
                 outcomes[run_id] = outcome
         engine.dispose()
 
     killer.start()
-    result.seconds = load.run(sizes.producers, producer)
+    result.seconds = _run_threads(sizes.producers, producer)
     killer.stop.set()
     killer.join()
-    result.kills, result.retries, result.transactions = killer.kills, dict(retries), len(outcomes)
+    result.kills, result.transactions = killer.kills, len(outcomes)
     result.completed = sum(1 for o in outcomes.values() if o == "completed")
     result.raised = dict(collections.Counter(o for o in outcomes.values() if o != "completed"))
     _check_faults(url, sizes, outcomes, result)
     log(
-        f"{load.backend}: {result.completed}/{result.transactions} completed, {result.kills} kills, "
+        f"{backend}: {result.completed}/{result.transactions} completed, {result.kills} kills, "
         f"raised {result.raised or 'nothing'}, {result.duplicate_events} duplicate events, "
         f"{result.half_written} half-written, queue rows exact: {result.queue_rows_exact}"
     )
@@ -256,16 +248,6 @@ def _check_faults(url: str, sizes: FaultSizes, outcomes: dict[str, str], result:
             result.unknown_committed += count == sizes.outlets
             result.unknown_not_committed += count == 0
     result.queue_rows_exact = queued == {(a, d) for a, dags in consumers.items() for d in dags}
-
-
-@dataclass(frozen=True)
-class _TI:
-    """The producing task: its ``run_id`` names the transaction, so the check can count its events."""
-
-    run_id: str
-    dag_id: str = "fault_producer"
-    task_id: str = "emit"
-    map_index: int = -1
 
 
 # --- bench --soak --------------------------------------------------------------------
@@ -336,35 +318,30 @@ def _claim(session: Session, _sink: list[Callable[[], object]], dag: str) -> lis
 
 def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Log = print) -> SoakRun:
     """Run the soak on the (scratch) database at ``url``; PostgreSQL or MySQL/MariaDB."""
+    result = SoakRun(backend=dataset.server_backend(url, "the soak"), sizes=asdict(sizes))
     engine = create_engine(url, pool_size=sizes.producers + 2, max_overflow=0)
-    load = _Load(url, "the soak", engine, "soak", sizes.outlets, sizes.fanout)
+    assets = dataset.seed_fan(engine, "soak", outlets=sizes.outlets, fanout=sizes.fanout)
     with engine.connect() as conn:
-        consumers = dataset.consumer_dags(conn, [a.id for a in load.assets])
-    result = SoakRun(backend=load.backend, sizes=asdict(sizes))
+        consumers = dataset.consumer_dags(conn, [a.id for a in assets])
     factory = sessionmaker(engine)
     emitted: set[dataset.Pair] = set()
     consumed: set[dataset.Pair] = set()
-    producer_retries: collections.Counter[str] = collections.Counter()
-    consumer_retries: collections.Counter[str] = collections.Counter()
-    failed: collections.Counter[str] = collections.Counter()
-    done = [0]
-    stop = threading.Event()
+    lock, stop = threading.Lock(), threading.Event()
     total = sizes.producers * sizes.transactions
     marks = {max(1, total * k // sizes.samples) for k in range(1, sizes.samples)}
 
     def sample(progress: int) -> None:
         with engine.connect() as conn:
-            server = int(conn.exec_driver_sql(_SERVER_CONNECTIONS[load.backend]).scalar_one())
+            server = int(conn.exec_driver_sql(_SERVER_CONNECTIONS[result.backend]).scalar_one())
         pool = cast(QueuePool, engine.pool)
         result.samples.append((progress, round(_rss_mib(), 1), pool.checkedout(), server))
 
-    def transact(work: Callable[..., T], retries: collections.Counter[str], who: str) -> T | None:
+    def transact(work: Callable[..., T], retries: dict[str, int], who: str) -> T | None:
         """``work`` through ``run_in_transaction``, retries counted; None, counted as failed, if it raised."""
         try:
-            return retry.run_in_transaction(factory, work, on_retry=load.counting(retries))
+            return retry.run_in_transaction(factory, work, on_retry=_counting(retries, lock))
         except Exception as exc:
-            with load.lock:
-                failed[f"{who}{type(exc).__name__}"] += 1
+            _count(result.failed, f"{who}{type(exc).__name__}", lock)
             return None
 
     def work(session: Session, sink: list[Callable[[], object]], order: Sequence[Any]) -> list[int]:
@@ -376,13 +353,14 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Log = print) -> S
     def producer(index: int) -> None:
         rng = random.Random(index)
         for _ in range(sizes.transactions):
-            asset_ids = transact(functools.partial(work, order=load.shuffled(rng)), producer_retries, "")
+            order = rng.sample(assets, len(assets))
+            asset_ids = transact(functools.partial(work, order=order), result.producer_retries, "")
             if asset_ids is None:
                 continue
-            with load.lock:
+            with lock:
                 emitted.update((a, d) for a in asset_ids for d in consumers[a])
-                done[0] += 1
-                progress = done[0]
+                result.committed += 1
+                progress = result.committed
             if progress in marks:
                 sample(progress)
 
@@ -390,10 +368,10 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Log = print) -> S
         dags = sorted({d for ds in consumers.values() for d in ds})
         while not stop.is_set():
             for dag in dags:
-                rows = transact(functools.partial(_claim, dag=dag), consumer_retries, "consumer ")
+                rows = transact(functools.partial(_claim, dag=dag), result.consumer_retries, "consumer ")
                 if rows is None:
                     continue
-                with load.lock:
+                with lock:
                     consumed.update(rows)
                     result.consumed_rows += len(rows)
             stop.wait(0.01)
@@ -401,17 +379,15 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Log = print) -> S
     sample(0)
     consumer_thread = threading.Thread(target=consumer)
     consumer_thread.start()
-    result.seconds = load.run(sizes.producers, producer)
+    result.seconds = _run_threads(sizes.producers, producer)
     stop.set()
     consumer_thread.join()
-    sample(done[0])
+    sample(result.committed)
     with engine.connect() as conn:
         result.rows = dataset.check_rows(dataset.queued_pairs(conn), emitted, consumed)
     engine.dispose()
-    result.committed, result.failed = done[0], dict(failed)
-    result.producer_retries, result.consumer_retries = dict(producer_retries), dict(consumer_retries)
     log(
-        f"{load.backend}: {result.committed}/{total} committed in {result.seconds:.0f} s, "
+        f"{result.backend}: {result.committed}/{total} committed in {result.seconds:.0f} s, "
         f"{result.deadlocks} deadlocks, retries {result.producer_retries or 'none'} / consumer "
         f"{result.consumer_retries or 'none'}, rows exact: {result.rows_exact}, samples {result.samples}"
     )

@@ -14,7 +14,7 @@ clock, then the ordered ``INSERT ... SELECT``), COMMIT. Timed against the librar
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -70,19 +70,10 @@ _CONFLICT: Final = {
 }
 
 
-def _placeholders(dialect_name: str, names: str) -> dict[str, str]:
-    """The placeholder of each of the space-separated ``names``, for bound parameters in a mapping."""
-    # sqlite3 takes :name with a mapping; psycopg2, psycopg 3, mysqlclient and
-    # PyMySQL all take %(name)s with a mapping.
-    form = ":{}" if dialect_name == "sqlite" else "%({})s"
-    return {n: form.format(n) for n in names.split()}
-
-
 @dataclass(frozen=True)
 class RawSql:
     """The hand-written statements for one dialect, and how to bind a timestamp there."""
 
-    dialect: str
     begin: str | None
     lookup: str
     insert_event: str
@@ -96,31 +87,18 @@ class RawSql:
         """Statements sent per call, COMMIT not counted (as ``airflow_adrq_testing.recording`` counts)."""
         return 2 + len(self.steps)
 
-    def register(
-        self, dbapi_connection: Any, *, name: str, uri: str, source: tuple[str, str, str, int]
-    ) -> int:
-        """One event + its queue rows + COMMIT; returns the event id."""
-        dag_id, task_id, run_id, map_index = source
+    def register(self, dbapi_connection: Any, *, name: str, uri: str, source: Mapping[str, Any]) -> int:
+        """One event of the task ``source`` names (``dag_id``, ``task_id``, ``run_id``, ``map_index``) +
+        its queue rows + COMMIT; returns the event id."""
         cursor = dbapi_connection.cursor()
         try:
             if self.begin:
                 cursor.execute(self.begin)
             cursor.execute(self.lookup, {"name": name, "uri": uri})
             (asset_id,) = cursor.fetchone()
-            event = {
-                "asset_id": asset_id,
-                "extra": "{}",
-                "task_id": task_id,
-                "dag_id": dag_id,
-                "run_id": run_id,
-                "map_index": map_index,
-                "timestamp": self.timestamp(utcnow()),
-            }
+            event = {"asset_id": asset_id, "extra": "{}", "timestamp": self.timestamp(utcnow()), **source}
             cursor.execute(self.insert_event, event)
-            if self.returning:
-                (event_id,) = cursor.fetchone()
-            else:
-                event_id = cursor.lastrowid
+            event_id = cursor.fetchone()[0] if self.returning else cursor.lastrowid
             params = {"now": self.timestamp(utcnow()), "event_id": event_id, "asset_id": asset_id}
             params["pending"] = self.timestamp(PENDING)
             for step in self.steps:
@@ -141,30 +119,26 @@ def raw_sql(dialect: Dialect) -> RawSql:
     name = dialect.name
     if name not in _CONFLICT:
         raise ValueError(f"no raw-SQL reference for dialect {name!r}")
-    p = _placeholders(
-        name, "name uri asset_id extra task_id dag_id run_id map_index timestamp now event_id pending"
-    )
+    # Bound parameters in a mapping: sqlite3 takes :name; psycopg2, psycopg 3, mysqlclient and
+    # PyMySQL all take %(name)s.
+    form = ":{}" if name == "sqlite" else "%({})s"
+    names = "name uri asset_id extra task_id dag_id run_id map_index timestamp now event_id pending"
+    p = {n: form.format(n) for n in names.split()}
     # MySQL < 8 has no RETURNING; MariaDB has had it on INSERT since 10.5.
     returning = name != "mysql" or bool(getattr(dialect, "is_mariadb", False))
-    insert_event = _INSERT_EVENT.format(**p) + (" RETURNING id" if returning else "")
     false = "false" if name == "postgresql" else "0"
-    bind = UtcDateTime().dialect_impl(dialect).bind_processor(dialect)
-
-    def timestamp(value: dt.datetime) -> Any:
-        return bind(value) if bind is not None else value
-
     queue = _QUEUE.replace("{created_at}", "{pending}" if name == "mysql" else "{now}") + _CONFLICT[name]
+    queue = queue.format(false=false, **p)
     steps = {
         "postgresql": ("SAVEPOINT adrq_share_lock", _WRITE_PG.format(**p)),
-        "mysql": (queue.format(false=false, **p), _CLOCK, _STAMP_EVENT.format(**p), _STAMP_ROWS.format(**p)),
-        "sqlite": (_STAMP_EVENT.format(**p), queue.format(false=false, **p)),
+        "mysql": (queue, _CLOCK, _STAMP_EVENT.format(**p), _STAMP_ROWS.format(**p)),
+        "sqlite": (_STAMP_EVENT.format(**p), queue),
     }[name]
     return RawSql(
-        dialect=name,
         begin="BEGIN IMMEDIATE" if name == "sqlite" else None,
         lookup=_LOOKUP.format(**p),
-        insert_event=insert_event,
+        insert_event=_INSERT_EVENT.format(**p) + (" RETURNING id" if returning else ""),
         returning=returning,
         steps=steps,
-        timestamp=timestamp,
+        timestamp=UtcDateTime().dialect_impl(dialect).bind_processor(dialect) or (lambda value: value),
     )

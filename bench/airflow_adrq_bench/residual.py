@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -33,6 +36,8 @@ from airflow_adrq import create_engine, dialects, migrate, queue_events
 from airflow_adrq.dialects import ConflictPolicy
 from airflow_adrq.models import utcnow
 from airflow_adrq.retry import RetryableKind, classify
+from airflow_adrq_bench import options
+from airflow_adrq_bench.options import Checked, size
 from airflow_adrq_bench.stats import median, percentile
 from airflow_adrq_testing import dataset, scheduler
 from airflow_adrq_testing.protocols import events, landed, stamp_first
@@ -41,8 +46,7 @@ from airflow_adrq_testing.scheduler import Run, scheduler_pass
 _EVENT = scheduler.EVENT
 
 
-@dataclass(frozen=True)
-class _Event:
+class _Event(NamedTuple):
     id: int
     asset_id: int
 
@@ -57,14 +61,10 @@ def _ours(session: Session, asset_ids: Sequence[int], policy: ConflictPolicy) ->
 
 
 def _protocol(name: str, *, locks: bool) -> Callable[[Session, Sequence[int]], list[int]]:
-    """``stamp_first``, or ours with the plug-in's choice where the scheduler does (not) lock rows."""
-    if name == "stamp_first":
-        return stamp_first
-    if name == "landed":
-        return landed
+    """``stamp_first``, ``landed``, or ours with the plug-in's choice for a scheduler with(out) row locks."""
     # "auto" where the scheduler locks rows: "refresh" (PostgreSQL, MySQL 8; MariaDB stands in).
     policy: ConflictPolicy = "refresh" if locks else "refresh_after_commit"
-    return lambda session, asset_ids: _ours(session, asset_ids, policy)
+    return {"stamp_first": stamp_first, "landed": landed}.get(name, functools.partial(_ours, policy=policy))
 
 
 @dataclass
@@ -98,16 +98,15 @@ class Outcome:
         )
 
 
-def measure(
-    url: str, protocol: str, *, producers: int, seconds: float, locks: bool, interval_s: float = 0.0
-) -> Outcome:
+def measure(url: str, protocol: str, given: Options) -> Outcome:
     """One side of the comparison on the scratch database ``url`` (migrated here)."""
+    producers, locks = given.producers, not given.no_row_locks
     migrate.upgrade(url)
     engine = create_engine(url, pool_size=producers + 3)
     asset_ids = [a.id for a in dataset.seed_fan(engine, "residual", outlets=producers, fanout=1)]
     with engine.connect() as conn:
         (dag,) = dataset.consumer_dags(conn, asset_ids[:1])[asset_ids[0]]
-    out = Outcome(protocol, seconds=seconds)
+    out = Outcome(protocol, seconds=given.seconds)
     runs: list[Run] = []
     #: event id -> time.monotonic() at its producer's COMMIT; at its run's COMMIT.
     committed_at: dict[int, float] = {}
@@ -162,17 +161,15 @@ def measure(
                 one_pass()
             except sa.exc.DBAPIError as exc:
                 deadlocked(exc)
-            stop.wait(interval_s)  # the rest of a scheduler loop (0: pass after pass)
+            stop.wait(given.scheduler_interval_ms / 1000)  # the rest of a scheduler loop (0: pass after pass)
 
-    threads = [threading.Thread(target=produce, args=(a,)) for a in asset_ids]
-    threads.append(threading.Thread(target=schedule))
-    for t in threads:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    stopped = time.monotonic()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(producers + 1) as pool:
+        running = [pool.submit(produce, a) for a in asset_ids] + [pool.submit(schedule)]
+        time.sleep(given.seconds)
+        stop.set()
+        stopped = time.monotonic()
+    for future in running:
+        future.result()  # a thread's error, not a quietly shorter run
     while one_pass():
         pass
     counts = Counter(event_id for _, events in runs for event_id in events)
@@ -205,6 +202,23 @@ def _clock(engine: sa.Engine) -> Callable[[], dt.datetime]:
     return now
 
 
+@dataclass(frozen=True)
+class Options(Checked):
+    """The run's options (``--help``), one per field."""
+
+    producers: int = size(4, "producer threads, one asset each", minimum=1)
+    seconds: float = size(20.0, "seconds each protocol runs", above=0)
+    no_row_locks: bool = size(False, "a scheduler without row locks (MariaDB's)")
+    scheduler_interval_ms: float = size(
+        0.0, "pause between scheduler passes, the rest of a scheduler loop (0: pass after pass)", minimum=0
+    )
+    protocols: str = size(
+        "landed,ours",
+        "comma-separated, side by side: landed (rows at PENDING, then stamped; no dag lock), "
+        "stamp_first (Python's clock before the statement), ours (the installed airflow-adrq)",
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         allow_abbrev=False, prog="python -m airflow_adrq_bench.residual", description=__doc__
@@ -212,36 +226,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--db", required=True, help="server URL: scratch databases are created on it, then dropped"
     )
-    parser.add_argument("--producers", type=int, default=4, help="producer threads, one asset each")
-    parser.add_argument("--seconds", type=float, default=20.0, help="seconds each protocol runs")
-    parser.add_argument(
-        "--no-row-locks", action="store_true", help="a scheduler without row locks (MariaDB's)"
-    )
-    parser.add_argument(
-        "--scheduler-interval-ms",
-        type=float,
-        default=0.0,
-        help="pause between scheduler passes, the rest of a scheduler loop (default 0: pass after pass)",
-    )
-    parser.add_argument(
-        "--protocols",
-        default="landed,ours",
-        help="comma-separated, side by side: landed (rows at PENDING, then stamped; no dag lock), "
-        "stamp_first (Python's clock before the statement), ours (the installed airflow-adrq)",
-    )
+    options.add_fields(parser, Options())
     args = parser.parse_args(argv)
+    given = options.sizes_from(parser, args, Options())
     print(Outcome.HEADER)
-    for protocol in args.protocols.split(","):
+    for protocol in given.protocols.split(","):
         with dataset.scratch_database(args.db) as url:
-            locks = not args.no_row_locks
-            found = measure(
-                url,
-                protocol,
-                producers=args.producers,
-                seconds=args.seconds,
-                locks=locks,
-                interval_s=args.scheduler_interval_ms / 1000,
-            )
+            found = measure(url, protocol, given)
         print(found.line(), flush=True)
     return 0
 

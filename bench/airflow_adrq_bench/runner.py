@@ -98,11 +98,12 @@ def _run(
     (out_dir / "barriers").mkdir()
     started = time.time()
     with contextlib.ExitStack() as stack:
-        scratch: dict[str, str] = {}
+        databases: list[tuple[str, str]] = []
         for target in targets:
             progress.console.print(f"{target.name}: creating a scratch database and seed data")
-            scratch[target.name] = stack.enter_context(dataset.scratch_database(target.server_url))
-            seed_engine = dataset.bench_engine(scratch[target.name], lock_timeout_s=sizes.lock_timeout_s)
+            url = stack.enter_context(dataset.scratch_database(target.server_url))
+            databases.append((target.name, url))
+            seed_engine = dataset.bench_engine(url, lock_timeout_s=sizes.lock_timeout_s)
             try:
                 dataset.seed(
                     seed_engine,
@@ -116,7 +117,6 @@ def _run(
             finally:
                 seed_engine.dispose()
         order_seed = int.from_bytes(os.urandom(4), "big")
-        databases = list(scratch.items())
         cells, skipped = plan_cells(databases, sizes, strategies, scenarios, random.Random(order_seed))
         plan = Plan(out_dir=str(out_dir), sizes=sizes, cells=cells)
         _run_parties(plan)
@@ -212,12 +212,10 @@ def _run_parties(plan: Plan) -> None:
         )
         shown = 0
         try:
-            while shown < len(plan.cells) or proc.poll() is None:
+            while proc.poll() is None:
                 while shown < len(plan.cells) and engine.cell_started(out / "barriers", shown):
                     task.step(plan.cells[shown].label, advance=1)
                     shown += 1
-                if proc.poll() is not None:
-                    break
                 time.sleep(0.25)
         finally:
             _stop(proc)

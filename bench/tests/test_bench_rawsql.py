@@ -18,7 +18,8 @@ def test_raw_sql_reference_writes_the_library_rows(backend, db_url):
         connection = engine.raw_connection()
         try:
             raw = rawsql.raw_sql(engine.dialect)
-            event_id = raw.register(connection, name=asset.name, uri=asset.uri, source=("d", "t", "r", -1))
+            source = {"dag_id": "d", "task_id": "t", "run_id": "r", "map_index": -1}
+            event_id = raw.register(connection, name=asset.name, uri=asset.uri, source=source)
         finally:
             connection.close()
         with engine.connect() as conn:

@@ -1,16 +1,46 @@
-"""Party 0 coordinates the rounds (and consumes the queue); parties 1..N are the producers."""
+"""The pytest-xdist suite of the standalone run: one test per party, one xdist worker per test.
+
+:mod:`airflow_adrq_bench.runner` runs it as ``python -m pytest --pyargs airflow_adrq_bench.suite
+-n <producers + 1>`` with ``ADRQ_BENCH_PLAN`` naming the plan JSON. With as many tests as workers,
+xdist's load scheduler deals the tests round robin (fewer than two per worker), so every party is a
+process of its own; the parties then meet at file barriers every round
+(:mod:`airflow_adrq_bench.barrier`). Party 0 coordinates the rounds (and consumes the queue);
+parties 1..N are the producers.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
+import pytest
+
 from airflow_adrq_bench import barrier, engine
 from airflow_adrq_bench.config import Plan
+from airflow_adrq_bench.runner import PLAN_ENV
 
 
-def test_party(plan: Plan, party: int) -> None:
+@functools.cache
+def _plan() -> Plan:
+    path = os.environ.get(PLAN_ENV)
+    if not path:
+        raise pytest.UsageError(
+            f"{PLAN_ENV} is not set: run the benchmark with `airflow-adrq bench` "
+            "(it writes the plan and starts this suite under pytest-xdist)"
+        )
+    return Plan.load(Path(path))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """One ``party`` parameter per party of the plan."""
+    parties = _plan().parties
+    metafunc.parametrize("party", range(parties), ids=[f"party{p}" for p in range(parties)])
+
+
+def test_party(party: int) -> None:
     assert os.environ.get("PYTEST_XDIST_WORKER"), "the benchmark suite runs under pytest-xdist (-n)"
+    plan = _plan()
     try:
         if party == 0:
             engine.run_coordinator(plan)
