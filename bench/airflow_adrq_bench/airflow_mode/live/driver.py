@@ -52,7 +52,7 @@ def run_cell(deployment: Deployment, run: int, bar: Task, time_limit_s: float) -
     started = time.monotonic()
     driver = _Driver(deployment, bar, time_limit_s)
     try:
-        with deployment, driver.http:
+        with driver.http, deployment:
             driver.run(result)
     except (BenchError, SQLAlchemyError, OSError) as exc:
         result["error"] = str(exc)
