@@ -18,7 +18,8 @@ import sqlalchemy as sa
 from airflow_adrq_bench import progress
 from airflow_adrq_bench.airflow_mode import worker
 from airflow_adrq_bench.airflow_mode.accounting import consumer
-from airflow_adrq_bench.airflow_mode.config import STOCK_AND_PLUGIN, AccountingSizes
+from airflow_adrq_bench.airflow_mode.config import STOCK_AND_PLUGIN as MANAGERS
+from airflow_adrq_bench.airflow_mode.config import AccountingSizes
 from airflow_adrq_bench.airflow_mode.databases import (
     Target,
     analyze,
@@ -129,11 +130,11 @@ class _Cell:
     schedules: dict[str, list[str]]  # consumer DAG -> the assets it is scheduled on (any of them)
 
 
-def _cells(sizes: AccountingSizes, managers: Sequence[str]) -> list[_Cell]:
+def _cells(sizes: AccountingSizes) -> list[_Cell]:
     cells = []
     for h, hold_ms in enumerate(sizes.holds_ms):  # the managers take turns at going first
         for shape in ("fan_out", "fan_in") if sizes.fan_in else ("fan_out",):
-            for manager in rotate(managers, h):
+            for manager in rotate(MANAGERS, h):
                 name = f"adrq_acct_h{h}_{shape}_{manager}"
                 if shape == "fan_out":
                     schedules = {f"{name}_c{k}": [name] for k in range(sizes.consumers)}
@@ -143,18 +144,17 @@ def _cells(sizes: AccountingSizes, managers: Sequence[str]) -> list[_Cell]:
     return cells
 
 
-def run(
-    targets: Sequence[Target], sizes: AccountingSizes, *, managers: Sequence[str] = STOCK_AND_PLUGIN
-) -> dict[str, Any]:
-    """Run every cell on every target; returns the raw results (``cells``, the cells' ``problems`` ...)."""
+def run(targets: Sequence[Target], sizes: AccountingSizes) -> dict[str, Any]:
+    """Stock and the plug-in in every cell on every target; returns the raw results (``cells``, the cells'
+    ``problems`` ...)."""
     started = time.monotonic()
     raw: dict[str, Any] = {
-        **raw_opening("airflow-adrq bench --airflow --accounting", sizes, managers),
+        **raw_opening("airflow-adrq bench --airflow --accounting", sizes, MANAGERS),
         "targets": [],
         "cells": [],
         "problems": [],
     }
-    _Accounting(sizes, _cells(sizes, managers), raw).run(targets, managers)
+    _Accounting(sizes, _cells(sizes), raw).run(targets)
     raw_finish(raw, started)
     return raw
 
@@ -167,18 +167,18 @@ class _Accounting:
     cells: list[_Cell]
     raw: dict[str, Any]
 
-    def run(self, targets: Sequence[Target], managers: Sequence[str]) -> None:
+    def run(self, targets: Sequence[Target]) -> None:
         with (
             tempfile.TemporaryDirectory(prefix="adrq-airflow-accounting-") as home,
             contextlib.ExitStack() as stack,
         ):
             databases = stack.enter_context(migrated(targets, Path(home)))
-            steps = len(managers) * self.sizes.producers + 1
+            steps = len(MANAGERS) * self.sizes.producers + 1
             with progress.task("starting the consumer and the producers", steps) as bar:
                 bar.step("each imports Airflow")
                 self.consumer = consumer.Consumer(Path(home))
                 stack.callback(close_all, [self.consumer])
-                self.workers = Workers(managers, self.sizes.producers, Path(home), lambda: bar.step("", 1))
+                self.workers = Workers(MANAGERS, self.sizes.producers, Path(home), lambda: bar.step("", 1))
                 stack.callback(self.workers.close)  # before the scratch databases are dropped
                 self.raw["consumer"] = {"pid": self.consumer.started()}
                 bar.step("", 1)
