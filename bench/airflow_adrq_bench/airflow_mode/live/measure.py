@@ -121,12 +121,8 @@ def deadlock_counter(conn: sa.Connection, database: str) -> dict[str, Any]:
         value = fetch(conn, "SELECT deadlocks FROM pg_stat_database WHERE datname = :name", name=database)
         return {"value": int(value[0][0] or 0), "scope": "database", "latest_names_database": None}
     row = conn.execute(sa.text("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")).first()
-    section = latest_deadlock(conn)
-    names = (
-        None
-        if section is None
-        else any(n in section for n in (f"`{database}`", f" {database}.", f"`{database}/"))
-    )
+    section, spellings = latest_deadlock(conn), (f"`{database}`", f" {database}.", f"`{database}/")
+    names = None if section is None else any(n in section for n in spellings)
     return {"value": int(row[1]) if row else 0, "scope": "server", "latest_names_database": names}
 
 
