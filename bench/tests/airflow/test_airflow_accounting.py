@@ -33,8 +33,7 @@ import pytest
 
 from airflow_adrq_bench.airflow_mode import accounting
 from airflow_adrq_bench.airflow_mode import main as airflow_mode_main
-from airflow_adrq_bench.airflow_mode.accounting.classify import classify
-from airflow_adrq_bench.airflow_mode.accounting.controller import run, verdict
+from airflow_adrq_bench.airflow_mode.accounting.controller import classify, run, verdict
 from airflow_adrq_bench.airflow_mode.config import STOCK_AND_PLUGIN, AccountingSizes
 from airflow_adrq_bench.airflow_mode.databases import describe
 from airflow_adrq_testing import servers

@@ -45,16 +45,10 @@ from airflow_adrq_bench.airflow_mode.results import conclude, heading
 from airflow_adrq_bench.verdict import missed
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The options of the accounting mode; its description is the method (this docstring)."""
-    parser = parser_for(__doc__ or "", "--accounting", ("--quick", "smaller cells"))
-    options.add_fields(parser.add_argument_group("sizes"), DEFAULT, QUICK)
-    return parser
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the accounting mode; returns the exit status (1: a check failed or the plug-in lost more)."""
-    parser = build_parser()
+    parser = parser_for(__doc__ or "", "--accounting", ("--quick", "smaller cells"))
+    options.add_fields(parser.add_argument_group("sizes"), DEFAULT, QUICK)
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     sizes = options.sizes_from(parser, args, QUICK if args.preset else DEFAULT)
     return options.guarded(parser, args, lambda: _measure(args, sizes), airflow="apache-airflow-core 3.3")

@@ -4,12 +4,12 @@ in a process of its own (:class:`Consumer`); the functions below run there."""
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import operator
 import statistics
 import time
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +22,13 @@ from airflow_adrq_bench.airflow_mode.worker import asset_uri
 BUNDLE = "adrq-accounting-bundle"
 
 
-@dataclass
 class _Consumer(AirflowOrm):
-    started: Any
-    stop: Any
-    runner: Any = None
-    #: Database errors the consumer's connections raised, including those
-    #: ``@retry_db_transaction`` retried inside a pass (never seen otherwise).
-    db_errors: Counter[str] = field(default_factory=Counter)
+    def __init__(self, started: Any, stop: Any) -> None:
+        self.started, self.stop = started, stop
+        self.runner: Any = None
+        # Database errors the consumer's connections raised, including those
+        # @retry_db_transaction retried inside a pass (never seen otherwise).
+        self.db_errors: Counter[str] = Counter()
 
     def count_error(self, context: Any) -> None:
         from airflow_adrq.retry import classify
@@ -170,14 +169,14 @@ class Consumer(Child):
     """The controller's handle on the consumer process (the spawn context's events are its signals)."""
 
     def __init__(self, home: Path) -> None:
-        import multiprocessing
-
         ctx = multiprocessing.get_context("spawn")
         self.started_event, self.stop_event = ctx.Event(), ctx.Event()
         settings = airflow_settings(home, f"sqlite:///{home}/unused.db")
         super().__init__("the consumer", settings, setup, self.started_event, self.stop_event)
 
-    def consume_during(self, dag_ids: Sequence[str], pause_s: float, work: Any) -> tuple[Any, dict[str, Any]]:
+    def consume_during(
+        self, dag_ids: Sequence[str], pause_s: float, work: Callable[[], Any]
+    ) -> tuple[Any, dict[str, Any]]:
         """``work()``'s result while the consumer passes (from after its first pass), and the passes'."""
         self.started_event.clear()
         self.stop_event.clear()

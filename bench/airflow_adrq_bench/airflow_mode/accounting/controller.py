@@ -1,4 +1,5 @@
-"""The controller: scratch databases, producers and the consumer per cell, the counts (imports no Airflow)."""
+"""The controller: scratch databases, producers and the consumer per cell, and what each cell's events
+became (imports no Airflow)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import dataclasses
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,8 @@ import sqlalchemy as sa
 from airflow_adrq_bench import progress
 from airflow_adrq_bench.airflow_mode import worker
 from airflow_adrq_bench.airflow_mode.accounting import consumer
-from airflow_adrq_bench.airflow_mode.accounting.classify import classify
-from airflow_adrq_bench.airflow_mode.accounting.consumer import Consumer
-from airflow_adrq_bench.airflow_mode.config import STOCK_AND_PLUGIN, AccountingSizes
+from airflow_adrq_bench.airflow_mode.config import STOCK_AND_PLUGIN as MANAGERS
+from airflow_adrq_bench.airflow_mode.config import AccountingSizes
 from airflow_adrq_bench.airflow_mode.databases import (
     Target,
     analyze,
@@ -40,6 +40,81 @@ from airflow_adrq_bench.verdict import Line, line
 from airflow_adrq_bench.verdict import Target as Goal
 
 WARM_ASSET = "adrq_acct_warm"
+#: From worst to best: an event is in the worst class of its pairs.
+_CLASSES = ("unconsumed", "late", "consumed")
+
+
+@dataclass(frozen=True)
+class PairClasses:
+    """Every (event, consumer DAG) pair and every event of a cell, each in exactly one class."""
+
+    pairs: int
+    consumed_pairs: int
+    late_pairs: int
+    unconsumed_pairs: int
+    duplicate_pairs: int  # consumed by more than one run of the DAG (counted once above)
+    events: int
+    consumed: int  # every pair consumed before the sentinel
+    late: int  # no pair unconsumed, at least one only by the sentinel's runs
+    unconsumed: int  # at least one consumer DAG's runs never consumed it
+    in_no_run: int  # consumed by no run of any consumer DAG
+    unknown: int  # consumed pairs of the cell's DAGs whose event is neither the cell's nor the sentinel
+    sentinel_consumers: int  # consumer DAGs that consumed the sentinel
+
+    @property
+    def classes_add_up(self) -> bool:
+        return (
+            self.consumed_pairs + self.late_pairs + self.unconsumed_pairs == self.pairs
+            and self.consumed + self.late + self.unconsumed == self.events
+        )
+
+
+def classify(
+    events: Iterable[int],
+    dags: Sequence[str],
+    consumed: Iterable[tuple[int, str, int]],
+    cutoff: int,
+    sentinel: int | None,
+) -> PairClasses:
+    """Classify ``events`` x ``dags`` from ``consumed`` rows ``(dag_run id, dag_id, event id)``: a pair is
+    *consumed* if a run created before the sentinel (``id <= cutoff``) consumed it, *late* if only later
+    runs did, *unconsumed* if none did."""
+    event_ids = sorted(set(events))
+    known, cell_dags = set(event_ids), set(dags)
+    runs_of: dict[tuple[int, str], set[int]] = defaultdict(set)
+    sentinel_dags: set[str] = set()
+    unknown = 0
+    for run_id, dag_id, event_id in consumed:
+        if dag_id not in cell_dags:
+            continue
+        if event_id in known:
+            runs_of[(event_id, dag_id)].add(run_id)
+        elif sentinel is not None and event_id == sentinel:
+            sentinel_dags.add(dag_id)
+        else:
+            unknown += 1
+
+    def pair_class(event: int, dag: str) -> str:
+        runs = runs_of.get((event, dag))
+        return "unconsumed" if not runs else "consumed" if min(runs) <= cutoff else "late"
+
+    per_event = {e: {pair_class(e, d) for d in dags} for e in event_ids}
+    pairs = Counter(pair_class(e, d) for e in event_ids for d in dags)
+    worst = Counter(next(c for c in _CLASSES if c in classes) for classes in per_event.values())
+    return PairClasses(
+        pairs=len(event_ids) * len(dags),
+        consumed_pairs=pairs["consumed"],
+        late_pairs=pairs["late"],
+        unconsumed_pairs=pairs["unconsumed"],
+        duplicate_pairs=sum(1 for runs in runs_of.values() if len(runs) > 1),
+        events=len(event_ids),
+        consumed=worst["consumed"],
+        late=worst["late"],
+        unconsumed=worst["unconsumed"],
+        in_no_run=sum(1 for classes in per_event.values() if classes == {"unconsumed"}),
+        unknown=unknown,
+        sentinel_consumers=len(sentinel_dags),
+    )
 
 
 @dataclass(frozen=True)
@@ -54,15 +129,12 @@ class _Cell:
     name: str
     schedules: dict[str, list[str]]  # consumer DAG -> the assets it is scheduled on (any of them)
 
-    def assets(self) -> list[str]:
-        return sorted({a for assets in self.schedules.values() for a in assets})
 
-
-def _cells(sizes: AccountingSizes, managers: Sequence[str]) -> list[_Cell]:
+def _cells(sizes: AccountingSizes) -> list[_Cell]:
     cells = []
     for h, hold_ms in enumerate(sizes.holds_ms):  # the managers take turns at going first
         for shape in ("fan_out", "fan_in") if sizes.fan_in else ("fan_out",):
-            for manager in rotate(managers, h):
+            for manager in rotate(MANAGERS, h):
                 name = f"adrq_acct_h{h}_{shape}_{manager}"
                 if shape == "fan_out":
                     schedules = {f"{name}_c{k}": [name] for k in range(sizes.consumers)}
@@ -72,18 +144,17 @@ def _cells(sizes: AccountingSizes, managers: Sequence[str]) -> list[_Cell]:
     return cells
 
 
-def run(
-    targets: Sequence[Target], sizes: AccountingSizes, *, managers: Sequence[str] = STOCK_AND_PLUGIN
-) -> dict[str, Any]:
-    """Run every cell on every target; returns the raw results (``cells``, the cells' ``problems`` ...)."""
+def run(targets: Sequence[Target], sizes: AccountingSizes) -> dict[str, Any]:
+    """Stock and the plug-in in every cell on every target; returns the raw results (``cells``, the cells'
+    ``problems`` ...)."""
     started = time.monotonic()
     raw: dict[str, Any] = {
-        **raw_opening("airflow-adrq bench --airflow --accounting", sizes, managers),
+        **raw_opening("airflow-adrq bench --airflow --accounting", sizes, MANAGERS),
         "targets": [],
         "cells": [],
         "problems": [],
     }
-    _Accounting(sizes, _cells(sizes, managers), raw).run(targets, managers)
+    _Accounting(sizes, _cells(sizes), raw).run(targets)
     raw_finish(raw, started)
     return raw
 
@@ -96,20 +167,18 @@ class _Accounting:
     cells: list[_Cell]
     raw: dict[str, Any]
 
-    def run(self, targets: Sequence[Target], managers: Sequence[str]) -> None:
-        sizes = self.sizes
+    def run(self, targets: Sequence[Target]) -> None:
         with (
             tempfile.TemporaryDirectory(prefix="adrq-airflow-accounting-") as home,
             contextlib.ExitStack() as stack,
         ):
             databases = stack.enter_context(migrated(targets, Path(home)))
-            with progress.task(
-                "starting the consumer and the producers", len(managers) * sizes.producers + 1
-            ) as bar:
+            steps = len(MANAGERS) * self.sizes.producers + 1
+            with progress.task("starting the consumer and the producers", steps) as bar:
                 bar.step("each imports Airflow")
-                self.consumer = Consumer(Path(home))
+                self.consumer = consumer.Consumer(Path(home))
                 stack.callback(close_all, [self.consumer])
-                self.workers = Workers(managers, sizes.producers, Path(home), started=lambda: bar.step("", 1))
+                self.workers = Workers(MANAGERS, self.sizes.producers, Path(home), lambda: bar.step("", 1))
                 stack.callback(self.workers.close)  # before the scratch databases are dropped
                 self.raw["consumer"] = {"pid": self.consumer.started()}
                 bar.step("", 1)
@@ -150,40 +219,30 @@ class _Accounting:
 
     def cell(self, cell: _Cell) -> dict[str, Any]:
         """One cell: the producers' round while the consumer passes, the sentinel, the drain; the counts."""
-        sizes, engine, the_consumer = self.sizes, self.engine, self.consumer
-        dags = list(cell.schedules)
+        sizes, dags, producers = self.sizes, list(cell.schedules), self.workers.group(cell.manager)
+        assets = sorted({a for names in cell.schedules.values() for a in names})
         prefix, sentinel_run = f"acct-{cell.name}-", f"sentinel-{cell.name}"
-        producers = self.workers.group(cell.manager)
+        round_of = dict(assets=[cell.name], run_prefix=prefix, transactions=sizes.transactions)
+        round_of |= dict(
+            hold_s=cell.hold_ms / 1000, budget_s=sizes.budget_s, own_asset=cell.shape == "fan_in"
+        )
         start = time.monotonic()
-        results, consumed_run = the_consumer.consume_during(
+        results, passes = self.consumer.consume_during(
             dags,
             sizes.consumer_pause_ms / 1000,
-            lambda: self.workers.broadcast(
-                producers,
-                worker.round_of,
-                timeout=sizes.budget_s + 600,
-                assets=[cell.name],
-                run_prefix=prefix,
-                transactions=sizes.transactions,
-                hold_s=cell.hold_ms / 1000,
-                budget_s=sizes.budget_s,
-                own_asset=cell.shape == "fan_in",
-            ),
+            lambda: self.workers.broadcast(producers, worker.round_of, sizes.budget_s + 600, **round_of),
         )
         duration = time.monotonic() - start
-        with engine.connect() as conn:
+        with self.engine.connect() as conn:
             cutoff = int(conn.execute(sa.text("SELECT coalesce(max(id), 0) FROM dag_run")).scalar_one())
-        sentinel = producers[0].call(worker.warmup, assets=cell.assets()[:1], run_id=sentinel_run)
-        drained = the_consumer.call(consumer.drain, dags)
+        sentinel = producers[0].call(worker.warmup, assets=assets[:1], run_id=sentinel_run)
+        drained = self.consumer.call(consumer.drain, dags)
 
         txs = [tx for r in results for tx in r["transactions"]]
         committed = sum(1 for tx in txs if tx["ok"])
         not_started = sum(1 for tx in txs if not tx["ok"] and tx["attempts"] == 0)
-        producer_failures: Counter[str] = Counter()
-        for tx in txs:
-            producer_failures.update(tx["failures"])
-        with engine.connect() as conn:
-            ids = [self.asset_ids[a] for a in cell.assets()]
+        with self.engine.connect() as conn:
+            ids = [self.asset_ids[a] for a in assets]
             rows = fetch(conn, "SELECT id, source_run_id FROM asset_event WHERE asset_id IN :ids", ids=ids)
             consumed = fetch(
                 conn,
@@ -195,38 +254,34 @@ class _Accounting:
             deadlock = latest_deadlock(conn)
         events = [e for e, run_id in rows if run_id.startswith(prefix)]
         sentinels = [e for e, run_id in rows if run_id == sentinel_run]
-        strays = [e for e, run_id in rows if not run_id.startswith(prefix) and run_id != sentinel_run]
+        strays = len(rows) - len(events) - len(sentinels)
         sentinel_id = sentinels[0] if len(sentinels) == 1 else None
-        classes = classify(
+        found = classify(
             events, dags, [(int(r), str(d), int(e)) for r, d, e in consumed], cutoff, sentinel_id
         )
-
+        left = passes["drain"]["queue_rows_left"] + drained["queue_rows_left"]
+        bad_types = [t for _, t in runs if t != "asset_triggered"]
         problems = []
         if len(events) != committed:
             problems.append(f"{len(events)} events in the database, {committed} committed transactions")
         if strays:
+            problems.append(f"{strays} events of the cell's assets from neither the round nor the sentinel")
+        if not found.classes_add_up or found.pairs != committed * len(dags):
             problems.append(
-                f"{len(strays)} events of the cell's assets from neither the round nor the sentinel"
+                f"classes do not add up: {found.consumed} + {found.late} + {found.unconsumed} events "
+                f"of {found.events}; {found.pairs} pairs for {committed} committed x {len(dags)} DAGs"
             )
-        if not classes.classes_add_up or classes.pairs != committed * len(dags):
-            problems.append(
-                f"classes do not add up: {classes.consumed} + {classes.late} + {classes.unconsumed} events "
-                f"of {classes.events}; {classes.pairs} pairs for {committed} committed x {len(dags)} DAGs"
-            )
-        if classes.unknown:
-            problems.append(f"runs of the cell's DAGs consumed {classes.unknown} pairs of unknown events")
+        if found.unknown:
+            problems.append(f"runs of the cell's DAGs consumed {found.unknown} pairs of unknown events")
         if not sentinel or sentinel_id is None:
             problems.append(f"the sentinel was not committed exactly once ({len(sentinels)} events)")
-        elif classes.sentinel_consumers != len(dags):
-            problems.append(
-                f"{classes.sentinel_consumers} of {len(dags)} consumer DAGs consumed the sentinel"
-            )
-        left = consumed_run["drain"]["queue_rows_left"] + drained["queue_rows_left"]
+        elif found.sentinel_consumers != len(dags):
+            problems.append(f"{found.sentinel_consumers} of {len(dags)} consumer DAGs consumed the sentinel")
         if left:
             problems.append(f"{left} queue rows left after the drains")
-        bad_types = [t for _, t in runs if t != "asset_triggered"]
         if bad_types:
             problems.append(f"{len(bad_types)} runs not asset-triggered: {sorted(set(bad_types))}")
+        failures = [passes["failures"], passes["drain"]["failures"], drained["failures"]]
         return {
             "manager": cell.manager,
             "hold_ms": cell.hold_ms,
@@ -236,22 +291,18 @@ class _Accounting:
             "committed": committed,
             "gave_up": len(txs) - committed - not_started,
             "not_started": not_started,
-            "producer_failures": dict(producer_failures),
+            "producer_failures": dict(sum((Counter(tx["failures"]) for tx in txs), Counter())),
             "consumers": len(dags),
-            **dataclasses.asdict(classes),
+            **dataclasses.asdict(found),
             "runs": len(runs),
             "runs_before_sentinel": sum(1 for r, _ in runs if r <= cutoff),
             "duration_s": duration,
-            "consumer_passes": consumed_run["passes"],
-            "pass_p50_ms": consumed_run["pass_p50_ms"],
-            "pass_max_ms": consumed_run["pass_max_ms"],
-            "consumer_failures": dict(
-                Counter(consumed_run["failures"])
-                + Counter(consumed_run["drain"]["failures"])
-                + Counter(drained["failures"])
-            ),
-            "consumer_db_errors": consumed_run["db_errors"],
-            "drain_passes": consumed_run["drain"]["passes"] + drained["passes"],
+            "consumer_passes": passes["passes"],
+            "pass_p50_ms": passes["pass_p50_ms"],
+            "pass_max_ms": passes["pass_max_ms"],
+            "consumer_failures": dict(sum(map(Counter, failures), Counter())),
+            "consumer_db_errors": passes["db_errors"],
+            "drain_passes": passes["drain"]["passes"] + drained["passes"],
             "latest_deadlock": deadlock or None,
             "queue_rows_left": left,
             "problems": problems,

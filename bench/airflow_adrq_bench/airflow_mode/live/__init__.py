@@ -40,6 +40,7 @@ from airflow_adrq_bench.airflow_mode.config import STOCK_AND_PLUGIN as MANAGERS
 from airflow_adrq_bench.airflow_mode.config import LiveShape, LiveSizes, default_time_limit
 from airflow_adrq_bench.airflow_mode.databases import targets
 from airflow_adrq_bench.airflow_mode.live import deployment, report
+from airflow_adrq_bench.airflow_mode.live.deployment import Deployment
 from airflow_adrq_bench.airflow_mode.live.driver import run_cell, steps
 from airflow_adrq_bench.airflow_mode.results import conclude, raw_finish, raw_opening
 
@@ -143,20 +144,10 @@ def _measure(args: argparse.Namespace, sizes: LiveSizes, shape: LiveShape) -> in
         with progress.task("live deployments", total=len(cells) * steps(sizes)) as bar:
             for run, target, manager in cells:
                 bar.say(f"--- {target.version}: {manager}, run {run}/{args.runs} (limit {limit:.0f} s)")
+                logs = out / "logs" / f"{target.name}-{manager}-run{run}"
                 kwargs = args.plugin_kwargs if manager == "plugin" else None
-                cell = run_cell(
-                    target,
-                    manager,
-                    run,
-                    sizes,
-                    shape,
-                    bar,
-                    out=out,
-                    time_limit_s=limit,
-                    keep_scratch=args.keep_scratch,
-                    manager_kwargs=kwargs,
-                )
-                raw["cells"].append(cell)
+                made = Deployment(target, manager, sizes, shape, logs, kwargs, args.keep_scratch)
+                raw["cells"].append(run_cell(made, run, bar, limit))
     raw_finish(raw, started)
     lines = report.verdict_lines(raw["cells"])
     problems = report.problems(

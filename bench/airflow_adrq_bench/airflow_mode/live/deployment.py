@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import importlib
 import itertools
 import math
 import os
@@ -38,6 +39,7 @@ from airflow_adrq_bench.airflow_mode.config import (
     LiveSizes,
 )
 from airflow_adrq_bench.airflow_mode.databases import airflow_url
+from airflow_adrq_bench.airflow_mode.live.dags import write_dag_files
 from airflow_adrq_testing import servers
 from airflow_adrq_testing.dataset import Target
 
@@ -58,40 +60,23 @@ _GRACE_S: Final = 30.0
 _STOP_ORDER: Final = ("scheduler", "celery-worker", "dag-processor", "api-server")
 # Redis databases 1..15 in turn, one per deployment of this process (0 is left to other users).
 _REDIS_DBS = itertools.count()
-# The Celery check's child: the import, then a connection as the workers make it (kombu: Redis
-# answers PING, after AUTH with a password in the URL); the last stderr line says which failed.
-_CELERY_CHECK = """\
-import importlib, sys
-try:
-    importlib.import_module(sys.argv[1])
-except Exception as exc:
-    sys.exit(f"import {type(exc).__name__}: {exc}")
-from kombu import Connection
-try:
-    with Connection(sys.argv[2], connect_timeout=3) as connection:
-        connection.connect()
-except Exception as exc:
-    sys.exit(f"broker {type(exc).__name__}: {exc}")
-"""
 
 
-def redacted(url: str) -> str:
-    """``url`` without its password (for reports and errors)."""
+def _redacted(url: str) -> str:
     return sa.make_url(url).render_as_string(hide_password=True)
 
 
 def check(shape: LiveShape, targets: Sequence[Target]) -> None:
     """Raise :class:`LiveError` naming the fix when this environment cannot run ``shape`` on ``targets``."""
-    if shape.pgbouncer:
-        others = [t.name for t in targets if t.backend != "postgresql"]
-        if others:
-            raise LiveError(
-                f"--pgbouncer is PostgreSQL only (PgBouncer speaks PostgreSQL's protocol), not "
-                f"{', '.join(others)}: add --backend postgresql, or give PostgreSQL --db URLs only"
-            )
+    others = [t.name for t in targets if t.backend != "postgresql"]
+    if shape.pgbouncer and others:
+        raise LiveError(
+            f"--pgbouncer is PostgreSQL only (PgBouncer speaks PostgreSQL's protocol), not "
+            f"{', '.join(others)}: add --backend postgresql, or give PostgreSQL --db URLs only"
+        )
+    if shape.pgbouncer and not os.environ.get(servers.ENV_PGBOUNCER, "").strip():  # else that one is used
         try:
-            if not os.environ.get(servers.ENV_PGBOUNCER, "").strip():  # else that one is used
-                servers.require_pgbouncer()
+            servers.require_pgbouncer()
         except servers.ServerNotFoundError as exc:
             raise LiveError(f"--pgbouncer: {exc}") from None
     if shape.celery:
@@ -99,33 +84,39 @@ def check(shape: LiveShape, targets: Sequence[Target]) -> None:
 
 
 def check_celery(broker: str, module: str = CELERY_MODULE) -> None:
-    """Raise :class:`LiveError` naming the fix unless this environment's Python imports ``module`` and
-    connects to the Celery broker at ``broker``: in a child interpreter with a scratch
-    ``AIRFLOW_HOME`` (importing Airflow writes its configuration there) and no ``AIRFLOW_*`` settings."""
+    """Raise :class:`LiveError` naming the fix unless this environment's Python imports ``module`` (in a
+    child interpreter with a scratch ``AIRFLOW_HOME``, where importing Airflow writes its configuration,
+    and no ``AIRFLOW_*`` settings) and connects to the Celery broker at ``broker``."""
     with tempfile.TemporaryDirectory(prefix="adrq-live-celery-check-") as home:
-        argv, env = [sys.executable, "-c", _CELERY_CHECK, module, broker], {"AIRFLOW_HOME": home}
+        argv, env = [sys.executable, "-c", f"import {module}"], {"AIRFLOW_HOME": home}
         try:
             result = subprocess.run(
                 argv, env=processes.clean_environ(env), capture_output=True, text=True, timeout=180
             )
         except subprocess.TimeoutExpired:
-            raise LiveError(f"importing {module} and connecting to the broker took over 180 s") from None
-    if result.returncode == 0:
-        return
-    what, _, error = (result.stderr.strip().splitlines() or ["import ?"])[-1].partition(" ")
-    if what == "broker":
+            raise LiveError(f"importing {module} took over 180 s") from None
+    if result.returncode != 0:
+        error = (result.stderr.strip().splitlines() or ["?"])[-1]
+        raise LiveError(
+            f"--executor celery: this environment cannot import {module} ({error}): {CELERY_INSTALL}"
+        )
+    # Connect as the workers do: kombu (Redis answers PING, after AUTH with a password in the URL);
+    # imported by name, as it comes with Celery, which only this shape needs.
+    try:
+        with importlib.import_module("kombu").Connection(broker, connect_timeout=3) as connection:
+            connection.connect()
+    except Exception as exc:
         start = "start Redis (Debian package redis-server)" if broker.startswith("redis") else "start it"
         raise LiveError(
-            f"the Celery broker {redacted(broker)} does not answer ({error}): {start}, or name a running "
-            "broker with --broker-url"
-        )
-    raise LiveError(f"--executor celery: this environment cannot import {module} ({error}): {CELERY_INSTALL}")
+            f"the Celery broker {_redacted(broker)} does not answer ({type(exc).__name__}: {exc}): {start}, "
+            "or name a running broker with --broker-url"
+        ) from None
 
 
 class Deployment:
-    """One manager's Airflow on a scratch database of ``target``'s server, made on entering. Leaving stops
-    every process, drops the database and removes the scratch ``AIRFLOW_HOME``; ``keep_scratch`` keeps
-    both, a failure other than Ctrl-C keeps the home (DAG files, task logs)."""
+    """One manager's Airflow on a scratch database of ``target``'s server, made (with its DAG files) on
+    entering. Leaving stops every process, drops the database and removes the scratch ``AIRFLOW_HOME``;
+    ``keep_scratch`` keeps both, a failure other than Ctrl-C keeps the home (DAG files, task logs)."""
 
     def __init__(
         self,
@@ -137,12 +128,10 @@ class Deployment:
         manager_kwargs: str | None = None,
         keep_scratch: bool = False,
     ) -> None:
-        self.target, self.sizes, self.shape, self.log_dir = target, sizes, shape, log_dir
-        self.manager_class, self.manager_kwargs = MANAGER_CLASSES[manager], manager_kwargs
-        self.keep_scratch = keep_scratch
+        self.target, self.manager, self.sizes, self.shape = target, manager, sizes, shape
+        self.log_dir, self.manager_kwargs, self.keep_scratch = log_dir, manager_kwargs, keep_scratch
         self.database = f"adrq_live_{manager}_{secrets.token_hex(3)}"
         self.home = Path(tempfile.mkdtemp(prefix=f"adrq-live-{log_dir.name}-"))
-        self.dags_folder, self.barrier_dir = self.home / "dags", self.home / "barrier"
         self.port = servers.free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.id = uuid.uuid4().hex
@@ -160,6 +149,7 @@ class Deployment:
     def __enter__(self) -> Deployment:
         try:
             self.url = airflow_url(servers.create_database(self.target.server_url, self.database))
+            write_dag_files(self.home / "dags", self.home / "barrier", self.sizes)
         except BaseException:
             shutil.rmtree(self.home, ignore_errors=True)
             raise
@@ -184,7 +174,7 @@ class Deployment:
             "executor": EXECUTORS[self.shape.executor],
             "celery_workers": self.shape.celery_workers if self.shape.celery else 0,
             "schedulers": self.schedulers,
-            "broker_url": None if self.broker_url is None else redacted(self.broker_url),
+            "broker_url": None if self.broker_url is None else _redacted(self.broker_url),
         }
 
     def _settings(self, url: str) -> dict[str, str]:
@@ -199,11 +189,11 @@ class Deployment:
             "AIRFLOW__CORE__PARALLELISM": str(max(tasks, 4)),
             "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(max(tasks, 16)),
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-            "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.home / "dags"),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
             "AIRFLOW__CORE__FERNET_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode(),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-            "AIRFLOW__CORE__ASSET_MANAGER_CLASS": self.manager_class,
+            "AIRFLOW__CORE__ASSET_MANAGER_CLASS": MANAGER_CLASSES[self.manager],
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(self.port),
             "AIRFLOW__API__BASE_URL": f"{self.base_url}/",
@@ -309,10 +299,12 @@ class Deployment:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
         killed = [name for name, process in order if process.poll() is None]
-        left = _marked(self.id)
-        for stray in left:
+        left = []
+        for stray in psutil.process_iter():
             with contextlib.suppress(psutil.Error):
-                stray.kill()
+                if stray.pid != os.getpid() and stray.environ().get(MARKER) == self.id:
+                    stray.kill()
+                    left.append(stray)
         psutil.wait_procs(left, timeout=10)
         for _, process in order:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -321,13 +313,3 @@ class Deployment:
             killed.append(f"{len(left) - len(killed)} other process(es) by pid")
         self._pgbouncer.close()
         return killed
-
-
-def _marked(deployment_id: str) -> list[psutil.Process]:
-    """This user's processes whose environment carries ``MARKER=deployment_id``."""
-    found = []
-    for process in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if process.pid != os.getpid() and process.environ().get(MARKER) == deployment_id:
-                found.append(process)
-    return found

@@ -8,21 +8,18 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import httpx
 import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
 
-from airflow_adrq_bench.airflow_mode.config import WARM_DAG, LiveError, LiveShape, LiveSizes
+from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES, WARM_DAG, LiveError, LiveSizes
 from airflow_adrq_bench.airflow_mode.databases import control_engine, fetch, queue_rows
 from airflow_adrq_bench.airflow_mode.live import measure
-from airflow_adrq_bench.airflow_mode.live.dags import write_dag_files
 from airflow_adrq_bench.airflow_mode.live.deployment import Deployment
 from airflow_adrq_bench.errors import BenchError
 from airflow_adrq_bench.progress import Task
-from airflow_adrq_testing.dataset import Target
 
 # Seconds between polls of the database while waiting.
 _POLL_S = 0.5
@@ -33,12 +30,48 @@ def steps(sizes: LiveSizes) -> int:
     return 7 + sizes.bursts
 
 
-class Driver:
-    """Runs the bursts on one started deployment (each wait one step of ``bar``, until ``deadline``,
-    a ``time.monotonic()``) and collects what happened when."""
+def run_cell(deployment: Deployment, run: int, bar: Task, time_limit_s: float) -> dict[str, Any]:
+    """Run and measure ``deployment`` (run number ``run``), counting its :func:`steps` on ``bar``; returns
+    its raw results (``error`` set when it failed)."""
+    target, name = deployment.target, deployment.log_dir.name
+    result: dict[str, Any] = {
+        "db": target.name,
+        "backend": target.backend,
+        "version": target.version,
+        "manager": deployment.manager,
+        "manager_class": MANAGER_CLASSES[deployment.manager],
+        "manager_kwargs": deployment.manager_kwargs,
+        "run": run,
+        "database": deployment.database,
+        "log_dir": str(deployment.log_dir),
+        "api_server_log": str(deployment.log_of("api-server")),
+        "shape": deployment.shape_info,
+        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "error": None,
+    }
+    started = time.monotonic()
+    driver = _Driver(deployment, bar, time_limit_s)
+    try:
+        with driver.http, deployment:
+            driver.run(result)
+    except (BenchError, SQLAlchemyError, OSError) as exc:
+        result["error"] = str(exc)
+        bar.say(f"{name}: FAILED: {exc}\n  AIRFLOW_HOME kept (DAG files, task logs): {deployment.home}")
+    finally:
+        result["duration_s"] = round(time.monotonic() - started, 1)
+        result["kept"] = deployment.kept
+        # What this cell did not get to counts as done: the bar's total stays true.
+        bar.step(f"{name}: {'failed' if result['error'] else 'done'}", steps(deployment.sizes) - driver.done)
+    return result
 
-    def __init__(self, deployment: Deployment, engine: sa.Engine, deadline: float, bar: Task) -> None:
-        self.deployment, self.engine, self.deadline, self.bar = deployment, engine, deadline, bar
+
+class _Driver:
+    """Drives one deployment from ``airflow db migrate`` to its stop (each wait one step of ``bar``, all
+    within ``time_limit_s``) and collects what happened when."""
+
+    def __init__(self, deployment: Deployment, bar: Task, time_limit_s: float) -> None:
+        self.deployment, self.bar, self.time_limit_s = deployment, bar, time_limit_s
+        self.deadline = time.monotonic() + time_limit_s
         self.http = httpx.Client(base_url=deployment.base_url, timeout=60.0, trust_env=False)
         self.sizes = sizes = deployment.sizes
         self.producers, self.consumers, self.run_ids = sizes.producer_ids, sizes.consumer_ids, sizes.run_ids
@@ -157,28 +190,39 @@ class Driver:
         return {"seconds": elapsed, "drained": queue == 0, "queue_rows": queue, "consumer_runs": seen["runs"]}
 
     def run(self, result: dict[str, Any]) -> None:
-        """Drive the deployment and count after each drain (the results go into ``result``)."""
+        """Migrate, start, drive the deployment and count after each drain, stop it and count what the
+        server and the logs say (the results go into ``result``)."""
+        deployment, name = self.deployment, self.deployment.log_dir.name
+        self.engine = control_engine(deployment.url)  # no pool: nothing to dispose of
+        self.bar.step(f"{name}: airflow db migrate")
+        deployment.migrate(timeout=self.time_limit_s)
+        self.bar.step(f"{name}: starting the components", advance=1)
+        self.done += 1
+        with self.engine.connect() as conn:
+            before = measure.deadlock_counter(conn, deployment.database)
+        deployment.start()
+        self.started = time.monotonic()
         self.wait_ready()
         self.wait_parsed()
         self.trigger(WARM_DAG, "warmup")  # every execution-API call once: the bursts meet a warm api-server
         self._wait_runs("warming up", [WARM_DAG], "warmup")
-        bursts = []
+        triggered = []
         for burst, run_id in enumerate(self.run_ids):
-            bursts.append({"run_id": run_id, "triggered_at": dt.datetime.now(dt.timezone.utc).isoformat()})
+            triggered.append(dt.datetime.now(dt.timezone.utc).isoformat())
             for dag_id in self.producers:
                 self.trigger(dag_id, run_id)
             self._wait_runs(f"burst {burst + 1}/{self.sizes.bursts}", self.producers, run_id)
         result["drain_after_bursts"] = self.drain("draining after the bursts")
         params = {"dag_ids": self.producers, "run_ids": self.run_ids}
         with self.engine.connect() as conn:
-            result["tasks"] = tasks = measure.producer_tasks(conn, self.producers, self.run_ids)
+            result["tasks"], bursts, run_of = measure.producer_tasks(conn, self.producers, self.run_ids)
             written = measure.counts(conn, measure.EVENTS, **params)
             result["after_bursts"] = self._after(conn)
         result["events"] = {
             "written": {run_id: written.get(run_id, 0) for run_id in self.run_ids},
             "expected": self.sizes.expected_events,
         }
-        result["bursts"] = [{**b, **t} for b, t in zip(bursts, tasks.pop("bursts"), strict=True)]
+        result["bursts"] = [{"triggered_at": t, **b} for t, b in zip(triggered, bursts, strict=True)]
         # One more event of every outlet asset: a pair stranded by the bursts that it picks up was late.
         names = self.sizes.assets
         with self.engine.connect() as conn:
@@ -192,6 +236,14 @@ class Driver:
         result["drain_after_extra"] = self.drain("draining after one more event")
         with self.engine.connect() as conn:
             result["after_extra"] = self._after(conn)
+        result["killed"] = deployment.stop()
+        with self.engine.connect() as conn:
+            after = measure.deadlock_counter(conn, deployment.database)
+        logs, task_logs = deployment.log_dir.glob("*.log"), (deployment.home / "logs").rglob("*.log")
+        result["deadlocks"] = measure.deadlocks(before, after, logs, task_logs)
+        result |= measure.state_calls(deployment.log_of("api-server"), result["bursts"], run_of)
+        result["plugin_start_up"] = measure.plugin_line(deployment.log_of("api-server"))
+        result["timeline"] = self.timeline
 
     def _waiting_rows(self, conn: sa.Connection) -> frozenset[tuple[int, str]]:
         """Queue rows of ``a0 & a1 & ...`` consumers still missing an asset: waiting, by design (a burst
@@ -212,113 +264,3 @@ class Driver:
         out = measure.count_pairs(conn, self.producers, self.consumers, self.run_ids, waiting)
         out["consumer_runs"] = measure.run_count(conn, self.consumers)
         return {**out, "queue_rows": queue_rows(conn) - len(waiting), "queue_rows_waiting": len(waiting)}
-
-
-def run_cell(
-    target: Target,
-    manager: str,
-    run: int,
-    sizes: LiveSizes,
-    shape: LiveShape,
-    bar: Task,
-    *,
-    out: Path,
-    time_limit_s: float,
-    keep_scratch: bool = False,
-    manager_kwargs: str | None = None,
-) -> dict[str, Any]:
-    """Run and measure one deployment (run number ``run``), counting its :func:`steps` on ``bar``;
-    returns its raw results (``error`` set when it failed)."""
-    name = f"{target.name}-{manager}-run{run}"
-    deployment = Deployment(target, manager, sizes, shape, out / "logs" / name, manager_kwargs, keep_scratch)
-    result: dict[str, Any] = {
-        "db": target.name,
-        "backend": target.backend,
-        "version": target.version,
-        "manager": manager,
-        "manager_class": deployment.manager_class,
-        "manager_kwargs": manager_kwargs,
-        "run": run,
-        "database": deployment.database,
-        "log_dir": str(deployment.log_dir),
-        "api_server_log": str(deployment.log_of("api-server")),
-        "shape": deployment.shape_info,
-        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "error": None,
-    }
-    started, counted, driver = time.monotonic(), 0, None
-    try:
-        with deployment:
-            engine = control_engine(deployment.url)  # no pool: nothing to dispose of
-            write_dag_files(deployment.dags_folder, deployment.barrier_dir, sizes)
-            bar.step(f"{name}: airflow db migrate")
-            deployment.migrate(timeout=time_limit_s)
-            bar.step(f"{name}: starting the components", advance=1)
-            counted += 1
-            with engine.connect() as conn:
-                before = measure.deadlock_counter(conn, deployment.database)
-            deployment.start()
-            driver = Driver(deployment, engine, started + time_limit_s, bar)
-            driver.run(result)
-            result["killed"] = deployment.stop()
-            with engine.connect() as conn:
-                after = measure.deadlock_counter(conn, deployment.database)
-            result["deadlocks"] = _deadlocks(before, after, deployment)
-            _latency(result, deployment)
-            result["plugin_start_up"] = _plugin_line(deployment)
-            result["timeline"] = driver.timeline
-    except (BenchError, SQLAlchemyError, OSError) as exc:
-        result["error"] = str(exc)
-        bar.say(f"{name}: FAILED: {exc}\n  AIRFLOW_HOME kept (DAG files, task logs): {deployment.home}")
-    finally:
-        if driver is not None:
-            driver.http.close()
-            counted += driver.done
-        result["duration_s"] = round(time.monotonic() - started, 1)
-        result["kept"] = deployment.kept
-        # What this cell did not get to counts as done: the bar's total stays true.
-        bar.step(f"{name}: {'failed' if result['error'] else 'done'}", steps(sizes) - counted)
-    return result
-
-
-def _deadlocks(before: dict[str, Any], after: dict[str, Any], deployment: Deployment) -> dict[str, Any]:
-    """The server counter's difference and the deadlock lines in the components' and tasks' logs."""
-    in_components = measure.deadlock_lines(sorted(deployment.log_dir.glob("*.log")))
-    in_tasks = measure.deadlock_lines(sorted((deployment.home / "logs").rglob("*.log")))
-    return {
-        "server": after["value"] - before["value"],
-        "server_scope": after["scope"],
-        "latest_names_database": after["latest_names_database"],
-        "log_lines_components": sum(in_components.values()),
-        "log_lines_tasks": sum(in_tasks.values()),
-        "log_files": {**in_components, **in_tasks},
-    }
-
-
-def _plugin_line(deployment: Deployment) -> str | None:
-    """The plug-in's start-up line in the api-server's log (names its on_conflict policy), if any."""
-    with deployment.log_of("api-server").open(errors="replace") as lines:
-        for line in lines:
-            if "airflow-adrq: " in line and "on_conflict=" in line:
-                return line.split("airflow-adrq: ", 1)[1].split(" [", 1)[0].strip()
-    return None
-
-
-def _latency(result: dict[str, Any], deployment: Deployment) -> None:
-    """The producer tasks' success calls from the access log; a burst is done when its last such call
-    was answered (a task's ``end_date`` is the task SDK's, stamped before that call)."""
-    records = measure.parse_access_log(deployment.log_of("api-server"))
-    run_of: dict[str, str] = result["tasks"].pop("runs")
-    for burst in result["bursts"]:
-        ends = [r.at for r in records if r.at is not None and run_of.get(r.ti_id) == burst["run_id"]]
-        burst["last_state_call_at"] = max(ends).isoformat() if ends else None
-        burst["trigger_to_done_s"] = _seconds(burst["triggered_at"], burst["last_state_call_at"])
-        burst["trigger_to_end_date_s"] = _seconds(burst["triggered_at"], burst["last_end"])
-    result["patch_state"] = measure.latency_summary(records, run_of)
-    result["patch_state_all_calls"] = len(records)
-
-
-def _seconds(start: str, end: str | None) -> float | None:
-    """Seconds from ISO timestamp ``start`` to ``end`` (None without an end)."""
-    span = None if end is None else dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(start)
-    return None if span is None else round(span.total_seconds(), 2)

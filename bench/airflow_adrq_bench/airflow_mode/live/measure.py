@@ -54,9 +54,11 @@ def run_count(conn: sa.Connection, dag_ids: Sequence[str]) -> int:
     return int(fetch(conn, "SELECT count(*) FROM dag_run WHERE dag_id IN :ids", ids=list(dag_ids))[0][0])
 
 
-def producer_tasks(conn: sa.Connection, dag_ids: Sequence[str], run_ids: Sequence[str]) -> dict[str, Any]:
-    """The producer task instances of the burst runs: failed / retried / succeeded, overall and per
-    burst with its tasks' last ``end_date`` and their spread, and ``runs``: each one's burst by id."""
+def producer_tasks(
+    conn: sa.Connection, dag_ids: Sequence[str], run_ids: Sequence[str]
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, str]]:
+    """The producer task instances of the burst runs: failed / retried / succeeded overall; the same per
+    burst, with its tasks' last ``end_date`` and their spread; and each one's burst by its id."""
     rows = fetch(
         conn,
         "SELECT id, run_id, state, try_number, end_date FROM task_instance "
@@ -73,20 +75,15 @@ def producer_tasks(conn: sa.Connection, dag_ids: Sequence[str], run_ids: Sequenc
     bursts = []
     for run_id in run_ids:
         mine = [r for r in rows if r[1] == run_id]
-        ends = [_utc(end) for *_, end in mine if end is not None]
-        last, spread = (
-            (max(ends).isoformat(), (max(ends) - min(ends)).total_seconds()) if ends else (None, None)
-        )
+        ends = sorted(_utc(end) for *_, end in mine if end is not None)
         # end_spread_s: how close together the success calls finished (they set end_date).
+        spread = (ends[-1] - ends[0]).total_seconds() if ends else None
+        last = ends[-1].isoformat() if ends else None
         bursts.append({"run_id": run_id, **tally(mine), "last_end": last, "end_spread_s": spread})
     states = Counter(str(state or "none") for _, _, state, _, _ in rows)
-    return {
-        **tally(rows),
-        "succeeded": states.pop("success", 0),
-        "other": {k: n for k, n in states.items() if k != "failed"},
-        "bursts": bursts,
-        "runs": {uuid_hex(ti_id): str(run_id) for ti_id, run_id, *_ in rows},
-    }
+    other = {k: n for k, n in states.items() if k not in ("success", "failed")}
+    overall = {**tally(rows), "succeeded": states["success"], "other": other}
+    return overall, bursts, {_uuid_hex(ti_id): str(run_id) for ti_id, run_id, *_ in rows}
 
 
 def count_pairs(
@@ -94,14 +91,14 @@ def count_pairs(
     producers: Sequence[str],
     consumers: Sequence[str],
     run_ids: Sequence[str],
-    waiting: frozenset[tuple[int, str]] = frozenset(),
+    waiting: frozenset[tuple[int, str]],
 ) -> dict[str, int]:
     """The (event, consumer) pairs of the burst runs' events: how many, how many no run consumed
     (``stranded``; also of the last burst alone), how many two or more runs of the DAG did, and how
     many are ``waiting``: unconsumed, of the queue rows ``waiting`` (all-of consumers missing an asset)."""
     params = {"producers": list(producers), "consumers": list(consumers), "run_ids": list(run_ids)}
-    out = dict.fromkeys(("pairs", "stranded", "consumed_twice", "last_burst_pairs", "last_burst_stranded"), 0)
-    out["waiting"] = 0
+    keys = ("pairs", "stranded", "consumed_twice", "last_burst_pairs", "last_burst_stranded", "waiting")
+    out = dict.fromkeys(keys, 0)
     for asset_id, run_id, dag_id, runs in fetch(conn, _PAIRS, **params):
         out["pairs"] += 1
         if runs == 0 and (int(asset_id), str(dag_id)) in waiting:
@@ -124,13 +121,24 @@ def deadlock_counter(conn: sa.Connection, database: str) -> dict[str, Any]:
         value = fetch(conn, "SELECT deadlocks FROM pg_stat_database WHERE datname = :name", name=database)
         return {"value": int(value[0][0] or 0), "scope": "database", "latest_names_database": None}
     row = conn.execute(sa.text("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")).first()
-    section = latest_deadlock(conn)
-    names = (
-        None
-        if section is None
-        else any(n in section for n in (f"`{database}`", f" {database}.", f"`{database}/"))
-    )
+    section, spellings = latest_deadlock(conn), (f"`{database}`", f" {database}.", f"`{database}/")
+    names = None if section is None else any(n in section for n in spellings)
     return {"value": int(row[1]) if row else 0, "scope": "server", "latest_names_database": names}
+
+
+def deadlocks(
+    before: dict[str, Any], after: dict[str, Any], logs: Iterable[Path], task_logs: Iterable[Path]
+) -> dict[str, Any]:
+    """The server counter's difference, and the deadlock lines in the components' and the tasks' logs."""
+    in_components, in_tasks = deadlock_lines(sorted(logs)), deadlock_lines(sorted(task_logs))
+    return {
+        "server": after["value"] - before["value"],
+        "server_scope": after["scope"],
+        "latest_names_database": after["latest_names_database"],
+        "log_lines_components": sum(in_components.values()),
+        "log_lines_tasks": sum(in_tasks.values()),
+        "log_files": {**in_components, **in_tasks},
+    }
 
 
 def deadlock_lines(paths: Iterable[Path]) -> dict[str, int]:
@@ -140,6 +148,15 @@ def deadlock_lines(paths: Iterable[Path]) -> dict[str, int]:
         with path.open(errors="replace") as lines:
             found[str(path)] = sum(1 for line in lines if DEADLOCK_LINE.search(line))
     return {path: n for path, n in found.items() if n}
+
+
+def plugin_line(api_server_log: Path) -> str | None:
+    """The plug-in's start-up line in the api-server's log (names its on_conflict policy), if any."""
+    with api_server_log.open(errors="replace") as lines:
+        for line in lines:
+            if "airflow-adrq: " in line and "on_conflict=" in line:
+                return line.split("airflow-adrq: ", 1)[1].split(" [", 1)[0].strip()
+    return None
 
 
 # A task-state call's ``request finished`` line of the api-server's access log (Airflow 3.3's
@@ -167,8 +184,23 @@ def parse_access_log(path: Path) -> list[AccessRecord]:
     with path.open(errors="replace") as lines:
         found = [m for m in map(_STATE_CALL.match, lines) if m]
     return [
-        AccessRecord(uuid_hex(m["ti"]), int(m["status"]), int(m["us"]) / 1000, _at(m["at"])) for m in found
+        AccessRecord(_uuid_hex(m["ti"]), int(m["status"]), int(m["us"]) / 1000, _at(m["at"])) for m in found
     ]
+
+
+def state_calls(
+    api_server_log: Path, bursts: Sequence[dict[str, Any]], run_of: dict[str, str]
+) -> dict[str, Any]:
+    """The producer tasks' success calls (``run_of``: their burst by task instance id) from the access
+    log: their latency, and per burst when its last one was answered, which is when it is done (a
+    task's ``end_date`` is the task SDK's, stamped before that call)."""
+    records = parse_access_log(api_server_log)
+    for burst in bursts:
+        ends = [r.at for r in records if r.at is not None and run_of.get(r.ti_id) == burst["run_id"]]
+        burst["last_state_call_at"] = max(ends).isoformat() if ends else None
+        burst["trigger_to_done_s"] = _seconds(burst["triggered_at"], burst["last_state_call_at"])
+        burst["trigger_to_end_date_s"] = _seconds(burst["triggered_at"], burst["last_end"])
+    return {"patch_state": latency_summary(records, run_of), "patch_state_all_calls": len(records)}
 
 
 def latency_summary(records: Sequence[AccessRecord], ti_ids: Iterable[str]) -> dict[str, Any]:
@@ -184,7 +216,7 @@ def latency_summary(records: Sequence[AccessRecord], ti_ids: Iterable[str]) -> d
     }
 
 
-def uuid_hex(value: object) -> str:
+def _uuid_hex(value: object) -> str:
     """A UUID in one spelling (32 hex digits): PostgreSQL returns it dashed, MySQL as CHAR(32)."""
     return uuid.UUID(str(value)).hex
 
@@ -199,3 +231,9 @@ def _at(stamp: str) -> dt.datetime | None:
 def _utc(value: dt.datetime) -> dt.datetime:
     """A timestamp as an aware UTC datetime (MySQL's come back naive, in UTC)."""
     return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+
+
+def _seconds(start: str, end: str | None) -> float | None:
+    """Seconds from ISO timestamp ``start`` to ``end`` (None without an end)."""
+    span = None if end is None else dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(start)
+    return None if span is None else round(span.total_seconds(), 2)
