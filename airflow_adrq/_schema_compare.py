@@ -15,10 +15,9 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy.dialects import mysql
 
 from airflow_adrq.models import metadata
+from airflow_adrq.tables import MYSQL_FAMILY
 
 __all__ = ["compare_server_default", "compare_type", "include_name"]
-
-_MYSQL_FAMILY = ("mysql", "mariadb")
 
 
 def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
@@ -42,7 +41,7 @@ def compare_type(
     Alembic's JSON/LONGTEXT synonym alone, a plain LONGTEXT would pass).
     """
     dialect = context.dialect
-    if dialect.name not in _MYSQL_FAMILY or not isinstance(metadata_type.dialect_impl(dialect), sa.JSON):
+    if dialect.name not in MYSQL_FAMILY or not isinstance(metadata_type.dialect_impl(dialect), sa.JSON):
         return None
     if isinstance(inspected_type, mysql.JSON):
         return False  # MySQL 8: a native JSON column.
@@ -77,7 +76,7 @@ def compare_server_default(
     BOOL is TINYINT(1) on MySQL/MariaDB: DEFAULT true is stored, and
     reflected, as 1 (false as 0). Only these two spellings are mapped.
     """
-    if context.dialect.name not in _MYSQL_FAMILY or not isinstance(metadata_column.type, sa.Boolean):
+    if context.dialect.name not in MYSQL_FAMILY or not isinstance(metadata_column.type, sa.Boolean):
         return None
     if inspected_default is None or rendered_metadata_default is None:
         return None

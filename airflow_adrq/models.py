@@ -32,7 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from airflow_adrq.tables import UtcDateTime, utcnow
+from airflow_adrq.tables import MYSQL_FAMILY, UtcDateTime, utcnow
 
 __all__ = [
     "ID_LEN",
@@ -73,7 +73,6 @@ ID_LEN = 250
 StrID = Annotated[str, "StringID"]
 #: Airflow's asset name/uri/group: VARCHAR(1500).
 AssetStr = Annotated[str, "AssetString"]
-_MYSQL_FAMILY = ("mysql", "mariadb")
 
 
 class Base(DeclarativeBase):
@@ -82,8 +81,8 @@ class Base(DeclarativeBase):
     # (utf8mb3_bin); asset names/URIs are latin1 so that (name, uri) fits
     # InnoDB's 3072-byte index key limit.
     type_annotation_map: ClassVar[dict[Any, Any]] = {
-        StrID: String(ID_LEN).with_variant(String(ID_LEN, collation="utf8mb3_bin"), *_MYSQL_FAMILY),
-        AssetStr: String(1500).with_variant(String(1500, collation="latin1_general_cs"), *_MYSQL_FAMILY),
+        StrID: String(ID_LEN).with_variant(String(ID_LEN, collation="utf8mb3_bin"), *MYSQL_FAMILY),
+        AssetStr: String(1500).with_variant(String(1500, collation="latin1_general_cs"), *MYSQL_FAMILY),
         dt.datetime: UtcDateTime,
         dict[str, Any]: JSON,
         list[str]: JSON,
