@@ -14,7 +14,6 @@ Alembic is configured in code (no ``alembic.ini``) and keeps its revision in
 from __future__ import annotations
 
 import contextlib
-import importlib.resources
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,12 +106,12 @@ def script_location() -> Path:
     checkout (an editable install) keeps it at the top level, next to the
     package (``migrations/``).
     """
-    package = importlib.resources.files("airflow_adrq")
-    for location in (package.joinpath("migrations"), package.joinpath("..").joinpath("migrations")):
-        # Alembic imports env.py and the revisions from real files.
-        if isinstance(location, Path) and (location / "env.py").is_file():
-            return location.resolve()
-    raise AdrqError(f"airflow-adrq's migrations are not on the file system next to {package!r}")
+    package = Path(__file__).resolve().parent
+    for location in (package / "migrations", package.parent / "migrations"):
+        # Alembic imports env.py and the revisions from real files (not from a zip, say).
+        if (location / "env.py").is_file():
+            return location
+    raise AdrqError(f"airflow-adrq's migrations are not on the file system next to {package}")
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
@@ -213,7 +212,6 @@ def current(bind: Bind) -> str | None:
     IMMEDIATE`` holds the write lock for the read.
     """
     with _connect(bind) as connection:
-        _refuse_airflow_schema(connection)
         return _current(connection)
 
 
@@ -224,7 +222,6 @@ def check(bind: Bind) -> CheckResult:
     """
     (head,) = heads()
     with _connect(bind) as connection:
-        _refuse_airflow_schema(connection)
         return CheckResult(current=_current(connection), head=head, diffs=tuple(schema_diff(connection)))
 
 
@@ -357,8 +354,6 @@ def _migrate(bind: Bind, direction: Literal["upgrade", "downgrade"], revision: s
         steps.append(Step("upgrade" if step.is_upgrade else "downgrade", step.up_revision_id or "", doc))
 
     with _connect(bind) as connection:
-        # Before Alembic runs: it would create airflow_adrq_version first.
-        _refuse_airflow_schema(connection)
         before = _current(connection)
         tables_before = set(sa.inspect(connection).get_table_names())
         clash = sorted(tables_before & set(metadata.tables))
@@ -400,20 +395,21 @@ def _current(connection: Connection) -> str | None:
 
 @contextlib.contextmanager
 def _connect(bind: Bind) -> Iterator[Connection]:
-    """One connection in one transaction, committed on success (on an engine of its own unless given one)."""
+    """One connection in one transaction, committed on success, refused first if Airflow's database."""
     try:
         engine = bind if isinstance(bind, Engine) else create_engine(bind, poolclass=sa.pool.NullPool)
     except ImportError as exc:
         # SQLAlchemy imports the driver here; a missing one is a setup
         # problem the command line should name, not a traceback.
-        url = sa.engine.make_url(bind)
+        driver = sa.engine.make_url(str(bind)).drivername
         raise AdrqError(
-            f"no database driver for {url.drivername!r} ({exc}); install it, e.g. "
+            f"no database driver for {driver!r} ({exc}); install it, e.g. "
             "pip install 'airflow-adrq[postgres]' (psycopg2: use postgresql+psycopg2://) or "
             "'airflow-adrq[mysql]'"
         ) from exc
     try:
         with engine.begin() as connection:
+            _refuse_airflow_schema(connection)
             yield connection
     finally:
         if engine is not bind:

@@ -138,9 +138,8 @@ def run_in_transaction(
             with attempt:
                 callbacks = []
                 result = _attempt(session_factory, work, callbacks)
-    except CommitOutcomeUnknownError:
-        raise
     except Exception as exc:
+        # Not CommitOutcomeUnknownError: it is no database error, so not retryable.
         if is_retryable(exc):
             made = retrying.statistics.get("attempt_number", max_attempts)
             raise RetriesExhaustedError(
@@ -207,11 +206,9 @@ def commit_outcome(session_factory: Callable[[], Session], error: CommitOutcomeU
     ids = sorted(set(error.event_ids))
     if not ids:
         return None
-    table = asset_event
     with session_factory() as session:
-        found = session.execute(
-            select(func.count()).select_from(table).where(table.c.id.in_(ids))
-        ).scalar_one()
+        count = select(func.count()).select_from(asset_event).where(asset_event.c.id.in_(ids))
+        found = session.execute(count).scalar_one()
     if found == len(ids):
         return True
     return False if found == 0 else None
