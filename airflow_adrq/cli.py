@@ -93,8 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     add_db_parser(subparsers)
     doctor.add_doctor_parser(subparsers)
-    external = _external_commands()
-    for name, ep in sorted(external.items()):
+    for name, ep in sorted(_external_commands().items()):
         dist = ep.dist.name if ep.dist else "another distribution"
         command = subparsers.add_parser(
             name, allow_abbrev=False, help=f"see `airflow-adrq {name} --help` (from {dist})"

@@ -48,8 +48,6 @@ _PG_SQLSTATES = {
     "57P02": RetryableKind.CONNECTION_LOST,  # crash_shutdown
     "57P03": RetryableKind.CONNECTION_LOST,  # cannot_connect_now (server starting up)
 }
-# SQLSTATE class 08: connection exceptions (PgBouncer reports lost server connections so).
-_PG_CONNECTION_CLASS = "08"
 # MySQL / MariaDB server error numbers.
 _MYSQL_ERRNOS = {
     1213: RetryableKind.DEADLOCK,  # ER_LOCK_DEADLOCK: InnoDB rolled the transaction back
@@ -115,7 +113,8 @@ def _classify_one(exc: BaseException) -> Retryable | None:
     sqlstate = getattr(exc, "pgcode", None) or getattr(exc, "sqlstate", None)
     if isinstance(sqlstate, str) and sqlstate in _PG_SQLSTATES:
         return Retryable(_PG_SQLSTATES[sqlstate], sqlstate)
-    if isinstance(sqlstate, str) and sqlstate.startswith(_PG_CONNECTION_CLASS):
+    # Class 08, connection exceptions (PgBouncer reports lost server connections so).
+    if isinstance(sqlstate, str) and sqlstate.startswith("08"):
         return Retryable(RetryableKind.CONNECTION_LOST, sqlstate)
     # sqlite3 (Python >= 3.11) exposes the extended result code.
     sqlite_code = getattr(exc, "sqlite_errorcode", None)
