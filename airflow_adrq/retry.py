@@ -64,16 +64,6 @@ def _on_commit(_conn: Connection) -> None:
         sent[0] = True
 
 
-def _listen_for_commits() -> None:
-    """Install :func:`_on_commit` on every ``Engine`` once, at the first :func:`run_in_transaction`.
-
-    Not at import: an Airflow process that imports the package without
-    retrying transactions gets no listener on its engines.
-    """
-    if not event.contains(Engine, "commit", _on_commit):
-        event.listen(Engine, "commit", _on_commit)
-
-
 def run_in_transaction(
     session_factory: Callable[[], Session],
     work: Callable[[Session, list[Callback]], T],
@@ -110,7 +100,10 @@ def run_in_transaction(
     """
     if max_attempts < 1:
         raise ValueError("max_attempts must be at least 1")
-    _listen_for_commits()
+    # On every Engine, once; not at import: an Airflow process that imports the
+    # package without retrying transactions gets no listener on its engines.
+    if not event.contains(Engine, "commit", _on_commit):
+        event.listen(Engine, "commit", _on_commit)
 
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
