@@ -86,8 +86,8 @@ class UtcDateTime(TypeDecorator[dt.datetime]):
 metadata = MetaData()
 
 
-def _id(name: str = "id") -> Column[int]:
-    return Column(name, Integer, primary_key=True)
+def _id() -> Column[int]:
+    return Column("id", Integer, primary_key=True)
 
 
 dag = Table(
