@@ -93,8 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     add_db_parser(subparsers)
     doctor.add_doctor_parser(subparsers)
-    external = _external_commands()
-    for name, ep in sorted(external.items()):
+    for name, ep in sorted(_external_commands().items()):
         dist = ep.dist.name if ep.dist else "another distribution"
         command = subparsers.add_parser(
             name, allow_abbrev=False, help=f"see `airflow-adrq {name} --help` (from {dist})"
@@ -112,59 +111,43 @@ def add_db_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         description="Alembic migrations for a database of airflow-adrq's own. "
         "Refuses a database that holds Airflow's schema.",
     )
-    commands = db.add_subparsers(title="db commands", metavar="DB_COMMAND")
-
-    upgrade = commands.add_parser("upgrade", allow_abbrev=False, help="upgrade to a revision (default: head)")
-    _add_url(upgrade)
-    _add_revision(upgrade, default="head", what="target revision (default: %(default)s)")
-    upgrade.set_defaults(func=_db_upgrade, command_parser=upgrade)
-
-    downgrade = commands.add_parser(
-        "downgrade", allow_abbrev=False, help="downgrade to a revision ('base' drops all tables)"
-    )
-    _add_url(downgrade)
-    _add_revision(downgrade, default=None, what="target revision, or 'base' (required)")
-    downgrade.set_defaults(func=_db_downgrade, command_parser=downgrade)
-
-    current = commands.add_parser("current", allow_abbrev=False, help="print the database's revision")
-    _add_url(current)
-    current.set_defaults(func=_db_current, command_parser=current)
-
-    check = commands.add_parser(
-        "check", allow_abbrev=False, help="exit 1 unless at head and identical to the models"
-    )
-    _add_url(check)
-    check.set_defaults(func=_db_check, command_parser=check)
-
     db.set_defaults(func=lambda _args: _usage(db), command_parser=db)
+    commands = db.add_subparsers(title="db commands", metavar="DB_COMMAND")
+    url = os.environ.get(URL_ENV)
+    for name, func, help_text, revision_help in (
+        ("upgrade", _db_upgrade, "upgrade to a revision (default: head)", "target revision (default: head)"),
+        (
+            "downgrade",
+            _db_downgrade,
+            "downgrade to a revision ('base' drops all tables)",
+            "target revision, or 'base' (required)",
+        ),
+        ("current", _db_current, "print the database's revision", None),
+        ("check", _db_check, "exit 1 unless at head and identical to the models", None),
+    ):
+        command = commands.add_parser(name, allow_abbrev=False, help=help_text)
+        command.add_argument(
+            "--url",
+            type=doctor.database_url,
+            default=url,
+            required=url is None,
+            help=f"SQLAlchemy database URL (default: ${URL_ENV})",
+        )
+        if revision_help is not None:
+            # Positional, as Alembic users type it (`db downgrade base`); --revision kept.
+            command.add_argument("revision", nargs="?", metavar="REVISION", help=revision_help)
+            command.add_argument("--revision", dest="revision_option", help=argparse.SUPPRESS)
+        command.set_defaults(func=func, command_parser=command)
 
 
-def _add_revision(parser: argparse.ArgumentParser, *, default: str | None, what: str) -> None:
-    # Positional, as Alembic users type it (`db downgrade base`); --revision kept.
-    parser.add_argument("revision", nargs="?", default=None, metavar="REVISION", help=what)
-    parser.add_argument("--revision", dest="revision_option", default=None, help=argparse.SUPPRESS)
-    parser.set_defaults(revision_default=default)
-
-
-def _revision(args: argparse.Namespace) -> str:
+def _revision(args: argparse.Namespace, default: str | None = None) -> str:
     given = [r for r in (args.revision, args.revision_option) if r is not None]
     if len(given) == 2 and given[0] != given[1]:
         raise AdrqError(f"two different revisions given: {given[0]!r} and --revision {given[1]!r}")
-    revision = given[0] if given else args.revision_default
+    revision = given[0] if given else default
     if revision is None:
         raise AdrqError("a revision is required, e.g. `airflow-adrq db downgrade base`")
-    return str(revision)
-
-
-def _add_url(parser: argparse.ArgumentParser) -> None:
-    default = os.environ.get(URL_ENV)
-    parser.add_argument(
-        "--url",
-        type=doctor.database_url,
-        default=default,
-        required=default is None,
-        help=f"SQLAlchemy database URL (default: ${URL_ENV})",
-    )
+    return revision
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -192,7 +175,7 @@ def _report(url: str, result: migrate.MigrationResult) -> None:
 
 
 def _db_upgrade(args: argparse.Namespace) -> int:
-    _report(args.url, migrate.upgrade(args.url, _revision(args)))
+    _report(args.url, migrate.upgrade(args.url, _revision(args, default="head")))
     return 0
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import enum
 import sqlite3
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
@@ -48,8 +47,6 @@ _PG_SQLSTATES = {
     "57P02": RetryableKind.CONNECTION_LOST,  # crash_shutdown
     "57P03": RetryableKind.CONNECTION_LOST,  # cannot_connect_now (server starting up)
 }
-# SQLSTATE class 08: connection exceptions (PgBouncer reports lost server connections so).
-_PG_CONNECTION_CLASS = "08"
 # MySQL / MariaDB server error numbers.
 _MYSQL_ERRNOS = {
     1213: RetryableKind.DEADLOCK,  # ER_LOCK_DEADLOCK: InnoDB rolled the transaction back
@@ -85,27 +82,6 @@ def _is_database_error(exc: BaseException) -> bool:
     return type(exc).__module__.split(".")[0] in _DRIVER_MODULES
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc``, the DBAPI error it wraps and what they were raised from or while handling.
-
-    Database errors only: a ``ValueError`` raised by user code while handling
-    a deadlock is the user's error, not a deadlock, and ends the walk.
-    """
-    if not _is_database_error(exc):
-        return
-    seen: set[int] = set()
-    todo: list[BaseException] = [exc]
-    while todo:
-        current = todo.pop(0)
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield current
-        for linked in (getattr(current, "orig", None), current.__cause__, current.__context__):
-            if isinstance(linked, BaseException) and _is_database_error(linked):
-                todo.append(linked)
-
-
 def _classify_one(exc: BaseException) -> Retryable | None:
     # SQLAlchemy asked the dialect (is_disconnect) and invalidated the
     # connection: the pool will not hand it out again.
@@ -115,7 +91,8 @@ def _classify_one(exc: BaseException) -> Retryable | None:
     sqlstate = getattr(exc, "pgcode", None) or getattr(exc, "sqlstate", None)
     if isinstance(sqlstate, str) and sqlstate in _PG_SQLSTATES:
         return Retryable(_PG_SQLSTATES[sqlstate], sqlstate)
-    if isinstance(sqlstate, str) and sqlstate.startswith(_PG_CONNECTION_CLASS):
+    # Class 08, connection exceptions (PgBouncer reports lost server connections so).
+    if isinstance(sqlstate, str) and sqlstate.startswith("08"):
         return Retryable(RetryableKind.CONNECTION_LOST, sqlstate)
     # sqlite3 (Python >= 3.11) exposes the extended result code.
     sqlite_code = getattr(exc, "sqlite_errorcode", None)
@@ -138,12 +115,23 @@ def classify(exc: BaseException) -> Retryable | None:
     Walks ``.orig``, ``__cause__`` and ``__context__`` through database errors
     only (MariaDB reports a deadlock inside a SAVEPOINT as 1305 with the 1213
     in ``__context__``) and reads driver error codes, never message text
-    (except SQLite's fixed result-code strings on Python 3.10).
+    (except SQLite's fixed result-code strings on Python 3.10). A ``ValueError``
+    raised by user code while handling a deadlock is the user's error, not a
+    deadlock: the walk ends at anything that is no database error.
     """
-    for linked in _chain(exc):
-        found = _classify_one(linked)
+    seen: set[int] = set()
+    todo = [exc] if _is_database_error(exc) else []
+    while todo:
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        found = _classify_one(current)
         if found is not None:
             return found
+        for linked in (getattr(current, "orig", None), current.__cause__, current.__context__):
+            if isinstance(linked, BaseException) and _is_database_error(linked):
+                todo.append(linked)
     return None
 
 

@@ -3,7 +3,7 @@
 For a standalone database (tests, benchmarks, trying the library). An Airflow
 metadata database needs none of this: Airflow's migrations created the same
 tables (:mod:`airflow_adrq.models` mirrors them). So every command first
-refuses a database that holds Airflow's schema (:func:`refuse_airflow_schema`):
+refuses a database that holds Airflow's schema (:func:`_refuse_airflow_schema`):
 ``upgrade`` would fail half-way there, and ``downgrade`` would drop Airflow's
 asset and DAG tables with their rows.
 
@@ -14,9 +14,8 @@ Alembic is configured in code (no ``alembic.ini``) and keeps its revision in
 from __future__ import annotations
 
 import contextlib
-import importlib.resources
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,15 +25,16 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext, MigrationInfo
 from alembic.script import Script, ScriptDirectory
+from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import URL, Connection, Engine
 
 from airflow_adrq import dialects
 from airflow_adrq.engine import create_engine
 from airflow_adrq.errors import AdrqError, AirflowSchemaError
 from airflow_adrq.models import metadata
+from airflow_adrq.tables import MYSQL_FAMILY
 
 __all__ = [
-    "AIRFLOW_MARKER_TABLES",
     "VERSION_TABLE",
     "CheckResult",
     "MigrationResult",
@@ -46,8 +46,6 @@ __all__ = [
     "describe_diff",
     "downgrade",
     "heads",
-    "refuse_airflow_schema",
-    "refuse_existing_tables",
     "schema_diff",
     "script_location",
     "upgrade",
@@ -59,7 +57,7 @@ VERSION_TABLE = "airflow_adrq_version"
 #: Tables whose presence means "this is an Airflow metadata database":
 #: Airflow's Alembic version table, and ``dag_run``, which every Airflow
 #: schema since 1.x has and airflow-adrq never creates.
-AIRFLOW_MARKER_TABLES = ("alembic_version", "dag_run")
+_AIRFLOW_MARKERS = ("alembic_version", "dag_run")
 
 #: Key in ``Config.attributes`` under which :mod:`migrations/env.py` finds the
 #: callback that records each applied revision.
@@ -94,7 +92,7 @@ class CheckResult:
 
     current: str | None
     head: str
-    diffs: tuple[Any, ...] = field(default=())
+    diffs: tuple[Any, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -108,12 +106,12 @@ def script_location() -> Path:
     checkout (an editable install) keeps it at the top level, next to the
     package (``migrations/``).
     """
-    package = importlib.resources.files("airflow_adrq")
-    for location in (package.joinpath("migrations"), package.joinpath("..").joinpath("migrations")):
-        # Alembic imports env.py and the revisions from real files.
-        if isinstance(location, Path) and (location / "env.py").is_file():
-            return location.resolve()
-    raise AdrqError(f"airflow-adrq's migrations are not on the file system next to {package!r}")
+    package = Path(__file__).resolve().parent
+    for location in (package / "migrations", package.parent / "migrations"):
+        # Alembic imports env.py and the revisions from real files (not from a zip, say).
+        if (location / "env.py").is_file():
+            return location
+    raise AdrqError(f"airflow-adrq's migrations are not on the file system next to {package}")
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
@@ -137,51 +135,33 @@ def heads() -> tuple[str, ...]:
     return tuple(ScriptDirectory.from_config(alembic_config()).get_heads())
 
 
-def refuse_airflow_schema(connection: Connection) -> None:
-    """Raise :class:`~airflow_adrq.errors.AirflowSchemaError` if ``connection``'s database is Airflow's.
+def _refuse_airflow_schema(connection: Connection) -> None:
+    """Raise :class:`~airflow_adrq.errors.AirflowSchemaError` if the default schema has a marker table.
 
-    Looks for :data:`AIRFLOW_MARKER_TABLES` in the default schema. Reads the
-    catalog and, if present, ``alembic_version``'s rows (for the message);
-    locks nothing beyond the catalog read; changes nothing. Not promised: a
-    database that gains Airflow's tables after this check is not detected.
+    Reads the catalog and ``alembic_version``'s rows (for the message); changes
+    nothing. Not promised: a database that gains Airflow's tables after this
+    check is not detected.
     """
     inspector = sa.inspect(connection)
-    found = [name for name in AIRFLOW_MARKER_TABLES if inspector.has_table(name)]
-    if not found:
-        return
-    details = []
-    for name in found:
-        if name == "alembic_version" and any(
-            column["name"] == "version_num" for column in inspector.get_columns(name)
-        ):
-            version = sa.table(name, sa.column("version_num"))
-            revisions = connection.execute(sa.select(version.c.version_num)).scalars().all()
-            details.append(f"{name} (revision {', '.join(map(str, revisions)) or 'none'})")
-        else:
-            details.append(name)
-    url = connection.engine.url.render_as_string(hide_password=True)
-    raise AirflowSchemaError(
-        f"refusing to run airflow-adrq migrations on {url}: it holds Apache Airflow's own schema "
-        f"(found {', '.join(details)}). Airflow's migrations own these tables and airflow-adrq needs "
-        "no migration there; `airflow-adrq db` is only for a database of its own. Nothing was changed."
-    )
-
-
-def refuse_existing_tables(connection: Connection, existing: set[str] | None = None) -> None:
-    """Raise :class:`~airflow_adrq.errors.AdrqError` if a table the first upgrade creates exists already.
-
-    For a database without ``airflow_adrq_version``, before any DDL, which
-    would otherwise fail part-way on ``CREATE TABLE``. Reads the catalog only.
-    """
-    existing = set(sa.inspect(connection).get_table_names()) if existing is None else existing
-    clash = sorted(existing & set(metadata.tables))
-    if clash:
-        url = connection.engine.url.render_as_string(hide_password=True)
-        raise AdrqError(
-            f"refusing to upgrade {url}: it has no {VERSION_TABLE} but already has the table(s) "
-            f"{', '.join(clash)} that airflow-adrq would create. Use an empty database, or drop those "
-            "tables first. Nothing was changed."
+    found = []
+    for name in _AIRFLOW_MARKERS:
+        if not inspector.has_table(name):
+            continue
+        if name == "alembic_version" and "version_num" in {c["name"] for c in inspector.get_columns(name)}:
+            revisions = connection.execute(sa.text("SELECT version_num FROM alembic_version")).scalars()
+            name += f" (revision {', '.join(map(str, revisions)) or 'none'})"
+        found.append(name)
+    if found:
+        raise AirflowSchemaError(
+            f"refusing to run airflow-adrq migrations on {_shown(connection)}: it holds Apache Airflow's "
+            f"own schema (found {', '.join(found)}). Airflow's migrations own these tables and airflow-adrq "
+            "needs no migration there; `airflow-adrq db` is only for a database of its own. "
+            "Nothing was changed."
         )
+
+
+def _shown(connection: Connection) -> str:
+    return connection.engine.url.render_as_string(hide_password=True)
 
 
 def _undo_partial_upgrade(connection: Connection, tables_before: set[str]) -> None:
@@ -192,9 +172,9 @@ def _undo_partial_upgrade(connection: Connection, tables_before: set[str]) -> No
     if dialects.get(connection).transactional_ddl:
         return
     created = set(sa.inspect(connection).get_table_names()) - tables_before
-    ours = [t for t in reversed(metadata.sorted_tables) if t.name in created]
-    for table in ours:
-        table.drop(connection, checkfirst=True)
+    for table in reversed(metadata.sorted_tables):
+        if table.name in created:
+            table.drop(connection, checkfirst=True)
     if VERSION_TABLE in created:
         sa.Table(VERSION_TABLE, sa.MetaData()).drop(connection, checkfirst=True)
 
@@ -202,8 +182,9 @@ def _undo_partial_upgrade(connection: Connection, tables_before: set[str]) -> No
 def upgrade(bind: Bind, revision: str = "head") -> MigrationResult:
     """Upgrade the database to ``revision`` (default: head), in one transaction.
 
-    Refuses an Airflow database (:func:`refuse_airflow_schema`) and, on a
-    first upgrade, existing tables it would create (:func:`refuse_existing_tables`).
+    Refuses, before any DDL, a database that holds Airflow's schema and, on a
+    first upgrade (no ``airflow_adrq_version``), one that already has a table
+    it would create (``CREATE TABLE`` would fail part-way).
     Locks: the DDL's (``ACCESS EXCLUSIVE`` on PostgreSQL, SQLite's write lock)
     until COMMIT. A failure raises :class:`~airflow_adrq.errors.AdrqError` and
     leaves the database as found (MySQL/MariaDB commit each DDL statement: the
@@ -231,7 +212,6 @@ def current(bind: Bind) -> str | None:
     IMMEDIATE`` holds the write lock for the read.
     """
     with _connect(bind) as connection:
-        refuse_airflow_schema(connection)
         return _current(connection)
 
 
@@ -242,15 +222,14 @@ def check(bind: Bind) -> CheckResult:
     """
     (head,) = heads()
     with _connect(bind) as connection:
-        refuse_airflow_schema(connection)
         return CheckResult(current=_current(connection), head=head, diffs=tuple(schema_diff(connection)))
 
 
 def schema_diff(connection: Connection) -> list[Any]:
     """Alembic autogenerate's differences between the database and ``airflow_adrq.models``.
 
-    Only the models' tables are compared (:mod:`airflow_adrq._schema_compare`);
-    an empty list means the schema is what the models describe.
+    Only the models' tables are compared (:func:`comparison_options`); an
+    empty list means the schema is what the models describe.
     """
     context = MigrationContext.configure(connection, opts=comparison_options())
     return list(compare_metadata(context, metadata))
@@ -285,45 +264,109 @@ def _render(value: Any) -> str:
 def comparison_options() -> dict[str, Any]:
     """``MigrationContext`` options shared by :func:`schema_diff` and ``migrations/env.py``.
 
-    So ``db check`` and an autogenerated revision see the same differences.
+    So ``db check`` and an autogenerated revision see the same differences:
+    Alembic's default comparison of the models' tables, except where the MySQL
+    family reports the same schema in another spelling. Each exception accepts
+    exactly the spelling the server produces for what the models declare and
+    reports anything else as a difference: never a blanket "ignore this column".
     """
-    from airflow_adrq import _schema_compare
-
     return {
         "version_table": VERSION_TABLE,
-        "compare_type": _schema_compare.compare_type,
-        "compare_server_default": _schema_compare.compare_server_default,
-        "include_name": _schema_compare.include_name,
+        "compare_type": _compare_type,
+        "compare_server_default": _compare_server_default,
+        "include_name": _include_name,
     }
+
+
+def _include_name(name: str | None, type_: str, parent_names: Any) -> bool:
+    """Compare only the models' tables (not the version table, ``sqlite_sequence`` or others')."""
+    return type_ != "table" or name in metadata.tables
+
+
+def _compare_type(
+    context: MigrationContext,
+    inspected_column: sa.Column[Any],
+    metadata_column: sa.Column[Any],
+    inspected_type: sa.types.TypeEngine[Any],
+    metadata_type: sa.types.TypeEngine[Any],
+) -> bool | None:
+    """``True``: types differ; ``False``: same; ``None``: let Alembic decide.
+
+    MariaDB's JSON is an alias: a LONGTEXT with collation ``utf8mb4_bin`` and a
+    column-level ``CHECK (json_valid(`col`))`` named after the column
+    (https://mariadb.com/kb/en/json-data-type/). SQLAlchemy reflects the
+    LONGTEXT: without this rule every JSON column would look changed (and with
+    Alembic's JSON/LONGTEXT synonym alone, a plain LONGTEXT would pass).
+    """
+    dialect = context.dialect
+    if dialect.name not in MYSQL_FAMILY or not isinstance(metadata_type.dialect_impl(dialect), sa.JSON):
+        return None
+    if isinstance(inspected_type, mysql.JSON):
+        return False  # MySQL 8: a native JSON column.
+    if (
+        getattr(dialect, "is_mariadb", False)
+        and isinstance(inspected_type, mysql.LONGTEXT)
+        and inspected_type.collation == "utf8mb4_bin"
+        and context.connection is not None  # offline mode: nothing to look at
+    ):
+        column = inspected_column.name
+        clause = context.connection.execute(
+            sa.text(
+                "SELECT check_clause FROM information_schema.CHECK_CONSTRAINTS WHERE constraint_schema = "
+                "DATABASE() AND table_name = :table AND constraint_name = :column"
+            ),
+            {"table": inspected_column.table.name, "column": column},
+        ).scalar_one_or_none()
+        return clause is None or clause.replace(" ", "") != f"json_valid(`{column}`)"
+    return True
+
+
+def _compare_server_default(
+    context: MigrationContext,
+    inspected_column: sa.Column[Any],
+    metadata_column: sa.Column[Any],
+    inspected_default: str | None,
+    metadata_default: Any,
+    rendered_metadata_default: str | None,
+) -> bool | None:
+    """``True``: defaults differ; ``False``: same; ``None``: let Alembic decide.
+
+    BOOL is TINYINT(1) on MySQL/MariaDB: DEFAULT true is stored, and
+    reflected, as 1 (false as 0). Only these two spellings are mapped.
+    """
+    if context.dialect.name not in MYSQL_FAMILY or not isinstance(metadata_column.type, sa.Boolean):
+        return None
+    if inspected_default is None or rendered_metadata_default is None:
+        return None
+    return _bool_literal(inspected_default) != _bool_literal(rendered_metadata_default)
+
+
+def _bool_literal(default: str) -> str:
+    text = default.strip().strip("'").lower()
+    return {"true": "1", "false": "0"}.get(text, text)
 
 
 def _migrate(bind: Bind, direction: Literal["upgrade", "downgrade"], revision: str) -> MigrationResult:
     steps: list[Step] = []
 
     def record(*, step: MigrationInfo, **_: Any) -> None:
-        script = step.up_revision
-        steps.append(
-            Step(
-                direction="upgrade" if step.is_upgrade else "downgrade",
-                revision=step.up_revision_id or "",
-                doc=script.doc.strip() if isinstance(script, Script) else "",
-            )
-        )
+        doc = step.up_revision.doc.strip() if isinstance(step.up_revision, Script) else ""
+        steps.append(Step("upgrade" if step.is_upgrade else "downgrade", step.up_revision_id or "", doc))
 
     with _connect(bind) as connection:
-        # Before Alembic runs: it would create airflow_adrq_version first.
-        refuse_airflow_schema(connection)
         before = _current(connection)
         tables_before = set(sa.inspect(connection).get_table_names())
-        if direction == "upgrade" and before is None:
-            refuse_existing_tables(connection, tables_before)
+        clash = sorted(tables_before & set(metadata.tables))
+        if direction == "upgrade" and before is None and clash:
+            raise AdrqError(
+                f"refusing to upgrade {_shown(connection)}: it has no {VERSION_TABLE} but already has the "
+                f"table(s) {', '.join(clash)} that airflow-adrq would create. Use an empty database, or drop "
+                "those tables first. Nothing was changed."
+            )
         config = alembic_config(connection)
         config.attributes[ON_VERSION_APPLY] = record
         try:
-            if direction == "upgrade":
-                command.upgrade(config, revision)
-            else:
-                command.downgrade(config, revision)
+            getattr(command, direction)(config, revision)
         except Exception as exc:
             if direction == "upgrade":
                 _undo_partial_upgrade(connection, tables_before)
@@ -352,24 +395,22 @@ def _current(connection: Connection) -> str | None:
 
 @contextlib.contextmanager
 def _connect(bind: Bind) -> Iterator[Connection]:
-    """One connection in one transaction, committed on success."""
-    if isinstance(bind, Engine):
-        with bind.begin() as connection:
-            yield connection
-        return
+    """One connection in one transaction, committed on success, refused first if Airflow's database."""
     try:
-        engine = create_engine(bind, poolclass=sa.pool.NullPool)
+        engine = bind if isinstance(bind, Engine) else create_engine(bind, poolclass=sa.pool.NullPool)
     except ImportError as exc:
         # SQLAlchemy imports the driver here; a missing one is a setup
         # problem the command line should name, not a traceback.
-        url = sa.engine.make_url(bind)
+        driver = sa.engine.make_url(str(bind)).drivername
         raise AdrqError(
-            f"no database driver for {url.drivername!r} ({exc}); install it, e.g. "
+            f"no database driver for {driver!r} ({exc}); install it, e.g. "
             "pip install 'airflow-adrq[postgres]' (psycopg2: use postgresql+psycopg2://) or "
             "'airflow-adrq[mysql]'"
         ) from exc
     try:
         with engine.begin() as connection:
+            _refuse_airflow_schema(connection)
             yield connection
     finally:
-        engine.dispose()
+        if engine is not bind:
+            engine.dispose()

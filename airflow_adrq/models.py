@@ -6,25 +6,25 @@ and MySQL collations, so the SQL this package builds runs unchanged against
 an Airflow metadata database. ``dag`` and ``dag_bundle`` are subsets: the
 columns the queueing path reads, or that are NOT NULL without a default.
 
-Unlike Airflow, with the same DDL: ``StringID`` always carries
-``utf8mb3_bin`` on MySQL/MariaDB (a dialect variant; Airflow decides at
-import time from ``[database] sql_alchemy_conn``); no ORM relationships.
+Column types come from the annotations (:attr:`Base.type_annotation_map`),
+nullability from ``| None``. Unlike Airflow, with the same DDL: ``StringID``
+always carries ``utf8mb3_bin`` on MySQL/MariaDB (a dialect variant; Airflow
+decides at import time from ``[database] sql_alchemy_conn``); no ORM
+relationships.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy import (
     JSON,
-    Boolean,
     Column,
     ForeignKey,
     ForeignKeyConstraint,
     Index,
-    Integer,
     MetaData,
     PrimaryKeyConstraint,
     String,
@@ -32,7 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from airflow_adrq.tables import UtcDateTime, utcnow
+from airflow_adrq.tables import MYSQL_FAMILY, UtcDateTime, utcnow
 
 __all__ = [
     "ID_LEN",
@@ -58,38 +58,35 @@ __all__ = [
 # Airflow's naming convention (airflow/models/base.py). Unnamed constraints
 # such as ``asset_pkey`` or ``asset_alias_asset_alias_id_fkey`` get their
 # names from here, exactly as in Airflow.
-NAMING_CONVENTION = {
-    "ix": "idx_%(column_0_N_label)s",
-    "uq": "%(table_name)s_%(column_0_N_name)s_uq",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "%(table_name)s_%(column_0_name)s_fkey",
-    "pk": "%(table_name)s_pkey",
-}
-
-metadata = MetaData(naming_convention=NAMING_CONVENTION)
+metadata = MetaData(
+    naming_convention={
+        "ix": "idx_%(column_0_N_label)s",
+        "uq": "%(table_name)s_%(column_0_N_name)s_uq",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "%(table_name)s_%(column_0_name)s_fkey",
+        "pk": "%(table_name)s_pkey",
+    }
+)
 
 ID_LEN = 250
-
-# MySQL/MariaDB only: Airflow's collations. ids are compared byte-wise
-# (utf8mb3_bin); asset names/URIs are latin1 so that (name, uri) fits InnoDB's
-# 3072-byte index key limit.
-_MYSQL_FAMILY = ("mysql", "mariadb")
-
-
-def StringID(length: int = ID_LEN) -> sa.types.TypeEngine[str]:
-    """Airflow's ``StringID``: VARCHAR(250), ``utf8mb3_bin`` on MySQL."""
-    variant = String(length, collation="utf8mb3_bin")
-    return String(length).with_variant(variant, *_MYSQL_FAMILY)
-
-
-def AssetString() -> sa.types.TypeEngine[str]:
-    """Airflow's asset name/uri/group type: VARCHAR(1500), ``latin1_general_cs`` on MySQL."""
-    variant = String(1500, collation="latin1_general_cs")
-    return String(1500).with_variant(variant, *_MYSQL_FAMILY)
+#: Airflow's ``StringID`` (dag, task, run ids): VARCHAR(250).
+StrID = Annotated[str, "StringID"]
+#: Airflow's asset name/uri/group: VARCHAR(1500).
+AssetStr = Annotated[str, "AssetString"]
 
 
 class Base(DeclarativeBase):
     metadata = metadata
+    # MySQL/MariaDB only: Airflow's collations. ids are compared byte-wise
+    # (utf8mb3_bin); asset names/URIs are latin1 so that (name, uri) fits
+    # InnoDB's 3072-byte index key limit.
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        StrID: String(ID_LEN).with_variant(String(ID_LEN, collation="utf8mb3_bin"), *MYSQL_FAMILY),
+        AssetStr: String(1500).with_variant(String(1500, collation="latin1_general_cs"), *MYSQL_FAMILY),
+        dt.datetime: UtcDateTime,
+        dict[str, Any]: JSON,
+        list[str]: JSON,
+    }
 
 
 class DagBundleModel(Base):
@@ -97,7 +94,7 @@ class DagBundleModel(Base):
 
     __tablename__ = "dag_bundle"
 
-    name: Mapped[str] = mapped_column(StringID(), primary_key=True, nullable=False)
+    name: Mapped[StrID] = mapped_column(primary_key=True)
 
 
 class DagModel(Base):
@@ -105,22 +102,20 @@ class DagModel(Base):
 
     __tablename__ = "dag"
 
-    dag_id: Mapped[str] = mapped_column(StringID(), primary_key=True)
+    dag_id: Mapped[StrID] = mapped_column(primary_key=True)
     # Airflow's ORM default is [core] dags_are_paused_at_creation; there is no
     # server default, so callers must set it.
-    is_paused: Mapped[bool] = mapped_column(Boolean, nullable=False)
-    is_stale: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
-    exceeds_max_non_backfill: Mapped[bool] = mapped_column(
-        Boolean, nullable=False, default=False, server_default="0"
-    )
-    bundle_name: Mapped[str] = mapped_column(StringID(), ForeignKey("dag_bundle.name"), nullable=False)
-    has_import_errors: Mapped[bool | None] = mapped_column(Boolean(), default=False, server_default="0")
-    timetable_partitioned: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default="0")
-    asset_expression: Mapped[dict[str, Any] | None] = mapped_column(JSON(), nullable=True)
-    max_active_runs: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    next_dagrun_create_after: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    is_paused: Mapped[bool]
+    is_stale: Mapped[bool] = mapped_column(default=True)
+    exceeds_max_non_backfill: Mapped[bool] = mapped_column(default=False, server_default="0")
+    bundle_name: Mapped[StrID] = mapped_column(ForeignKey("dag_bundle.name"))
+    has_import_errors: Mapped[bool | None] = mapped_column(default=False, server_default="0")
+    timetable_partitioned: Mapped[bool] = mapped_column(server_default="0")
+    asset_expression: Mapped[dict[str, Any] | None]
+    max_active_runs: Mapped[int | None]
+    next_dagrun_create_after: Mapped[dt.datetime | None]
 
-    __table_args__ = (Index("idx_next_dagrun_create_after", next_dagrun_create_after, unique=False),)
+    __table_args__ = (Index("idx_next_dagrun_create_after", "next_dagrun_create_after", unique=False),)
 
 
 alias_association_table = Table(
@@ -143,37 +138,31 @@ asset_alias_asset_event_association_table = Table(
 
 
 class AssetAliasModel(Base):
-    """``asset_alias``."""
-
     __tablename__ = "asset_alias"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    name: Mapped[str] = mapped_column(AssetString(), nullable=False)
-    group: Mapped[str] = mapped_column(AssetString(), default="", nullable=False)
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    name: Mapped[AssetStr]
+    group: Mapped[AssetStr] = mapped_column(default="")
 
     __table_args__ = (
-        Index("idx_asset_alias_name_unique", name, unique=True),
+        Index("idx_asset_alias_name_unique", "name", unique=True),
         {"sqlite_autoincrement": True},  # ensures PK values are not reused
     )
 
 
 class AssetModel(Base):
-    """``asset``."""
-
     __tablename__ = "asset"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    name: Mapped[str] = mapped_column(AssetString(), nullable=False)
-    uri: Mapped[str] = mapped_column(AssetString(), nullable=False)
-    group: Mapped[str] = mapped_column(AssetString(), default=str, nullable=False)
-    extra: Mapped[dict[str, Any]] = mapped_column(JSON(), nullable=False, default=dict)
-    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow, nullable=False)
-    updated_at: Mapped[dt.datetime] = mapped_column(
-        UtcDateTime, default=utcnow, onupdate=utcnow, nullable=False
-    )
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    name: Mapped[AssetStr]
+    uri: Mapped[AssetStr]
+    group: Mapped[AssetStr] = mapped_column(default=str)
+    extra: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
     __table_args__ = (
-        Index("idx_asset_name_uri_unique", name, uri, unique=True),
+        Index("idx_asset_name_uri_unique", "name", "uri", unique=True),
         {"sqlite_autoincrement": True},
     )
 
@@ -183,19 +172,19 @@ class AssetActive(Base):
 
     __tablename__ = "asset_active"
 
-    name: Mapped[str] = mapped_column(AssetString(), nullable=False)
-    uri: Mapped[str] = mapped_column(AssetString(), nullable=False)
+    name: Mapped[AssetStr]
+    uri: Mapped[AssetStr]
 
     __table_args__ = (
-        PrimaryKeyConstraint(name, uri, name="asset_active_pkey"),
+        PrimaryKeyConstraint("name", "uri", name="asset_active_pkey"),
         ForeignKeyConstraint(
-            columns=[name, uri],
+            columns=["name", "uri"],
             refcolumns=["asset.name", "asset.uri"],
             name="asset_active_asset_name_uri_fkey",
             ondelete="CASCADE",
         ),
-        Index("idx_asset_active_name_unique", name, unique=True),
-        Index("idx_asset_active_uri_unique", uri, unique=True),
+        Index("idx_asset_active_name_unique", "name", unique=True),
+        Index("idx_asset_active_uri_unique", "uri", unique=True),
     )
 
 
@@ -204,14 +193,14 @@ class DagScheduleAssetNameReference(Base):
 
     __tablename__ = "dag_schedule_asset_name_reference"
 
-    name: Mapped[str] = mapped_column(AssetString(), primary_key=True, nullable=False)
-    dag_id: Mapped[str] = mapped_column(StringID(), primary_key=True, nullable=False)
-    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow, nullable=False)
+    name: Mapped[AssetStr]
+    dag_id: Mapped[StrID]
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (
-        PrimaryKeyConstraint(name, dag_id, name="dsanr_pkey"),
-        ForeignKeyConstraint((dag_id,), ["dag.dag_id"], name="dsanr_dag_id_fkey", ondelete="CASCADE"),
-        Index("idx_dag_schedule_asset_name_reference_dag_id", dag_id),
+        PrimaryKeyConstraint("name", "dag_id", name="dsanr_pkey"),
+        ForeignKeyConstraint(["dag_id"], ["dag.dag_id"], name="dsanr_dag_id_fkey", ondelete="CASCADE"),
+        Index("idx_dag_schedule_asset_name_reference_dag_id", "dag_id"),
     )
 
 
@@ -220,14 +209,14 @@ class DagScheduleAssetUriReference(Base):
 
     __tablename__ = "dag_schedule_asset_uri_reference"
 
-    uri: Mapped[str] = mapped_column(AssetString(), primary_key=True, nullable=False)
-    dag_id: Mapped[str] = mapped_column(StringID(), primary_key=True, nullable=False)
-    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow, nullable=False)
+    uri: Mapped[AssetStr]
+    dag_id: Mapped[StrID]
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (
-        PrimaryKeyConstraint(uri, dag_id, name="dsaur_pkey"),
-        ForeignKeyConstraint((dag_id,), ["dag.dag_id"], name="dsaur_dag_id_fkey", ondelete="CASCADE"),
-        Index("idx_dag_schedule_asset_uri_reference_dag_id", dag_id),
+        PrimaryKeyConstraint("uri", "dag_id", name="dsaur_pkey"),
+        ForeignKeyConstraint(["dag_id"], ["dag.dag_id"], name="dsaur_dag_id_fkey", ondelete="CASCADE"),
+        Index("idx_dag_schedule_asset_uri_reference_dag_id", "dag_id"),
     )
 
 
@@ -236,20 +225,18 @@ class DagScheduleAssetAliasReference(Base):
 
     __tablename__ = "dag_schedule_asset_alias_reference"
 
-    alias_id: Mapped[int] = mapped_column(Integer, primary_key=True, nullable=False)
-    dag_id: Mapped[str] = mapped_column(StringID(), primary_key=True, nullable=False)
-    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow, nullable=False)
-    updated_at: Mapped[dt.datetime] = mapped_column(
-        UtcDateTime, default=utcnow, onupdate=utcnow, nullable=False
-    )
+    alias_id: Mapped[int]
+    dag_id: Mapped[StrID]
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
     __table_args__ = (
-        PrimaryKeyConstraint(alias_id, dag_id, name="dsaar_pkey"),
+        PrimaryKeyConstraint("alias_id", "dag_id", name="dsaar_pkey"),
         ForeignKeyConstraint(
-            (alias_id,), ["asset_alias.id"], name="dsaar_asset_alias_fkey", ondelete="CASCADE"
+            ["alias_id"], ["asset_alias.id"], name="dsaar_asset_alias_fkey", ondelete="CASCADE"
         ),
-        ForeignKeyConstraint((dag_id,), ["dag.dag_id"], name="dsaar_dag_id_fkey", ondelete="CASCADE"),
-        Index("idx_dag_schedule_asset_alias_reference_dag_id", dag_id),
+        ForeignKeyConstraint(["dag_id"], ["dag.dag_id"], name="dsaar_dag_id_fkey", ondelete="CASCADE"),
+        Index("idx_dag_schedule_asset_alias_reference_dag_id", "dag_id"),
     )
 
 
@@ -258,20 +245,18 @@ class DagScheduleAssetReference(Base):
 
     __tablename__ = "dag_schedule_asset_reference"
 
-    asset_id: Mapped[int] = mapped_column(Integer, primary_key=True, nullable=False)
-    dag_id: Mapped[str] = mapped_column(StringID(), primary_key=True, nullable=False)
-    allow_producer_teams: Mapped[list[str] | None] = mapped_column(JSON(), nullable=True)
-    allow_global_producers: Mapped[bool] = mapped_column(Boolean(), nullable=False, server_default=sa.true())
-    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow, nullable=False)
-    updated_at: Mapped[dt.datetime] = mapped_column(
-        UtcDateTime, default=utcnow, onupdate=utcnow, nullable=False
-    )
+    asset_id: Mapped[int]
+    dag_id: Mapped[StrID]
+    allow_producer_teams: Mapped[list[str] | None]
+    allow_global_producers: Mapped[bool] = mapped_column(server_default=sa.true())
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
     __table_args__ = (
-        PrimaryKeyConstraint(asset_id, dag_id, name="dsar_pkey"),
-        ForeignKeyConstraint((asset_id,), ["asset.id"], name="dsar_asset_fkey", ondelete="CASCADE"),
-        ForeignKeyConstraint((dag_id,), ["dag.dag_id"], name="dsar_dag_id_fkey", ondelete="CASCADE"),
-        Index("idx_dag_schedule_asset_reference_dag_id", dag_id),
+        PrimaryKeyConstraint("asset_id", "dag_id", name="dsar_pkey"),
+        ForeignKeyConstraint(["asset_id"], ["asset.id"], name="dsar_asset_fkey", ondelete="CASCADE"),
+        ForeignKeyConstraint(["dag_id"], ["dag.dag_id"], name="dsar_dag_id_fkey", ondelete="CASCADE"),
+        Index("idx_dag_schedule_asset_reference_dag_id", "dag_id"),
     )
 
 
@@ -280,15 +265,15 @@ class AssetDagRunQueue(Base):
 
     __tablename__ = "asset_dag_run_queue"
 
-    asset_id: Mapped[int] = mapped_column(Integer, primary_key=True, nullable=False)
-    target_dag_id: Mapped[str] = mapped_column(StringID(), primary_key=True, nullable=False)
-    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow, nullable=False)
+    asset_id: Mapped[int]
+    target_dag_id: Mapped[StrID]
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (
-        PrimaryKeyConstraint(asset_id, target_dag_id, name="assetdagrunqueue_pkey"),
-        ForeignKeyConstraint((asset_id,), ["asset.id"], name="adrq_asset_fkey", ondelete="CASCADE"),
-        ForeignKeyConstraint((target_dag_id,), ["dag.dag_id"], name="adrq_dag_fkey", ondelete="CASCADE"),
-        Index("idx_asset_dag_run_queue_target_dag_id", target_dag_id),
+        PrimaryKeyConstraint("asset_id", "target_dag_id", name="assetdagrunqueue_pkey"),
+        ForeignKeyConstraint(["asset_id"], ["asset.id"], name="adrq_asset_fkey", ondelete="CASCADE"),
+        ForeignKeyConstraint(["target_dag_id"], ["dag.dag_id"], name="adrq_dag_fkey", ondelete="CASCADE"),
+        Index("idx_asset_dag_run_queue_target_dag_id", "target_dag_id"),
     )
 
 
@@ -297,17 +282,17 @@ class AssetEvent(Base):
 
     __tablename__ = "asset_event"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    asset_id: Mapped[int] = mapped_column(Integer, nullable=False)
-    extra: Mapped[dict[str, Any]] = mapped_column(JSON(), nullable=False, default=dict)
-    source_task_id: Mapped[str | None] = mapped_column(StringID(), nullable=True)
-    source_dag_id: Mapped[str | None] = mapped_column(StringID(), nullable=True)
-    source_run_id: Mapped[str | None] = mapped_column(StringID(), nullable=True)
-    source_map_index: Mapped[int | None] = mapped_column(Integer, nullable=True, server_default="-1")
-    timestamp: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow, nullable=False)
-    partition_key: Mapped[str | None] = mapped_column(StringID(), nullable=True)
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    asset_id: Mapped[int]
+    extra: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    source_task_id: Mapped[StrID | None]
+    source_dag_id: Mapped[StrID | None]
+    source_run_id: Mapped[StrID | None]
+    source_map_index: Mapped[int | None] = mapped_column(server_default="-1")
+    timestamp: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    partition_key: Mapped[StrID | None]
 
     __table_args__ = (
-        Index("idx_asset_id_timestamp", asset_id, timestamp),
+        Index("idx_asset_id_timestamp", "asset_id", "timestamp"),
         {"sqlite_autoincrement": True},
     )

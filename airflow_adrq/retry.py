@@ -64,16 +64,6 @@ def _on_commit(_conn: Connection) -> None:
         sent[0] = True
 
 
-def _listen_for_commits() -> None:
-    """Install :func:`_on_commit` on every ``Engine`` once, at the first :func:`run_in_transaction`.
-
-    Not at import: an Airflow process that imports the package without
-    retrying transactions gets no listener on its engines.
-    """
-    if not event.contains(Engine, "commit", _on_commit):
-        event.listen(Engine, "commit", _on_commit)
-
-
 def run_in_transaction(
     session_factory: Callable[[], Session],
     work: Callable[[Session, list[Callback]], T],
@@ -110,7 +100,10 @@ def run_in_transaction(
     """
     if max_attempts < 1:
         raise ValueError("max_attempts must be at least 1")
-    _listen_for_commits()
+    # On every Engine, once; not at import: an Airflow process that imports the
+    # package without retrying transactions gets no listener on its engines.
+    if not event.contains(Engine, "commit", _on_commit):
+        event.listen(Engine, "commit", _on_commit)
 
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
@@ -138,9 +131,8 @@ def run_in_transaction(
             with attempt:
                 callbacks = []
                 result = _attempt(session_factory, work, callbacks)
-    except CommitOutcomeUnknownError:
-        raise
     except Exception as exc:
+        # Not CommitOutcomeUnknownError: it is no database error, so not retryable.
         if is_retryable(exc):
             made = retrying.statistics.get("attempt_number", max_attempts)
             raise RetriesExhaustedError(
@@ -207,11 +199,9 @@ def commit_outcome(session_factory: Callable[[], Session], error: CommitOutcomeU
     ids = sorted(set(error.event_ids))
     if not ids:
         return None
-    table = asset_event
     with session_factory() as session:
-        found = session.execute(
-            select(func.count()).select_from(table).where(table.c.id.in_(ids))
-        ).scalar_one()
+        count = select(func.count()).select_from(asset_event).where(asset_event.c.id.in_(ids))
+        found = session.execute(count).scalar_one()
     if found == len(ids):
         return True
     return False if found == 0 else None

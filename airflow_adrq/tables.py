@@ -20,6 +20,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
 __all__ = [
+    "MYSQL_FAMILY",
     "UtcDateTime",
     "asset",
     "asset_alias",
@@ -36,7 +37,8 @@ __all__ = [
     "utcnow",
 ]
 
-_MYSQL_FAMILY = ("mysql", "mariadb")
+#: SQLAlchemy's names of the MySQL family (column types differ there).
+MYSQL_FAMILY = ("mysql", "mariadb")
 
 
 def utcnow() -> dt.datetime:
@@ -55,7 +57,7 @@ class UtcDateTime(TypeDecorator[dt.datetime]):
     cache_ok = True
 
     def load_dialect_impl(self, dialect: Dialect) -> sa.types.TypeEngine[Any]:
-        if dialect.name in _MYSQL_FAMILY:
+        if dialect.name in MYSQL_FAMILY:
             return dialect.type_descriptor(mysql.TIMESTAMP(fsp=6))
         # As Airflow: the TIMESTAMP impl itself, so SQLite's DDL says
         # TIMESTAMP (dialect.type_descriptor would adapt it to DATETIME).
@@ -69,7 +71,7 @@ class UtcDateTime(TypeDecorator[dt.datetime]):
         if value.tzinfo is None:
             raise ValueError("naive datetime is disallowed")
         value = value.astimezone(dt.timezone.utc)
-        if dialect.name in _MYSQL_FAMILY:
+        if dialect.name in MYSQL_FAMILY:
             return value.replace(tzinfo=None)
         return value
 
@@ -84,58 +86,56 @@ class UtcDateTime(TypeDecorator[dt.datetime]):
 metadata = MetaData()
 
 
-def _table(name: str, *columns: Column[Any], into: MetaData = metadata) -> Table:
-    return Table(name, into, *columns)
+def _id() -> Column[int]:
+    return Column("id", Integer, primary_key=True)
 
 
-def _id(name: str = "id") -> Column[int]:
-    return Column(name, Integer, primary_key=True)
-
-
-dag = _table(
+dag = Table(
     "dag",
+    metadata,
     Column("dag_id", String, primary_key=True),
     Column("is_paused", Boolean),
     Column("timetable_partitioned", Boolean),  # 3.2+
     Column("is_draining", Boolean),  # 3.4
 )
-asset = _table("asset", _id(), Column("name", String), Column("uri", String))
-asset_event = _table(
+asset = Table("asset", metadata, _id(), Column("name", String), Column("uri", String))
+asset_event = Table(
     "asset_event",
+    metadata,
     _id(),
     Column("asset_id", Integer),
     Column("timestamp", UtcDateTime()),
     Column("partition_key", String),  # 3.2+
 )
 #: Airflow 3.0-3.3's queue: one row per (asset, consumer DAG).
-asset_dag_run_queue = _table(
+asset_dag_run_queue = Table(
     "asset_dag_run_queue",
+    metadata,
     Column("asset_id", Integer, primary_key=True),
     Column("target_dag_id", String, primary_key=True),
     Column("created_at", UtcDateTime()),
 )
 #: Airflow 3.4's queue: one row per (consumer DAG, event). Same name, so a metadata of its own.
-asset_dag_run_queue_by_event = _table(
+asset_dag_run_queue_by_event = Table(
     "asset_dag_run_queue",
+    MetaData(),
     Column("target_dag_id", String, primary_key=True),
     Column("asset_event_id", Integer, primary_key=True),
     Column("asset_id", Integer),
     Column("created_at", UtcDateTime()),
-    into=MetaData(),
 )
 
 
 def _pair(name: str, first: str, first_type: Any, second: str = "dag_id", second_type: Any = String) -> Table:
     """A table keyed by two columns (a reference or a link) and holding nothing else the SQL reads."""
-    return _table(
-        name, Column(first, first_type, primary_key=True), Column(second, second_type, primary_key=True)
-    )
+    first_column = Column(first, first_type, primary_key=True)
+    return Table(name, metadata, first_column, Column(second, second_type, primary_key=True))
 
 
 dag_schedule_asset_reference = _pair("dag_schedule_asset_reference", "asset_id", Integer)
 dag_schedule_asset_name_reference = _pair("dag_schedule_asset_name_reference", "name", String)
 dag_schedule_asset_uri_reference = _pair("dag_schedule_asset_uri_reference", "uri", String)
 dag_schedule_asset_alias_reference = _pair("dag_schedule_asset_alias_reference", "alias_id", Integer)
-asset_alias = _table("asset_alias", _id(), Column("name", String), Column("group", String))
+asset_alias = Table("asset_alias", metadata, _id(), Column("name", String), Column("group", String))
 asset_alias_asset = _pair("asset_alias_asset", "alias_id", Integer, "asset_id", Integer)
 asset_alias_asset_event = _pair("asset_alias_asset_event", "alias_id", Integer, "event_id", Integer)

@@ -11,29 +11,21 @@ from alembic import context
 from airflow_adrq import dialects, migrate
 from airflow_adrq.models import metadata
 
-
-def run_migrations_online() -> None:
-    """Run the revisions on the connection :mod:`airflow_adrq.migrate` passed in."""
-    config = context.config
-    connection = config.attributes.get("connection")
-    if connection is None:
-        raise RuntimeError("run airflow-adrq migrations with `airflow-adrq db ...` (airflow_adrq.migrate)")
-    # Records each applied revision for `airflow-adrq db upgrade`'s report.
-    on_version_apply = config.attributes.get(migrate.ON_VERSION_APPLY)
-    context.configure(
-        connection=connection,
-        target_metadata=metadata,
-        on_version_apply=on_version_apply,
-        # The caller's transaction covers the whole run: on PostgreSQL and
-        # SQLite a failed upgrade leaves nothing behind.
-        transaction_per_migration=False,
-        **migrate.comparison_options(),
-    )
-    dialects.get(connection).check_before_ddl(connection)
-    with context.begin_transaction():
-        context.run_migrations()
-
-
 if context.is_offline_mode():
     raise RuntimeError("airflow-adrq migrations run online only")
-run_migrations_online()
+connection = context.config.attributes.get("connection")
+if connection is None:
+    raise RuntimeError("run airflow-adrq migrations with `airflow-adrq db ...` (airflow_adrq.migrate)")
+context.configure(
+    connection=connection,
+    target_metadata=metadata,
+    # Records each applied revision for `airflow-adrq db upgrade`'s report.
+    on_version_apply=context.config.attributes.get(migrate.ON_VERSION_APPLY),
+    # The caller's transaction covers the whole run: on PostgreSQL and
+    # SQLite a failed upgrade leaves nothing behind.
+    transaction_per_migration=False,
+    **migrate.comparison_options(),
+)
+dialects.get(connection).check_before_ddl(connection)
+with context.begin_transaction():
+    context.run_migrations()

@@ -75,8 +75,8 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("dag_id", name="dag_pkey"),
         # Airflow gives this FK no ON DELETE rule.
         sa.ForeignKeyConstraint(["bundle_name"], ["dag_bundle.name"], name="dag_bundle_name_fkey"),
+        sa.Index("idx_next_dagrun_create_after", "next_dagrun_create_after"),
     )
-    op.create_index("idx_next_dagrun_create_after", "dag", ["next_dagrun_create_after"])
 
     op.create_table(
         "asset",
@@ -88,11 +88,11 @@ def upgrade() -> None:
         sa.Column("created_at", _utc_datetime(), nullable=False),
         sa.Column("updated_at", _utc_datetime(), nullable=False),
         sa.PrimaryKeyConstraint("id", name="asset_pkey"),
+        # Alembic creates it right after the table: before asset_active, whose FK references (name, uri).
+        sa.Index("idx_asset_name_uri_unique", "name", "uri", unique=True),
         # AUTOINCREMENT: SQLite must never reuse the id of a deleted asset.
         sqlite_autoincrement=True,
     )
-    # Created before asset_active: its FK references (name, uri).
-    op.create_index("idx_asset_name_uri_unique", "asset", ["name", "uri"], unique=True)
 
     op.create_table(
         "asset_active",
@@ -105,9 +105,9 @@ def upgrade() -> None:
             name="asset_active_asset_name_uri_fkey",
             ondelete="CASCADE",
         ),
+        sa.Index("idx_asset_active_name_unique", "name", unique=True),
+        sa.Index("idx_asset_active_uri_unique", "uri", unique=True),
     )
-    op.create_index("idx_asset_active_name_unique", "asset_active", ["name"], unique=True)
-    op.create_index("idx_asset_active_uri_unique", "asset_active", ["uri"], unique=True)
 
     op.create_table(
         "asset_alias",
@@ -115,9 +115,9 @@ def upgrade() -> None:
         sa.Column("name", _asset_string(), nullable=False),
         sa.Column("group", _asset_string(), nullable=False),
         sa.PrimaryKeyConstraint("id", name="asset_alias_pkey"),
+        sa.Index("idx_asset_alias_name_unique", "name", unique=True),
         sqlite_autoincrement=True,
     )
-    op.create_index("idx_asset_alias_name_unique", "asset_alias", ["name"], unique=True)
 
     op.create_table(
         "asset_alias_asset",
@@ -130,9 +130,9 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(
             ["asset_id"], ["asset.id"], name="asset_alias_asset_asset_id_fkey", ondelete="CASCADE"
         ),
+        sa.Index("idx_asset_alias_asset_alias_id", "alias_id"),
+        sa.Index("idx_asset_alias_asset_asset_id", "asset_id"),
     )
-    op.create_index("idx_asset_alias_asset_alias_id", "asset_alias_asset", ["alias_id"])
-    op.create_index("idx_asset_alias_asset_asset_id", "asset_alias_asset", ["asset_id"])
 
     op.create_table(
         "asset_event",
@@ -147,9 +147,9 @@ def upgrade() -> None:
         sa.Column("timestamp", _utc_datetime(), nullable=False),
         sa.Column("partition_key", _string_id(), nullable=True),
         sa.PrimaryKeyConstraint("id", name="asset_event_pkey"),
+        sa.Index("idx_asset_id_timestamp", "asset_id", "timestamp"),
         sqlite_autoincrement=True,
     )
-    op.create_index("idx_asset_id_timestamp", "asset_event", ["asset_id", "timestamp"])
 
     op.create_table(
         "asset_alias_asset_event",
@@ -168,9 +168,9 @@ def upgrade() -> None:
             name="asset_alias_asset_event_event_id_fkey",
             ondelete="CASCADE",
         ),
+        sa.Index("idx_asset_alias_asset_event_alias_id", "alias_id"),
+        sa.Index("idx_asset_alias_asset_event_event_id", "event_id"),
     )
-    op.create_index("idx_asset_alias_asset_event_alias_id", "asset_alias_asset_event", ["alias_id"])
-    op.create_index("idx_asset_alias_asset_event_event_id", "asset_alias_asset_event", ["event_id"])
 
     op.create_table(
         "dag_schedule_asset_reference",
@@ -183,8 +183,8 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("asset_id", "dag_id", name="dsar_pkey"),
         sa.ForeignKeyConstraint(["asset_id"], ["asset.id"], name="dsar_asset_fkey", ondelete="CASCADE"),
         sa.ForeignKeyConstraint(["dag_id"], ["dag.dag_id"], name="dsar_dag_id_fkey", ondelete="CASCADE"),
+        sa.Index("idx_dag_schedule_asset_reference_dag_id", "dag_id"),
     )
-    op.create_index("idx_dag_schedule_asset_reference_dag_id", "dag_schedule_asset_reference", ["dag_id"])
 
     op.create_table(
         "dag_schedule_asset_alias_reference",
@@ -197,9 +197,7 @@ def upgrade() -> None:
             ["alias_id"], ["asset_alias.id"], name="dsaar_asset_alias_fkey", ondelete="CASCADE"
         ),
         sa.ForeignKeyConstraint(["dag_id"], ["dag.dag_id"], name="dsaar_dag_id_fkey", ondelete="CASCADE"),
-    )
-    op.create_index(
-        "idx_dag_schedule_asset_alias_reference_dag_id", "dag_schedule_asset_alias_reference", ["dag_id"]
+        sa.Index("idx_dag_schedule_asset_alias_reference_dag_id", "dag_id"),
     )
 
     op.create_table(
@@ -210,9 +208,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("name", "dag_id", name="dsanr_pkey"),
         # By-name reference: no FK to asset.
         sa.ForeignKeyConstraint(["dag_id"], ["dag.dag_id"], name="dsanr_dag_id_fkey", ondelete="CASCADE"),
-    )
-    op.create_index(
-        "idx_dag_schedule_asset_name_reference_dag_id", "dag_schedule_asset_name_reference", ["dag_id"]
+        sa.Index("idx_dag_schedule_asset_name_reference_dag_id", "dag_id"),
     )
 
     op.create_table(
@@ -222,9 +218,7 @@ def upgrade() -> None:
         sa.Column("created_at", _utc_datetime(), nullable=False),
         sa.PrimaryKeyConstraint("uri", "dag_id", name="dsaur_pkey"),
         sa.ForeignKeyConstraint(["dag_id"], ["dag.dag_id"], name="dsaur_dag_id_fkey", ondelete="CASCADE"),
-    )
-    op.create_index(
-        "idx_dag_schedule_asset_uri_reference_dag_id", "dag_schedule_asset_uri_reference", ["dag_id"]
+        sa.Index("idx_dag_schedule_asset_uri_reference_dag_id", "dag_id"),
     )
 
     op.create_table(
@@ -235,8 +229,8 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("asset_id", "target_dag_id", name="assetdagrunqueue_pkey"),
         sa.ForeignKeyConstraint(["asset_id"], ["asset.id"], name="adrq_asset_fkey", ondelete="CASCADE"),
         sa.ForeignKeyConstraint(["target_dag_id"], ["dag.dag_id"], name="adrq_dag_fkey", ondelete="CASCADE"),
+        sa.Index("idx_asset_dag_run_queue_target_dag_id", "target_dag_id"),
     )
-    op.create_index("idx_asset_dag_run_queue_target_dag_id", "asset_dag_run_queue", ["target_dag_id"])
 
 
 def downgrade() -> None:
