@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, SessionTransaction
 from airflow_adrq import dialects, metrics
 from airflow_adrq.dialects import ConflictPolicy
 from airflow_adrq.errors import DeferredTooLateError
-from airflow_adrq.queue import EventLike, is_mapped, queue_events, set_loaded_timestamp
+from airflow_adrq.queue import EventLike, queue_events, set_loaded_timestamp
 from airflow_adrq.shapes import PARTITIONED, QueueShape
 from airflow_adrq.txscope import TransactionScoped, current_transaction, descends_from
 
@@ -47,9 +47,9 @@ class _Deferred:
     allowed: frozenset[str] | None
     # Aliases whose rows (alias, asset link, event link) are written at COMMIT.
     alias_names: tuple[str, ...]
-    # The caller's ORM object, if any: its ``timestamp`` is set to the stamp
+    # The caller's event: an ORM object gets its ``timestamp`` set to the stamp
     # without a reload (expire_on_commit=False sessions keep it).
-    obj: object | None
+    obj: object
     # The transaction whose statement wrote it (flush_queue or the commit); None until then.
     written_in: SessionTransaction | None = None
 
@@ -88,7 +88,7 @@ def _write(session: Session) -> list[_Deferred]:
     current = current_transaction(session)
     for entry in entries:
         entry.written_in = current
-        if entry.obj is not None and stamp is not None:
+        if stamp is not None:
             set_loaded_timestamp(entry.obj, stamp)
     return entries
 
@@ -168,9 +168,8 @@ def defer_events(
             raise TypeError(f"events need integer id and asset_id (flush them first), got {event!r}")
         only = allowed_dags.get(event_id) if allowed_dags is not None else None
         names = tuple(alias_names.get(event_id, ())) if alias_names is not None else ()
-        obj = event if is_mapped(event) else None
         _DEFERRED.add(
-            session, _Deferred(event_id, asset_id, None if only is None else frozenset(only), names, obj)
+            session, _Deferred(event_id, asset_id, None if only is None else frozenset(only), names, event)
         )
 
 

@@ -1,35 +1,24 @@
 """Queue downstream DAG runs with ONE ordered, set-based statement per transaction: execute and stamp.
 
-The statement itself is built in :mod:`airflow_adrq.statement` (its SQL is
-there); the commit-time deferral that calls :func:`queue_events` once per
-transaction is :mod:`airflow_adrq.deferral`.
+The SQL is built in :mod:`airflow_adrq.statement` (conflict clauses from
+:mod:`airflow_adrq.dialects`); :mod:`airflow_adrq.deferral`'s ``before_commit``
+hook calls :func:`queue_events` once per transaction, after
+``register_asset_change`` (:mod:`airflow_adrq.manager` or the plug-in)
+deferred the flushed events.
 
 Each queue row is written once, with the stamp. A scheduler skips a DAG
 whose ``dag`` row a producer holds ``FOR SHARE`` (its ``FOR NO KEY UPDATE
 SKIP LOCKED``), so no run is made over a window holding an event that is
 stamped and not yet visible; a producer that meets a scheduler holding the
 row waits for its COMMIT and is stamped after it. The share locks never wait
-while held (``NOWAIT`` under a SAVEPOINT, then a wait for the busy row alone:
-:func:`_write_once_without_waiting_while_holding`), since Airflow's other
-writers of ``dag`` lock rows in orders of their own.
+while held (``NOWAIT`` under a SAVEPOINT, then a wait for the busy row alone),
+since Airflow's other writers of ``dag`` lock rows in orders of their own.
 
-Where the scheduler takes no row locks (MariaDB; ``[scheduler]
-use_row_level_locking = False``) a ``dag`` lock orders nothing: the rows are
-inserted with ``created_at =`` :data:`~airflow_adrq.refresh.PENDING`, then one clock reading goes
-on the events and those rows (:func:`airflow_adrq.refresh.write_then_stamp`), and existing rows
-are moved forwards after COMMIT (:mod:`airflow_adrq.refresh`).
-
-The route from the entry point to the SQL: ``register_asset_change``
-(:mod:`airflow_adrq.manager` or the plug-in) flushes the event and calls
-:func:`airflow_adrq.deferral.defer_events`; ``Session.commit()`` runs
-:mod:`airflow_adrq.deferral`'s ``before_commit`` hook, which calls
-:func:`queue_events` once; that runs :func:`_lock_stamp_write` (or
-:func:`airflow_adrq.refresh.write_then_stamp`) with the statements of
-:mod:`airflow_adrq.statement`, whose conflict clause comes from the backend's
-module in :mod:`airflow_adrq.dialects`. :mod:`airflow_adrq.refresh` is loaded
-the first time a transaction resolves to ``"refresh_after_commit"``: by
-default on MariaDB, and on any backend with ``[scheduler]
-use_row_level_locking = False``.
+Where the scheduler takes no row locks (MariaDB by default; ``[scheduler]
+use_row_level_locking = False``: policy ``"refresh_after_commit"``) a ``dag``
+lock orders nothing: the rows are inserted at :data:`~airflow_adrq.refresh.PENDING`,
+then one clock reading goes on the events and those rows, and existing rows
+are moved forwards after COMMIT (:mod:`airflow_adrq.refresh`, loaded only then).
 """
 
 from __future__ import annotations
@@ -43,7 +32,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, attributes
 
 from airflow_adrq import dialects, stamping
-from airflow_adrq.dialects import ConflictMode, ConflictPolicy, ResolvedPolicy
+from airflow_adrq.dialects import ConflictPolicy
 from airflow_adrq.shapes import PARTITIONED, QueueShape
 from airflow_adrq.statement import (
     ONE_DAG_SHARE_LOCK,
@@ -87,21 +76,19 @@ def _write_once_without_waiting_while_holding(
     again; after :data:`WAITS_WITHOUT_HOLDING` rounds it waits in order.
     """
     support = dialects.get(conn)
+    stmt = write_once(support.name, form)
     conn.exec_driver_sql(f"SAVEPOINT {_SAVEPOINT}")
     for _ in range(WAITS_WITHOUT_HOLDING):
         try:
-            result = conn.execute(write_once(support.name, form), params, execution_options=options)
+            # RETURNING: a row per event, one value.
+            return cast(dt.datetime, conn.execute(stmt, params, execution_options=options).scalar())
         except DBAPIError as exc:
             if not support.lock_not_available(exc):
                 raise
             conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
             _wait_for_busy_rows(conn, form, params, options)
-            continue
-        return cast(dt.datetime, result.scalar())  # RETURNING: a row per event, one value
     conn.execute(share_lock(support.name, form), params, execution_options=options)
-    return cast(
-        dt.datetime, conn.execute(write_once(support.name, form), params, execution_options=options).scalar()
-    )
+    return cast(dt.datetime, conn.execute(stmt, params, execution_options=options).scalar())
 
 
 def _wait_for_busy_rows(
@@ -111,10 +98,9 @@ def _wait_for_busy_rows(
 
     The last one stays locked: a scheduler's next pass would take it again before the retry.
     """
-    support = dialects.get(conn)
     wanted = set(conn.execute(referencing_dags(form), params, execution_options=options).scalars())
-    free = conn.execute(share_lock(support.name, form, "skip_locked"), params, execution_options=options)
-    busy = sorted(wanted - set(free.scalars()))
+    lock_free = share_lock(dialects.get(conn).name, form, "skip_locked")
+    busy = sorted(wanted - set(conn.execute(lock_free, params, execution_options=options).scalars()))
     conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
     for n, dag_id in enumerate(busy, 1):
         conn.execute(ONE_DAG_SHARE_LOCK, {"dag_id": dag_id}, execution_options=options)
@@ -148,10 +134,6 @@ def _lock_stamp_write(
     return stamp
 
 
-def _connection(bind: Session | Connection) -> Connection:
-    return bind.connection() if isinstance(bind, Session) else bind
-
-
 def _chunks(events: Iterable[EventLike]) -> Iterator[list[int]]:
     """Event ids in ``(asset_id, id)`` order, cut only between assets (3.3's key leads with the asset)."""
     # (And an asset's rows must come from one statement: which alias rows it
@@ -181,7 +163,7 @@ def queue_events(
     shape: QueueShape = PARTITIONED,
     schema: str | None = None,
 ) -> dt.datetime | None:
-    """Queue the consumers of ``events`` now and stamp them; return the stamp.
+    """Queue the consumers of ``events`` now and stamp them; return the stamp (no events: ``None``).
 
     In the caller's transaction, without committing. With ``"refresh"`` or
     ``"ignore"`` (``"auto"`` where the scheduler locks rows), three steps:
@@ -196,15 +178,15 @@ def queue_events(
        locks are held, ``UTC_TIMESTAMP(6)``; SQLite: Python's, one host).
     3. **Write** the events' ``timestamp`` and the queue rows with it, each
        row once, by ONE ordered ``INSERT ... SELECT`` (past
-       :data:`~airflow_adrq.stamping.IDS_PER_STATEMENT` events, several); it may wait for producers
-       inserting the same rows. PostgreSQL: steps 1-3 are one statement.
+       :data:`~airflow_adrq.stamping.IDS_PER_STATEMENT` events, several); it may wait for
+       producers inserting the same rows. PostgreSQL: steps 1-3 are one statement.
 
     With ``"refresh_after_commit"`` (``"auto"`` where the scheduler takes no
     row locks) there is no ``dag`` lock to order by: the rows are written at
     :data:`~airflow_adrq.refresh.PENDING` first, then stamped once all are
     locked, so producers sharing a row are stamped in commit order
     (GUARANTEES.md, "Timing"). Pass only the caller's own uncommitted events,
-    and COMMIT next, as the commit-time write does. No events: returns ``None``.
+    and COMMIT next, as the commit-time write does.
 
     ``on_conflict``: ``"refresh"`` gives an existing row the stamp, ``"ignore"``
     leaves it, ``"refresh_after_commit"`` moves it forwards without waiting for
@@ -236,12 +218,11 @@ def queue_events(
     chunks = list(_chunks(events))
     if not chunks:
         return None
-    conn = _connection(bind)
-    support = dialects.get(conn)
-    support.check_connection(conn)
+    conn = bind.connection() if isinstance(bind, Session) else bind
+    dialects.get(conn).check_connection(conn)
     mode = dialects.resolve(on_conflict, conn)
-    restricted = allowed is not None and bool(allowed)
-    form = Form("events", _in_statement(mode), shape, restricted)
+    # The statement itself refreshes only with "refresh" (a refresh after COMMIT leaves the row to it).
+    form = Form("events", "refresh" if mode == "refresh" else "ignore", shape, bool(allowed))
     options = in_schema(schema)
     chunk_params: list[dict[str, Any]] = []
     for ids in chunks:
@@ -257,20 +238,12 @@ def queue_events(
         from airflow_adrq import refresh
 
         asset_ids = sorted({event.asset_id for event in events})
-        stamp = refresh.write_then_stamp(conn, form, chunk_params, asset_ids, options)
+        stamp = refresh.write_then_stamp(bind, conn, form, chunk_params, asset_ids, options)
     else:
         stamp = _lock_stamp_write(conn, form, chunk_params, options)
     for event in events:
-        if is_mapped(event):
-            set_loaded_timestamp(event, stamp)
-    if mode == "refresh_after_commit" and not shape.event_keyed and isinstance(bind, Session):
-        refresh.plan(bind, conn, form, chunk_params, stamp, options)
+        set_loaded_timestamp(event, stamp)
     return stamp
-
-
-def _in_statement(mode: ResolvedPolicy) -> ConflictMode:
-    """What the statement itself does with an existing row (a refresh after COMMIT leaves it here)."""
-    return "refresh" if mode == "refresh" else "ignore"
 
 
 def in_schema(schema: str | None) -> dict[str, Any]:
@@ -279,14 +252,10 @@ def in_schema(schema: str | None) -> dict[str, Any]:
 
 
 def set_loaded_timestamp(obj: object, stamp: dt.datetime) -> None:
-    state = attributes.instance_state(obj)
+    """Give a mapped event its stored ``timestamp`` without a reload; leave anything else alone."""
+    try:
+        state = attributes.instance_state(obj)
+    except Exception:  # sqlalchemy.orm.exc.UnmappedInstanceError and friends
+        return
     if "timestamp" in state.mapper.attrs:
         attributes.set_committed_value(obj, "timestamp", stamp)
-
-
-def is_mapped(obj: object) -> bool:
-    try:
-        attributes.instance_state(obj)
-    except Exception:  # sqlalchemy.orm.exc.UnmappedInstanceError and friends
-        return False
-    return True

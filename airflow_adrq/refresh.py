@@ -62,7 +62,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 from sqlalchemy import Select, bindparam, select, update
@@ -74,7 +74,7 @@ from airflow_adrq import dialects, metrics, stamping, statement
 from airflow_adrq.tables import UtcDateTime, asset_dag_run_queue
 from airflow_adrq.txscope import TransactionScoped
 
-__all__ = ["PENDING", "ROUNDS", "plan", "write_then_stamp"]
+__all__ = ["PENDING", "ROUNDS", "write_then_stamp"]
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +146,7 @@ def _stamp_in_one_statement(dialect_name: str) -> Select[Any]:
 
 
 def write_then_stamp(
+    bind: Session | Connection,
     conn: Connection,
     form: statement.Form,
     chunk_params: list[dict[str, Any]],
@@ -155,30 +156,33 @@ def write_then_stamp(
     """Without the ``dag`` lock: the rows at :data:`PENDING`, then one stamp on them and the events.
 
     Stamped once the queue rows are locked, so that producers sharing a row
-    are stamped in the order they commit.
+    are stamped in the order they commit. Then, in a ``Session``, the older
+    rows of the statement's pairs are moved forwards as the transaction's
+    last statements, never waiting (the statements in the module docstring):
+    those no one holds now (locked ``FOR UPDATE SKIP LOCKED`` until COMMIT,
+    which comes next: no cycle), the others after the outermost COMMIT, on
+    ``conn`` (dropped on rollback, as the events are; skipped if ``conn`` is
+    then still in a transaction: a session joined to an outer one). Does not
+    promise the refresh of a held row: it is best effort by design.
     """
-    stmt = statement.insert_statement(dialects.get(conn).name, form)
+    support = dialects.get(conn)
+    stmt = statement.insert_statement(support.name, form)
     for params in chunk_params:
         conn.execute(stmt, {**params, "created_at": PENDING}, execution_options=options)
     ids = [event_id for params in chunk_params for event_id in params["ids"]]
-    return _stamp(conn, ids, asset_ids, options)
-
-
-def _stamp(conn: Connection, ids: list[int], asset_ids: list[int], options: Mapping[str, Any]) -> dt.datetime:
-    """Step 2: read the clock, put its value on the events and on this transaction's PENDING rows."""
-    support = dialects.get(conn)
     if support.stamp_in_one_statement and len(ids) <= stamping.IDS_PER_STATEMENT:
         params = {"ids": ids, "asset_ids": asset_ids, "pending": PENDING}
-        stamp: dt.datetime = conn.execute(
-            _stamp_in_one_statement(support.name), params, execution_options=options
-        ).scalar_one()
-        return stamp
-    # One clock reading, then as many statements as the bound-parameter limits need.
-    stamp = stamping.clock_on_events(conn, ids, options)
-    for start in range(0, len(asset_ids), stamping.IDS_PER_STATEMENT):
-        chunk = asset_ids[start : start + stamping.IDS_PER_STATEMENT]
-        params = {"asset_ids": chunk, "stamp": stamp, "pending": PENDING}
-        conn.execute(_STAMP_ROWS, params, execution_options=options)
+        one_statement = _stamp_in_one_statement(support.name)
+        stamp: dt.datetime = conn.execute(one_statement, params, execution_options=options).scalar_one()
+    else:
+        # One clock reading, then as many statements as the bound-parameter limits need.
+        stamp = stamping.clock_on_events(conn, ids, options)
+        for start in range(0, len(asset_ids), stamping.IDS_PER_STATEMENT):
+            chunk = asset_ids[start : start + stamping.IDS_PER_STATEMENT]
+            params = {"asset_ids": chunk, "stamp": stamp, "pending": PENDING}
+            conn.execute(_STAMP_ROWS, params, execution_options=options)
+    if not form.shape.event_keyed and isinstance(bind, Session):
+        _plan(bind, conn, form, chunk_params, stamp, options)
     return stamp
 
 
@@ -193,7 +197,7 @@ class _Planned:
     #: asset_id -> the DAG ids of its rows to move forwards (no order is needed: nothing waits).
     rows: Mapping[int, Sequence[str]]
     stamp: dt.datetime
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any]
 
 
 def _run(_session: Session, planned: list[_Planned]) -> None:
@@ -225,7 +229,7 @@ def _older_rows(form: statement.Form) -> Select[Any]:
     )
 
 
-def plan(
+def _plan(
     session: Session,
     connection: Connection,
     form: statement.Form,
@@ -233,20 +237,7 @@ def plan(
     stamp: dt.datetime,
     options: Mapping[str, Any],
 ) -> None:
-    """Move the older rows forwards now where no one holds them; the others after COMMIT.
-
-    In the caller's (stamped) transaction, as its last statements: one plain
-    SELECT per parameter set (:func:`_older_rows`); if it finds rows, per
-    asset a ``SELECT ... FOR UPDATE SKIP LOCKED`` of them and an UPDATE of
-    those it got (:func:`_move_forwards`). It never waits, and the caller's
-    next statement is its COMMIT, so these locks close no cycle. Rows another
-    transaction held are moved after the session's outermost COMMIT, on
-    ``connection``, by one short transaction doing the same, again for the
-    rows it skipped (see the module docstring); dropped on rollback, as its
-    events are. Skipped if the connection is still inside a transaction then
-    (a session joined to an outer one). Does not promise the refresh of a
-    held row: it is best effort by design.
-    """
+    """Move the older rows forwards now where no one holds them; the others after COMMIT."""
     rows: dict[int, list[str]] = {}
     for one in params:
         for dag_id, asset_id in connection.execute(
@@ -262,7 +253,7 @@ def plan(
 
 
 def _refresh(item: _Planned) -> int:
-    """The rounds of one refresh; returns the rows it moved forwards."""
+    """The rounds of one refresh, each a transaction of :func:`_move_forwards`; returns the rows moved."""
     conn = item.connection
     if conn.closed or conn.in_transaction():
         log.debug("airflow-adrq: no refresh after COMMIT: the connection is closed or in a transaction")
@@ -275,7 +266,8 @@ def _refresh(item: _Planned) -> int:
             # trips) or by a scheduler consuming them: a few milliseconds is enough.
             time.sleep(random.uniform(0.001, 0.003) * round_)
         before = sum(map(len, todo.values()))
-        todo = _one_round(conn, todo, item)
+        with conn.begin():
+            todo = _move_forwards(conn, todo, item.stamp, item.options)
         # (Rows left out that were consumed meanwhile count as moved: they need nothing more.)
         moved += before - sum(map(len, todo.values()))
         if not todo:
@@ -284,12 +276,6 @@ def _refresh(item: _Planned) -> int:
         "airflow-adrq: %d queue rows stayed locked for every refresh round", sum(map(len, todo.values()))
     )
     return moved
-
-
-def _one_round(conn: Connection, todo: Mapping[int, Sequence[str]], item: _Planned) -> dict[int, list[str]]:
-    """One transaction of :func:`_move_forwards`; returns the rows left out."""
-    with conn.begin():
-        return _move_forwards(conn, todo, item.stamp, item.options)
 
 
 def _move_forwards(
