@@ -31,7 +31,7 @@ from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.sql.dml import Insert
 
-from airflow_adrq import dialects, listeners, stamping, statement
+from airflow_adrq import dialects, listeners, queue, statement
 from airflow_adrq.aliases import AliasedEvent, write_alias_rows
 from airflow_adrq.deferral import check_one_policy, defer_events
 from airflow_adrq.dialects import ConflictMode, ConflictPolicy, check_policy
@@ -389,10 +389,10 @@ def queue_dagruns(
     stmt = build_queue_statement(
         conn.dialect, source="assets", on_conflict="refresh" if refresh else "ignore"
     )
-    for start in range(0, len(ids), stamping.IDS_PER_STATEMENT):
+    for start in range(0, len(ids), queue.IDS_PER_STATEMENT):
         conn.execute(
             stmt,
-            {"ids": ids[start : start + stamping.IDS_PER_STATEMENT], "created_at": created_at or utcnow()},
+            {"ids": ids[start : start + queue.IDS_PER_STATEMENT], "created_at": created_at or utcnow()},
         )
 
 

@@ -263,6 +263,7 @@ def share_lock(dialect_name: str, form: Form, wait: _Wait = "wait") -> Select[An
     (``lock_by_id_list``), else ``= ANY(<array of the consumers>)``. ``wait``:
     block, fail at once (``NOWAIT``) or leave the row out (``SKIP LOCKED``).
     """
+    in_consumers: ColumnElement[bool]
     if dialects.get(dialect_name).lock_by_id_list:
         in_consumers = _DAG.c.dag_id.in_(bindparam("dag_ids", expanding=True))
     else:

@@ -15,6 +15,8 @@ in that order.
 
 from __future__ import annotations
 
+import functools
+
 from sqlalchemy import func
 from sqlalchemy.dialects import postgresql
 
@@ -30,8 +32,8 @@ def _lock_not_available(error: BaseException) -> bool:
 
 SUPPORT = DialectSupport(
     name="postgresql",
-    insert_from_select=_on_conflict.insert_from_select(postgresql.insert, "greatest"),
-    insert_ignore=_on_conflict.insert_ignore(postgresql.insert),
+    insert_from_select=functools.partial(_on_conflict.insert_from_select, postgresql.insert, "greatest"),
+    insert_ignore=lambda table: postgresql.insert(table).on_conflict_do_nothing(),
     # The start of the statement that reads it, which runs once the rows
     # are locked: one value for the whole statement.
     clock=lambda: func.statement_timestamp(type_=UtcDateTime()),

@@ -10,6 +10,7 @@ WHERE clause, which SQLite's upsert parser needs after ``INSERT ... SELECT``.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from sqlalchemy import event
@@ -42,7 +43,7 @@ def _configure_engine(engine: Engine) -> None:
 SUPPORT = DialectSupport(
     name="sqlite",
     # SQLite's two-argument max() is a scalar function, like GREATEST.
-    insert_from_select=_on_conflict.insert_from_select(sqlite.insert, "max"),
-    insert_ignore=_on_conflict.insert_ignore(sqlite.insert),
+    insert_from_select=functools.partial(_on_conflict.insert_from_select, sqlite.insert, "max"),
+    insert_ignore=lambda table: sqlite.insert(table).on_conflict_do_nothing(),
     configure_engine=_configure_engine,
 )
