@@ -15,7 +15,6 @@ backend's insert-or-ignore, as multi-row ``VALUES`` of at most
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import bindparam, insert, select
@@ -24,7 +23,7 @@ from sqlalchemy.engine import Connection
 from airflow_adrq import dialects
 from airflow_adrq.tables import asset_alias, asset_alias_asset, asset_alias_asset_event
 
-__all__ = ["ROWS_PER_STATEMENT", "AliasedEvent", "write_alias_rows"]
+__all__ = ["ROWS_PER_STATEMENT", "write_alias_rows"]
 
 #: Rows per multi-row INSERT: 2 parameters each, well below SQLite's 32,766
 #: and psycopg 3's 65,535 bound parameters.
@@ -41,37 +40,29 @@ _LINKS = select(asset_alias_asset.c.alias_id, asset_alias_asset.c.asset_id).wher
 _IDS_PER_LOOKUP = 10_000
 
 
-@dataclass(frozen=True)
-class AliasedEvent:
-    """An event and the aliases it was emitted through."""
-
-    event_id: int
-    asset_id: int
-    alias_names: tuple[str, ...]
-
-
-def write_alias_rows(conn: Connection, events: Iterable[AliasedEvent]) -> None:
+def write_alias_rows(conn: Connection, rows: Iterable[tuple[int, int, str]]) -> None:
     """Create missing aliases and asset-alias links, then the events' alias rows.
 
-    Locks: inserts the missing ``asset_alias`` rows in name order, then the
-    missing ``asset_alias_asset`` rows in ``(alias_id, asset_id)`` order, then
-    the ``asset_alias_asset_event`` rows (new keys); existing aliases and
-    links are only read (and share-locked by the foreign-key checks of the
-    rows that reference them). Does not promise: no wait for a concurrent
-    transaction creating the same alias or link (never a cycle among
-    transactions that use this function).
+    ``rows``: (event id, asset id, alias name) for each alias an event was
+    emitted through. Locks: inserts the missing ``asset_alias`` rows in name
+    order, then the missing ``asset_alias_asset`` rows in ``(alias_id,
+    asset_id)`` order, then the ``asset_alias_asset_event`` rows (new keys);
+    existing aliases and links are only read (and share-locked by the
+    foreign-key checks of the rows that reference them). Does not promise: no
+    wait for a concurrent transaction creating the same alias or link (never
+    a cycle among transactions that use this function).
     """
-    events = [e for e in events if e.alias_names]
-    if not events:
+    rows = list(rows)
+    if not rows:
         return
     support = dialects.get(conn)
-    names = sorted({name for e in events for name in e.alias_names})
+    names = sorted({name for _, _, name in rows})
     alias_ids = _alias_ids(conn, names)
     missing = [name for name in names if name not in alias_ids]
     if missing:
         _insert_sorted(conn, support.insert_ignore(asset_alias), [{"name": n, "group": ""} for n in missing])
         alias_ids.update(_alias_ids(conn, missing))
-    wanted = {(alias_ids[name], e.asset_id) for e in events for name in e.alias_names}
+    wanted = {(alias_ids[name], asset_id) for _, asset_id, name in rows}
     links = sorted(wanted - _existing_links(conn, wanted))
     if links:
         _insert_sorted(
@@ -79,7 +70,7 @@ def write_alias_rows(conn: Connection, events: Iterable[AliasedEvent]) -> None:
             support.insert_ignore(asset_alias_asset),
             [{"alias_id": alias_id, "asset_id": asset_id} for alias_id, asset_id in links],
         )
-    event_rows = sorted({(alias_ids[name], e.event_id) for e in events for name in e.alias_names})
+    event_rows = sorted({(alias_ids[name], event_id) for event_id, _, name in rows})
     _insert_sorted(
         conn,
         insert(asset_alias_asset_event),

@@ -68,12 +68,10 @@ def _write(session: Session) -> list[_Deferred]:
     if any(entry.alias_names for entry in entries):
         # Only the standalone manager defers alias names (the plug-in writes
         # Airflow's alias rows itself): the plug-in never loads this module.
-        from airflow_adrq.aliases import AliasedEvent, write_alias_rows
+        from airflow_adrq.aliases import write_alias_rows
 
         # Before the statement, which reads asset_alias_asset_event.
-        write_alias_rows(
-            conn, [AliasedEvent(e.id, e.asset_id, e.alias_names) for e in entries if e.alias_names]
-        )
+        write_alias_rows(conn, [(e.id, e.asset_id, name) for e in entries for name in e.alias_names])
     start = time.perf_counter()
     stamp = queue_events(
         session,

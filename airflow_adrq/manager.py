@@ -32,12 +32,11 @@ from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.sql.dml import Insert
 
 from airflow_adrq import dialects, listeners, queue, statement
-from airflow_adrq.aliases import AliasedEvent, write_alias_rows
+from airflow_adrq.aliases import write_alias_rows
 from airflow_adrq.deferral import check_one_policy, defer_events
 from airflow_adrq.dialects import ConflictMode, ConflictPolicy, check_policy
 from airflow_adrq.listeners import AssetEventInfo
 from airflow_adrq.models import AssetActive, AssetEvent, AssetModel, utcnow
-from airflow_adrq.queue import queue_events
 from airflow_adrq.retry import Callback, run_callbacks
 from airflow_adrq.shapes import PARTITIONED, QueueShape
 from airflow_adrq.txscope import TransactionScoped
@@ -234,10 +233,9 @@ def register_asset_changes(
     }
     if queue_mode == "immediate":
         write_alias_rows(
-            session.connection(),
-            [AliasedEvent(e.id, e.asset_id, aliased[e.id]) for e in events if e.id in aliased],
+            session.connection(), [(e.id, e.asset_id, n) for e in events for n in aliased.get(e.id, ())]
         )
-        queue_events(session, events, on_conflict=on_conflict)
+        queue.queue_events(session, events, on_conflict=on_conflict)
     else:
         defer_events(session, events, on_conflict=on_conflict, alias_names=aliased)
 
@@ -299,16 +297,14 @@ def _insert_events(
     """
     if not registered:
         return []
-    now = utcnow()
-    source: dict[str, Any] = {"source_task_id": None, "source_dag_id": None, "source_run_id": None}
-    source["source_map_index"] = -1  # the column's server default, as Airflow leaves it
-    if task_instance is not None:
-        source = {
-            "source_task_id": task_instance.task_id,
-            "source_dag_id": task_instance.dag_id,
-            "source_run_id": task_instance.run_id,
-            "source_map_index": task_instance.map_index,
-        }
+    now, ti = utcnow(), task_instance
+    source = {
+        "source_task_id": None if ti is None else ti.task_id,
+        "source_dag_id": None if ti is None else ti.dag_id,
+        "source_run_id": None if ti is None else ti.run_id,
+        # Without a task: the column's server default, as Airflow leaves it.
+        "source_map_index": -1 if ti is None else ti.map_index,
+    }
     rows = [
         {
             "asset_id": asset_id,
@@ -383,17 +379,14 @@ def queue_dagruns(
     if not ids:
         return
     conn = bind.connection() if isinstance(bind, Session) else bind
-    support = dialects.get(conn)
-    support.check_connection(conn)
+    dialects.get(conn).check_connection(conn)
     refresh = dialects.resolve(on_conflict, conn) == "refresh"  # else the statement leaves the row
     stmt = build_queue_statement(
         conn.dialect, source="assets", on_conflict="refresh" if refresh else "ignore"
     )
     for start in range(0, len(ids), queue.IDS_PER_STATEMENT):
-        conn.execute(
-            stmt,
-            {"ids": ids[start : start + queue.IDS_PER_STATEMENT], "created_at": created_at or utcnow()},
-        )
+        chunk = ids[start : start + queue.IDS_PER_STATEMENT]
+        conn.execute(stmt, {"ids": chunk, "created_at": created_at or utcnow()})
 
 
 def build_queue_statement(
