@@ -9,10 +9,13 @@ SAVEPOINT look alike: items stay keyed by their transaction until the
 outermost one ends, and a rollback drops the items of the rolled-back
 transaction and of every transaction nested inside it.
 
-Installs four listeners on the ``Session`` class (``before_commit``,
-``after_commit``, ``after_soft_rollback``, ``after_transaction_end``), once
-per process, when a scope first records an item; importing the module
-installs nothing.
+Four listeners on the ``Session`` class (``before_commit``, ``after_commit``,
+``after_soft_rollback``, ``after_transaction_end``), installed once per process
+when a scope first records an item, not on import and not per session: four
+per session cost more than the rest of a one-event transaction's
+bookkeeping. A session without scopes returns at once. ``before_commit`` and
+``after_commit`` also fire when a SAVEPOINT is released; only the outermost
+COMMIT counts (a released SAVEPOINT's items stay until then).
 """
 
 from __future__ import annotations
@@ -40,14 +43,11 @@ def current_transaction(session: Session) -> SessionTransaction:
     return trans
 
 
-def descends_from(trans: SessionTransaction, ancestor: SessionTransaction) -> bool:
+def descends_from(trans: SessionTransaction | None, ancestor: SessionTransaction) -> bool:
     """Whether ``trans`` is ``ancestor`` or nested (at any depth) inside it."""
-    node: SessionTransaction | None = trans
-    while node is not None:
-        if node is ancestor:
-            return True
-        node = node.parent
-    return False
+    while trans is not None and trans is not ancestor:
+        trans = trans.parent
+    return trans is ancestor
 
 
 @dataclass
@@ -99,15 +99,6 @@ def _install(session: Session, scope: TransactionScoped[T]) -> None:
 
 def _scopes(session: Session) -> list[TransactionScoped[object]]:
     return list(session.info.get(_SCOPES_KEY, ()))
-
-
-# Registered once, on the Session class (so for every session and subclass),
-# the first time a scope records an item (_listen): four listeners per session
-# cost more than the rest of a one-event transaction's bookkeeping, and a
-# process that imports the package without using a scope gets none. A session
-# without scopes returns at once. before_commit and after_commit also fire
-# when a SAVEPOINT is released; only the outermost COMMIT counts (a released
-# SAVEPOINT's items stay until then).
 
 
 def _on_before_commit(session: Session) -> None:
