@@ -162,16 +162,12 @@ def _chunks(events: Iterable[EventLike]) -> Iterator[list[int]]:
     # reads depends on which events are in it.)
     chunk: list[int] = []
     last_asset: int | None = None
-    seen: set[int] = set()
-    for event in sorted(events, key=lambda e: (e.asset_id, e.id)):
-        if event.id in seen:
-            continue
-        seen.add(event.id)
-        if len(chunk) >= IDS_PER_STATEMENT and event.asset_id != last_asset:
+    for asset_id, event_id in sorted({(event.asset_id, event.id) for event in events}):
+        if len(chunk) >= IDS_PER_STATEMENT and asset_id != last_asset:
             yield chunk
             chunk = []
-        chunk.append(event.id)
-        last_asset = event.asset_id
+        chunk.append(event_id)
+        last_asset = asset_id
     if chunk:
         yield chunk
 

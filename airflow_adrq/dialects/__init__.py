@@ -1,10 +1,8 @@
 """Per-dialect SQL differences: one plain module per backend, looked up by name.
 
 Generic code asks :func:`get` for the :class:`DialectSupport` of a bind and
-never compares dialect names itself. Each backend module
-(``airflow_adrq.dialects.postgresql``, ``.mysql``, ``.sqlite``) defines one
-``SUPPORT``; :data:`MODULES` maps SQLAlchemy's dialect names to them. Adding
-a backend means adding a module and a line there.
+never compares dialect names itself. Each backend module defines one
+``SUPPORT``; adding a backend means adding a module and a line in :data:`MODULES`.
 """
 
 from __future__ import annotations
@@ -109,14 +107,10 @@ def get(bind: Session | Connection | Engine | Dialect | str) -> DialectSupport:
     Raises :class:`~airflow_adrq.errors.UnsupportedDialectError` for a backend
     not in :data:`MODULES`.
     """
-    if isinstance(bind, str):
-        name = bind
-    elif isinstance(bind, Session):
-        name = bind.get_bind().dialect.name
-    elif isinstance(bind, Dialect):
-        name = bind.name
-    else:
-        name = bind.dialect.name
+    if isinstance(bind, Session):
+        bind = bind.get_bind()
+    dialect = bind if isinstance(bind, str | Dialect) else bind.dialect
+    name = dialect if isinstance(dialect, str) else dialect.name
     module = MODULES.get(name)
     if module is None:
         raise UnsupportedDialectError(
