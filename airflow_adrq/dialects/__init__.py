@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
-from sqlalchemy import Column, ColumnElement, Select, Table
+from sqlalchemy import Column, ColumnElement, Select, Table, func
 from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Insert
@@ -31,6 +31,7 @@ __all__ = [
     "ResolvedPolicy",
     "check_policy",
     "get",
+    "on_conflict_insert_from_select",
     "resolve",
 ]
 
@@ -146,3 +147,32 @@ def resolve(policy: ConflictPolicy, connection: Connection) -> ResolvedPolicy:
 @functools.cache
 def _log_in_force(policy: ConflictPolicy, resolved: ResolvedPolicy, backend: str) -> None:
     log.info("airflow-adrq: on_conflict=%s is %r on %s", policy, resolved, backend)
+
+
+def on_conflict_insert_from_select(
+    insert: Callable[[Table], Any],
+    greatest: str,
+    table: Table,
+    columns: Sequence[Column[Any]],
+    select: Select[Any],
+    key: Sequence[str],
+    on_conflict: ConflictMode,
+    refresh: str,
+) -> Insert:
+    """``insert_from_select`` of the ``INSERT ... ON CONFLICT`` backends (PostgreSQL, SQLite).
+
+    Their ``Insert`` constructs share the ``on_conflict_do_*`` API: bind the
+    backend's ``insert`` and two-argument maximum (``greatest``, SQLite's
+    scalar ``max``) with ``functools.partial``.
+    """
+    stmt = insert(table).from_select(list(columns), select)
+    if on_conflict == "ignore":
+        return stmt.on_conflict_do_nothing(index_elements=list(key))  # type: ignore[no-any-return]
+    # Only move the timestamp forwards; the WHERE keeps an unchanged row
+    # from being rewritten (PostgreSQL still locks it, as DO UPDATE does).
+    new_value = getattr(func, greatest)(table.c[refresh], stmt.excluded[refresh])
+    return stmt.on_conflict_do_update(  # type: ignore[no-any-return]
+        index_elements=list(key),
+        set_={refresh: new_value},
+        where=table.c[refresh] < stmt.excluded[refresh],
+    )

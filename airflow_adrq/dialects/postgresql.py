@@ -20,7 +20,7 @@ import functools
 from sqlalchemy import func
 from sqlalchemy.dialects import postgresql
 
-from airflow_adrq.dialects import DialectSupport, _on_conflict
+from airflow_adrq.dialects import DialectSupport, on_conflict_insert_from_select
 from airflow_adrq.tables import UtcDateTime
 
 
@@ -32,7 +32,7 @@ def _lock_not_available(error: BaseException) -> bool:
 
 SUPPORT = DialectSupport(
     name="postgresql",
-    insert_from_select=functools.partial(_on_conflict.insert_from_select, postgresql.insert, "greatest"),
+    insert_from_select=functools.partial(on_conflict_insert_from_select, postgresql.insert, "greatest"),
     insert_ignore=lambda table: postgresql.insert(table).on_conflict_do_nothing(),
     # The start of the statement that reads it, which runs once the rows
     # are locked: one value for the whole statement.

@@ -17,7 +17,7 @@ from sqlalchemy import event
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection, Engine
 
-from airflow_adrq.dialects import DialectSupport, _on_conflict
+from airflow_adrq.dialects import DialectSupport, on_conflict_insert_from_select
 
 #: Seconds a writer waits for the database lock before SQLITE_BUSY.
 BUSY_TIMEOUT_SECONDS = 30
@@ -43,7 +43,7 @@ def _configure_engine(engine: Engine) -> None:
 SUPPORT = DialectSupport(
     name="sqlite",
     # SQLite's two-argument max() is a scalar function, like GREATEST.
-    insert_from_select=functools.partial(_on_conflict.insert_from_select, sqlite.insert, "max"),
+    insert_from_select=functools.partial(on_conflict_insert_from_select, sqlite.insert, "max"),
     insert_ignore=lambda table: sqlite.insert(table).on_conflict_do_nothing(),
     configure_engine=_configure_engine,
 )
