@@ -1,13 +1,13 @@
-"""``on_conflict="refresh_after_commit"``: existing queue rows moved forwards without ever waiting.
+"""Where the scheduler takes no row locks: the write without a ``dag`` lock, and the refresh.
 
-Where Airflow's scheduler takes no row locks (MariaDB, whose dialect has no
-``FOR UPDATE OF``; any backend with ``[scheduler] use_row_level_locking =
-False``), it reads a DAG's queue rows plainly and deletes them, DAG by DAG in
-Python-set order, in one transaction. A producer refreshing existing rows by
-waiting for their locks would lock them in key order across DAGs, and the two
-deadlock. So there the queue statement leaves existing rows alone, as
-Airflow's ``DO NOTHING`` does, and this module gives the rows its events
-should have refreshed the transaction's stamp, taking only rows no one holds::
+Such a scheduler (MariaDB, whose dialect has no ``FOR UPDATE OF``; any backend
+with ``[scheduler] use_row_level_locking = False``) reads a DAG's queue rows
+plainly and deletes them, DAG by DAG in Python-set order, in one transaction.
+A producer refreshing existing rows by waiting for their locks would lock them
+in key order across DAGs, and the two deadlock. So there the statement leaves
+existing rows alone (Airflow's ``DO NOTHING``; ``on_conflict=
+"refresh_after_commit"``) and this module moves the rows its events should
+have refreshed to the transaction's stamp, taking only rows no one holds::
 
     -- in the producer's transaction, once it is stamped, as its last statements before COMMIT:
     SELECT target_dag_id, asset_id FROM asset_dag_run_queue JOIN (<the statement's pairs>) ...
@@ -21,37 +21,33 @@ should have refreshed the transaction's stamp, taking only rows no one holds::
     -- only if it skipped rows: which of them are still older (no locks), and
     -- after COMMIT, ONE short transaction doing the same for those
 
-and, for rows skipped again, the same again a few milliseconds later, up to
-:data:`ROUNDS` times. The rows it moves before COMMIT become visible with the
-events, as a refresh inside the statement would make them; the usual event,
-whose rows are all new, costs the one lock-free SELECT.
-
-Reading the rows before COMMIT finds every row of the statement's pairs that
-is not the producer's own: it exists, committed, once the statement ran (it
-waited for any producer inserting the same pair), and what happens to such a
-row later is guarded by ``created_at < :stamp``.
+and, for rows skipped again, the same a few milliseconds later, up to
+:data:`ROUNDS` times. Rows moved before COMMIT become visible with the events,
+as a refresh inside the statement would make them; the usual event, whose rows
+are all new, costs the one lock-free SELECT. It finds every row of the
+statement's pairs that is not the producer's own: it exists, committed, once
+the statement ran (that waited for any producer inserting the same pair), and
+what happens to it later is guarded by ``created_at < :stamp``.
 
 Why this cannot deadlock, lose or double an event:
 
 * It never waits for a lock: ``SKIP LOCKED`` leaves out the rows a scheduler
   is deleting or another producer is refreshing, and the UPDATE touches only
-  rows it holds (a range of the primary key: ``asset_id`` and a ``dag_id``
-  list). Before COMMIT these are the transaction's last statements, and after
-  it they are a transaction of their own: a transaction that waits for
-  nothing once it holds these rows closes no cycle through them. A row the
-  scheduler held is gone once it commits (consumed); one another producer
-  held is tried again after COMMIT.
+  rows it holds (a primary-key range: ``asset_id`` and a ``dag_id`` list).
+  Before COMMIT these are the transaction's last statements, after it a
+  transaction of their own: waiting for nothing once it holds these rows, it
+  closes no cycle through them. A row the scheduler held is gone once it
+  commits (consumed); one another producer held is tried again after COMMIT.
 * Forwards only, never an INSERT: a row the scheduler deleted in between was
   consumed, and re-creating it would make a second run over the same window.
-* A refresh that does not happen (the row stayed locked for every round, the
-  connection broke after COMMIT) leaves the event waiting for its asset's
-  next event, as Airflow's own ``DO NOTHING`` would. Nothing after COMMIT
-  raises: failures are logged and counted.
+* A refresh that does not happen (locked for every round, the connection
+  broken after COMMIT) leaves the event waiting for its asset's next event, as
+  Airflow's ``DO NOTHING`` would. Nothing after COMMIT raises: failures are
+  logged and counted.
 
-The part after COMMIT runs on the session's own connection, before the
-session hands it back to its pool (SQLAlchemy's ``after_commit``): no second
-connection per transaction. It needs ``SKIP LOCKED`` (MariaDB 10.6, MySQL
-8.0, PostgreSQL).
+The part after COMMIT runs on the session's own connection before the session
+returns it to its pool (SQLAlchemy's ``after_commit``): no second connection
+per transaction. It needs ``SKIP LOCKED`` (MariaDB 10.6, MySQL 8.0, PostgreSQL).
 """
 
 from __future__ import annotations
@@ -134,8 +130,7 @@ _STAMP_ROWS: Update = _pending_rows(_STAMP)
 def _stamp_in_one_statement(dialect_name: str) -> Select[Any]:
     """``WITH e AS (UPDATE asset_event ...), q AS (UPDATE asset_dag_run_queue ...) SELECT <clock>``.
 
-    For backends with data-modifying CTEs (PostgreSQL): both updates and the
-    stamp in one round trip. The clock is the statement's, so one value.
+    Data-modifying CTEs (PostgreSQL): one round trip, and the statement's clock is one value.
     """
     clock = dialects.get(dialect_name).clock
     assert clock is not None
@@ -155,15 +150,14 @@ def write_then_stamp(
 ) -> dt.datetime:
     """Without the ``dag`` lock: the rows at :data:`PENDING`, then one stamp on them and the events.
 
-    Stamped once the queue rows are locked, so that producers sharing a row
-    are stamped in the order they commit. Then, in a ``Session``, the older
-    rows of the statement's pairs are moved forwards as the transaction's
-    last statements, never waiting (the statements in the module docstring):
-    those no one holds now (locked ``FOR UPDATE SKIP LOCKED`` until COMMIT,
-    which comes next: no cycle), the others after the outermost COMMIT, on
-    ``conn`` (dropped on rollback, as the events are; skipped if ``conn`` is
-    then still in a transaction: a session joined to an outer one). Does not
-    promise the refresh of a held row: it is best effort by design.
+    Stamped once the queue rows are locked, so that producers sharing a row are
+    stamped in the order they commit. Then, in a ``Session``, the older rows of
+    the statement's pairs are moved forwards as the module docstring says: now
+    those no one holds (locked ``FOR UPDATE SKIP LOCKED`` until the COMMIT that
+    comes next: no cycle), the others after the outermost COMMIT, on ``conn``
+    (dropped on rollback, as the events are; skipped if ``conn`` is then still
+    in a transaction, a session joined to an outer one). Does not promise the
+    refresh of a held row: it is best effort by design.
     """
     support = dialects.get(conn)
     stmt = statement.insert_statement(support.name, form)
@@ -217,10 +211,7 @@ _SCOPE: TransactionScoped[_Planned] = TransactionScoped("refresh_after_commit", 
 
 @functools.cache
 def _older_rows(form: statement.Form) -> Select[Any]:
-    """``SELECT target_dag_id, asset_id``: existing rows ``form``'s statement queues, older than ``:stamp``.
-
-    In no particular order (the refresh waits for nothing). Locks nothing.
-    """
+    """``SELECT target_dag_id, asset_id`` of the rows ``form`` queues older than ``:stamp`` (unordered)."""
     wanted = statement.wanted(form).subquery("wanted")
     return (
         select(_ADRQ.c.target_dag_id, _ADRQ.c.asset_id)
@@ -281,12 +272,7 @@ def _refresh(item: _Planned) -> int:
 def _move_forwards(
     conn: Connection, todo: Mapping[int, Sequence[str]], stamp: dt.datetime, options: Mapping[str, Any]
 ) -> dict[int, list[str]]:
-    """Lock the rows no one holds (``SKIP LOCKED``) and move them forwards; return the rows left out.
-
-    In the caller's transaction. Per asset of ``todo`` (asset_id -> DAG ids):
-    the locking read, the UPDATE of the rows it got, and, if some were left
-    out, a plain read of which of those are still older.
-    """
+    """Per asset of ``todo``: lock the rows no one holds, move them forwards; return those still older."""
     skipped: dict[int, list[str]] = {}
     for asset_id, dag_ids in todo.items():
         params = {"of_asset": asset_id, "dag_ids": list(dag_ids), "stamp": stamp}
