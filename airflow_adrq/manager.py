@@ -170,13 +170,7 @@ def register_asset_change(
     retry-from-BEGIN) to survive deadlocks with other writers.
     """
     del source_is_api, api_user_teams, api_allow_consumer_teams, api_allow_global_consumers, kwargs
-    change = AssetChange(
-        asset=asset,
-        extra=extra,
-        source_alias_names=source_alias_names,
-        partition_key=partition_key,
-        partition_date=partition_date,
-    )
+    change = AssetChange(asset, extra, source_alias_names, partition_key, partition_date)
     (event,) = register_asset_changes(
         session=session,
         changes=[change],
@@ -225,12 +219,8 @@ def register_asset_changes(
             log.warning("Emitting event for inactive AssetModel %s", change.asset)
         registered.append((change, asset_id))
     events = _insert_events(session, registered, task_instance)
-
-    aliased = {
-        event.id: change._alias_names
-        for (change, _), event in zip(registered, events, strict=True)
-        if change._alias_names
-    }
+    pairs = list(zip((change for change, _ in registered), events, strict=True))
+    aliased = {event.id: change._alias_names for change, event in pairs if change._alias_names}
     if queue_mode == "immediate":
         write_alias_rows(
             session.connection(), [(e.id, e.asset_id, n) for e in events for n in aliased.get(e.id, ())]
@@ -239,7 +229,7 @@ def register_asset_changes(
     else:
         defer_events(session, events, on_conflict=on_conflict, alias_names=aliased)
 
-    by_change = {id(change): event for (change, _), event in zip(registered, events, strict=True)}
+    by_change = {id(change): event for change, event in pairs}
     results: list[AssetEvent | None] = []
     for change in changes:
         event = by_change.get(id(change))

@@ -1,10 +1,7 @@
 """Queue downstream DAG runs with ONE ordered, set-based statement per transaction: execute and stamp.
 
-The SQL is built in :mod:`airflow_adrq.statement` (conflict clauses from
-:mod:`airflow_adrq.dialects`); :mod:`airflow_adrq.deferral`'s ``before_commit``
-hook calls :func:`queue_events` once per transaction, after
-``register_asset_change`` (:mod:`airflow_adrq.manager` or the plug-in)
-deferred the flushed events.
+The SQL is built in :mod:`airflow_adrq.statement`; :mod:`airflow_adrq.deferral`
+calls :func:`queue_events` once per transaction, just before COMMIT.
 
 Each queue row is written once, with the stamp. A scheduler skips a DAG
 whose ``dag`` row a producer holds ``FOR SHARE`` (its ``FOR NO KEY UPDATE
@@ -13,12 +10,8 @@ stamped and not yet visible; a producer that meets a scheduler holding the
 row waits for its COMMIT and is stamped after it. The share locks never wait
 while held (``NOWAIT`` under a SAVEPOINT, then a wait for the busy row alone),
 since Airflow's other writers of ``dag`` lock rows in orders of their own.
-
-Where the scheduler takes no row locks (MariaDB by default; ``[scheduler]
-use_row_level_locking = False``: policy ``"refresh_after_commit"``) a ``dag``
-lock orders nothing: the rows are inserted at :data:`~airflow_adrq.refresh.PENDING`,
-then one clock reading goes on the events and those rows, and existing rows
-are moved forwards after COMMIT (:mod:`airflow_adrq.refresh`, loaded only then).
+Where the scheduler takes no row locks a ``dag`` lock orders nothing: there
+:mod:`airflow_adrq.refresh` (loaded only then) writes the rows and the stamp.
 """
 
 from __future__ import annotations
@@ -144,8 +137,7 @@ def _lock_stamp_write(
 def clock_on_events(conn: Connection, ids: list[int], options: Mapping[str, Any]) -> dt.datetime:
     """One reading of the database's clock (SQLite: Python's), put on the events ``ids``; returns it.
 
-    Where the stamp is a statement of its own (MySQL 8's share-lock path, the
-    refresh path); PostgreSQL reads it inside :func:`~airflow_adrq.statement.write_once`.
+    Where the stamp is a statement of its own (not PostgreSQL's one-statement write).
     Locks the given ``asset_event`` rows (the caller's own, uncommitted).
     """
     clock = dialects.get(conn).clock
@@ -183,8 +175,9 @@ def queue_events(
 ) -> dt.datetime | None:
     """Queue the consumers of ``events`` now and stamp them; return the stamp (no events: ``None``).
 
-    In the caller's transaction, without committing. With ``"refresh"`` or
-    ``"ignore"`` (``"auto"`` where the scheduler locks rows), three steps:
+    In the caller's transaction, without committing. Pass only the caller's own
+    uncommitted events, and COMMIT next, as the commit-time write does. With
+    ``"refresh"`` or ``"ignore"`` (``"auto"`` where the scheduler locks rows):
 
     1. **Share-lock** every consumer's ``dag`` row (paused or not, every kind
        of reference; 3.4's per-event queue needs none), in byte order. This
@@ -192,38 +185,35 @@ def queue_events(
        DAG processor saving them, a pause. PostgreSQL never waits while it
        holds one (``NOWAIT`` under a SAVEPOINT, then a wait for the busy row
        alone); MySQL 8 waits in primary-key order.
-    2. **Stamp.** Then the database's clock (``clock_timestamp()`` once the
-       locks are held, ``UTC_TIMESTAMP(6)``; SQLite: Python's, one host).
-    3. **Write** the events' ``timestamp`` and the queue rows with it, each
-       row once, by ONE ordered ``INSERT ... SELECT`` (past
-       :data:`IDS_PER_STATEMENT` events, several); it may wait for
-       producers inserting the same rows. PostgreSQL: steps 1-3 are one statement.
+    2. **Stamp**: the database's clock (``clock_timestamp()`` once the locks
+       are held, ``UTC_TIMESTAMP(6)``; SQLite: Python's, one host).
+    3. **Write** the events' ``timestamp`` and the queue rows with it, each row
+       once, by ONE ordered ``INSERT ... SELECT`` (past :data:`IDS_PER_STATEMENT`
+       events, several); it may wait for producers inserting the same rows.
+       PostgreSQL: steps 1-3 are one statement.
 
-    With ``"refresh_after_commit"`` (``"auto"`` where the scheduler takes no
-    row locks) there is no ``dag`` lock to order by: the rows are written at
-    :data:`~airflow_adrq.refresh.PENDING` first, then stamped once all are
-    locked, so producers sharing a row are stamped in commit order
-    (GUARANTEES.md, "Timing"). Pass only the caller's own uncommitted events,
-    and COMMIT next, as the commit-time write does.
+    With ``"refresh_after_commit"`` (``"auto"`` where the scheduler takes no row
+    locks) there is no ``dag`` lock to order by: the rows are written at
+    :data:`~airflow_adrq.refresh.PENDING`, then stamped once all are locked, so
+    producers sharing a row are stamped in commit order (GUARANTEES.md, "Timing").
 
     ``on_conflict``: ``"refresh"`` gives an existing row the stamp, ``"ignore"``
     leaves it, ``"refresh_after_commit"`` moves it forwards without waiting for
     it: now if no one holds it, else after the Session's COMMIT
-    (:mod:`airflow_adrq.refresh`; a bare Connection: ``"ignore"``),
-    ``"auto"``: :func:`airflow_adrq.dialects.resolve`. ``allowed``: event id ->
-    the only DAG ids it may queue (multi-team). ``shape``:
-    :mod:`airflow_adrq.shapes`; ``schema``: ``[database] sql_alchemy_schema``.
+    (:mod:`airflow_adrq.refresh`; a bare Connection: ``"ignore"``), ``"auto"``:
+    :func:`airflow_adrq.dialects.resolve`. ``allowed``: event id -> the only DAG
+    ids it may queue (multi-team). ``shape``: :mod:`airflow_adrq.shapes`;
+    ``schema``: ``[database] sql_alchemy_schema``.
 
-    Locks, until the transaction ends: the consumers' ``dag`` rows ``FOR
-    SHARE`` (not with ``"refresh_after_commit"``); the queue rows it inserts
-    and, with ``"refresh"``, the existing ones, in ``(asset_id,
-    target_dag_id)`` order (3.4: ``(target_dag_id, asset_event_id)``); on
-    MySQL/MariaDB existing rows that need no write are skipped by a
-    lock-free ``NOT EXISTS`` probe; the given ``asset_event`` rows (the
-    caller's own). FK checks share-lock the ``asset`` and ``dag`` parents
-    (PostgreSQL ``FOR KEY SHARE``). Reads the reference tables, ``asset``
-    and ``asset_alias_asset_event`` without locks (READ COMMITTED;
-    MySQL/MariaDB refuse other levels: :mod:`airflow_adrq.dialects.mysql`).
+    Locks, until the transaction ends: the consumers' ``dag`` rows ``FOR SHARE``
+    (not with ``"refresh_after_commit"``); the queue rows it inserts and, with
+    ``"refresh"``, the existing ones, in ``(asset_id, target_dag_id)`` order
+    (3.4: ``(target_dag_id, asset_event_id)``; MySQL/MariaDB skip existing rows
+    that need no write by a lock-free ``NOT EXISTS`` probe); the given
+    ``asset_event`` rows. FK checks share-lock the ``asset`` and ``dag`` parents
+    (PostgreSQL ``FOR KEY SHARE``). Reads the reference tables, ``asset`` and
+    ``asset_alias_asset_event`` without locks (READ COMMITTED; MySQL/MariaDB
+    refuse other levels: :mod:`airflow_adrq.dialects.mysql`).
 
     Does not promise: no deadlock with earlier statements of the same
     transaction that locked queue or ``dag`` rows (use :func:`defer_events`),

@@ -98,9 +98,6 @@ _MOVE_FORWARDS = (
 )
 
 
-# --- the write: rows at PENDING, then the stamp on them ------------------------------
-
-
 #: The ``created_at`` of a queue row between the two steps of :func:`write_then_stamp`:
 #: later than any real stamp, so that the refresh (``greatest``) takes every
 #: existing row it meets, yet inside every backend's range (MySQL's TIMESTAMP
@@ -178,9 +175,6 @@ def write_then_stamp(
     if not form.shape.event_keyed and isinstance(bind, Session):
         _plan(bind, conn, form, chunk_params, stamp, options)
     return stamp
-
-
-# --- the refresh after COMMIT -------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -102,9 +102,6 @@ _DAG = tables.dag
 _EVENT = tables.asset_event
 
 
-# --- the statement ----------------------------------------------------------
-
-
 def _events_cte(ids: str = "ids", *, unkeyed_only: bool = False) -> CTE:
     """``ev``: the events bound to ``:<ids>`` (only those without a ``partition_key`` if asked)."""
     ev = select(_EVENT.c.id.label("event_id"), _EVENT.c.asset_id).where(
@@ -242,9 +239,6 @@ def stamped_events(stamp: Any) -> Update:
 
 
 STAMP_EVENTS: Update = stamped_events(bindparam("stamp", type_=UtcDateTime()))
-
-
-# --- the share lock and the one write -----------------------------------------
 
 
 def referencing_dags(form: Form) -> Select[Any]:
