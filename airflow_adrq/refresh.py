@@ -57,8 +57,7 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from sqlalchemy import Select, bindparam, select, update
@@ -172,27 +171,26 @@ def write_then_stamp(
             chunk = asset_ids[start : start + queue.IDS_PER_STATEMENT]
             params = {"asset_ids": chunk, "stamp": stamp, "pending": PENDING}
             conn.execute(_STAMP_ROWS, params, execution_options=options)
-    if not form.shape.event_keyed and isinstance(bind, Session):
-        _plan(bind, conn, form, chunk_params, stamp, options)
+    if form.shape.event_keyed or not isinstance(bind, Session):
+        return stamp
+    rows: dict[int, list[str]] = {}
+    for params in chunk_params:
+        older = conn.execute(_older_rows(form), {**params, "stamp": stamp}, execution_options=options)
+        for dag_id, asset_id in older:
+            rows.setdefault(asset_id, []).append(dag_id)
+    if rows:
+        todo = _move_forwards(conn, rows, stamp, options)
+        metrics.report("incr", "refresh.rows", sum(map(len, rows.values())) - sum(map(len, todo.values())))
+        if todo:
+            _SCOPE.add(bind, functools.partial(_refresh, conn, todo, stamp, options))
     return stamp
 
 
-@dataclass(frozen=True)
-class _Planned:
-    """One refresh to run after the session's COMMIT: which rows of which DAG, which stamp."""
-
-    connection: Connection
-    #: asset_id -> the DAG ids of its rows to move forwards (no order is needed: nothing waits).
-    rows: Mapping[int, Sequence[str]]
-    stamp: dt.datetime
-    options: Mapping[str, Any]
-
-
-def _run(_session: Session, planned: list[_Planned]) -> None:
-    for item in planned:
+def _run(_session: Session, refreshes: list[Callable[[], int]]) -> None:
+    for refresh in refreshes:
         metrics.report("incr", "refresh_after_commit", 1)
         try:
-            moved = _refresh(item)
+            moved = refresh()
         except Exception:  # never fail a committed transaction's caller (a task's success call)
             metrics.report("incr", "refresh_after_commit.failures", 1)
             log.warning("airflow-adrq: refreshing queue rows after COMMIT failed", exc_info=True)
@@ -200,7 +198,8 @@ def _run(_session: Session, planned: list[_Planned]) -> None:
             metrics.report("incr", "refresh_after_commit.rows", moved)
 
 
-_SCOPE: TransactionScoped[_Planned] = TransactionScoped("refresh_after_commit", after_commit=_run)
+#: The refreshes to run after the session's COMMIT, each returning the rows it moved.
+_SCOPE: TransactionScoped[Callable[[], int]] = TransactionScoped("refresh_after_commit", after_commit=_run)
 
 
 @functools.cache
@@ -214,36 +213,17 @@ def _older_rows(form: statement.Form) -> Select[Any]:
     )
 
 
-def _plan(
-    session: Session,
-    connection: Connection,
-    form: statement.Form,
-    params: Sequence[Mapping[str, Any]],
-    stamp: dt.datetime,
-    options: Mapping[str, Any],
-) -> None:
-    """Move the older rows forwards now where no one holds them; the others after COMMIT."""
-    rows: dict[int, list[str]] = {}
-    for one in params:
-        for dag_id, asset_id in connection.execute(
-            _older_rows(form), {**one, "stamp": stamp}, execution_options=options
-        ):
-            rows.setdefault(asset_id, []).append(dag_id)
-    if not rows:
-        return
-    todo = _move_forwards(connection, rows, stamp, options)
-    metrics.report("incr", "refresh.rows", sum(map(len, rows.values())) - sum(map(len, todo.values())))
-    if todo:
-        _SCOPE.add(session, _Planned(connection, todo, stamp, options))
+def _refresh(
+    conn: Connection, rows: Mapping[int, Sequence[str]], stamp: dt.datetime, options: Mapping[str, Any]
+) -> int:
+    """The rounds of one refresh after COMMIT, each a transaction of :func:`_move_forwards`; the rows moved.
 
-
-def _refresh(item: _Planned) -> int:
-    """The rounds of one refresh, each a transaction of :func:`_move_forwards`; returns the rows moved."""
-    conn = item.connection
+    ``rows``: asset_id -> the DAG ids of its rows to move forwards (in no order: nothing waits).
+    """
     if conn.closed or conn.in_transaction():
         log.debug("airflow-adrq: no refresh after COMMIT: the connection is closed or in a transaction")
         return 0
-    todo = {asset_id: list(dag_ids) for asset_id, dag_ids in item.rows.items()}
+    todo = {asset_id: list(dag_ids) for asset_id, dag_ids in rows.items()}
     moved = 0
     for round_ in range(1, ROUNDS + 1):
         if round_ > 1:
@@ -252,7 +232,7 @@ def _refresh(item: _Planned) -> int:
             time.sleep(random.uniform(0.001, 0.003) * round_)
         before = sum(map(len, todo.values()))
         with conn.begin():
-            todo = _move_forwards(conn, todo, item.stamp, item.options)
+            todo = _move_forwards(conn, todo, stamp, options)
         # (Rows left out that were consumed meanwhile count as moved: they need nothing more.)
         moved += before - sum(map(len, todo.values()))
         if not todo:
