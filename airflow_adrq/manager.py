@@ -13,7 +13,8 @@ Out of scope standalone (the plug-in, :mod:`airflow_adrq.airflow`, keeps
 Airflow's own code for these): multi-team filtering (``source_is_api`` and
 the ``api_*`` arguments are ignored), partitioned DAGs (an event with a
 ``partition_key`` queues nothing here, as in Airflow), the ``asset.updates``
-metric, and Airflow's listener manager (:mod:`airflow_adrq.listeners`).
+metric, and Airflow's listener manager (:func:`add_listener` stands in for its
+``on_asset_changed`` / ``on_asset_event_emitted`` hooks).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import datetime as dt
 import functools
 import json
 import logging
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, cast
 
@@ -31,11 +32,10 @@ from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.sql.dml import Insert
 
-from airflow_adrq import dialects, listeners, queue, statement
+from airflow_adrq import dialects, queue, statement
 from airflow_adrq.aliases import write_alias_rows
 from airflow_adrq.deferral import check_one_policy, defer_events
 from airflow_adrq.dialects import ConflictMode, ConflictPolicy, check_policy
-from airflow_adrq.listeners import AssetEventInfo
 from airflow_adrq.models import AssetActive, AssetEvent, AssetModel, utcnow
 from airflow_adrq.retry import Callback, run_callbacks
 from airflow_adrq.shapes import PARTITIONED, QueueShape
@@ -43,13 +43,18 @@ from airflow_adrq.txscope import TransactionScoped
 
 __all__ = [
     "AssetChange",
+    "AssetEventInfo",
     "AssetLike",
+    "Listener",
     "QueueMode",
     "TaskInstanceLike",
+    "add_listener",
     "build_queue_statement",
+    "notify",
     "queue_dagruns",
     "register_asset_change",
     "register_asset_changes",
+    "remove_listener",
 ]
 
 log = logging.getLogger(__name__)
@@ -117,6 +122,50 @@ class AssetChange:
             raise TypeError(f"partition_key must be a string or None, not {self.partition_key!r}")
         # Keep the caller's order (Airflow inserts alias links in that order), once each.
         object.__setattr__(self, "_alias_names", tuple(dict.fromkeys(names)))
+
+
+@dataclass(frozen=True)
+class AssetEventInfo:
+    """What a listener learns about one committed asset event."""
+
+    event_id: int
+    asset_id: int
+    asset_name: str
+    asset_uri: str
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    source_dag_id: str | None = None
+    source_task_id: str | None = None
+    source_run_id: str | None = None
+    source_map_index: int | None = None
+    source_alias_names: tuple[str, ...] = ()
+    partition_key: str | None = None
+    partition_date: dt.datetime | None = None
+
+
+Listener = Callable[[AssetEventInfo], object]
+
+_listeners: list[Listener] = []
+
+
+def add_listener(listener: Listener) -> None:
+    """Call ``listener(info)`` for every asset event, after its transaction commits."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def remove_listener(listener: Listener) -> None:
+    """Stop calling ``listener``; unknown listeners are ignored."""
+    if listener in _listeners:
+        _listeners.remove(listener)
+
+
+def notify(info: AssetEventInfo) -> None:
+    """Call every listener with ``info``; a failing listener is logged, not raised (as Airflow does)."""
+    for listener in list(_listeners):
+        try:
+            listener(info)
+        except Exception:
+            log.exception("error calling asset event listener %r", listener)
 
 
 # Listener callbacks of sessions without a callback_sink: run after COMMIT.
@@ -236,7 +285,7 @@ def register_asset_changes(
         results.append(event)
         if event is None:
             continue
-        callback = functools.partial(listeners.notify, _event_info(change, event))
+        callback = functools.partial(notify, _event_info(change, event))
         if callback_sink is not None:
             callback_sink.append(callback)
         else:
