@@ -60,22 +60,16 @@ def write_alias_rows(conn: Connection, rows: Iterable[tuple[int, int, str]]) -> 
     alias_ids = _alias_ids(conn, names)
     missing = [name for name in names if name not in alias_ids]
     if missing:
-        _insert_sorted(conn, support.insert_ignore(asset_alias), [{"name": n, "group": ""} for n in missing])
+        _insert_sorted(
+            conn, support.insert_ignore(asset_alias), ("name", "group"), [(n, "") for n in missing]
+        )
         alias_ids.update(_alias_ids(conn, missing))
     wanted = {(alias_ids[name], asset_id) for _, asset_id, name in rows}
     links = sorted(wanted - _existing_links(conn, wanted))
     if links:
-        _insert_sorted(
-            conn,
-            support.insert_ignore(asset_alias_asset),
-            [{"alias_id": alias_id, "asset_id": asset_id} for alias_id, asset_id in links],
-        )
+        _insert_sorted(conn, support.insert_ignore(asset_alias_asset), ("alias_id", "asset_id"), links)
     event_rows = sorted({(alias_ids[name], event_id) for event_id, _, name in rows})
-    _insert_sorted(
-        conn,
-        insert(asset_alias_asset_event),
-        [{"alias_id": alias_id, "event_id": event_id} for alias_id, event_id in event_rows],
-    )
+    _insert_sorted(conn, insert(asset_alias_asset_event), ("alias_id", "event_id"), event_rows)
 
 
 def _alias_ids(conn: Connection, names: Sequence[str]) -> dict[str, int]:
@@ -100,8 +94,11 @@ def _existing_links(conn: Connection, wanted: set[tuple[int, int]]) -> set[tuple
     return found & wanted
 
 
-def _insert_sorted(conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> None:
-    # One multi-row VALUES per chunk: drivers send an executemany of an
-    # INSERT ... ON CONFLICT one row per round trip.
+def _insert_sorted(
+    conn: Connection, stmt: Any, columns: tuple[str, str], rows: Sequence[tuple[Any, Any]]
+) -> None:
+    """``rows`` (in the given order) as multi-row ``VALUES`` of :data:`ROWS_PER_STATEMENT` rows at most."""
+    # Not an executemany: drivers send one of INSERT ... ON CONFLICT one row per round trip.
     for start in range(0, len(rows), ROWS_PER_STATEMENT):
-        conn.execute(stmt.values(rows[start : start + ROWS_PER_STATEMENT]))
+        chunk = rows[start : start + ROWS_PER_STATEMENT]
+        conn.execute(stmt.values([dict(zip(columns, row, strict=True)) for row in chunk]))

@@ -1,11 +1,10 @@
 """Commit-time queueing: events recorded on the session, queued by ONE statement just before COMMIT.
 
 :func:`defer_events` records the events in the session's current transaction
-(:class:`airflow_adrq.txscope.TransactionScoped`, which drops those of a
-rolled-back SAVEPOINT) and, at the first deferral, the one
-:class:`_Statement` (``on_conflict``, shape, schema) the transaction is
-queued with. Just before the outermost COMMIT, ``_before_commit`` flushes
-the session, writes the alias rows and calls
+(:class:`airflow_adrq.txscope.TransactionScoped` drops those of a rolled-back
+SAVEPOINT) and, at the first deferral, the :class:`_Statement` settings the
+transaction is queued with. Just before the outermost COMMIT, ``_before_commit``
+flushes the session, writes the alias rows and calls
 :func:`airflow_adrq.queue.queue_events` once with every event not written yet.
 """
 
@@ -132,14 +131,12 @@ def defer_events(
     lock order for all of them, held only for the commit; the stamp is read
     last, then COMMIT. One statement has one ``on_conflict``, shape and
     schema: those of the first deferral still pending; another raises
-    :class:`ValueError` (:func:`check_one_policy`).
-    With ``"refresh_after_commit"``, existing rows are moved forwards without
-    waiting for them, the held ones after the COMMIT (:mod:`airflow_adrq.refresh`).
-    ``events``: flushed ``asset_event`` objects, or anything with integer
-    ``id`` and ``asset_id``. ``allowed_dags``, ``shape`` and ``schema`` as in
-    :func:`queue_events`. ``alias_names`` (event id -> the aliases it was
-    emitted through): their alias rows are written at COMMIT too, just before
-    the statement (:func:`airflow_adrq.aliases.write_alias_rows`).
+    :class:`ValueError`. ``events``: flushed ``asset_event`` objects, or
+    anything with integer ``id`` and ``asset_id``. ``on_conflict``,
+    ``allowed_dags``, ``shape`` and ``schema`` as in :func:`queue_events`.
+    ``alias_names`` (event id -> the aliases it was emitted through): their
+    alias rows are written at COMMIT too, just before the statement
+    (:func:`airflow_adrq.aliases.write_alias_rows`).
 
     Nothing is visible before the commit (or :func:`flush_queue`); a rollback
     queues nothing; events of a rolled-back SAVEPOINT are dropped, those of a

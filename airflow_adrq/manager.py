@@ -204,15 +204,13 @@ def register_asset_change(
 
     Locks: now, only the new ``asset_event`` rows (new keys, no waits). At
     COMMIT (``queue_mode="commit"``, with every other event of the
-    transaction) or now (``"immediate"``), in this order: the alias rows
-    (:func:`airflow_adrq.aliases.write_alias_rows`); where the scheduler
-    locks rows, every consumer's ``dag`` row ``FOR SHARE`` in byte order;
-    the queue rows in ``(asset_id, target_dag_id)`` order and the
-    transaction's own event rows, both stamped
-    (:func:`airflow_adrq.queue.queue_events`, which also says what
-    ``on_conflict`` does and how the share locks wait). So the returned event's ``timestamp`` is the time
-    of that write, not of this call; why: GUARANTEES.md's "Timing: which events a
-    run consumes".
+    transaction) or now (``"immediate"``): the alias rows
+    (:func:`airflow_adrq.aliases.write_alias_rows`), then as
+    :func:`airflow_adrq.queue.queue_events` (which also says what
+    ``on_conflict`` does): the consumers' ``dag`` rows, the queue rows in
+    ``(asset_id, target_dag_id)`` order and the events, stamped. So the
+    returned event's ``timestamp`` is the time of that write, not of this
+    call (GUARANTEES.md, "Timing: which events a run consumes").
 
     Does not commit, and does not retry: run the whole transaction under
     :func:`airflow_adrq.retry.run_in_transaction` (or your own
@@ -435,12 +433,11 @@ def build_queue_statement(
     on_conflict: ConflictMode = "refresh",
     shape: QueueShape = PARTITIONED,
 ) -> Insert:
-    """The one ``INSERT ... SELECT ... ORDER BY`` that queues consumers, for ``dialect``.
+    """The one ``INSERT ... SELECT ... ORDER BY`` that queues consumers, for ``dialect``; built once.
 
-    Built once per variant, so SQLAlchemy compiles it once. Execute with
-    ``{"ids": [...], "created_at": aware datetime}``: ``asset_event`` ids for
-    ``source="events"``, ``asset`` ids for ``source="assets"`` (no aliases:
-    an alias counts only for the events emitted through it).
+    Execute with ``{"ids": [...], "created_at": aware datetime}``: ``asset_event``
+    ids for ``source="events"``, ``asset`` ids for ``source="assets"`` (no
+    aliases: an alias counts only for the events emitted through it).
     ``on_conflict="refresh"`` moves an existing row's ``created_at`` forwards,
     ``"ignore"`` leaves it (Airflow's ``DO NOTHING``). ``shape``: the schema
     written (:mod:`airflow_adrq.shapes`; default Airflow 3.3's, the models').

@@ -1,10 +1,9 @@
 """The statements that queue downstream DAG runs: built once per dialect and shape, executed by :mod:`.queue`.
 
-The statement is driven by the transaction's own ``asset_event`` rows. Where
-Airflow's scheduler locks the consumers' ``dag`` rows before it makes their
-runs (PostgreSQL; MySQL 8), the whole queue write is one statement on
-PostgreSQL (the conflict clause is per dialect; MySQL 8 sends its parts as
-separate statements, in the same order)::
+Driven by the transaction's own ``asset_event`` rows. Where the scheduler locks
+the consumers' ``dag`` rows before it makes their runs, the whole queue write is
+one statement on PostgreSQL (MySQL 8 sends its parts separately, in the same
+order; the conflict clause is per dialect)::
 
     WITH ev AS (                    -- this transaction's events
         SELECT e.id AS event_id, e.asset_id FROM asset_event e
@@ -51,12 +50,11 @@ Why this shape:
   from the ``asset_alias_asset_event`` rows): built and compiled once.
 * **Timing.** The events' ``timestamp`` and their rows' ``created_at`` are one
   value of the database's clock, read once the consumers' ``dag`` rows are
-  share-locked (GUARANTEES.md, "Timing: which events a run consumes").
+  share-locked (GUARANTEES.md, "Timing").
 * **Same rows as Airflow 3.3.** Direct, alias, name and URI references;
-  unpaused DAGs only; each (asset, DAG) once; partitioned DAGs and events
-  with a ``partition_key`` go to Airflow's ``asset_partition_dag_run``
-  instead. Like Airflow, stale DAGs are queued and the scheduler filters
-  them.
+  unpaused DAGs only; each (asset, DAG) once; partitioned DAGs and events with
+  a ``partition_key`` go to Airflow's ``asset_partition_dag_run`` instead.
+  Like Airflow, stale DAGs are queued and the scheduler filters them.
 """
 
 from __future__ import annotations

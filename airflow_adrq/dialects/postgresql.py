@@ -37,7 +37,6 @@ SUPPORT = DialectSupport(
     # The start of the statement that reads it, which runs once the rows
     # are locked: one value for the whole statement.
     clock=lambda: func.statement_timestamp(type_=UtcDateTime()),
-    # WITH e AS (UPDATE asset_event ...), q AS (UPDATE ...) SELECT ...: one round trip.
     stamp_in_one_statement=True,
     # Byte order, as Python sorts the ids the DAG processor flushes: a
     # database collated en_US.UTF-8 sorts 'B' after 'a', "C" before it.
