@@ -91,7 +91,14 @@ class TransactionScoped(Generic[T]):
 
 
 def _install(session: Session, scope: TransactionScoped[T]) -> None:
-    _listen()
+    """Register ``scope`` on ``session`` and, once per process, the ``Session`` class listeners."""
+    global _installed
+    if not _installed:  # after the first time, one flag read per recorded item
+        with _listening:
+            for name, listener in _LISTENERS:
+                if not event.contains(Session, name, listener):
+                    event.listen(Session, name, listener)
+            _installed = True
     scopes: list[TransactionScoped[object]] = session.info.setdefault(_SCOPES_KEY, [])
     if scope not in scopes:
         scopes.append(scope)  # type: ignore[arg-type]
@@ -142,15 +149,3 @@ _LISTENERS = (
 )
 _listening = threading.Lock()
 _installed = False
-
-
-def _listen() -> None:
-    """The four ``Session`` class listeners above, installed once per process."""
-    global _installed
-    if _installed:  # the common case: one flag read per recorded item
-        return
-    with _listening:
-        for name, listener in _LISTENERS:
-            if not event.contains(Session, name, listener):
-                event.listen(Session, name, listener)
-        _installed = True
