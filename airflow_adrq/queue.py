@@ -25,18 +25,10 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, attributes
 
-from airflow_adrq import dialects
+from airflow_adrq import dialects, statement
 from airflow_adrq.dialects import ConflictPolicy
 from airflow_adrq.shapes import PARTITIONED, QueueShape
-from airflow_adrq.statement import (
-    ONE_DAG_SHARE_LOCK,
-    STAMP_EVENTS,
-    Form,
-    insert_statement,
-    referencing_dags,
-    share_lock,
-    write_once,
-)
+from airflow_adrq.statement import Form
 from airflow_adrq.tables import utcnow
 
 __all__ = ["IDS_PER_STATEMENT", "EventLike", "clock_on_events", "in_schema", "queue_events"]
@@ -66,7 +58,7 @@ _SAVEPOINT = "adrq_share_lock"
 def _write_once_without_waiting_while_holding(
     conn: Connection, form: Form, params: dict[str, Any], options: Mapping[str, Any]
 ) -> dt.datetime:
-    r""":func:`write_once` with ``NOWAIT``; while a consumer's ``dag`` row is busy, wait for it holding none.
+    r"""``statement.write_once`` with ``NOWAIT``; while a consumer's ``dag`` row is busy, wait holding none.
 
     Airflow's writers of ``dag`` lock rows in orders of their own (the DAG
     processor's ``SELECT ... FOR NO KEY UPDATE`` and bulk ``UPDATE``\ s in plan
@@ -76,7 +68,7 @@ def _write_once_without_waiting_while_holding(
     again; after :data:`WAITS_WITHOUT_HOLDING` rounds it waits in order.
     """
     support = dialects.get(conn)
-    stmt = write_once(support.name, form)
+    stmt = statement.write_once(support.name, form)
     conn.exec_driver_sql(f"SAVEPOINT {_SAVEPOINT}")
     for _ in range(WAITS_WITHOUT_HOLDING):
         try:
@@ -87,7 +79,7 @@ def _write_once_without_waiting_while_holding(
                 raise
             conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
             _wait_for_busy_rows(conn, form, params, options)
-    conn.execute(share_lock(support.name, form), params, execution_options=options)
+    conn.execute(statement.share_lock(support.name, form), params, execution_options=options)
     return cast(dt.datetime, conn.execute(stmt, params, execution_options=options).scalar())
 
 
@@ -98,12 +90,12 @@ def _wait_for_busy_rows(
 
     The last one stays locked: a scheduler's next pass would take it again before the retry.
     """
-    wanted = set(conn.execute(referencing_dags(form), params, execution_options=options).scalars())
-    lock_free = share_lock(dialects.get(conn).name, form, "skip_locked")
+    wanted = set(conn.execute(statement.referencing_dags(form), params, execution_options=options).scalars())
+    lock_free = statement.share_lock(dialects.get(conn).name, form, "skip_locked")
     busy = sorted(wanted - set(conn.execute(lock_free, params, execution_options=options).scalars()))
     conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
     for n, dag_id in enumerate(busy, 1):
-        conn.execute(ONE_DAG_SHARE_LOCK, {"dag_id": dag_id}, execution_options=options)
+        conn.execute(statement.ONE_DAG_SHARE_LOCK, {"dag_id": dag_id}, execution_options=options)
         if n < len(busy):
             conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
 
@@ -122,13 +114,13 @@ def _lock_stamp_write(
     if lock:
         for params in chunk_params:
             if support.lock_by_id_list:
-                found = conn.execute(referencing_dags(form), params, execution_options=options)
+                found = conn.execute(statement.referencing_dags(form), params, execution_options=options)
                 params = {"dag_ids": sorted(set(found.scalars()))}
                 if not params["dag_ids"]:
                     continue
-            conn.execute(share_lock(support.name, form), params, execution_options=options)
+            conn.execute(statement.share_lock(support.name, form), params, execution_options=options)
     stamp = clock_on_events(conn, [event_id for p in chunk_params for event_id in p["ids"]], options)
-    stmt = insert_statement(support.name, form)
+    stmt = statement.insert_statement(support.name, form)
     for params in chunk_params:
         conn.execute(stmt, {**params, "created_at": stamp}, execution_options=options)
     return stamp
@@ -144,7 +136,7 @@ def clock_on_events(conn: Connection, ids: list[int], options: Mapping[str, Any]
     stamp = conn.execute(select(clock())).scalar_one() if clock is not None else utcnow()
     for start in range(0, len(ids), IDS_PER_STATEMENT):
         chunk = ids[start : start + IDS_PER_STATEMENT]
-        conn.execute(STAMP_EVENTS, {"ids": chunk, "stamp": stamp}, execution_options=options)
+        conn.execute(statement.STAMP_EVENTS, {"ids": chunk, "stamp": stamp}, execution_options=options)
     return stamp
 
 
