@@ -58,7 +58,7 @@ _SAVEPOINT = "adrq_share_lock"
 def _write_once_without_waiting_while_holding(
     conn: Connection, form: Form, params: dict[str, Any], options: Mapping[str, Any]
 ) -> dt.datetime:
-    r"""``statement.write_once`` with ``NOWAIT``; while a consumer's ``dag`` row is busy, wait holding none.
+    r"""The one-statement write, ``NOWAIT``: while a consumer's ``dag`` row is busy, wait for it holding none.
 
     Airflow's writers of ``dag`` lock rows in orders of their own (the DAG
     processor's ``SELECT ... FOR NO KEY UPDATE`` and bulk ``UPDATE``\ s in plan
