@@ -1,21 +1,18 @@
 """Per-transaction bookkeeping on a SQLAlchemy ``Session``, SAVEPOINT-aware.
 
-The one mechanism commit-time queueing and post-commit callbacks share:
-remember an item until the outermost COMMIT; forget it if the (nested)
-transaction it was recorded in is rolled back. SQLAlchemy reports a
-SAVEPOINT's end (``after_transaction_end``) *before* its rollback
-(``after_soft_rollback``), so at its end a released and a rolled-back
-SAVEPOINT look alike: items stay keyed by their transaction until the
-outermost one ends, and a rollback drops the items of the rolled-back
-transaction and of every transaction nested inside it.
+Commit-time queueing and post-commit callbacks share it: remember an item
+until the outermost COMMIT; forget it if the (nested) transaction it was
+recorded in is rolled back. SQLAlchemy reports a SAVEPOINT's end
+(``after_transaction_end``) *before* its rollback (``after_soft_rollback``), so
+there a released and a rolled-back SAVEPOINT look alike: items stay keyed by
+their transaction until the outermost one ends, and a rollback drops those of
+the rolled-back transaction and of every transaction nested inside it.
 
-Four listeners on the ``Session`` class (``before_commit``, ``after_commit``,
-``after_soft_rollback``, ``after_transaction_end``), installed once per process
-when a scope first records an item, not on import and not per session: four
-per session cost more than the rest of a one-event transaction's
-bookkeeping. A session without scopes returns at once. ``before_commit`` and
-``after_commit`` also fire when a SAVEPOINT is released; only the outermost
-COMMIT counts (a released SAVEPOINT's items stay until then).
+Four listeners on the ``Session`` class, installed once per process when a
+scope first records an item, not on import nor per session (four per session
+cost more than the rest of a one-event transaction's bookkeeping); a session
+without scopes returns at once. ``before_commit`` and ``after_commit`` also
+fire when a SAVEPOINT is released: only the outermost COMMIT counts.
 """
 
 from __future__ import annotations

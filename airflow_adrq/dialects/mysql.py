@@ -8,18 +8,16 @@ statement first skips rows that already exist (a ``NOT EXISTS`` probe), and
 ODKU only settles two producers inserting the same new row.
 
 READ COMMITTED (as Airflow configures MySQL) makes the SELECT half, and that
-probe, a consistent read: no shared next-key locks on the reference tables
-or ``dag``; only the inserted/duplicate ADRQ rows and the FK parent records
-are locked. Under REPEATABLE READ or SERIALIZABLE, ``INSERT ... SELECT``
-takes shared next-key locks on every row it reads (reference tables,
+probe, a consistent read: only the inserted/duplicate ADRQ rows and the FK
+parent records are locked. Under REPEATABLE READ or SERIALIZABLE, ``INSERT ...
+SELECT`` takes shared next-key locks on every row it reads (reference tables,
 ``asset``, ``dag``), which conflict with the DAG processor and the scheduler:
 the first queue write on such a connection raises
-:class:`~airflow_adrq.errors.IsolationLevelError`, unless the connection (or
-its engine) carries the execution option ``adrq_allow_isolation=True``
-(``engine.execution_options(adrq_allow_isolation=True)``): the caller then
-accepts those locks. The level is read once per DBAPI connection (and again
-when the ``isolation_level`` execution option changes); a raw ``SET SESSION
-TRANSACTION ISOLATION LEVEL`` on a pooled connection is not noticed.
+:class:`~airflow_adrq.errors.IsolationLevelError`, unless the connection (or its
+engine) carries ``engine.execution_options(adrq_allow_isolation=True)``: the
+caller then accepts those locks. The level is read once per DBAPI connection
+(again when the ``isolation_level`` execution option changes); a raw ``SET
+SESSION TRANSACTION ISOLATION LEVEL`` on a pooled connection is not noticed.
 
 SQLAlchemy renders ``VALUES(col)`` (not MySQL 8.0.20's row alias) for
 ``INSERT ... SELECT``; both MySQL 8 and MariaDB accept it.
@@ -62,11 +60,10 @@ def _insert_from_select(
     # transactions). "ignore" skips every existing row; "refresh" only those
     # already at least as new, and locks the older ones it must move forwards.
     # Two producers inserting the same new row: the second waits, then skips or refreshes.
-    names = [column.name for column in columns]
-    picked = list(select.selected_columns)
-    same_key = [table.c[k] == picked[names.index(k)] for k in key]
+    picked = dict(zip([column.name for column in columns], select.selected_columns, strict=True))
+    same_key = [table.c[k] == picked[k] for k in key]
     if on_conflict == "refresh":
-        same_key.append(table.c[refresh] >= picked[names.index(refresh)])
+        same_key.append(table.c[refresh] >= picked[refresh])
     select = select.where(~exists().where(*same_key))
     stmt = mysql.insert(table).from_select(list(columns), select)
     if on_conflict == "ignore":

@@ -2,15 +2,12 @@
 
 ``ON CONFLICT DO NOTHING`` does not lock a committed conflicting row; it only
 waits for a transaction that inserted the same key and has not finished yet
-(speculative insertion). The rows we insert are locked in the order the
-SELECT produces them, which is why the statement ends in ``ORDER BY``.
-FK checks take ``FOR KEY SHARE`` on the ``dag`` and ``asset`` rows, which
-concurrent producers share.
-
-The consumers' ``dag`` rows are share-locked (``FOR SHARE OF dag``) in
-``dag_id COLLATE "C"`` order, which Airflow's scheduler skips (``FOR NO KEY
-UPDATE SKIP LOCKED``); the Sort node sits below LockRows, so rows are locked
-in that order.
+(speculative insertion). The rows we insert are locked in the order the SELECT
+produces them, hence its ``ORDER BY``. FK checks take ``FOR KEY SHARE`` on the
+``dag`` and ``asset`` rows, which concurrent producers share. The consumers'
+``dag`` rows are share-locked (``FOR SHARE OF dag``, which Airflow's scheduler
+skips: ``FOR NO KEY UPDATE SKIP LOCKED``) in ``dag_id COLLATE "C"`` order: the
+Sort node sits below LockRows.
 """
 
 from __future__ import annotations
