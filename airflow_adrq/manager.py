@@ -267,13 +267,12 @@ def register_asset_changes(
         registered.append((change, asset_id))
     events = _insert_events(session, registered, task_instance)
     pairs = list(zip((change for change, _ in registered), events, strict=True))
-    aliased = {event.id: change._alias_names for change, event in pairs if change._alias_names}
     if queue_mode == "immediate":
-        write_alias_rows(
-            session.connection(), [(e.id, e.asset_id, n) for e in events for n in aliased.get(e.id, ())]
-        )
+        rows = [(event.id, event.asset_id, name) for change, event in pairs for name in change._alias_names]
+        write_alias_rows(session.connection(), rows)
         queue.queue_events(session, events, on_conflict=on_conflict)
     else:
+        aliased = {event.id: change._alias_names for change, event in pairs if change._alias_names}
         defer_events(session, events, on_conflict=on_conflict, alias_names=aliased)
 
     by_change = {id(change): event for change, event in pairs}
@@ -329,8 +328,7 @@ def _insert_events(
 ) -> list[AssetEvent]:
     """INSERT the events (Core, RETURNING ids where the dialect can) and return them as ORM objects.
 
-    The objects are attached to ``session`` as persistent rows without
-    another round trip, as the ORM would leave them after a flush.
+    Attached to ``session`` as persistent rows, as a flush leaves them, without another round trip.
     """
     if not registered:
         return []
