@@ -24,7 +24,7 @@ from airflow_adrq.queue import EventLike, queue_events, set_loaded_timestamp
 from airflow_adrq.shapes import PARTITIONED, QueueShape
 from airflow_adrq.txscope import TransactionScoped, current_transaction, descends_from
 
-__all__ = ["check_one_policy", "defer_events", "flush_queue", "pending_events"]
+__all__ = ["defer_events", "flush_queue", "pending_events"]
 
 
 @dataclass(frozen=True)
@@ -131,12 +131,12 @@ def defer_events(
     lock order for all of them, held only for the commit; the stamp is read
     last, then COMMIT. One statement has one ``on_conflict``, shape and
     schema: those of the first deferral still pending; another raises
-    :class:`ValueError`. ``events``: flushed ``asset_event`` objects, or
-    anything with integer ``id`` and ``asset_id``. ``on_conflict``,
-    ``allowed_dags``, ``shape`` and ``schema`` as in :func:`queue_events`.
-    ``alias_names`` (event id -> the aliases it was emitted through): their
-    alias rows are written at COMMIT too, just before the statement
-    (:func:`airflow_adrq.aliases.write_alias_rows`).
+    :class:`ValueError` (deferring no events checks that, before any write).
+    ``events``: flushed ``asset_event`` objects, or anything with integer
+    ``id`` and ``asset_id``. ``on_conflict``, ``allowed_dags``, ``shape`` and
+    ``schema`` as in :func:`queue_events`. ``alias_names`` (event id -> the
+    aliases it was emitted through): their alias rows are written at COMMIT
+    too, just before the statement (:func:`airflow_adrq.aliases.write_alias_rows`).
 
     Nothing is visible before the commit (or :func:`flush_queue`); a rollback
     queues nothing; events of a rolled-back SAVEPOINT are dropped, those of a
@@ -180,19 +180,6 @@ def _hold(session: Session, wanted: _Statement) -> None:
             f"{held.on_conflict!r}: one transaction is queued by one statement, with one policy"
         )
     raise ValueError(f"one transaction is queued by one statement: {wanted} differs from {held}")
-
-
-def check_one_policy(session: Session, on_conflict: object) -> ConflictPolicy:
-    """``on_conflict``, if it is a policy and the one events of this transaction wait with, if any.
-
-    Else :class:`ValueError`: one transaction is queued by one statement, with one policy.
-    Emits no SQL, locks nothing.
-    """
-    policy = dialects.check_policy(on_conflict)
-    held: _Statement | None = session.info.get(_STATEMENT_KEY)
-    if held is not None and held.on_conflict != policy and _pending(session):
-        _hold(session, _Statement(policy, held.shape, held.schema))  # raises, naming both
-    return policy
 
 
 def pending_events(session: Session) -> list[int]:

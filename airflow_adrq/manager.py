@@ -34,7 +34,7 @@ from sqlalchemy.sql.dml import Insert
 
 from airflow_adrq import dialects, queue, statement
 from airflow_adrq.aliases import write_alias_rows
-from airflow_adrq.deferral import check_one_policy, defer_events
+from airflow_adrq.deferral import defer_events
 from airflow_adrq.dialects import ConflictMode, ConflictPolicy, check_policy
 from airflow_adrq.models import AssetActive, AssetEvent, AssetModel, utcnow
 from airflow_adrq.retry import Callback, run_callbacks
@@ -249,7 +249,7 @@ def register_asset_changes(
     if queue_mode not in ("commit", "immediate"):
         raise ValueError(f"queue_mode must be 'commit' or 'immediate', not {queue_mode!r}")
     if queue_mode == "commit":
-        check_one_policy(session, on_conflict)  # before any write: the call fails whole
+        defer_events(session, (), on_conflict=on_conflict)  # checks before any write: the call fails whole
     else:
         check_policy(on_conflict)
     if not changes:
