@@ -156,7 +156,16 @@ def defer_events(
             "(from a before_commit listener registered after airflow-adrq's?). Register it "
             'before committing, or queue it now from that listener (queue_mode="immediate").'
         )
-    _hold(session, _Statement(dialects.check_policy(on_conflict), shape, schema))
+    wanted = _Statement(dialects.check_policy(on_conflict), shape, schema)
+    held: _Statement | None = session.info.get(_STATEMENT_KEY)
+    if held is not None and held != wanted and _pending(session):
+        if held.on_conflict != wanted.on_conflict:
+            raise ValueError(
+                f"on_conflict={wanted.on_conflict!r}, but this transaction already queues with "
+                f"{held.on_conflict!r}: one transaction is queued by one statement, with one policy"
+            )
+        raise ValueError(f"one transaction is queued by one statement: {wanted} differs from {held}")
+    session.info[_STATEMENT_KEY] = wanted
     for event in events:
         event_id, asset_id = event.id, event.asset_id
         if not isinstance(event_id, int) or not isinstance(asset_id, int):
@@ -166,20 +175,6 @@ def defer_events(
         _DEFERRED.add(
             session, _Deferred(event_id, asset_id, None if only is None else frozenset(only), names, event)
         )
-
-
-def _hold(session: Session, wanted: _Statement) -> None:
-    """Make ``wanted`` the transaction's statement settings, unless events wait with others."""
-    held: _Statement | None = session.info.get(_STATEMENT_KEY)
-    if held is None or held == wanted or not _pending(session):
-        session.info[_STATEMENT_KEY] = wanted
-        return
-    if held.on_conflict != wanted.on_conflict:
-        raise ValueError(
-            f"on_conflict={wanted.on_conflict!r}, but this transaction already queues with "
-            f"{held.on_conflict!r}: one transaction is queued by one statement, with one policy"
-        )
-    raise ValueError(f"one transaction is queued by one statement: {wanted} differs from {held}")
 
 
 def pending_events(session: Session) -> list[int]:

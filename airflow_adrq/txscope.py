@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from sqlalchemy import event
@@ -64,10 +64,6 @@ class TransactionScoped(Generic[T]):
     before_commit: Callable[[Session, list[T]], None] | None = None
     after_commit: Callable[[Session, list[T]], None] | None = None
     on_rollback: Callable[[Session, SessionTransaction, list[T]], None] | None = None
-    _key: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        self._key = f"airflow_adrq.scoped.{self.name}"
 
     def add(self, session: Session, item: T) -> None:
         """Record ``item`` in the session's current (innermost) transaction."""
@@ -83,7 +79,9 @@ class TransactionScoped(Generic[T]):
         self._map(session).clear()
 
     def _map(self, session: Session) -> dict[SessionTransaction, list[T]]:
-        found: dict[SessionTransaction, list[T]] = session.info.setdefault(self._key, {})
+        found: dict[SessionTransaction, list[T]] = session.info.setdefault(
+            f"airflow_adrq.scoped.{self.name}", {}
+        )
         return found
 
 
