@@ -1,15 +1,12 @@
 """The alias rows of a transaction's events, written with the queue statement in one global order.
 
-An event emitted through aliases needs ``asset_alias`` and ``asset_alias_asset``
-rows (shared between producers, created if missing) and ``asset_alias_asset_event``
-rows (always new). Written call by call, as Airflow 3.3 does, two transactions
-creating the same aliases or links in opposite orders deadlock, and on InnoDB
-even a no-op ``ON DUPLICATE KEY UPDATE`` locks an *existing* row exclusively
-until COMMIT. So :func:`write_alias_rows` runs once per transaction, just
-before the queue statement: it reads first, so existing rows are never
-written, then inserts what is missing table by table, in key order, with the
-backend's insert-or-ignore, as multi-row ``VALUES`` of at most
-:data:`ROWS_PER_STATEMENT` rows (not one round trip per row).
+An event emitted through aliases needs ``asset_alias`` and ``asset_alias_asset`` rows (shared
+between producers, created if missing) and ``asset_alias_asset_event`` rows (always new). Written
+call by call, as Airflow 3.3 does, two transactions creating the same aliases or links in opposite
+orders deadlock, and on InnoDB even a no-op ``ON DUPLICATE KEY UPDATE`` locks an *existing* row
+exclusively until COMMIT. So :func:`write_alias_rows` runs once per transaction, just before the
+queue statement: it reads first, so existing rows are never written, then inserts what is missing
+table by table, in key order, with the backend's insert-or-ignore, as multi-row ``VALUES``.
 """
 
 from __future__ import annotations
@@ -43,14 +40,13 @@ _IDS_PER_LOOKUP = 10_000
 def write_alias_rows(conn: Connection, rows: Iterable[tuple[int, int, str]]) -> None:
     """Create missing aliases and asset-alias links, then the events' alias rows.
 
-    ``rows``: (event id, asset id, alias name) for each alias an event was
-    emitted through. Locks: inserts the missing ``asset_alias`` rows in name
-    order, then the missing ``asset_alias_asset`` rows in ``(alias_id,
-    asset_id)`` order, then the ``asset_alias_asset_event`` rows (new keys);
-    existing aliases and links are only read (and share-locked by the
-    foreign-key checks of the rows that reference them). Does not promise: no
-    wait for a concurrent transaction creating the same alias or link (never
-    a cycle among transactions that use this function).
+    ``rows``: (event id, asset id, alias name) for each alias an event was emitted through.
+    Locks: inserts the missing ``asset_alias`` rows in name order, then the missing
+    ``asset_alias_asset`` rows in ``(alias_id, asset_id)`` order, then the
+    ``asset_alias_asset_event`` rows (new keys); existing aliases and links are only read (and
+    share-locked by the foreign-key checks of the rows that reference them). Does not promise: no
+    wait for a concurrent transaction creating the same alias or link (never a cycle among
+    transactions that use this function).
     """
     rows = list(rows)
     if not rows:

@@ -46,8 +46,7 @@ class _Deferred:
     allowed: frozenset[str] | None
     # Aliases whose rows (alias, asset link, event link) are written at COMMIT.
     alias_names: tuple[str, ...]
-    # The caller's event: an ORM object gets its ``timestamp`` set to the stamp
-    # without a reload (expire_on_commit=False sessions keep it).
+    # The caller's event: an ORM one gets the stamp as ``timestamp``, kept by expire_on_commit=False sessions.
     obj: object
     # The transaction whose statement wrote it (flush_queue or the commit); None until then.
     written_in: SessionTransaction | None = None

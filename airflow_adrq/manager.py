@@ -240,10 +240,8 @@ def register_asset_changes(
 ) -> list[AssetEvent | None]:
     """Register several asset events at once (a task's outlets); one result per change.
 
-    Same effects as calling :func:`register_asset_change` for each change,
-    with one asset lookup, one alias read, and all the queueing in ONE
-    statement (now for ``queue_mode="immediate"``, at COMMIT otherwise).
-    Locks as :func:`register_asset_change`.
+    Same effects and locks as :func:`register_asset_change` for each change, with one asset lookup,
+    one alias read, and all the queueing in ONE statement (now for ``queue_mode="immediate"``).
     """
     changes = list(changes)
     if queue_mode not in ("commit", "immediate"):
@@ -276,17 +274,14 @@ def register_asset_changes(
         defer_events(session, events, on_conflict=on_conflict, alias_names=aliased)
 
     by_change = {id(change): event for change, event in pairs}
-    results: list[AssetEvent | None] = []
-    for change in changes:
-        event = by_change.get(id(change))
-        results.append(event)
-        if event is None:
-            continue
-        callback = functools.partial(notify, _event_info(change, event))
-        if callback_sink is not None:
-            callback_sink.append(callback)
-        else:
-            _AFTER_COMMIT.add(session, callback)
+    results = [by_change.get(id(change)) for change in changes]
+    for change, event in zip(changes, results, strict=True):
+        if event is not None:
+            callback = functools.partial(notify, _event_info(change, event))
+            if callback_sink is not None:
+                callback_sink.append(callback)
+            else:
+                _AFTER_COMMIT.add(session, callback)
     return results
 
 
@@ -362,10 +357,9 @@ def _insert_events(
 
 def _insert_returning_ids(session: Session, rows: list[dict[str, Any]]) -> list[int]:
     conn = session.connection()
-    dialect = conn.dialect
-    if len(rows) > 1 and dialect.insert_executemany_returning_sort_by_parameter_order:
+    if len(rows) > 1 and conn.dialect.insert_executemany_returning_sort_by_parameter_order:
         return list(conn.execute(_INSERT_EVENTS_RETURNING_IN_ORDER, rows).scalars())
-    if dialect.insert_returning:
+    if conn.dialect.insert_returning:
         return [conn.execute(_INSERT_EVENT_RETURNING, row).scalar_one() for row in rows]
     # MySQL 8 has no RETURNING: one INSERT per event, id from LAST_INSERT_ID().
     ids = []

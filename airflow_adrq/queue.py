@@ -60,12 +60,11 @@ def _write_once_without_waiting_while_holding(
 ) -> dt.datetime:
     r"""The one-statement write, ``NOWAIT``: while a consumer's ``dag`` row is busy, wait for it holding none.
 
-    Airflow's writers of ``dag`` lock rows in orders of their own (the DAG
-    processor's ``SELECT ... FOR NO KEY UPDATE`` and bulk ``UPDATE``\ s in plan
-    order, its ORM flushes in Python's), so no order of ours matches them
-    all. On 55P03 it rolls back to the SAVEPOINT (PostgreSQL then releases
-    the row locks taken after it), waits for each busy row alone, and tries
-    again; after :data:`WAITS_WITHOUT_HOLDING` rounds it waits in order.
+    Airflow's writers of ``dag`` lock rows in orders of their own (the DAG processor's ``SELECT ...
+    FOR NO KEY UPDATE`` and bulk ``UPDATE``\ s in plan order, its ORM flushes in Python's), so no
+    order of ours matches them all. On 55P03 it rolls back to the SAVEPOINT (PostgreSQL then
+    releases the row locks taken after it), waits for each busy row alone, and tries again; after
+    :data:`WAITS_WITHOUT_HOLDING` rounds it waits in order.
     """
     support = dialects.get(conn)
     stmt = statement.write_once(support.name, form)
@@ -197,22 +196,19 @@ def queue_events(
     ids it may queue (multi-team). ``shape``: :mod:`airflow_adrq.shapes`;
     ``schema``: ``[database] sql_alchemy_schema``.
 
-    Locks, until the transaction ends: the consumers' ``dag`` rows ``FOR SHARE``
-    (not with ``"refresh_after_commit"``); the queue rows it inserts and, with
-    ``"refresh"``, the existing ones, in ``(asset_id, target_dag_id)`` order
-    (3.4: ``(target_dag_id, asset_event_id)``; MySQL/MariaDB skip existing rows
-    that need no write by a lock-free ``NOT EXISTS`` probe); the given
-    ``asset_event`` rows. FK checks share-lock the ``asset`` and ``dag`` parents
-    (PostgreSQL ``FOR KEY SHARE``). Reads the reference tables, ``asset`` and
-    ``asset_alias_asset_event`` without locks (READ COMMITTED; MySQL/MariaDB
-    refuse other levels: :mod:`airflow_adrq.dialects.mysql`).
+    Locks, until the transaction ends: the consumers' ``dag`` rows ``FOR SHARE`` (not with
+    ``"refresh_after_commit"``); the queue rows it inserts and, with ``"refresh"``, the existing
+    ones, in ``(asset_id, target_dag_id)`` order (3.4: ``(target_dag_id, asset_event_id)``;
+    MySQL/MariaDB skip existing rows that need no write by a lock-free ``NOT EXISTS`` probe); the
+    given ``asset_event`` rows. FK checks share-lock the ``asset`` and ``dag`` parents (PostgreSQL
+    ``FOR KEY SHARE``). Reads the reference tables, ``asset`` and ``asset_alias_asset_event``
+    without locks (READ COMMITTED; MySQL/MariaDB refuse other levels: :mod:`airflow_adrq.dialects.mysql`).
 
-    Does not promise: no deadlock with earlier statements of the same
-    transaction that locked queue or ``dag`` rows (use :func:`defer_events`),
-    or, on MySQL 8, with a ``dag`` writer locking several of these rows against
-    primary-key order (retry the whole transaction:
-    :func:`airflow_adrq.retry.run_in_transaction`). A popular consumer is
-    skipped by the scheduler while any producer holds its lock.
+    Does not promise: no deadlock with earlier statements of the same transaction that locked
+    queue or ``dag`` rows (use :func:`defer_events`), or, on MySQL 8, with a ``dag`` writer locking
+    several of these rows against primary-key order (retry the whole transaction:
+    :func:`airflow_adrq.retry.run_in_transaction`). A popular consumer is skipped by the scheduler
+    while any producer holds its lock.
     """
     events = list(events)
     chunks = list(_chunks(events))

@@ -221,11 +221,10 @@ def _insert(
 
 @functools.cache
 def consumers_of_events() -> Select[Any]:
-    """``SELECT asset_id, dag_id`` of every DAG referencing some events' assets; bind ``event_ids``.
+    """``SELECT asset_id, dag_id`` of every DAG referencing the ``:event_ids`` events' assets; locks nothing.
 
-    The statement's four kinds of reference, before its ``dag`` filter: for
-    callers that treat some consumers in Python (Airflow's partitioned DAGs,
-    its multi-team filter) and add their own filters. Locks nothing.
+    The four kinds of reference without the ``dag`` filter: for callers that route some consumers
+    in Python (Airflow's partitioned DAGs, its multi-team filter) and add their own filters.
     """
     src = consumers(_events_cte("event_ids"), with_aliases=True)
     return select(src.c.asset_id, src.c.dag_id)
@@ -251,9 +250,8 @@ def referencing_dags(form: Form) -> Select[Any]:
 def share_lock(dialect_name: str, form: Form, wait: _Wait = "wait") -> Select[Any]:
     """``SELECT dag_id FROM dag WHERE <in consumers> ORDER BY <lock order> FOR SHARE``.
 
-    ``<in consumers>``: ``IN (:dag_ids)`` where the backend locks by id list
-    (``lock_by_id_list``), else ``= ANY(<array of the consumers>)``. ``wait``:
-    block, fail at once (``NOWAIT``) or leave the row out (``SKIP LOCKED``).
+    ``<in consumers>``: ``IN (:dag_ids)`` where the backend locks by id list, else ``= ANY(<array of
+    the consumers>)``. ``wait``: block, fail at once (``NOWAIT``) or leave the row out (``SKIP LOCKED``).
     """
     in_consumers: ColumnElement[bool]
     if dialects.get(dialect_name).lock_by_id_list:

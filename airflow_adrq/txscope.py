@@ -51,13 +51,11 @@ def descends_from(trans: SessionTransaction | None, ancestor: SessionTransaction
 class TransactionScoped(Generic[T]):
     """Items recorded on a session, each with the transaction it was recorded in.
 
-    Once the scope is used on a session, ``before_commit(session, items)`` runs
-    just before every outermost COMMIT, with or without items (inside the
-    transaction: it may execute SQL; an exception aborts the commit);
-    ``after_commit(session, items)`` runs after it succeeded, with items only;
-    ``on_rollback(session, rolled_back, items)`` after a rollback has dropped
-    the rolled-back transaction's items. All are forgotten when the outermost
-    transaction ends.
+    Once the scope is used on a session, ``before_commit(session, items)`` runs just before every
+    outermost COMMIT, with or without items (inside the transaction: it may execute SQL; an
+    exception aborts the commit); ``after_commit(session, items)`` after it succeeded, with items
+    only; ``on_rollback(session, rolled_back, items)`` after a rollback dropped the rolled-back
+    transaction's items. All are forgotten when the outermost transaction ends.
     """
 
     name: str

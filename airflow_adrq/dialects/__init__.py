@@ -72,10 +72,10 @@ class DialectSupport:
     clock: Callable[[], ColumnElement[dt.datetime]] | None = None
     #: Data-modifying CTEs: the stamp goes on the events and the rows in the statement reading it.
     stamp_in_one_statement: bool = False
-    #: Whether ``"auto"`` is ``"refresh"`` here: whether Airflow's scheduler locks the queue rows
-    #: it consumes (``FOR UPDATE SKIP LOCKED``), so a refreshing producer only waits for it. Where
-    #: it locks none (MariaDB) it deletes DAG by DAG in set order and a refresh in key order would
-    #: deadlock with it: ``"refresh_after_commit"`` (:mod:`airflow_adrq.refresh`).
+    #: Whether ``"auto"`` is ``"refresh"``: whether Airflow's scheduler locks the queue rows it
+    #: consumes (``FOR UPDATE SKIP LOCKED``), so a refreshing producer only waits for it. Else
+    #: (MariaDB) it deletes DAG by DAG in set order, which a refresh in key order would deadlock
+    #: with: ``"refresh_after_commit"`` (:mod:`airflow_adrq.refresh`).
     refresh_by_default: Callable[[Connection], bool] = field(default=lambda connection: True)
     #: The sort key of the consumers' ``dag`` share locks: the order Airflow's other ``dag``
     #: writers lock in, Python's ``sorted()`` (byte order, whatever the collation). ``None``:

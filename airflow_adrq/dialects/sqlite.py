@@ -1,11 +1,10 @@
 """SQLite: ``INSERT ... ON CONFLICT DO NOTHING`` (SQLite >= 3.24).
 
-SQLite has one writer at a time, so row order cannot deadlock; the risk is a
-DEFERRED transaction that reads first and then cannot upgrade to a write lock
-(``SQLITE_BUSY`` without the busy handler being called). Engines made by
-:func:`airflow_adrq.engine.create_engine` therefore start every transaction
-with ``BEGIN IMMEDIATE`` and wait on a busy timeout. The SELECT always has a
-WHERE clause, which SQLite's upsert parser needs after ``INSERT ... SELECT``.
+SQLite has one writer at a time, so row order cannot deadlock; the risk is a DEFERRED
+transaction that reads first and then cannot upgrade to a write lock (``SQLITE_BUSY`` without the
+busy handler being called). Engines made by :func:`airflow_adrq.engine.create_engine` therefore
+start every transaction with ``BEGIN IMMEDIATE`` and wait on a busy timeout. The SELECT always has
+a WHERE clause, which SQLite's upsert parser needs after ``INSERT ... SELECT``.
 """
 
 from __future__ import annotations
