@@ -327,13 +327,13 @@ def _insert_events(
     """
     if not registered:
         return []
-    now, ti = utcnow(), task_instance
+    now = utcnow()
     source = {
-        "source_task_id": None if ti is None else ti.task_id,
-        "source_dag_id": None if ti is None else ti.dag_id,
-        "source_run_id": None if ti is None else ti.run_id,
+        "source_task_id": None if task_instance is None else task_instance.task_id,
+        "source_dag_id": None if task_instance is None else task_instance.dag_id,
+        "source_run_id": None if task_instance is None else task_instance.run_id,
         # Without a task: the column's server default, as Airflow leaves it.
-        "source_map_index": -1 if ti is None else ti.map_index,
+        "source_map_index": -1 if task_instance is None else task_instance.map_index,
     }
     rows = [
         {

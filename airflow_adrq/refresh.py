@@ -246,7 +246,7 @@ def _refresh(
 def _move_forwards(
     conn: Connection, todo: Mapping[int, Sequence[str]], stamp: dt.datetime, options: Mapping[str, Any]
 ) -> dict[int, list[str]]:
-    """Per asset of ``todo``: lock the rows no one holds, move them forwards; return those still older."""
+    """Per asset of ``todo``: lock the rows no one holds, move them forwards; return the rest still older."""
     skipped: dict[int, list[str]] = {}
     for asset_id, dag_ids in todo.items():
         params = {"of_asset": asset_id, "dag_ids": list(dag_ids), "stamp": stamp}
