@@ -55,13 +55,15 @@ if TYPE_CHECKING:
     from airflow_adrq.deferral import defer_events, flush_queue
     from airflow_adrq.engine import create_engine
     from airflow_adrq.errorcodes import classify
-    from airflow_adrq.listeners import AssetEventInfo, add_listener, remove_listener
     from airflow_adrq.manager import (
         AssetChange,
+        AssetEventInfo,
+        add_listener,
         build_queue_statement,
         queue_dagruns,
         register_asset_change,
         register_asset_changes,
+        remove_listener,
     )
     from airflow_adrq.queue import queue_events
     from airflow_adrq.retry import run_in_transaction
@@ -72,9 +74,9 @@ if TYPE_CHECKING:
 _LAZY = {
     "create_engine": "airflow_adrq.engine",
     "classify": "airflow_adrq.errorcodes",
-    "AssetEventInfo": "airflow_adrq.listeners",
-    "add_listener": "airflow_adrq.listeners",
-    "remove_listener": "airflow_adrq.listeners",
+    "AssetEventInfo": "airflow_adrq.manager",
+    "add_listener": "airflow_adrq.manager",
+    "remove_listener": "airflow_adrq.manager",
     "AssetChange": "airflow_adrq.manager",
     "register_asset_change": "airflow_adrq.manager",
     "register_asset_changes": "airflow_adrq.manager",

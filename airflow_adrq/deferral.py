@@ -1,11 +1,10 @@
 """Commit-time queueing: events recorded on the session, queued by ONE statement just before COMMIT.
 
 :func:`defer_events` records the events in the session's current transaction
-(:class:`airflow_adrq.txscope.TransactionScoped`, which drops those of a
-rolled-back SAVEPOINT) and, at the first deferral, the one
-:class:`_Statement` (``on_conflict``, shape, schema) the transaction is
-queued with. Just before the outermost COMMIT, ``_before_commit`` flushes
-the session, writes the alias rows and calls
+(:class:`airflow_adrq.txscope.TransactionScoped` drops those of a rolled-back
+SAVEPOINT) and, at the first deferral, the :class:`_Statement` settings the
+transaction is queued with. Just before the outermost COMMIT, ``_before_commit``
+flushes the session, writes the alias rows and calls
 :func:`airflow_adrq.queue.queue_events` once with every event not written yet.
 """
 
@@ -21,11 +20,11 @@ from sqlalchemy.orm import Session, SessionTransaction
 from airflow_adrq import dialects, metrics
 from airflow_adrq.dialects import ConflictPolicy
 from airflow_adrq.errors import DeferredTooLateError
-from airflow_adrq.queue import EventLike, is_mapped, queue_events, set_loaded_timestamp
+from airflow_adrq.queue import EventLike, queue_events, set_loaded_timestamp
 from airflow_adrq.shapes import PARTITIONED, QueueShape
 from airflow_adrq.txscope import TransactionScoped, current_transaction, descends_from
 
-__all__ = ["check_one_policy", "defer_events", "flush_queue", "pending_events"]
+__all__ = ["defer_events", "flush_queue", "pending_events"]
 
 
 @dataclass(frozen=True)
@@ -47,9 +46,8 @@ class _Deferred:
     allowed: frozenset[str] | None
     # Aliases whose rows (alias, asset link, event link) are written at COMMIT.
     alias_names: tuple[str, ...]
-    # The caller's ORM object, if any: its ``timestamp`` is set to the stamp
-    # without a reload (expire_on_commit=False sessions keep it).
-    obj: object | None
+    # The caller's event: an ORM one gets the stamp as ``timestamp``, kept by expire_on_commit=False sessions.
+    obj: object
     # The transaction whose statement wrote it (flush_queue or the commit); None until then.
     written_in: SessionTransaction | None = None
 
@@ -68,12 +66,10 @@ def _write(session: Session) -> list[_Deferred]:
     if any(entry.alias_names for entry in entries):
         # Only the standalone manager defers alias names (the plug-in writes
         # Airflow's alias rows itself): the plug-in never loads this module.
-        from airflow_adrq.aliases import AliasedEvent, write_alias_rows
+        from airflow_adrq.aliases import write_alias_rows
 
         # Before the statement, which reads asset_alias_asset_event.
-        write_alias_rows(
-            conn, [AliasedEvent(e.id, e.asset_id, e.alias_names) for e in entries if e.alias_names]
-        )
+        write_alias_rows(conn, [(e.id, e.asset_id, name) for e in entries for name in e.alias_names])
     start = time.perf_counter()
     stamp = queue_events(
         session,
@@ -88,7 +84,7 @@ def _write(session: Session) -> list[_Deferred]:
     current = current_transaction(session)
     for entry in entries:
         entry.written_in = current
-        if entry.obj is not None and stamp is not None:
+        if stamp is not None:
             set_loaded_timestamp(entry.obj, stamp)
     return entries
 
@@ -134,14 +130,12 @@ def defer_events(
     lock order for all of them, held only for the commit; the stamp is read
     last, then COMMIT. One statement has one ``on_conflict``, shape and
     schema: those of the first deferral still pending; another raises
-    :class:`ValueError` (:func:`check_one_policy`).
-    With ``"refresh_after_commit"``, existing rows are moved forwards without
-    waiting for them, the held ones after the COMMIT (:mod:`airflow_adrq.refresh`).
+    :class:`ValueError` (deferring no events checks that, before any write).
     ``events``: flushed ``asset_event`` objects, or anything with integer
-    ``id`` and ``asset_id``. ``allowed_dags``, ``shape`` and ``schema`` as in
-    :func:`queue_events`. ``alias_names`` (event id -> the aliases it was
-    emitted through): their alias rows are written at COMMIT too, just before
-    the statement (:func:`airflow_adrq.aliases.write_alias_rows`).
+    ``id`` and ``asset_id``. ``on_conflict``, ``allowed_dags``, ``shape`` and
+    ``schema`` as in :func:`queue_events`. ``alias_names`` (event id -> the
+    aliases it was emitted through): their alias rows are written at COMMIT
+    too, just before the statement (:func:`airflow_adrq.aliases.write_alias_rows`).
 
     Nothing is visible before the commit (or :func:`flush_queue`); a rollback
     queues nothing; events of a rolled-back SAVEPOINT are dropped, those of a
@@ -161,44 +155,25 @@ def defer_events(
             "(from a before_commit listener registered after airflow-adrq's?). Register it "
             'before committing, or queue it now from that listener (queue_mode="immediate").'
         )
-    _hold(session, _Statement(dialects.check_policy(on_conflict), shape, schema))
+    wanted = _Statement(dialects.check_policy(on_conflict), shape, schema)
+    held: _Statement | None = session.info.get(_STATEMENT_KEY)
+    if held is not None and held != wanted and _pending(session):
+        if held.on_conflict != wanted.on_conflict:
+            raise ValueError(
+                f"on_conflict={wanted.on_conflict!r}, but this transaction already queues with "
+                f"{held.on_conflict!r}: one transaction is queued by one statement, with one policy"
+            )
+        raise ValueError(f"one transaction is queued by one statement: {wanted} differs from {held}")
+    session.info[_STATEMENT_KEY] = wanted
     for event in events:
         event_id, asset_id = event.id, event.asset_id
         if not isinstance(event_id, int) or not isinstance(asset_id, int):
             raise TypeError(f"events need integer id and asset_id (flush them first), got {event!r}")
         only = allowed_dags.get(event_id) if allowed_dags is not None else None
         names = tuple(alias_names.get(event_id, ())) if alias_names is not None else ()
-        obj = event if is_mapped(event) else None
         _DEFERRED.add(
-            session, _Deferred(event_id, asset_id, None if only is None else frozenset(only), names, obj)
+            session, _Deferred(event_id, asset_id, None if only is None else frozenset(only), names, event)
         )
-
-
-def _hold(session: Session, wanted: _Statement) -> None:
-    """Make ``wanted`` the transaction's statement settings, unless events wait with others."""
-    held: _Statement | None = session.info.get(_STATEMENT_KEY)
-    if held is None or held == wanted or not _pending(session):
-        session.info[_STATEMENT_KEY] = wanted
-        return
-    if held.on_conflict != wanted.on_conflict:
-        raise ValueError(
-            f"on_conflict={wanted.on_conflict!r}, but this transaction already queues with "
-            f"{held.on_conflict!r}: one transaction is queued by one statement, with one policy"
-        )
-    raise ValueError(f"one transaction is queued by one statement: {wanted} differs from {held}")
-
-
-def check_one_policy(session: Session, on_conflict: object) -> ConflictPolicy:
-    """``on_conflict``, if it is a policy and the one events of this transaction wait with, if any.
-
-    Else :class:`ValueError`: one transaction is queued by one statement, with one policy.
-    Emits no SQL, locks nothing.
-    """
-    policy = dialects.check_policy(on_conflict)
-    held: _Statement | None = session.info.get(_STATEMENT_KEY)
-    if held is not None and held.on_conflict != policy and _pending(session):
-        _hold(session, _Statement(policy, held.shape, held.schema))  # raises, naming both
-    return policy
 
 
 def pending_events(session: Session) -> list[int]:

@@ -13,7 +13,8 @@ Out of scope standalone (the plug-in, :mod:`airflow_adrq.airflow`, keeps
 Airflow's own code for these): multi-team filtering (``source_is_api`` and
 the ``api_*`` arguments are ignored), partitioned DAGs (an event with a
 ``partition_key`` queues nothing here, as in Airflow), the ``asset.updates``
-metric, and Airflow's listener manager (:mod:`airflow_adrq.listeners`).
+metric, and Airflow's listener manager (:func:`add_listener` stands in for its
+``on_asset_changed`` / ``on_asset_event_emitted`` hooks).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import datetime as dt
 import functools
 import json
 import logging
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, cast
 
@@ -31,26 +32,29 @@ from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.sql.dml import Insert
 
-from airflow_adrq import dialects, listeners, stamping, statement
-from airflow_adrq.aliases import AliasedEvent, write_alias_rows
-from airflow_adrq.deferral import check_one_policy, defer_events
+from airflow_adrq import dialects, queue, statement
+from airflow_adrq.aliases import write_alias_rows
+from airflow_adrq.deferral import defer_events
 from airflow_adrq.dialects import ConflictMode, ConflictPolicy, check_policy
-from airflow_adrq.listeners import AssetEventInfo
 from airflow_adrq.models import AssetActive, AssetEvent, AssetModel, utcnow
-from airflow_adrq.queue import queue_events
 from airflow_adrq.retry import Callback, run_callbacks
 from airflow_adrq.shapes import PARTITIONED, QueueShape
 from airflow_adrq.txscope import TransactionScoped
 
 __all__ = [
     "AssetChange",
+    "AssetEventInfo",
     "AssetLike",
+    "Listener",
     "QueueMode",
     "TaskInstanceLike",
+    "add_listener",
     "build_queue_statement",
+    "notify",
     "queue_dagruns",
     "register_asset_change",
     "register_asset_changes",
+    "remove_listener",
 ]
 
 log = logging.getLogger(__name__)
@@ -120,6 +124,50 @@ class AssetChange:
         object.__setattr__(self, "_alias_names", tuple(dict.fromkeys(names)))
 
 
+@dataclass(frozen=True)
+class AssetEventInfo:
+    """What a listener learns about one committed asset event."""
+
+    event_id: int
+    asset_id: int
+    asset_name: str
+    asset_uri: str
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    source_dag_id: str | None = None
+    source_task_id: str | None = None
+    source_run_id: str | None = None
+    source_map_index: int | None = None
+    source_alias_names: tuple[str, ...] = ()
+    partition_key: str | None = None
+    partition_date: dt.datetime | None = None
+
+
+Listener = Callable[[AssetEventInfo], object]
+
+_listeners: list[Listener] = []
+
+
+def add_listener(listener: Listener) -> None:
+    """Call ``listener(info)`` for every asset event, after its transaction commits."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def remove_listener(listener: Listener) -> None:
+    """Stop calling ``listener``; unknown listeners are ignored."""
+    if listener in _listeners:
+        _listeners.remove(listener)
+
+
+def notify(info: AssetEventInfo) -> None:
+    """Call every listener with ``info``; a failing listener is logged, not raised (as Airflow does)."""
+    for listener in list(_listeners):
+        try:
+            listener(info)
+        except Exception:
+            log.exception("error calling asset event listener %r", listener)
+
+
 # Listener callbacks of sessions without a callback_sink: run after COMMIT.
 _AFTER_COMMIT: TransactionScoped[Callback] = TransactionScoped(
     "after_commit", after_commit=lambda _session, callbacks: run_callbacks(callbacks)
@@ -156,28 +204,20 @@ def register_asset_change(
 
     Locks: now, only the new ``asset_event`` rows (new keys, no waits). At
     COMMIT (``queue_mode="commit"``, with every other event of the
-    transaction) or now (``"immediate"``), in this order: the alias rows
-    (:func:`airflow_adrq.aliases.write_alias_rows`); where the scheduler
-    locks rows, every consumer's ``dag`` row ``FOR SHARE`` in byte order;
-    the queue rows in ``(asset_id, target_dag_id)`` order and the
-    transaction's own event rows, both stamped
-    (:func:`airflow_adrq.queue.queue_events`, which also says what
-    ``on_conflict`` does and how the share locks wait). So the returned event's ``timestamp`` is the time
-    of that write, not of this call; why: GUARANTEES.md's "Timing: which events a
-    run consumes".
+    transaction) or now (``"immediate"``): the alias rows
+    (:func:`airflow_adrq.aliases.write_alias_rows`), then as
+    :func:`airflow_adrq.queue.queue_events` (which also says what
+    ``on_conflict`` does): the consumers' ``dag`` rows, the queue rows in
+    ``(asset_id, target_dag_id)`` order and the events, stamped. So the
+    returned event's ``timestamp`` is the time of that write, not of this
+    call (GUARANTEES.md, "Timing: which events a run consumes").
 
     Does not commit, and does not retry: run the whole transaction under
     :func:`airflow_adrq.retry.run_in_transaction` (or your own
     retry-from-BEGIN) to survive deadlocks with other writers.
     """
     del source_is_api, api_user_teams, api_allow_consumer_teams, api_allow_global_consumers, kwargs
-    change = AssetChange(
-        asset=asset,
-        extra=extra,
-        source_alias_names=source_alias_names,
-        partition_key=partition_key,
-        partition_date=partition_date,
-    )
+    change = AssetChange(asset, extra, source_alias_names, partition_key, partition_date)
     (event,) = register_asset_changes(
         session=session,
         changes=[change],
@@ -200,16 +240,14 @@ def register_asset_changes(
 ) -> list[AssetEvent | None]:
     """Register several asset events at once (a task's outlets); one result per change.
 
-    Same effects as calling :func:`register_asset_change` for each change,
-    with one asset lookup, one alias read, and all the queueing in ONE
-    statement (now for ``queue_mode="immediate"``, at COMMIT otherwise).
-    Locks as :func:`register_asset_change`.
+    Same effects and locks as :func:`register_asset_change` for each change, with one asset lookup,
+    one alias read, and all the queueing in ONE statement (now for ``queue_mode="immediate"``).
     """
     changes = list(changes)
     if queue_mode not in ("commit", "immediate"):
         raise ValueError(f"queue_mode must be 'commit' or 'immediate', not {queue_mode!r}")
     if queue_mode == "commit":
-        check_one_policy(session, on_conflict)  # before any write: the call fails whole
+        defer_events(session, (), on_conflict=on_conflict)  # checks before any write: the call fails whole
     else:
         check_policy(on_conflict)
     if not changes:
@@ -226,33 +264,24 @@ def register_asset_changes(
             log.warning("Emitting event for inactive AssetModel %s", change.asset)
         registered.append((change, asset_id))
     events = _insert_events(session, registered, task_instance)
-
-    aliased = {
-        event.id: change._alias_names
-        for (change, _), event in zip(registered, events, strict=True)
-        if change._alias_names
-    }
+    pairs = list(zip((change for change, _ in registered), events, strict=True))
     if queue_mode == "immediate":
-        write_alias_rows(
-            session.connection(),
-            [AliasedEvent(e.id, e.asset_id, aliased[e.id]) for e in events if e.id in aliased],
-        )
-        queue_events(session, events, on_conflict=on_conflict)
+        rows = [(event.id, event.asset_id, name) for change, event in pairs for name in change._alias_names]
+        write_alias_rows(session.connection(), rows)
+        queue.queue_events(session, events, on_conflict=on_conflict)
     else:
+        aliased = {event.id: change._alias_names for change, event in pairs if change._alias_names}
         defer_events(session, events, on_conflict=on_conflict, alias_names=aliased)
 
-    by_change = {id(change): event for (change, _), event in zip(registered, events, strict=True)}
-    results: list[AssetEvent | None] = []
-    for change in changes:
-        event = by_change.get(id(change))
-        results.append(event)
-        if event is None:
-            continue
-        callback = functools.partial(listeners.notify, _event_info(change, event))
-        if callback_sink is not None:
-            callback_sink.append(callback)
-        else:
-            _AFTER_COMMIT.add(session, callback)
+    by_change = {id(change): event for change, event in pairs}
+    results = [by_change.get(id(change)) for change in changes]
+    for change, event in zip(changes, results, strict=True):
+        if event is not None:
+            callback = functools.partial(notify, _event_info(change, event))
+            if callback_sink is not None:
+                callback_sink.append(callback)
+            else:
+                _AFTER_COMMIT.add(session, callback)
     return results
 
 
@@ -294,21 +323,18 @@ def _insert_events(
 ) -> list[AssetEvent]:
     """INSERT the events (Core, RETURNING ids where the dialect can) and return them as ORM objects.
 
-    The objects are attached to ``session`` as persistent rows without
-    another round trip, as the ORM would leave them after a flush.
+    Attached to ``session`` as persistent rows, as a flush leaves them, without another round trip.
     """
     if not registered:
         return []
     now = utcnow()
-    source: dict[str, Any] = {"source_task_id": None, "source_dag_id": None, "source_run_id": None}
-    source["source_map_index"] = -1  # the column's server default, as Airflow leaves it
-    if task_instance is not None:
-        source = {
-            "source_task_id": task_instance.task_id,
-            "source_dag_id": task_instance.dag_id,
-            "source_run_id": task_instance.run_id,
-            "source_map_index": task_instance.map_index,
-        }
+    source = {
+        "source_task_id": None if task_instance is None else task_instance.task_id,
+        "source_dag_id": None if task_instance is None else task_instance.dag_id,
+        "source_run_id": None if task_instance is None else task_instance.run_id,
+        # Without a task: the column's server default, as Airflow leaves it.
+        "source_map_index": -1 if task_instance is None else task_instance.map_index,
+    }
     rows = [
         {
             "asset_id": asset_id,
@@ -331,10 +357,9 @@ def _insert_events(
 
 def _insert_returning_ids(session: Session, rows: list[dict[str, Any]]) -> list[int]:
     conn = session.connection()
-    dialect = conn.dialect
-    if len(rows) > 1 and dialect.insert_executemany_returning_sort_by_parameter_order:
+    if len(rows) > 1 and conn.dialect.insert_executemany_returning_sort_by_parameter_order:
         return list(conn.execute(_INSERT_EVENTS_RETURNING_IN_ORDER, rows).scalars())
-    if dialect.insert_returning:
+    if conn.dialect.insert_returning:
         return [conn.execute(_INSERT_EVENT_RETURNING, row).scalar_one() for row in rows]
     # MySQL 8 has no RETURNING: one INSERT per event, id from LAST_INSERT_ID().
     ids = []
@@ -383,17 +408,14 @@ def queue_dagruns(
     if not ids:
         return
     conn = bind.connection() if isinstance(bind, Session) else bind
-    support = dialects.get(conn)
-    support.check_connection(conn)
+    dialects.get(conn).check_connection(conn)
     refresh = dialects.resolve(on_conflict, conn) == "refresh"  # else the statement leaves the row
     stmt = build_queue_statement(
         conn.dialect, source="assets", on_conflict="refresh" if refresh else "ignore"
     )
-    for start in range(0, len(ids), stamping.IDS_PER_STATEMENT):
-        conn.execute(
-            stmt,
-            {"ids": ids[start : start + stamping.IDS_PER_STATEMENT], "created_at": created_at or utcnow()},
-        )
+    for start in range(0, len(ids), queue.IDS_PER_STATEMENT):
+        chunk = ids[start : start + queue.IDS_PER_STATEMENT]
+        conn.execute(stmt, {"ids": chunk, "created_at": created_at or utcnow()})
 
 
 def build_queue_statement(
@@ -403,12 +425,11 @@ def build_queue_statement(
     on_conflict: ConflictMode = "refresh",
     shape: QueueShape = PARTITIONED,
 ) -> Insert:
-    """The one ``INSERT ... SELECT ... ORDER BY`` that queues consumers, for ``dialect``.
+    """The one ``INSERT ... SELECT ... ORDER BY`` that queues consumers, for ``dialect``; built once.
 
-    Built once per variant, so SQLAlchemy compiles it once. Execute with
-    ``{"ids": [...], "created_at": aware datetime}``: ``asset_event`` ids for
-    ``source="events"``, ``asset`` ids for ``source="assets"`` (no aliases:
-    an alias counts only for the events emitted through it).
+    Execute with ``{"ids": [...], "created_at": aware datetime}``: ``asset_event``
+    ids for ``source="events"``, ``asset`` ids for ``source="assets"`` (no
+    aliases: an alias counts only for the events emitted through it).
     ``on_conflict="refresh"`` moves an existing row's ``created_at`` forwards,
     ``"ignore"`` leaves it (Airflow's ``DO NOTHING``). ``shape``: the schema
     written (:mod:`airflow_adrq.shapes`; default Airflow 3.3's, the models').

@@ -1,35 +1,17 @@
 """Queue downstream DAG runs with ONE ordered, set-based statement per transaction: execute and stamp.
 
-The statement itself is built in :mod:`airflow_adrq.statement` (its SQL is
-there); the commit-time deferral that calls :func:`queue_events` once per
-transaction is :mod:`airflow_adrq.deferral`.
+The SQL is built in :mod:`airflow_adrq.statement`; :mod:`airflow_adrq.deferral`
+calls :func:`queue_events` once per transaction, just before COMMIT.
 
 Each queue row is written once, with the stamp. A scheduler skips a DAG
 whose ``dag`` row a producer holds ``FOR SHARE`` (its ``FOR NO KEY UPDATE
 SKIP LOCKED``), so no run is made over a window holding an event that is
 stamped and not yet visible; a producer that meets a scheduler holding the
 row waits for its COMMIT and is stamped after it. The share locks never wait
-while held (``NOWAIT`` under a SAVEPOINT, then a wait for the busy row alone:
-:func:`_write_once_without_waiting_while_holding`), since Airflow's other
-writers of ``dag`` lock rows in orders of their own.
-
-Where the scheduler takes no row locks (MariaDB; ``[scheduler]
-use_row_level_locking = False``) a ``dag`` lock orders nothing: the rows are
-inserted with ``created_at =`` :data:`~airflow_adrq.refresh.PENDING`, then one clock reading goes
-on the events and those rows (:func:`airflow_adrq.refresh.write_then_stamp`), and existing rows
-are moved forwards after COMMIT (:mod:`airflow_adrq.refresh`).
-
-The route from the entry point to the SQL: ``register_asset_change``
-(:mod:`airflow_adrq.manager` or the plug-in) flushes the event and calls
-:func:`airflow_adrq.deferral.defer_events`; ``Session.commit()`` runs
-:mod:`airflow_adrq.deferral`'s ``before_commit`` hook, which calls
-:func:`queue_events` once; that runs :func:`_lock_stamp_write` (or
-:func:`airflow_adrq.refresh.write_then_stamp`) with the statements of
-:mod:`airflow_adrq.statement`, whose conflict clause comes from the backend's
-module in :mod:`airflow_adrq.dialects`. :mod:`airflow_adrq.refresh` is loaded
-the first time a transaction resolves to ``"refresh_after_commit"``: by
-default on MariaDB, and on any backend with ``[scheduler]
-use_row_level_locking = False``.
+while held (``NOWAIT`` under a SAVEPOINT, then a wait for the busy row alone),
+since Airflow's other writers of ``dag`` lock rows in orders of their own.
+Where the scheduler takes no row locks a ``dag`` lock orders nothing: there
+:mod:`airflow_adrq.refresh` (loaded only then) writes the rows and the stamp.
 """
 
 from __future__ import annotations
@@ -38,23 +20,18 @@ import datetime as dt
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol, cast
 
+from sqlalchemy import select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, attributes
 
-from airflow_adrq import dialects, stamping
-from airflow_adrq.dialects import ConflictMode, ConflictPolicy, ResolvedPolicy
+from airflow_adrq import dialects, statement
+from airflow_adrq.dialects import ConflictPolicy
 from airflow_adrq.shapes import PARTITIONED, QueueShape
-from airflow_adrq.statement import (
-    ONE_DAG_SHARE_LOCK,
-    Form,
-    insert_statement,
-    referencing_dags,
-    share_lock,
-    write_once,
-)
+from airflow_adrq.statement import Form
+from airflow_adrq.tables import utcnow
 
-__all__ = ["EventLike", "in_schema", "queue_events"]
+__all__ = ["IDS_PER_STATEMENT", "EventLike", "clock_on_events", "in_schema", "queue_events"]
 
 
 class EventLike(Protocol):
@@ -67,6 +44,10 @@ class EventLike(Protocol):
     def asset_id(self) -> int: ...
 
 
+#: Ids bound to one statement, below SQLite's 32,766 and psycopg 3's 65,535
+#: bound-parameter limits. Larger sets: several statements.
+IDS_PER_STATEMENT = 30_000
+
 #: Times :func:`_write_once_without_waiting_while_holding` waits for a busy ``dag`` row
 #: (holding none) before it takes the rest in order, waiting while it holds.
 WAITS_WITHOUT_HOLDING = 20
@@ -77,31 +58,28 @@ _SAVEPOINT = "adrq_share_lock"
 def _write_once_without_waiting_while_holding(
     conn: Connection, form: Form, params: dict[str, Any], options: Mapping[str, Any]
 ) -> dt.datetime:
-    r""":func:`write_once` with ``NOWAIT``; while a consumer's ``dag`` row is busy, wait for it holding none.
+    r"""The one-statement write, ``NOWAIT``: while a consumer's ``dag`` row is busy, wait for it holding none.
 
-    Airflow's writers of ``dag`` lock rows in orders of their own (the DAG
-    processor's ``SELECT ... FOR NO KEY UPDATE`` and bulk ``UPDATE``\ s in plan
-    order, its ORM flushes in Python's), so no order of ours matches them
-    all. On 55P03 it rolls back to the SAVEPOINT (PostgreSQL then releases
-    the row locks taken after it), waits for each busy row alone, and tries
-    again; after :data:`WAITS_WITHOUT_HOLDING` rounds it waits in order.
+    Airflow's writers of ``dag`` lock rows in orders of their own (the DAG processor's ``SELECT ...
+    FOR NO KEY UPDATE`` and bulk ``UPDATE``\ s in plan order, its ORM flushes in Python's), so no
+    order of ours matches them all. On 55P03 it rolls back to the SAVEPOINT (PostgreSQL then
+    releases the row locks taken after it), waits for each busy row alone, and tries again; after
+    :data:`WAITS_WITHOUT_HOLDING` rounds it waits in order.
     """
     support = dialects.get(conn)
+    stmt = statement.write_once(support.name, form)
     conn.exec_driver_sql(f"SAVEPOINT {_SAVEPOINT}")
     for _ in range(WAITS_WITHOUT_HOLDING):
         try:
-            result = conn.execute(write_once(support.name, form), params, execution_options=options)
+            # RETURNING: a row per event, one value.
+            return cast(dt.datetime, conn.execute(stmt, params, execution_options=options).scalar())
         except DBAPIError as exc:
             if not support.lock_not_available(exc):
                 raise
             conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
             _wait_for_busy_rows(conn, form, params, options)
-            continue
-        return cast(dt.datetime, result.scalar())  # RETURNING: a row per event, one value
-    conn.execute(share_lock(support.name, form), params, execution_options=options)
-    return cast(
-        dt.datetime, conn.execute(write_once(support.name, form), params, execution_options=options).scalar()
-    )
+    conn.execute(statement.share_lock(support.name, form), params, execution_options=options)
+    return cast(dt.datetime, conn.execute(stmt, params, execution_options=options).scalar())
 
 
 def _wait_for_busy_rows(
@@ -111,13 +89,12 @@ def _wait_for_busy_rows(
 
     The last one stays locked: a scheduler's next pass would take it again before the retry.
     """
-    support = dialects.get(conn)
-    wanted = set(conn.execute(referencing_dags(form), params, execution_options=options).scalars())
-    free = conn.execute(share_lock(support.name, form, "skip_locked"), params, execution_options=options)
-    busy = sorted(wanted - set(free.scalars()))
+    wanted = set(conn.execute(statement.referencing_dags(form), params, execution_options=options).scalars())
+    lock_free = statement.share_lock(dialects.get(conn).name, form, "skip_locked")
+    busy = sorted(wanted - set(conn.execute(lock_free, params, execution_options=options).scalars()))
     conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
     for n, dag_id in enumerate(busy, 1):
-        conn.execute(ONE_DAG_SHARE_LOCK, {"dag_id": dag_id}, execution_options=options)
+        conn.execute(statement.ONE_DAG_SHARE_LOCK, {"dag_id": dag_id}, execution_options=options)
         if n < len(busy):
             conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
 
@@ -131,25 +108,35 @@ def _lock_stamp_write(
     # One statement binds the ids twice (and the multi-team pairs): within the limits?
     (one, *more) = chunk_params
     bound = 2 * len(one["ids"]) + len(one.get("restricted_ids", ())) + 2 * len(one.get("allowed", ()))
-    if lock and support.clock_after_locks is not None and not more and bound <= stamping.IDS_PER_STATEMENT:
+    if lock and support.clock_after_locks is not None and not more and bound <= IDS_PER_STATEMENT:
         return _write_once_without_waiting_while_holding(conn, form, one, options)
     if lock:
         for params in chunk_params:
             if support.lock_by_id_list:
-                found = conn.execute(referencing_dags(form), params, execution_options=options)
+                found = conn.execute(statement.referencing_dags(form), params, execution_options=options)
                 params = {"dag_ids": sorted(set(found.scalars()))}
                 if not params["dag_ids"]:
                     continue
-            conn.execute(share_lock(support.name, form), params, execution_options=options)
-    stamp = stamping.clock_on_events(conn, [event_id for p in chunk_params for event_id in p["ids"]], options)
-    stmt = insert_statement(support.name, form)
+            conn.execute(statement.share_lock(support.name, form), params, execution_options=options)
+    stamp = clock_on_events(conn, [event_id for p in chunk_params for event_id in p["ids"]], options)
+    stmt = statement.insert_statement(support.name, form)
     for params in chunk_params:
         conn.execute(stmt, {**params, "created_at": stamp}, execution_options=options)
     return stamp
 
 
-def _connection(bind: Session | Connection) -> Connection:
-    return bind.connection() if isinstance(bind, Session) else bind
+def clock_on_events(conn: Connection, ids: list[int], options: Mapping[str, Any]) -> dt.datetime:
+    """One reading of the database's clock (SQLite: Python's), put on the events ``ids``; returns it.
+
+    Where the stamp is a statement of its own (not PostgreSQL's one-statement write).
+    Locks the given ``asset_event`` rows (the caller's own, uncommitted).
+    """
+    clock = dialects.get(conn).clock
+    stamp = conn.execute(select(clock())).scalar_one() if clock is not None else utcnow()
+    for start in range(0, len(ids), IDS_PER_STATEMENT):
+        chunk = ids[start : start + IDS_PER_STATEMENT]
+        conn.execute(statement.STAMP_EVENTS, {"ids": chunk, "stamp": stamp}, execution_options=options)
+    return stamp
 
 
 def _chunks(events: Iterable[EventLike]) -> Iterator[list[int]]:
@@ -158,16 +145,12 @@ def _chunks(events: Iterable[EventLike]) -> Iterator[list[int]]:
     # reads depends on which events are in it.)
     chunk: list[int] = []
     last_asset: int | None = None
-    seen: set[int] = set()
-    for event in sorted(events, key=lambda e: (e.asset_id, e.id)):
-        if event.id in seen:
-            continue
-        seen.add(event.id)
-        if len(chunk) >= stamping.IDS_PER_STATEMENT and event.asset_id != last_asset:
+    for asset_id, event_id in sorted({(event.asset_id, event.id) for event in events}):
+        if len(chunk) >= IDS_PER_STATEMENT and asset_id != last_asset:
             yield chunk
             chunk = []
-        chunk.append(event.id)
-        last_asset = event.asset_id
+        chunk.append(event_id)
+        last_asset = asset_id
     if chunk:
         yield chunk
 
@@ -181,10 +164,11 @@ def queue_events(
     shape: QueueShape = PARTITIONED,
     schema: str | None = None,
 ) -> dt.datetime | None:
-    """Queue the consumers of ``events`` now and stamp them; return the stamp.
+    """Queue the consumers of ``events`` now and stamp them; return the stamp (no events: ``None``).
 
-    In the caller's transaction, without committing. With ``"refresh"`` or
-    ``"ignore"`` (``"auto"`` where the scheduler locks rows), three steps:
+    In the caller's transaction, without committing. Pass only the caller's own
+    uncommitted events, and COMMIT next, as the commit-time write does. With
+    ``"refresh"`` or ``"ignore"`` (``"auto"`` where the scheduler locks rows):
 
     1. **Share-lock** every consumer's ``dag`` row (paused or not, every kind
        of reference; 3.4's per-event queue needs none), in byte order. This
@@ -192,56 +176,49 @@ def queue_events(
        DAG processor saving them, a pause. PostgreSQL never waits while it
        holds one (``NOWAIT`` under a SAVEPOINT, then a wait for the busy row
        alone); MySQL 8 waits in primary-key order.
-    2. **Stamp.** Then the database's clock (``clock_timestamp()`` once the
-       locks are held, ``UTC_TIMESTAMP(6)``; SQLite: Python's, one host).
-    3. **Write** the events' ``timestamp`` and the queue rows with it, each
-       row once, by ONE ordered ``INSERT ... SELECT`` (past
-       :data:`~airflow_adrq.stamping.IDS_PER_STATEMENT` events, several); it may wait for producers
-       inserting the same rows. PostgreSQL: steps 1-3 are one statement.
+    2. **Stamp**: the database's clock (``clock_timestamp()`` once the locks
+       are held, ``UTC_TIMESTAMP(6)``; SQLite: Python's, one host).
+    3. **Write** the events' ``timestamp`` and the queue rows with it, each row
+       once, by ONE ordered ``INSERT ... SELECT`` (past :data:`IDS_PER_STATEMENT`
+       events, several); it may wait for producers inserting the same rows.
+       PostgreSQL: steps 1-3 are one statement.
 
-    With ``"refresh_after_commit"`` (``"auto"`` where the scheduler takes no
-    row locks) there is no ``dag`` lock to order by: the rows are written at
-    :data:`~airflow_adrq.refresh.PENDING` first, then stamped once all are
-    locked, so producers sharing a row are stamped in commit order
-    (GUARANTEES.md, "Timing"). Pass only the caller's own uncommitted events,
-    and COMMIT next, as the commit-time write does. No events: returns ``None``.
+    With ``"refresh_after_commit"`` (``"auto"`` where the scheduler takes no row
+    locks) there is no ``dag`` lock to order by: the rows are written at
+    :data:`~airflow_adrq.refresh.PENDING`, then stamped once all are locked, so
+    producers sharing a row are stamped in commit order (GUARANTEES.md, "Timing").
 
     ``on_conflict``: ``"refresh"`` gives an existing row the stamp, ``"ignore"``
     leaves it, ``"refresh_after_commit"`` moves it forwards without waiting for
     it: now if no one holds it, else after the Session's COMMIT
-    (:mod:`airflow_adrq.refresh`; a bare Connection: ``"ignore"``),
-    ``"auto"``: :func:`airflow_adrq.dialects.resolve`. ``allowed``: event id ->
-    the only DAG ids it may queue (multi-team). ``shape``:
-    :mod:`airflow_adrq.shapes`; ``schema``: ``[database] sql_alchemy_schema``.
+    (:mod:`airflow_adrq.refresh`; a bare Connection: ``"ignore"``), ``"auto"``:
+    :func:`airflow_adrq.dialects.resolve`. ``allowed``: event id -> the only DAG
+    ids it may queue (multi-team). ``shape``: :mod:`airflow_adrq.shapes`;
+    ``schema``: ``[database] sql_alchemy_schema``.
 
-    Locks, until the transaction ends: the consumers' ``dag`` rows ``FOR
-    SHARE`` (not with ``"refresh_after_commit"``); the queue rows it inserts
-    and, with ``"refresh"``, the existing ones, in ``(asset_id,
-    target_dag_id)`` order (3.4: ``(target_dag_id, asset_event_id)``); on
-    MySQL/MariaDB existing rows that need no write are skipped by a
-    lock-free ``NOT EXISTS`` probe; the given ``asset_event`` rows (the
-    caller's own). FK checks share-lock the ``asset`` and ``dag`` parents
-    (PostgreSQL ``FOR KEY SHARE``). Reads the reference tables, ``asset``
-    and ``asset_alias_asset_event`` without locks (READ COMMITTED;
-    MySQL/MariaDB refuse other levels: :mod:`airflow_adrq.dialects.mysql`).
+    Locks, until the transaction ends: the consumers' ``dag`` rows ``FOR SHARE`` (not with
+    ``"refresh_after_commit"``); the queue rows it inserts and, with ``"refresh"``, the existing
+    ones, in ``(asset_id, target_dag_id)`` order (3.4: ``(target_dag_id, asset_event_id)``;
+    MySQL/MariaDB skip existing rows that need no write by a lock-free ``NOT EXISTS`` probe); the
+    given ``asset_event`` rows. FK checks share-lock the ``asset`` and ``dag`` parents (PostgreSQL
+    ``FOR KEY SHARE``). Reads the reference tables, ``asset`` and ``asset_alias_asset_event``
+    without locks (READ COMMITTED; MySQL/MariaDB refuse other levels: :mod:`airflow_adrq.dialects.mysql`).
 
-    Does not promise: no deadlock with earlier statements of the same
-    transaction that locked queue or ``dag`` rows (use :func:`defer_events`),
-    or, on MySQL 8, with a ``dag`` writer locking several of these rows against
-    primary-key order (retry the whole transaction:
-    :func:`airflow_adrq.retry.run_in_transaction`). A popular consumer is
-    skipped by the scheduler while any producer holds its lock.
+    Does not promise: no deadlock with earlier statements of the same transaction that locked
+    queue or ``dag`` rows (use :func:`defer_events`), or, on MySQL 8, with a ``dag`` writer locking
+    several of these rows against primary-key order (retry the whole transaction:
+    :func:`airflow_adrq.retry.run_in_transaction`). A popular consumer is skipped by the scheduler
+    while any producer holds its lock.
     """
     events = list(events)
     chunks = list(_chunks(events))
     if not chunks:
         return None
-    conn = _connection(bind)
-    support = dialects.get(conn)
-    support.check_connection(conn)
+    conn = bind.connection() if isinstance(bind, Session) else bind
+    dialects.get(conn).check_connection(conn)
     mode = dialects.resolve(on_conflict, conn)
-    restricted = allowed is not None and bool(allowed)
-    form = Form("events", _in_statement(mode), shape, restricted)
+    # The statement itself refreshes only with "refresh" (a refresh after COMMIT leaves the row to it).
+    form = Form("events", "refresh" if mode == "refresh" else "ignore", shape, bool(allowed))
     options = in_schema(schema)
     chunk_params: list[dict[str, Any]] = []
     for ids in chunks:
@@ -257,20 +234,12 @@ def queue_events(
         from airflow_adrq import refresh
 
         asset_ids = sorted({event.asset_id for event in events})
-        stamp = refresh.write_then_stamp(conn, form, chunk_params, asset_ids, options)
+        stamp = refresh.write_then_stamp(bind, conn, form, chunk_params, asset_ids, options)
     else:
         stamp = _lock_stamp_write(conn, form, chunk_params, options)
     for event in events:
-        if is_mapped(event):
-            set_loaded_timestamp(event, stamp)
-    if mode == "refresh_after_commit" and not shape.event_keyed and isinstance(bind, Session):
-        refresh.plan(bind, conn, form, chunk_params, stamp, options)
+        set_loaded_timestamp(event, stamp)
     return stamp
-
-
-def _in_statement(mode: ResolvedPolicy) -> ConflictMode:
-    """What the statement itself does with an existing row (a refresh after COMMIT leaves it here)."""
-    return "refresh" if mode == "refresh" else "ignore"
 
 
 def in_schema(schema: str | None) -> dict[str, Any]:
@@ -279,14 +248,10 @@ def in_schema(schema: str | None) -> dict[str, Any]:
 
 
 def set_loaded_timestamp(obj: object, stamp: dt.datetime) -> None:
-    state = attributes.instance_state(obj)
+    """Give a mapped event its stored ``timestamp`` without a reload; leave anything else alone."""
+    try:
+        state = attributes.instance_state(obj)
+    except Exception:  # sqlalchemy.orm.exc.UnmappedInstanceError and friends
+        return
     if "timestamp" in state.mapper.attrs:
         attributes.set_committed_value(obj, "timestamp", stamp)
-
-
-def is_mapped(obj: object) -> bool:
-    try:
-        attributes.instance_state(obj)
-    except Exception:  # sqlalchemy.orm.exc.UnmappedInstanceError and friends
-        return False
-    return True

@@ -1,13 +1,13 @@
-"""``on_conflict="refresh_after_commit"``: existing queue rows moved forwards without ever waiting.
+"""Where the scheduler takes no row locks: the write without a ``dag`` lock, and the refresh.
 
-Where Airflow's scheduler takes no row locks (MariaDB, whose dialect has no
-``FOR UPDATE OF``; any backend with ``[scheduler] use_row_level_locking =
-False``), it reads a DAG's queue rows plainly and deletes them, DAG by DAG in
-Python-set order, in one transaction. A producer refreshing existing rows by
-waiting for their locks would lock them in key order across DAGs, and the two
-deadlock. So there the queue statement leaves existing rows alone, as
-Airflow's ``DO NOTHING`` does, and this module gives the rows its events
-should have refreshed the transaction's stamp, taking only rows no one holds::
+Such a scheduler (MariaDB, whose dialect has no ``FOR UPDATE OF``; any backend
+with ``[scheduler] use_row_level_locking = False``) reads a DAG's queue rows
+plainly and deletes them, DAG by DAG in Python-set order, in one transaction.
+A producer refreshing existing rows by waiting for their locks would lock them
+in key order across DAGs, and the two deadlock. So there the statement leaves
+existing rows alone (Airflow's ``DO NOTHING``; ``on_conflict=
+"refresh_after_commit"``) and this module moves the rows its events should
+have refreshed to the transaction's stamp, taking only rows no one holds::
 
     -- in the producer's transaction, once it is stamped, as its last statements before COMMIT:
     SELECT target_dag_id, asset_id FROM asset_dag_run_queue JOIN (<the statement's pairs>) ...
@@ -21,37 +21,33 @@ should have refreshed the transaction's stamp, taking only rows no one holds::
     -- only if it skipped rows: which of them are still older (no locks), and
     -- after COMMIT, ONE short transaction doing the same for those
 
-and, for rows skipped again, the same again a few milliseconds later, up to
-:data:`ROUNDS` times. The rows it moves before COMMIT become visible with the
-events, as a refresh inside the statement would make them; the usual event,
-whose rows are all new, costs the one lock-free SELECT.
-
-Reading the rows before COMMIT finds every row of the statement's pairs that
-is not the producer's own: it exists, committed, once the statement ran (it
-waited for any producer inserting the same pair), and what happens to such a
-row later is guarded by ``created_at < :stamp``.
+and, for rows skipped again, the same a few milliseconds later, up to
+:data:`ROUNDS` times. Rows moved before COMMIT become visible with the events,
+as a refresh inside the statement would make them; the usual event, whose rows
+are all new, costs the one lock-free SELECT. It finds every row of the
+statement's pairs that is not the producer's own: it exists, committed, once
+the statement ran (that waited for any producer inserting the same pair), and
+what happens to it later is guarded by ``created_at < :stamp``.
 
 Why this cannot deadlock, lose or double an event:
 
 * It never waits for a lock: ``SKIP LOCKED`` leaves out the rows a scheduler
   is deleting or another producer is refreshing, and the UPDATE touches only
-  rows it holds (a range of the primary key: ``asset_id`` and a ``dag_id``
-  list). Before COMMIT these are the transaction's last statements, and after
-  it they are a transaction of their own: a transaction that waits for
-  nothing once it holds these rows closes no cycle through them. A row the
-  scheduler held is gone once it commits (consumed); one another producer
-  held is tried again after COMMIT.
+  rows it holds (a primary-key range: ``asset_id`` and a ``dag_id`` list).
+  Before COMMIT these are the transaction's last statements, after it a
+  transaction of their own: waiting for nothing once it holds these rows, it
+  closes no cycle through them. A row the scheduler held is gone once it
+  commits (consumed); one another producer held is tried again after COMMIT.
 * Forwards only, never an INSERT: a row the scheduler deleted in between was
   consumed, and re-creating it would make a second run over the same window.
-* A refresh that does not happen (the row stayed locked for every round, the
-  connection broke after COMMIT) leaves the event waiting for its asset's
-  next event, as Airflow's own ``DO NOTHING`` would. Nothing after COMMIT
-  raises: failures are logged and counted.
+* A refresh that does not happen (locked for every round, the connection
+  broken after COMMIT) leaves the event waiting for its asset's next event, as
+  Airflow's ``DO NOTHING`` would. Nothing after COMMIT raises: failures are
+  logged and counted.
 
-The part after COMMIT runs on the session's own connection, before the
-session hands it back to its pool (SQLAlchemy's ``after_commit``): no second
-connection per transaction. It needs ``SKIP LOCKED`` (MariaDB 10.6, MySQL
-8.0, PostgreSQL).
+The part after COMMIT runs on the session's own connection before the session
+returns it to its pool (SQLAlchemy's ``after_commit``): no second connection
+per transaction. It needs ``SKIP LOCKED`` (MariaDB 10.6, MySQL 8.0, PostgreSQL).
 """
 
 from __future__ import annotations
@@ -61,8 +57,7 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from sqlalchemy import Select, bindparam, select, update
@@ -70,11 +65,11 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Update
 
-from airflow_adrq import dialects, metrics, stamping, statement
+from airflow_adrq import dialects, metrics, queue, statement
 from airflow_adrq.tables import UtcDateTime, asset_dag_run_queue
 from airflow_adrq.txscope import TransactionScoped
 
-__all__ = ["PENDING", "ROUNDS", "plan", "write_then_stamp"]
+__all__ = ["PENDING", "ROUNDS", "write_then_stamp"]
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +95,6 @@ _MOVE_FORWARDS = (
     .with_hint("FORCE INDEX (PRIMARY)", dialect_name="mysql")
     .with_hint("FORCE INDEX (PRIMARY)", dialect_name="mariadb")
 )
-
-
-# --- the write: rows at PENDING, then the stamp on them ------------------------------
 
 
 #: The ``created_at`` of a queue row between the two steps of :func:`write_then_stamp`:
@@ -134,8 +126,7 @@ _STAMP_ROWS: Update = _pending_rows(_STAMP)
 def _stamp_in_one_statement(dialect_name: str) -> Select[Any]:
     """``WITH e AS (UPDATE asset_event ...), q AS (UPDATE asset_dag_run_queue ...) SELECT <clock>``.
 
-    For backends with data-modifying CTEs (PostgreSQL): both updates and the
-    stamp in one round trip. The clock is the statement's, so one value.
+    Data-modifying CTEs (PostgreSQL): one round trip, and the statement's clock is one value.
     """
     clock = dialects.get(dialect_name).clock
     assert clock is not None
@@ -146,6 +137,7 @@ def _stamp_in_one_statement(dialect_name: str) -> Select[Any]:
 
 
 def write_then_stamp(
+    bind: Session | Connection,
     conn: Connection,
     form: statement.Form,
     chunk_params: list[dict[str, Any]],
@@ -154,53 +146,51 @@ def write_then_stamp(
 ) -> dt.datetime:
     """Without the ``dag`` lock: the rows at :data:`PENDING`, then one stamp on them and the events.
 
-    Stamped once the queue rows are locked, so that producers sharing a row
-    are stamped in the order they commit.
+    Stamped once the queue rows are locked, so that producers sharing a row are
+    stamped in the order they commit. Then, in a ``Session``, the older rows of
+    the statement's pairs are moved forwards as the module docstring says: now
+    those no one holds (locked ``FOR UPDATE SKIP LOCKED`` until the COMMIT that
+    comes next: no cycle), the others after the outermost COMMIT, on ``conn``
+    (dropped on rollback, as the events are; skipped if ``conn`` is then still
+    in a transaction, a session joined to an outer one). Does not promise the
+    refresh of a held row: it is best effort by design.
     """
-    stmt = statement.insert_statement(dialects.get(conn).name, form)
+    support = dialects.get(conn)
+    stmt = statement.insert_statement(support.name, form)
     for params in chunk_params:
         conn.execute(stmt, {**params, "created_at": PENDING}, execution_options=options)
     ids = [event_id for params in chunk_params for event_id in params["ids"]]
-    return _stamp(conn, ids, asset_ids, options)
-
-
-def _stamp(conn: Connection, ids: list[int], asset_ids: list[int], options: Mapping[str, Any]) -> dt.datetime:
-    """Step 2: read the clock, put its value on the events and on this transaction's PENDING rows."""
-    support = dialects.get(conn)
-    if support.stamp_in_one_statement and len(ids) <= stamping.IDS_PER_STATEMENT:
+    if support.stamp_in_one_statement and len(ids) <= queue.IDS_PER_STATEMENT:
         params = {"ids": ids, "asset_ids": asset_ids, "pending": PENDING}
-        stamp: dt.datetime = conn.execute(
-            _stamp_in_one_statement(support.name), params, execution_options=options
-        ).scalar_one()
+        one_statement = _stamp_in_one_statement(support.name)
+        stamp: dt.datetime = conn.execute(one_statement, params, execution_options=options).scalar_one()
+    else:
+        # One clock reading, then as many statements as the bound-parameter limits need.
+        stamp = queue.clock_on_events(conn, ids, options)
+        for start in range(0, len(asset_ids), queue.IDS_PER_STATEMENT):
+            chunk = asset_ids[start : start + queue.IDS_PER_STATEMENT]
+            params = {"asset_ids": chunk, "stamp": stamp, "pending": PENDING}
+            conn.execute(_STAMP_ROWS, params, execution_options=options)
+    if form.shape.event_keyed or not isinstance(bind, Session):
         return stamp
-    # One clock reading, then as many statements as the bound-parameter limits need.
-    stamp = stamping.clock_on_events(conn, ids, options)
-    for start in range(0, len(asset_ids), stamping.IDS_PER_STATEMENT):
-        chunk = asset_ids[start : start + stamping.IDS_PER_STATEMENT]
-        params = {"asset_ids": chunk, "stamp": stamp, "pending": PENDING}
-        conn.execute(_STAMP_ROWS, params, execution_options=options)
+    rows: dict[int, list[str]] = {}
+    for params in chunk_params:
+        older = conn.execute(_older_rows(form), {**params, "stamp": stamp}, execution_options=options)
+        for dag_id, asset_id in older:
+            rows.setdefault(asset_id, []).append(dag_id)
+    if rows:
+        todo = _move_forwards(conn, rows, stamp, options)
+        metrics.report("incr", "refresh.rows", sum(map(len, rows.values())) - sum(map(len, todo.values())))
+        if todo:
+            _SCOPE.add(bind, functools.partial(_refresh, conn, todo, stamp, options))
     return stamp
 
 
-# --- the refresh after COMMIT -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Planned:
-    """One refresh to run after the session's COMMIT: which rows of which DAG, which stamp."""
-
-    connection: Connection
-    #: asset_id -> the DAG ids of its rows to move forwards (no order is needed: nothing waits).
-    rows: Mapping[int, Sequence[str]]
-    stamp: dt.datetime
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-
-def _run(_session: Session, planned: list[_Planned]) -> None:
-    for item in planned:
+def _run(_session: Session, refreshes: list[Callable[[], int]]) -> None:
+    for refresh in refreshes:
         metrics.report("incr", "refresh_after_commit", 1)
         try:
-            moved = _refresh(item)
+            moved = refresh()
         except Exception:  # never fail a committed transaction's caller (a task's success call)
             metrics.report("incr", "refresh_after_commit.failures", 1)
             log.warning("airflow-adrq: refreshing queue rows after COMMIT failed", exc_info=True)
@@ -208,15 +198,13 @@ def _run(_session: Session, planned: list[_Planned]) -> None:
             metrics.report("incr", "refresh_after_commit.rows", moved)
 
 
-_SCOPE: TransactionScoped[_Planned] = TransactionScoped("refresh_after_commit", after_commit=_run)
+#: The refreshes to run after the session's COMMIT, each returning the rows it moved.
+_SCOPE: TransactionScoped[Callable[[], int]] = TransactionScoped("refresh_after_commit", after_commit=_run)
 
 
 @functools.cache
 def _older_rows(form: statement.Form) -> Select[Any]:
-    """``SELECT target_dag_id, asset_id``: existing rows ``form``'s statement queues, older than ``:stamp``.
-
-    In no particular order (the refresh waits for nothing). Locks nothing.
-    """
+    """``SELECT target_dag_id, asset_id`` of the rows ``form`` queues older than ``:stamp`` (unordered)."""
     wanted = statement.wanted(form).subquery("wanted")
     return (
         select(_ADRQ.c.target_dag_id, _ADRQ.c.asset_id)
@@ -225,49 +213,17 @@ def _older_rows(form: statement.Form) -> Select[Any]:
     )
 
 
-def plan(
-    session: Session,
-    connection: Connection,
-    form: statement.Form,
-    params: Sequence[Mapping[str, Any]],
-    stamp: dt.datetime,
-    options: Mapping[str, Any],
-) -> None:
-    """Move the older rows forwards now where no one holds them; the others after COMMIT.
+def _refresh(
+    conn: Connection, rows: Mapping[int, Sequence[str]], stamp: dt.datetime, options: Mapping[str, Any]
+) -> int:
+    """The rounds of one refresh after COMMIT, each a transaction of :func:`_move_forwards`; the rows moved.
 
-    In the caller's (stamped) transaction, as its last statements: one plain
-    SELECT per parameter set (:func:`_older_rows`); if it finds rows, per
-    asset a ``SELECT ... FOR UPDATE SKIP LOCKED`` of them and an UPDATE of
-    those it got (:func:`_move_forwards`). It never waits, and the caller's
-    next statement is its COMMIT, so these locks close no cycle. Rows another
-    transaction held are moved after the session's outermost COMMIT, on
-    ``connection``, by one short transaction doing the same, again for the
-    rows it skipped (see the module docstring); dropped on rollback, as its
-    events are. Skipped if the connection is still inside a transaction then
-    (a session joined to an outer one). Does not promise the refresh of a
-    held row: it is best effort by design.
+    ``rows``: asset_id -> the DAG ids of its rows to move forwards (in no order: nothing waits).
     """
-    rows: dict[int, list[str]] = {}
-    for one in params:
-        for dag_id, asset_id in connection.execute(
-            _older_rows(form), {**one, "stamp": stamp}, execution_options=options
-        ):
-            rows.setdefault(asset_id, []).append(dag_id)
-    if not rows:
-        return
-    todo = _move_forwards(connection, rows, stamp, options)
-    metrics.report("incr", "refresh.rows", sum(map(len, rows.values())) - sum(map(len, todo.values())))
-    if todo:
-        _SCOPE.add(session, _Planned(connection, todo, stamp, options))
-
-
-def _refresh(item: _Planned) -> int:
-    """The rounds of one refresh; returns the rows it moved forwards."""
-    conn = item.connection
     if conn.closed or conn.in_transaction():
         log.debug("airflow-adrq: no refresh after COMMIT: the connection is closed or in a transaction")
         return 0
-    todo = {asset_id: list(dag_ids) for asset_id, dag_ids in item.rows.items()}
+    todo = {asset_id: list(dag_ids) for asset_id, dag_ids in rows.items()}
     moved = 0
     for round_ in range(1, ROUNDS + 1):
         if round_ > 1:
@@ -275,7 +231,8 @@ def _refresh(item: _Planned) -> int:
             # trips) or by a scheduler consuming them: a few milliseconds is enough.
             time.sleep(random.uniform(0.001, 0.003) * round_)
         before = sum(map(len, todo.values()))
-        todo = _one_round(conn, todo, item)
+        with conn.begin():
+            todo = _move_forwards(conn, todo, stamp, options)
         # (Rows left out that were consumed meanwhile count as moved: they need nothing more.)
         moved += before - sum(map(len, todo.values()))
         if not todo:
@@ -286,21 +243,10 @@ def _refresh(item: _Planned) -> int:
     return moved
 
 
-def _one_round(conn: Connection, todo: Mapping[int, Sequence[str]], item: _Planned) -> dict[int, list[str]]:
-    """One transaction of :func:`_move_forwards`; returns the rows left out."""
-    with conn.begin():
-        return _move_forwards(conn, todo, item.stamp, item.options)
-
-
 def _move_forwards(
     conn: Connection, todo: Mapping[int, Sequence[str]], stamp: dt.datetime, options: Mapping[str, Any]
 ) -> dict[int, list[str]]:
-    """Lock the rows no one holds (``SKIP LOCKED``) and move them forwards; return the rows left out.
-
-    In the caller's transaction. Per asset of ``todo`` (asset_id -> DAG ids):
-    the locking read, the UPDATE of the rows it got, and, if some were left
-    out, a plain read of which of those are still older.
-    """
+    """Per asset of ``todo``: lock the rows no one holds, move them forwards; return the rest still older."""
     skipped: dict[int, list[str]] = {}
     for asset_id, dag_ids in todo.items():
         params = {"of_asset": asset_id, "dag_ids": list(dag_ids), "stamp": stamp}

@@ -1,17 +1,14 @@
 """Which Airflow schema the queue statement writes: the tables differ between release lines.
 
-The statement reads the same reference tables in every Airflow 3 release;
-what differs is a few columns and the queue's key: 3.0 and 3.1 have no
-``dag.timetable_partitioned`` nor ``asset_event.partition_key``
-(:data:`UNPARTITIONED`); 3.2 and 3.3 do, and partitioned DAGs and keyed
-events are not queued (:data:`PARTITIONED`); 3.4 skips ``dag.is_draining``
-DAGs and keys the queue by ``(target_dag_id, asset_event_id)``, one row per
-(consumer, event) (:data:`EVENT_KEYED`).
-
-The plug-in writes its release line's shape (:mod:`airflow_adrq.airflow.compat`);
-``airflow-adrq doctor`` reads a database's off its catalog
-(:func:`airflow_adrq.doctor.compatibility.detect`); the library's own tables
-(:mod:`airflow_adrq.models`, migration 0001) are :data:`PARTITIONED`.
+The reference tables are the same in every Airflow 3 release; a few columns
+and the queue's key differ: 3.0 and 3.1 have no ``dag.timetable_partitioned``
+nor ``asset_event.partition_key`` (:data:`UNPARTITIONED`); 3.2 and 3.3 do, and
+partitioned DAGs and keyed events are not queued (:data:`PARTITIONED`, also
+the library's own tables, :mod:`airflow_adrq.models`); 3.4 skips
+``dag.is_draining`` DAGs and keys the queue by ``(target_dag_id,
+asset_event_id)``, one row per (consumer, event) (:data:`EVENT_KEYED`). The
+plug-in writes its release line's shape (:mod:`airflow_adrq.airflow.compat`);
+``doctor`` reads a database's off its catalog (:func:`airflow_adrq.doctor.compatibility.detect`).
 """
 
 from __future__ import annotations
@@ -44,12 +41,10 @@ class QueueShape:
         """The conditions on ``dag``'s columns (``table.c``) of a consumer Airflow queues.
 
         Unpaused (and, where the column exists, not draining), as Airflow's
-        ``register_asset_change`` filters them; of those, only the
-        non-partitioned ones get an ``asset_dag_run_queue`` row (the
-        partitioned ones go to Airflow's ``asset_partition_dag_run``), so
-        ``partitioned=True`` keeps them in, for callers that route them
-        themselves. The one definition the statement, the Airflow plug-in
-        and ``doctor`` use.
+        ``register_asset_change`` filters them; only the non-partitioned ones get
+        a queue row (the others go to ``asset_partition_dag_run``):
+        ``partitioned=True`` keeps them in, for callers that route them themselves.
+        The one definition the statement, the plug-in and ``doctor`` use.
         """
         conditions = [dag.is_paused == false()]
         if self.draining:

@@ -1,10 +1,9 @@
 """The statements that queue downstream DAG runs: built once per dialect and shape, executed by :mod:`.queue`.
 
-The statement is driven by the transaction's own ``asset_event`` rows. Where
-Airflow's scheduler locks the consumers' ``dag`` rows before it makes their
-runs (PostgreSQL; MySQL 8), the whole queue write is one statement on
-PostgreSQL (the conflict clause is per dialect; MySQL 8 sends its parts as
-separate statements, in the same order)::
+Driven by the transaction's own ``asset_event`` rows. Where the scheduler locks
+the consumers' ``dag`` rows before it makes their runs, the whole queue write is
+one statement on PostgreSQL (MySQL 8 sends its parts separately, in the same
+order; the conflict clause is per dialect)::
 
     WITH ev AS (                    -- this transaction's events
         SELECT e.id AS event_id, e.asset_id FROM asset_event e
@@ -51,12 +50,11 @@ Why this shape:
   from the ``asset_alias_asset_event`` rows): built and compiled once.
 * **Timing.** The events' ``timestamp`` and their rows' ``created_at`` are one
   value of the database's clock, read once the consumers' ``dag`` rows are
-  share-locked (GUARANTEES.md, "Timing: which events a run consumes").
+  share-locked (GUARANTEES.md, "Timing").
 * **Same rows as Airflow 3.3.** Direct, alias, name and URI references;
-  unpaused DAGs only; each (asset, DAG) once; partitioned DAGs and events
-  with a ``partition_key`` go to Airflow's ``asset_partition_dag_run``
-  instead. Like Airflow, stale DAGs are queued and the scheduler filters
-  them.
+  unpaused DAGs only; each (asset, DAG) once; partitioned DAGs and events with
+  a ``partition_key`` go to Airflow's ``asset_partition_dag_run`` instead.
+  Like Airflow, stale DAGs are queued and the scheduler filters them.
 """
 
 from __future__ import annotations
@@ -81,7 +79,6 @@ __all__ = [
     "STAMP_EVENTS",
     "Form",
     "Source",
-    "Wait",
     "consumers",
     "consumers_of_events",
     "insert_statement",
@@ -95,40 +92,32 @@ __all__ = [
 #: What drives the statement: a transaction's events (the default, with
 #: aliases) or bare asset ids (direct, name and URI references only).
 Source = Literal["events", "assets"]
+_Wait = Literal["wait", "nowait", "skip_locked"]
 
 _ADRQ = tables.asset_dag_run_queue
+_ADRQ_BY_EVENT = tables.asset_dag_run_queue_by_event
+_DAG = tables.dag
 _EVENT = tables.asset_event
 
 
-# --- the statement ----------------------------------------------------------
-
-
-def _events_cte(shape: QueueShape) -> CTE:
+def _events_cte(ids: str = "ids", *, unkeyed_only: bool = False) -> CTE:
+    """``ev``: the events bound to ``:<ids>`` (only those without a ``partition_key`` if asked)."""
     ev = select(_EVENT.c.id.label("event_id"), _EVENT.c.asset_id).where(
-        _EVENT.c.id.in_(bindparam("ids", expanding=True))
+        _EVENT.c.id.in_(bindparam(ids, expanding=True))
     )
-    if shape.partitions:
+    if unkeyed_only:
         # Keyed events go to Airflow's partitioned path, never to this queue.
         ev = ev.where(_EVENT.c.partition_key.is_(None))
     return ev.cte("ev")
 
 
-def _assets_cte() -> CTE:
-    asset = tables.asset
-    return (
-        select(asset.c.id.label("asset_id")).where(asset.c.id.in_(bindparam("ids", expanding=True))).cte("ev")
-    )
-
-
-def consumers(ev: CTE, *, with_aliases: bool, with_event_id: bool = False) -> Any:
-    """UNION of (asset_id, dag_id) -- or (event_id, asset_id, dag_id) -- over every kind of reference.
-
-    A subquery named ``src``; :func:`_consumers_union` for the bare ``UNION``.
-    """
-    return _consumers_union(ev, with_aliases=with_aliases, with_event_id=with_event_id).subquery("src")
+def consumers(ev: CTE, *, with_aliases: bool) -> Any:
+    """``src``: the UNION of (asset_id, dag_id) of ``ev``'s assets over every kind of reference."""
+    return _consumers_union(ev, with_aliases=with_aliases).subquery("src")
 
 
 def _consumers_union(ev: CTE, *, with_aliases: bool, with_event_id: bool = False) -> Any:
+    """The bare ``UNION`` of :func:`consumers`, led by ``event_id`` too if asked."""
     asset, direct = tables.asset, tables.dag_schedule_asset_reference
     by_name, by_uri = tables.dag_schedule_asset_name_reference, tables.dag_schedule_asset_uri_reference
     key = [ev.c.event_id, ev.c.asset_id] if with_event_id else [ev.c.asset_id]
@@ -151,10 +140,6 @@ def _consumers_union(ev: CTE, *, with_aliases: bool, with_event_id: bool = False
     return union(*parts)
 
 
-_DAG = tables.dag
-_ADRQ_BY_EVENT = tables.asset_dag_run_queue_by_event
-
-
 @dataclass(frozen=True)
 class Form:
     """Which variant of the statement to build: everything but the dialect."""
@@ -169,7 +154,10 @@ class Form:
 @functools.cache
 def _source(form: Form) -> CTE:
     """The ``ev`` CTE ``form``'s statements read: one object, so a statement using it twice has it once."""
-    return _events_cte(form.shape) if form.source == "events" else _assets_cte()
+    if form.source == "assets":
+        ids = tables.asset.c.id
+        return select(ids.label("asset_id")).where(ids.in_(bindparam("ids", expanding=True))).cte("ev")
+    return _events_cte(unkeyed_only=form.shape.partitions)
 
 
 def _form_consumers(form: Form) -> Any:
@@ -178,20 +166,19 @@ def _form_consumers(form: Form) -> Any:
     return _consumers_union(_source(form), with_aliases=form.source == "events", with_event_id=with_event_id)
 
 
-def wanted(form: Form, src: Any = None, dag: Any = _DAG) -> Select[Any]:
+def wanted(form: Form, src: Any = None) -> Select[Any]:
     """``SELECT asset_id, dag_id`` (3.4: ``, event_id``): the rows ``form``'s statement queues, unordered.
 
-    ``src``: the consumers (default: :func:`_form_consumers` as a subquery);
-    ``dag``: where the consumers' ``dag`` columns are read (default: the table).
+    ``src``: the consumers (default: :func:`_form_consumers` as a subquery).
     """
-    source, shape, restricted = form.source, form.shape, form.restricted
-    if shape.event_keyed and source != "events":
+    shape = form.shape
+    if shape.event_keyed and form.source != "events":
         raise ValueError(f"{shape.name}'s queue is keyed by event: it can only be driven by events")
     if src is None:
         src = _form_consumers(form).subquery("src")
     picked = [src.c.asset_id, src.c.dag_id, *([src.c.event_id] if shape.event_keyed else [])]
-    rows = select(*picked).join(dag, dag.c.dag_id == src.c.dag_id).where(*shape.consumer_filter(dag.c))
-    if restricted:
+    rows = select(*picked).join(_DAG, _DAG.c.dag_id == src.c.dag_id).where(*shape.consumer_filter(_DAG.c))
+    if form.restricted:
         # Events listed in :restricted_ids queue only their (event_id, dag_id)
         # pairs in :allowed (Airflow's multi-team filter, computed by the
         # caller); the others queue every consumer. One row per (asset, DAG).
@@ -210,6 +197,7 @@ def insert_statement(dialect_name: str, form: Form) -> Insert:
 def _insert(
     dialect_name: str, form: Form, created_at: ColumnElement[dt.datetime], picked: Select[Any] | None = None
 ) -> Insert:
+    """The ``INSERT ... SELECT`` of ``picked`` (default: :func:`wanted`) in the queue's key order."""
     on_conflict, shape = form.on_conflict, form.shape
     rows = (wanted(form) if picked is None else picked).add_columns(created_at)
     src = rows.selected_columns
@@ -233,29 +221,21 @@ def _insert(
 
 @functools.cache
 def consumers_of_events() -> Select[Any]:
-    """``SELECT asset_id, dag_id`` of every DAG referencing some events' assets; bind ``event_ids``.
+    """``SELECT asset_id, dag_id`` of every DAG referencing the ``:event_ids`` events' assets; locks nothing.
 
-    The statement's four kinds of reference, before its ``dag`` filter: for
-    callers that treat some consumers in Python (Airflow's partitioned DAGs,
-    its multi-team filter) and add their own filters. Locks nothing.
+    The four kinds of reference without the ``dag`` filter: for callers that route some consumers
+    in Python (Airflow's partitioned DAGs, its multi-team filter) and add their own filters.
     """
-    ev = (
-        select(_EVENT.c.id.label("event_id"), _EVENT.c.asset_id)
-        .where(_EVENT.c.id.in_(bindparam("event_ids", expanding=True)))
-        .cte("ev")
-    )
-    src = consumers(ev, with_aliases=True)
+    src = consumers(_events_cte("event_ids"), with_aliases=True)
     return select(src.c.asset_id, src.c.dag_id)
 
 
 def stamped_events(stamp: Any) -> Update:
+    """``UPDATE asset_event SET timestamp = <stamp> WHERE id IN (:ids)``."""
     return update(_EVENT).where(_EVENT.c.id.in_(bindparam("ids", expanding=True))).values(timestamp=stamp)
 
 
 STAMP_EVENTS: Update = stamped_events(bindparam("stamp", type_=UtcDateTime()))
-
-
-# --- the share lock and the one write -----------------------------------------
 
 
 def referencing_dags(form: Form) -> Select[Any]:
@@ -266,23 +246,19 @@ def referencing_dags(form: Form) -> Select[Any]:
     return select(consumers(_source(form), with_aliases=form.source == "events").c.dag_id)
 
 
-Wait = Literal["wait", "nowait", "skip_locked"]
-
-
 @functools.cache
-def share_lock(dialect_name: str, form: Form, wait: Wait = "wait") -> Select[Any]:
+def share_lock(dialect_name: str, form: Form, wait: _Wait = "wait") -> Select[Any]:
     """``SELECT dag_id FROM dag WHERE <in consumers> ORDER BY <lock order> FOR SHARE``.
 
-    ``<in consumers>``: ``IN (:dag_ids)`` where the backend locks by id list
-    (``lock_by_id_list``), else ``= ANY(<array of the consumers>)``
-    (:func:`_locking_read`). ``wait``: block, fail at once (``NOWAIT``) or
-    leave the row out (``SKIP LOCKED``).
+    ``<in consumers>``: ``IN (:dag_ids)`` where the backend locks by id list, else ``= ANY(<array of
+    the consumers>)``. ``wait``: block, fail at once (``NOWAIT``) or leave the row out (``SKIP LOCKED``).
     """
-    support = dialects.get(dialect_name)
-    if support.lock_by_id_list:
-        by_id = _DAG.c.dag_id.in_(bindparam("dag_ids", expanding=True))
-        return _locking_read(dialect_name, form, by_id, wait)
-    return _locking_read(dialect_name, form, _in_consumers(_form_consumers(form).subquery("src")), wait)
+    in_consumers: ColumnElement[bool]
+    if dialects.get(dialect_name).lock_by_id_list:
+        in_consumers = _DAG.c.dag_id.in_(bindparam("dag_ids", expanding=True))
+    else:
+        in_consumers = _in_consumers(_form_consumers(form).subquery("src"))
+    return _locking_read(dialect_name, in_consumers, wait)
 
 
 def _in_consumers(src: Any) -> ColumnElement[bool]:
@@ -299,13 +275,14 @@ def _in_consumers(src: Any) -> ColumnElement[bool]:
     return _DAG.c.dag_id == any_(consumers)
 
 
-def _locking_read(dialect_name: str, form: Form, consumers: ColumnElement[bool], wait: Wait) -> Select[Any]:
-    support = dialects.get(dialect_name)
-    assert support.lock_order is not None
+def _locking_read(dialect_name: str, in_consumers: ColumnElement[bool], wait: _Wait) -> Select[Any]:
+    """The consumers' ``dag`` rows, ``FOR SHARE`` in the backend's lock order."""
+    lock_order = dialects.get(dialect_name).lock_order
+    assert lock_order is not None
     return (
         select(_DAG.c.dag_id)
-        .where(consumers)
-        .order_by(support.lock_order(_DAG.c.dag_id))
+        .where(in_consumers)
+        .order_by(lock_order(_DAG.c.dag_id))
         .with_for_update(read=True, of=_DAG, nowait=wait == "nowait", skip_locked=wait == "skip_locked")
     )
 
@@ -328,24 +305,17 @@ def write_once(dialect_name: str, form: Form) -> Update:
     became a nested loop over both (1,024 consumers: a million comparisons,
     230 ms of a 290 ms statement).
     """
-    support = dialects.get(dialect_name)
-    assert support.clock_after_locks is not None
+    clock_after_locks = dialects.get(dialect_name).clock_after_locks
+    assert clock_after_locks is not None
     src = _form_consumers(form).cte("src").prefix_with("MATERIALIZED")
-    locking = _locking_read(dialect_name, form, _in_consumers(src), "nowait")
-    locked = locking.cte("locked").prefix_with("MATERIALIZED")
+    locked = (
+        _locking_read(dialect_name, _in_consumers(src), "nowait").cte("locked").prefix_with("MATERIALIZED")
+    )
     held = select(func.count().label("rows")).select_from(locked).subquery("held")
     stamp = (
-        select(support.clock_after_locks().label("stamp"))
-        .select_from(held)
-        .cte("stamp")
-        .prefix_with("MATERIALIZED")
+        select(clock_after_locks().label("stamp")).select_from(held).cte("stamp").prefix_with("MATERIALIZED")
     )
     rows = wanted(form, src).where(_in_consumers(src))
-    queued = _insert(dialect_name, form, select(stamp.c.stamp).scalar_subquery(), rows).cte("queued")
-    return (
-        update(_EVENT)
-        .where(_EVENT.c.id.in_(bindparam("ids", expanding=True)))
-        .values(timestamp=select(stamp.c.stamp).scalar_subquery())
-        .returning(_EVENT.c.timestamp)
-        .add_cte(src, locked, stamp, queued)
-    )
+    now = select(stamp.c.stamp).scalar_subquery()
+    queued = _insert(dialect_name, form, now, rows).cte("queued")
+    return stamped_events(now).returning(_EVENT.c.timestamp).add_cte(src, locked, stamp, queued)

@@ -1,25 +1,25 @@
 """Per-transaction bookkeeping on a SQLAlchemy ``Session``, SAVEPOINT-aware.
 
-The one mechanism commit-time queueing and post-commit callbacks share:
-remember an item until the outermost COMMIT; forget it if the (nested)
-transaction it was recorded in is rolled back. SQLAlchemy reports a
-SAVEPOINT's end (``after_transaction_end``) *before* its rollback
-(``after_soft_rollback``), so at its end a released and a rolled-back
-SAVEPOINT look alike: items stay keyed by their transaction until the
-outermost one ends, and a rollback drops the items of the rolled-back
-transaction and of every transaction nested inside it.
+Commit-time queueing and post-commit callbacks share it: remember an item
+until the outermost COMMIT; forget it if the (nested) transaction it was
+recorded in is rolled back. SQLAlchemy reports a SAVEPOINT's end
+(``after_transaction_end``) *before* its rollback (``after_soft_rollback``), so
+there a released and a rolled-back SAVEPOINT look alike: items stay keyed by
+their transaction until the outermost one ends, and a rollback drops those of
+the rolled-back transaction and of every transaction nested inside it.
 
-Installs four listeners on the ``Session`` class (``before_commit``,
-``after_commit``, ``after_soft_rollback``, ``after_transaction_end``), once
-per process, when a scope first records an item; importing the module
-installs nothing.
+Four listeners on the ``Session`` class, installed once per process when a
+scope first records an item, not on import nor per session (four per session
+cost more than the rest of a one-event transaction's bookkeeping); a session
+without scopes returns at once. ``before_commit`` and ``after_commit`` also
+fire when a SAVEPOINT is released: only the outermost COMMIT counts.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from sqlalchemy import event
@@ -40,37 +40,28 @@ def current_transaction(session: Session) -> SessionTransaction:
     return trans
 
 
-def descends_from(trans: SessionTransaction, ancestor: SessionTransaction) -> bool:
+def descends_from(trans: SessionTransaction | None, ancestor: SessionTransaction) -> bool:
     """Whether ``trans`` is ``ancestor`` or nested (at any depth) inside it."""
-    node: SessionTransaction | None = trans
-    while node is not None:
-        if node is ancestor:
-            return True
-        node = node.parent
-    return False
+    while trans is not None and trans is not ancestor:
+        trans = trans.parent
+    return trans is ancestor
 
 
 @dataclass
 class TransactionScoped(Generic[T]):
     """Items recorded on a session, each with the transaction it was recorded in.
 
-    Once the scope is used on a session, ``before_commit(session, items)`` runs
-    just before every outermost COMMIT, with or without items (inside the
-    transaction: it may execute SQL; an exception aborts the commit);
-    ``after_commit(session, items)`` runs after it succeeded, with items only;
-    ``on_rollback(session, rolled_back, items)`` after a rollback has dropped
-    the rolled-back transaction's items. All are forgotten when the outermost
-    transaction ends.
+    Once the scope is used on a session, ``before_commit(session, items)`` runs just before every
+    outermost COMMIT, with or without items (inside the transaction: it may execute SQL; an
+    exception aborts the commit); ``after_commit(session, items)`` after it succeeded, with items
+    only; ``on_rollback(session, rolled_back, items)`` after a rollback dropped the rolled-back
+    transaction's items. All are forgotten when the outermost transaction ends.
     """
 
     name: str
     before_commit: Callable[[Session, list[T]], None] | None = None
     after_commit: Callable[[Session, list[T]], None] | None = None
     on_rollback: Callable[[Session, SessionTransaction, list[T]], None] | None = None
-    _key: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        self._key = f"airflow_adrq.scoped.{self.name}"
 
     def add(self, session: Session, item: T) -> None:
         """Record ``item`` in the session's current (innermost) transaction."""
@@ -86,12 +77,21 @@ class TransactionScoped(Generic[T]):
         self._map(session).clear()
 
     def _map(self, session: Session) -> dict[SessionTransaction, list[T]]:
-        found: dict[SessionTransaction, list[T]] = session.info.setdefault(self._key, {})
+        found: dict[SessionTransaction, list[T]] = session.info.setdefault(
+            f"airflow_adrq.scoped.{self.name}", {}
+        )
         return found
 
 
 def _install(session: Session, scope: TransactionScoped[T]) -> None:
-    _listen()
+    """Register ``scope`` on ``session`` and, once per process, the ``Session`` class listeners."""
+    global _installed
+    if not _installed:  # after the first time, one flag read per recorded item
+        with _listening:
+            for name, listener in _LISTENERS:
+                if not event.contains(Session, name, listener):
+                    event.listen(Session, name, listener)
+            _installed = True
     scopes: list[TransactionScoped[object]] = session.info.setdefault(_SCOPES_KEY, [])
     if scope not in scopes:
         scopes.append(scope)  # type: ignore[arg-type]
@@ -99,15 +99,6 @@ def _install(session: Session, scope: TransactionScoped[T]) -> None:
 
 def _scopes(session: Session) -> list[TransactionScoped[object]]:
     return list(session.info.get(_SCOPES_KEY, ()))
-
-
-# Registered once, on the Session class (so for every session and subclass),
-# the first time a scope records an item (_listen): four listeners per session
-# cost more than the rest of a one-event transaction's bookkeeping, and a
-# process that imports the package without using a scope gets none. A session
-# without scopes returns at once. before_commit and after_commit also fire
-# when a SAVEPOINT is released; only the outermost COMMIT counts (a released
-# SAVEPOINT's items stay until then).
 
 
 def _on_before_commit(session: Session) -> None:
@@ -151,15 +142,3 @@ _LISTENERS = (
 )
 _listening = threading.Lock()
 _installed = False
-
-
-def _listen() -> None:
-    """The four ``Session`` class listeners above, installed once per process."""
-    global _installed
-    if _installed:  # the common case: one flag read per recorded item
-        return
-    with _listening:
-        for name, listener in _LISTENERS:
-            if not event.contains(Session, name, listener):
-                event.listen(Session, name, listener)
-        _installed = True

@@ -1,10 +1,8 @@
 """Per-dialect SQL differences: one plain module per backend, looked up by name.
 
 Generic code asks :func:`get` for the :class:`DialectSupport` of a bind and
-never compares dialect names itself. Each backend module
-(``airflow_adrq.dialects.postgresql``, ``.mysql``, ``.sqlite``) defines one
-``SUPPORT``; :data:`MODULES` maps SQLAlchemy's dialect names to them. Adding
-a backend means adding a module and a line there.
+never compares dialect names itself. Each backend module defines one
+``SUPPORT``; adding a backend means adding a module and a line in :data:`MODULES`.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
-from sqlalchemy import Column, ColumnElement, Select, Table
+from sqlalchemy import Column, ColumnElement, Select, Table, func
 from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Insert
@@ -33,6 +31,7 @@ __all__ = [
     "ResolvedPolicy",
     "check_policy",
     "get",
+    "on_conflict_insert_from_select",
     "resolve",
 ]
 
@@ -73,10 +72,10 @@ class DialectSupport:
     clock: Callable[[], ColumnElement[dt.datetime]] | None = None
     #: Data-modifying CTEs: the stamp goes on the events and the rows in the statement reading it.
     stamp_in_one_statement: bool = False
-    #: Whether ``"auto"`` is ``"refresh"`` here: whether Airflow's scheduler locks the queue rows
-    #: it consumes (``FOR UPDATE SKIP LOCKED``), so a refreshing producer only waits for it. Where
-    #: it locks none (MariaDB) it deletes DAG by DAG in set order and a refresh in key order would
-    #: deadlock with it: ``"refresh_after_commit"`` (:mod:`airflow_adrq.refresh`).
+    #: Whether ``"auto"`` is ``"refresh"``: whether Airflow's scheduler locks the queue rows it
+    #: consumes (``FOR UPDATE SKIP LOCKED``), so a refreshing producer only waits for it. Else
+    #: (MariaDB) it deletes DAG by DAG in set order, which a refresh in key order would deadlock
+    #: with: ``"refresh_after_commit"`` (:mod:`airflow_adrq.refresh`).
     refresh_by_default: Callable[[Connection], bool] = field(default=lambda connection: True)
     #: The sort key of the consumers' ``dag`` share locks: the order Airflow's other ``dag``
     #: writers lock in, Python's ``sorted()`` (byte order, whatever the collation). ``None``:
@@ -109,14 +108,10 @@ def get(bind: Session | Connection | Engine | Dialect | str) -> DialectSupport:
     Raises :class:`~airflow_adrq.errors.UnsupportedDialectError` for a backend
     not in :data:`MODULES`.
     """
-    if isinstance(bind, str):
-        name = bind
-    elif isinstance(bind, Session):
-        name = bind.get_bind().dialect.name
-    elif isinstance(bind, Dialect):
-        name = bind.name
-    else:
-        name = bind.dialect.name
+    if isinstance(bind, Session):
+        bind = bind.get_bind()
+    dialect = bind if isinstance(bind, str | Dialect) else bind.dialect
+    name = dialect if isinstance(dialect, str) else dialect.name
     module = MODULES.get(name)
     if module is None:
         raise UnsupportedDialectError(
@@ -152,3 +147,32 @@ def resolve(policy: ConflictPolicy, connection: Connection) -> ResolvedPolicy:
 @functools.cache
 def _log_in_force(policy: ConflictPolicy, resolved: ResolvedPolicy, backend: str) -> None:
     log.info("airflow-adrq: on_conflict=%s is %r on %s", policy, resolved, backend)
+
+
+def on_conflict_insert_from_select(
+    insert: Callable[[Table], Any],
+    greatest: str,
+    table: Table,
+    columns: Sequence[Column[Any]],
+    select: Select[Any],
+    key: Sequence[str],
+    on_conflict: ConflictMode,
+    refresh: str,
+) -> Insert:
+    """``insert_from_select`` of the ``INSERT ... ON CONFLICT`` backends (PostgreSQL, SQLite).
+
+    Their ``Insert`` constructs share the ``on_conflict_do_*`` API: bind the
+    backend's ``insert`` and two-argument maximum (``greatest``, SQLite's
+    scalar ``max``) with ``functools.partial``.
+    """
+    stmt = insert(table).from_select(list(columns), select)
+    if on_conflict == "ignore":
+        return stmt.on_conflict_do_nothing(index_elements=list(key))  # type: ignore[no-any-return]
+    # Only move the timestamp forwards; the WHERE keeps an unchanged row
+    # from being rewritten (PostgreSQL still locks it, as DO UPDATE does).
+    new_value = getattr(func, greatest)(table.c[refresh], stmt.excluded[refresh])
+    return stmt.on_conflict_do_update(  # type: ignore[no-any-return]
+        index_elements=list(key),
+        set_={refresh: new_value},
+        where=table.c[refresh] < stmt.excluded[refresh],
+    )

@@ -4,23 +4,20 @@ Never ``INSERT IGNORE``: it takes a *shared* lock on a duplicate row, which
 deadlocks against a consumer deleting that row (shared-to-exclusive upgrade),
 and it downgrades FK / NOT NULL errors to warnings. The no-op ODKU takes an
 exclusive record lock on the duplicate instead, held until commit; so the
-statement first skips rows that already exist (``AND NOT EXISTS (SELECT ...
-FROM asset_dag_run_queue ...)``, a consistent read at READ COMMITTED: no
-lock), and ODKU only settles two producers inserting the same new row.
+statement first skips rows that already exist (a ``NOT EXISTS`` probe), and
+ODKU only settles two producers inserting the same new row.
 
-READ COMMITTED (as Airflow configures MySQL) makes the SELECT half a
-consistent read: no shared next-key locks on ``dag_schedule_asset_reference``
-or ``dag``; only the inserted/duplicate ADRQ rows and the FK parent records
-are locked. Under REPEATABLE READ or SERIALIZABLE, ``INSERT ... SELECT``
-takes shared next-key locks on every row it reads (reference tables,
+READ COMMITTED (as Airflow configures MySQL) makes the SELECT half, and that
+probe, a consistent read: only the inserted/duplicate ADRQ rows and the FK
+parent records are locked. Under REPEATABLE READ or SERIALIZABLE, ``INSERT ...
+SELECT`` takes shared next-key locks on every row it reads (reference tables,
 ``asset``, ``dag``), which conflict with the DAG processor and the scheduler:
 the first queue write on such a connection raises
-:class:`~airflow_adrq.errors.IsolationLevelError`, unless the connection (or
-its engine) carries the execution option ``adrq_allow_isolation=True``
-(``engine.execution_options(adrq_allow_isolation=True)``): the caller then
-accepts those locks. The level is read once per DBAPI connection (and again
-when the ``isolation_level`` execution option changes); a raw ``SET SESSION
-TRANSACTION ISOLATION LEVEL`` on a pooled connection is not noticed.
+:class:`~airflow_adrq.errors.IsolationLevelError`, unless the connection (or its
+engine) carries ``engine.execution_options(adrq_allow_isolation=True)``: the
+caller then accepts those locks. The level is read once per DBAPI connection
+(again when the ``isolation_level`` execution option changes); a raw ``SET
+SESSION TRANSACTION ISOLATION LEVEL`` on a pooled connection is not noticed.
 
 SQLAlchemy renders ``VALUES(col)`` (not MySQL 8.0.20's row alias) for
 ``INSERT ... SELECT``; both MySQL 8 and MariaDB accept it.
@@ -56,21 +53,17 @@ def _insert_from_select(
     on_conflict: ConflictMode,
     refresh: str,
 ) -> Insert:
-    # Skip the rows that need no write instead of "updating" them: on InnoDB
-    # even a no-op ON DUPLICATE KEY UPDATE locks an existing row exclusively,
-    # and Airflow's scheduler deletes queue rows DAG by DAG in Python-set
-    # order, so the two would lock the same rows in opposite orders (measured:
-    # the producer was the victim, 23-42 deadlocks per 240 transactions). At
-    # READ COMMITTED the NOT EXISTS probe is a consistent read and locks
-    # nothing. "ignore" skips every existing row; "refresh" only those already
-    # at least as new, and locks the older ones it must move forwards. The ODKU
-    # clause also settles two producers inserting the same new row at once
-    # (the second waits, then skips or refreshes).
-    names = [column.name for column in columns]
-    picked = list(select.selected_columns)
-    same_key = [table.c[k] == picked[names.index(k)] for k in key]
+    # Skip the rows that need no write instead of "updating" them: the no-op
+    # ODKU's exclusive lock on an existing row and Airflow's scheduler deleting
+    # rows DAG by DAG in Python-set order lock the same rows in opposite orders
+    # (measured: the producer was the victim, 23-42 deadlocks per 240
+    # transactions). "ignore" skips every existing row; "refresh" only those
+    # already at least as new, and locks the older ones it must move forwards.
+    # Two producers inserting the same new row: the second waits, then skips or refreshes.
+    picked = dict(zip([column.name for column in columns], select.selected_columns, strict=True))
+    same_key = [table.c[k] == picked[k] for k in key]
     if on_conflict == "refresh":
-        same_key.append(table.c[refresh] >= picked[names.index(refresh)])
+        same_key.append(table.c[refresh] >= picked[refresh])
     select = select.where(~exists().where(*same_key))
     stmt = mysql.insert(table).from_select(list(columns), select)
     if on_conflict == "ignore":
@@ -130,8 +123,7 @@ SUPPORT = DialectSupport(
     name="mysql",
     insert_from_select=_insert_from_select,
     insert_ignore=_insert_ignore,
-    # Airflow forces READ COMMITTED on MySQL (settings.prepare_engine_args);
-    # under REPEATABLE READ the SELECT would take shared next-key locks.
+    # As Airflow forces on MySQL (settings.prepare_engine_args).
     engine_kwargs={"isolation_level": "READ COMMITTED"},
     check_connection=_check_connection,
     # MySQL 8's scheduler locks the rows it consumes: refresh waits for it.

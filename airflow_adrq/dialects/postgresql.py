@@ -2,23 +2,22 @@
 
 ``ON CONFLICT DO NOTHING`` does not lock a committed conflicting row; it only
 waits for a transaction that inserted the same key and has not finished yet
-(speculative insertion). The rows we insert are locked in the order the
-SELECT produces them, which is why the statement ends in ``ORDER BY``.
-FK checks take ``FOR KEY SHARE`` on the ``dag`` and ``asset`` rows, which
-concurrent producers share.
-
-The consumers' ``dag`` rows are share-locked (``FOR SHARE OF dag``) in
-``dag_id COLLATE "C"`` order, which Airflow's scheduler skips (``FOR NO KEY
-UPDATE SKIP LOCKED``); the Sort node sits below LockRows, so rows are locked
-in that order.
+(speculative insertion). The rows we insert are locked in the order the SELECT
+produces them, hence its ``ORDER BY``. FK checks take ``FOR KEY SHARE`` on the
+``dag`` and ``asset`` rows, which concurrent producers share. The consumers'
+``dag`` rows are share-locked (``FOR SHARE OF dag``, which Airflow's scheduler
+skips: ``FOR NO KEY UPDATE SKIP LOCKED``) in ``dag_id COLLATE "C"`` order: the
+Sort node sits below LockRows.
 """
 
 from __future__ import annotations
 
+import functools
+
 from sqlalchemy import func
 from sqlalchemy.dialects import postgresql
 
-from airflow_adrq.dialects import DialectSupport, _on_conflict
+from airflow_adrq.dialects import DialectSupport, on_conflict_insert_from_select
 from airflow_adrq.tables import UtcDateTime
 
 
@@ -30,12 +29,11 @@ def _lock_not_available(error: BaseException) -> bool:
 
 SUPPORT = DialectSupport(
     name="postgresql",
-    insert_from_select=_on_conflict.insert_from_select(postgresql.insert, "greatest"),
-    insert_ignore=_on_conflict.insert_ignore(postgresql.insert),
+    insert_from_select=functools.partial(on_conflict_insert_from_select, postgresql.insert, "greatest"),
+    insert_ignore=lambda table: postgresql.insert(table).on_conflict_do_nothing(),
     # The start of the statement that reads it, which runs once the rows
     # are locked: one value for the whole statement.
     clock=lambda: func.statement_timestamp(type_=UtcDateTime()),
-    # WITH e AS (UPDATE asset_event ...), q AS (UPDATE ...) SELECT ...: one round trip.
     stamp_in_one_statement=True,
     # Byte order, as Python sorts the ids the DAG processor flushes: a
     # database collated en_US.UTF-8 sorts 'B' after 'a', "C" before it.

@@ -1,22 +1,22 @@
 """SQLite: ``INSERT ... ON CONFLICT DO NOTHING`` (SQLite >= 3.24).
 
-SQLite has one writer at a time, so row order cannot deadlock; the risk is a
-DEFERRED transaction that reads first and then cannot upgrade to a write lock
-(``SQLITE_BUSY`` without the busy handler being called). Engines made by
-:func:`airflow_adrq.engine.create_engine` therefore start every transaction
-with ``BEGIN IMMEDIATE`` and wait on a busy timeout. The SELECT always has a
-WHERE clause, which SQLite's upsert parser needs after ``INSERT ... SELECT``.
+SQLite has one writer at a time, so row order cannot deadlock; the risk is a DEFERRED
+transaction that reads first and then cannot upgrade to a write lock (``SQLITE_BUSY`` without the
+busy handler being called). Engines made by :func:`airflow_adrq.engine.create_engine` therefore
+start every transaction with ``BEGIN IMMEDIATE`` and wait on a busy timeout. The SELECT always has
+a WHERE clause, which SQLite's upsert parser needs after ``INSERT ... SELECT``.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection, Engine
 
-from airflow_adrq.dialects import DialectSupport, _on_conflict
+from airflow_adrq.dialects import DialectSupport, on_conflict_insert_from_select
 
 #: Seconds a writer waits for the database lock before SQLITE_BUSY.
 BUSY_TIMEOUT_SECONDS = 30
@@ -42,7 +42,7 @@ def _configure_engine(engine: Engine) -> None:
 SUPPORT = DialectSupport(
     name="sqlite",
     # SQLite's two-argument max() is a scalar function, like GREATEST.
-    insert_from_select=_on_conflict.insert_from_select(sqlite.insert, "max"),
-    insert_ignore=_on_conflict.insert_ignore(sqlite.insert),
+    insert_from_select=functools.partial(on_conflict_insert_from_select, sqlite.insert, "max"),
+    insert_ignore=lambda table: sqlite.insert(table).on_conflict_do_nothing(),
     configure_engine=_configure_engine,
 )

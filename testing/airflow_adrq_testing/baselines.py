@@ -68,7 +68,7 @@ With ``rng=None`` they iterate the set itself, as Airflow does.
 Not reproduced (not on the benchmark's path, or needs a running Airflow):
 multi-team filtering, the ``asset.updates`` metric (a no-op without a
 metrics backend), Airflow's listener manager (our
-:func:`airflow_adrq.listeners.notify` stands in), and the partitioned-DAG
+:func:`airflow_adrq.manager.notify` stands in), and the partitioned-DAG
 path (``asset_partition_dag_run``; partitioned consumers are skipped with
 Airflow's warning, without its ``log`` row). Our ``dag`` table is a subset of
 Airflow's columns, so loading a ``DagModel`` costs less here than in Airflow.
@@ -86,8 +86,7 @@ from sqlalchemy import Table, and_, exc, insert, or_, select
 from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.orm import Session
 
-from airflow_adrq import listeners
-from airflow_adrq.manager import AssetLike, TaskInstanceLike
+from airflow_adrq.manager import AssetEventInfo, AssetLike, TaskInstanceLike, notify
 from airflow_adrq.models import (
     AssetActive,
     AssetAliasModel,
@@ -250,7 +249,7 @@ def register_asset_change(
         )
     )
 
-    info = listeners.AssetEventInfo(
+    info = AssetEventInfo(
         event_id=event.id,
         asset_id=asset_model.id,
         asset_name=asset_model.name,
@@ -261,9 +260,9 @@ def register_asset_change(
         **source,
     )
     if callback_sink is None:
-        listeners.notify(info)
+        notify(info)
     else:
-        callback_sink.append(functools.partial(listeners.notify, info))
+        callback_sink.append(functools.partial(notify, info))
 
     dags_to_queue = dags_from_asset | dags_from_alias | dags_from_ref
     _queue_dagruns(session, asset_model.id, dags_to_queue, partition_key, queueing, rng)
