@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, attributes
 
-from airflow_adrq import dialects, statement
+from airflow_adrq import dialects, metrics, statement
 from airflow_adrq.dialects import ConflictPolicy
 from airflow_adrq.shapes import PARTITIONED, QueueShape
 from airflow_adrq.statement import Form
@@ -76,6 +76,7 @@ def _write_once_without_waiting_while_holding(
         except DBAPIError as exc:
             if not support.lock_not_available(exc):
                 raise
+            metrics.report("incr", "queue_write.lock_waits", 1)
             conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
             _wait_for_busy_rows(conn, form, params, options)
     conn.execute(statement.share_lock(support.name, form), params, execution_options=options)

@@ -29,7 +29,7 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
-from airflow_adrq import deferral
+from airflow_adrq import deferral, metrics
 from airflow_adrq.errorcodes import Retryable, RetryableKind, classify, is_retryable
 from airflow_adrq.errors import CommitOutcomeUnknownError, RetriesExhaustedError
 from airflow_adrq.tables import asset_event
@@ -109,6 +109,7 @@ def run_in_transaction(
         exc = state.outcome.exception() if state.outcome else None
         found = classify(exc) if exc else None
         if found is not None:
+            metrics.report("incr", "transaction_retries", 1)
             log.info(
                 "retrying transaction after %s (%s), attempt %d",
                 found.kind.value,

@@ -33,7 +33,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from airflow_adrq import create_engine, register_asset_change
+from airflow_adrq import create_engine, metrics, register_asset_change
 from airflow_adrq.errorcodes import RetryableKind, classify
 from airflow_adrq.models import DagModel
 from tests.concurrency.test_dag_share_lock import HeldCommit
@@ -174,9 +174,11 @@ def _producer_first(engine: sa.Engine, writer) -> None:
 
 @pytest.mark.backends("postgresql")
 @pytest.mark.parametrize("writer", WRITERS, ids=list(WRITERS))
-def test_postgresql_no_deadlock_in_either_order_the_blocking_control_deadlocks(world, writer):
+def test_postgresql_no_deadlock_in_either_order_the_blocking_control_deadlocks(world, writer, monkeypatch):
     engine, asset_id = world
     write = WRITERS[writer]
+    sent: list[tuple[str, str, float]] = []
+    monkeypatch.setattr(metrics, "report", lambda kind, name, value: sent.append((kind, name, value)))
     # The control waits holding "B" for "a": the writer, holding "a", then wants "B".
     assert _writer_first(engine, _control, write, ["a", "B"]) != (False, False)
     with engine.begin() as conn:
@@ -184,6 +186,8 @@ def test_postgresql_no_deadlock_in_either_order_the_blocking_control_deadlocks(w
     for order in (["a", "B"], ["B", "a"]):
         assert _writer_first(engine, _ours, write, order) == (False, False), order
         assert queued(engine) == {(asset_id, "B"), (asset_id, "a")}
+    # Each time ours met the writer's row (NOWAIT), the operator's counter says so.
+    assert sent.count(("incr", "queue_write.lock_waits", 1)) >= 2
     _producer_first(engine, write)
     assert queued(engine) == {(asset_id, "B"), (asset_id, "a")}
 

@@ -14,6 +14,7 @@ from airflow_adrq import (
     add_listener,
     classify,
     create_engine,
+    metrics,
     register_asset_change,
     remove_listener,
     run_in_transaction,
@@ -133,7 +134,9 @@ def test_sqlite_busy_is_retried(backend, db_url):
 
 
 @pytest.mark.backends("sqlite")  # a held write lock is the simplest retryable error to provoke
-def test_retries_are_bounded_and_callbacks_dropped(backend, db_url):
+def test_retries_are_bounded_and_callbacks_dropped(backend, db_url, monkeypatch):
+    sent: list[tuple[str, str, float]] = []
+    monkeypatch.setattr(metrics, "report", lambda kind, name, value: sent.append((kind, name, value)))
     holder = create_engine(db_url)
     waiter = create_engine(db_url)
 
@@ -157,6 +160,7 @@ def test_retries_are_bounded_and_callbacks_dropped(backend, db_url):
     assert time.monotonic() - started < 5
     assert classify(caught.value).kind is RetryableKind.BUSY
     assert ran == []
+    assert sent == [("incr", "transaction_retries", 1)] * 2  # three attempts, two retries
     holder.dispose()
     waiter.dispose()
 
