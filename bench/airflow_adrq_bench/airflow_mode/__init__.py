@@ -111,15 +111,8 @@ def _bench(args: argparse.Namespace, sizes: Sizes) -> int:
             f"{sizes.transactions} transactions x {sizes.rounds} round(s), fan-out {sizes.fanout}, hold "
             f"{sizes.hold_ms:g} ms, scenarios {', '.join(scenarios)}; output in {out}"
         )
-        raw = run.run(
-            targets,
-            sizes,
-            managers=managers,
-            scenarios=scenarios,
-            sweep=not args.no_sweep,
-            contention=not args.no_contention,
-            pg_deadlock_timeout_ms=args.pg_deadlock_timeout_ms,
-        )
+        contend, sweep, timeout_ms = not args.no_contention, not args.no_sweep, args.pg_deadlock_timeout_ms
+        raw = run.Bench(sizes, managers, scenarios, sweep, contend, timeout_ms).run(targets)
     summary = report.summarize(raw)
     lines = report.verdict(raw, summary)
     problems = report.errors(raw, summary)

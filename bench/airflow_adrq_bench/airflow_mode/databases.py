@@ -36,7 +36,6 @@ _SETTINGS = {
         "innodb_lock_wait_timeout": "SELECT @@innodb_lock_wait_timeout",
         "innodb_deadlock_detect": "SELECT @@innodb_deadlock_detect",
     },
-    "sqlite": {},
 }
 
 # The transactions still open on this database, other than the reader's own (client sessions only).
@@ -70,11 +69,8 @@ def refuse_airflow_database(url: str) -> None:
     ):
         return
     engine = sa.create_engine(url, poolclass=NullPool)
-    try:
-        with engine.connect() as conn:
-            names = set(sa.inspect(conn).get_table_names())
-    finally:
-        engine.dispose()
+    with engine.connect() as conn:
+        names = set(sa.inspect(conn).get_table_names())
     found = [name for name in AIRFLOW_TABLES if name in names]
     if found:
         raise BenchError(
@@ -107,15 +103,17 @@ def targets(urls: Sequence[str], backends: Sequence[str] | None, *, sqlite: bool
         yield dataset.unique_names(found)
 
 
+#: A database of :func:`migrated`: ``(target, Airflow's URL of its scratch database, wait)``.
+Migrating = tuple[Target, str, Callable[[], None]]
+
+
 @contextlib.contextmanager
-def migrated(
-    targets: Sequence[Target], workdir: Path
-) -> Iterator[list[tuple[Target, str, Callable[[], None]]]]:
+def migrated(targets: Sequence[Target], workdir: Path) -> Iterator[list[Migrating]]:
     """Per target a scratch database (dropped on exit) and ``airflow db migrate`` started on it in the
-    background (while the caller starts its Airflow processes): ``(target, Airflow's URL of it, wait)``;
-    ``wait()`` returns once it has finished, or raises :class:`BenchError`."""
+    background (while the caller starts its Airflow processes); ``wait()`` returns once it has finished,
+    or raises :class:`BenchError`."""
     with contextlib.ExitStack() as stack:
-        out: list[tuple[Target, str, Callable[[], None]]] = []
+        out: list[Migrating] = []
         for n, target in enumerate(targets):
             url = airflow_url(stack.enter_context(dataset.scratch_database(target.server_url)))
             log = workdir / f"db-migrate-{n}.log"
@@ -125,9 +123,7 @@ def migrated(
         yield out
 
 
-def each_ready(
-    databases: Sequence[tuple[Target, str, Callable[[], None]]], steps: int
-) -> Iterator[tuple[Target, str, progress.Task]]:
+def each_ready(databases: Sequence[Migrating], steps: int) -> Iterator[tuple[Target, str, progress.Task]]:
     """Each of :func:`migrated`'s databases once migrated, with a progress bar of ``steps`` (the first:
     the wait for the migration) open while the caller measures it."""
     for target, url, wait in databases:
@@ -139,10 +135,10 @@ def each_ready(
 
 def control_engine(url: str) -> sa.Engine:
     """An engine for the controller's reads: no pool, READ COMMITTED on MySQL (each read sees the latest)."""
-    kwargs: dict[str, Any] = {"poolclass": NullPool}
-    if sa.make_url(url).get_backend_name() in ("mysql", "mariadb"):
-        kwargs["isolation_level"] = "READ COMMITTED"
-    return sa.create_engine(url, **kwargs)
+    mysql = sa.make_url(url).get_backend_name() in ("mysql", "mariadb")
+    return sa.create_engine(
+        url, poolclass=NullPool, **({"isolation_level": "READ COMMITTED"} if mysql else {})
+    )
 
 
 def clear_queue(engine: sa.Engine) -> None:
@@ -194,7 +190,7 @@ def server_settings(engine: sa.Engine) -> dict[str, str]:
     """The server's deadlock and lock-wait settings the results depend on (those it lets us read)."""
     out = {}
     with engine.connect() as conn:
-        for key, sql in _SETTINGS[engine.dialect.name].items():
+        for key, sql in _SETTINGS.get(engine.dialect.name, {}).items():
             with contextlib.suppress(sa.exc.DBAPIError):
                 out[key] = str(conn.exec_driver_sql(sql).scalar())
     return out

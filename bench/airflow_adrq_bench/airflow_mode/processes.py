@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from airflow_adrq_bench.errors import BenchError
 
@@ -127,25 +128,16 @@ class Child:
         *args: Any,
         spawn_env: Mapping[str, str] | None = None,
     ) -> None:
-        self.label = label
+        self.label, self.pid = label, 0
         self.pool = cf.ProcessPoolExecutor(
             1,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_start,
             initargs=(settings, setup, args),
         )
-        saved = {name: os.environ.get(name) for name in spawn_env or {}}
-        os.environ.update(spawn_env or {})
-        try:
+        with mock.patch.dict(os.environ, spawn_env or {}):
             self._first = self.pool.submit(os.getpid)  # spawns the process now, with spawn_env
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    del os.environ[name]
-                else:
-                    os.environ[name] = value
         self._pending = [self._first]
-        self.pid: int | None = None
 
     def submit(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> cf.Future[Any]:
         """Start ``function(*args, **kwargs)`` in the child; :meth:`result` collects it."""
@@ -165,6 +157,7 @@ class Child:
             raise BenchError(f"{self.label} failed: {exc!r}\n{exc.__cause__ or ''}") from None
 
     def call(self, function: Callable[..., Any], *args: Any, timeout: float = 600, **kwargs: Any) -> Any:
+        """:meth:`submit`, then :meth:`result`."""
         return self.result(self.submit(function, *args, **kwargs), timeout)
 
     def started(self) -> int:
@@ -178,8 +171,7 @@ def close_all(children: Iterable[Child], timeout: float = 30) -> None:
     children = list(children)
     for child in children:
         child.pool.shutdown(wait=False, cancel_futures=True)
-    busy = [f for child in children for f in child._pending]
-    cf.wait(busy, timeout)
+    cf.wait([f for child in children for f in child._pending], timeout)
     for child in children:
         if child.pid and any(not f.done() for f in child._pending):
             with contextlib.suppress(ProcessLookupError):

@@ -27,27 +27,15 @@ from airflow_adrq_bench.verdict import (
     ratio_line,
 )
 
-
-def _at_least(factor: float) -> Target:
-    return Target("", f">= {factor:g}x", lambda value: value >= factor)
-
-
-#: The plug-in's speed targets per database: one caller at fan-out F against stock (calls per second
-#: at the median), and 8 producers' committed tx/s against sorted_loop's (``contention``, judged at the
-#: default contention sizes only). The other targets are the shared ones of :mod:`.verdict`.
+#: The plug-in's speed targets per database, each ">= factor x": one caller at fan-out F against stock
+#: (calls per second at the median), and 8 producers' committed tx/s against sorted_loop's
+#: (``contention``, judged at the default contention sizes only). The other targets are :mod:`.verdict`'s.
 SPEED_TARGETS: dict[str, dict[str, Target]] = {
-    "postgresql": {
-        "F=1": _at_least(1),
-        "F=64": _at_least(2.5),
-        "F=1024": _at_least(4),
-        "contention": _at_least(2),
-    },
-    "mariadb": {
-        "F=1": _at_least(1),
-        "F=64": _at_least(20),
-        "F=1024": _at_least(100),
-        "contention": _at_least(15),
-    },
+    db: {goal: Target("", f">= {f:g}x", lambda v, f=f: v >= f) for goal, f in factors.items()}
+    for db, factors in {
+        "postgresql": {"F=1": 1, "F=64": 2.5, "F=1024": 4, "contention": 2},
+        "mariadb": {"F=1": 1, "F=64": 20, "F=1024": 100, "contention": 15},
+    }.items()
 }
 
 _FAILURES = ("deadlock", "lock_timeout", "serialization", "busy", "connection_lost")
@@ -146,24 +134,16 @@ def verdict(raw: dict[str, Any], summary: Summary) -> list[Line]:
             mine, stock = (_find(sweep, fanout=fanout, manager=m) for m in ("plugin", "stock"))
             if mine and stock and f"F={fanout}" in goals:
                 (a, a_spread), (b, b_spread) = _calls_per_s(mine), _calls_per_s(stock)
-                what = f"one caller F={fanout:,} vs stock"
-                lines.append(
-                    ratio_line(db, goals[f"F={fanout}"], a, b, what=what, spreads=(a_spread, b_spread))
-                )
+                what, spreads = f"one caller F={fanout:,} vs stock", (a_spread, b_spread)
+                lines.append(ratio_line(db, goals[f"F={fanout}"], a, b, what=what, spreads=spreads))
         for scenario in raw["scenarios"] if "contention" in goals and at_goal_sizes else []:
             mine, base = (_find(rows, scenario=scenario, manager=m) for m in ("plugin", "sorted_loop"))
             if mine and base:
-                lines.append(
-                    ratio_line(
-                        db,
-                        goals["contention"],
-                        mine["tx_per_s"],
-                        base["tx_per_s"],
-                        what=f"tx/s {scenario} vs sorted",
-                        spreads=(rate_spread(mine), rate_spread(base)),
-                        unfinished=(_unfinished(mine), _unfinished(base, "sorted: ")),
-                    )
-                )
+                spreads = (rate_spread(mine), rate_spread(base))
+                unfinished = (_unfinished(mine), _unfinished(base, "sorted: "))
+                what = f"tx/s {scenario} vs sorted"
+                args = (db, goals["contention"], mine["tx_per_s"], base["tx_per_s"])
+                lines.append(ratio_line(*args, what=what, spreads=spreads, unfinished=unfinished))
     return lines
 
 
@@ -216,8 +196,11 @@ def format_tables(raw: dict[str, Any], summary: Summary) -> str:
         out.append(f"### {target['version']}" + (f" ({settings})" if settings else "") + "\n")
         sweep, rows = ([r for r in summary[k] if r["db"] == db] for k in ("sweep", "contention"))
         if sweep:
-            out += ["One caller: register_asset_change + COMMIT, empty queue\n", tables.table(sweep, _SWEEP)]
-            out.append("")
+            out += [
+                "One caller: register_asset_change + COMMIT, empty queue\n",
+                tables.table(sweep, _SWEEP),
+                "",
+            ]
         if rows:
             out.append(
                 f"Contention: {s['producers']} producer processes per manager, fan-out {s['fanout']:,}, "

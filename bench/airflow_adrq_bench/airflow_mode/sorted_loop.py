@@ -23,7 +23,8 @@ from airflow.assets.manager import AssetManager
 __all__ = ["SortedLoopAssetManager"]
 
 
-def _by_dag_id(dags: Any) -> list[Any]:
+def _by_dag_id(dags: Any) -> Any:
+    # A list where Airflow types a set: Airflow only iterates it, in this order.
     return sorted(dags, key=lambda dag: dag.dag_id)
 
 
@@ -34,12 +35,9 @@ class SortedLoopAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
     @classmethod
     def _queue_dagruns_nonpartitioned_postgres(cls, asset_id: int, dags_to_queue: Any, session: Any) -> None:
         # One multi-row INSERT ... ON CONFLICT DO NOTHING, rows in dag_id order.
-        # A list where Airflow types a set: Airflow only iterates it, in this order.
-        ordered: Any = _by_dag_id(dags_to_queue)
-        super()._queue_dagruns_nonpartitioned_postgres(asset_id, ordered, session)
+        super()._queue_dagruns_nonpartitioned_postgres(asset_id, _by_dag_id(dags_to_queue), session)
 
     @classmethod
     def _queue_dagruns_nonpartitioned_slow_path(cls, asset_id: int, dags_to_queue: Any, session: Any) -> None:
         # SAVEPOINT + merge per DAG, in dag_id order.
-        ordered: Any = _by_dag_id(dags_to_queue)
-        super()._queue_dagruns_nonpartitioned_slow_path(asset_id, ordered, session)
+        super()._queue_dagruns_nonpartitioned_slow_path(asset_id, _by_dag_id(dags_to_queue), session)

@@ -1,12 +1,11 @@
 """The producers of the Airflow modes: processes each bound to one asset manager, and their pool.
 
-:class:`Workers` spawns ``producers`` processes per manager (:class:`.processes.Child`),
-producer ``i`` of every manager with ``PYTHONHASHSEED`` ``1000 + i`` (Airflow iterates a
-task's outlets as a ``set``; processes differ in that order, as API-server workers do).
-``import airflow`` does not import ``airflow.assets.manager``, where ``[core]
-asset_manager_class`` is read: each process is given its manager's class in its settings
-first, then checks that ``asset_manager`` is exactly that class (:func:`setup`). The
-functions below run in those processes, on the process's one :class:`_Worker`.
+:class:`Workers` spawns ``producers`` processes per manager (:class:`.processes.Child`), producer ``i``
+of every manager with ``PYTHONHASHSEED`` ``1000 + i`` (Airflow iterates a task's outlets as a ``set``;
+processes differ in that order, as API-server workers do). ``import airflow`` does not import
+``airflow.assets.manager``, where ``[core] asset_manager_class`` is read: each process is given its
+manager's class in its settings first, then checks that ``asset_manager`` is exactly that class
+(:func:`setup`). The functions below run in those processes, on the process's one :class:`_Worker`.
 """
 
 from __future__ import annotations
@@ -84,17 +83,11 @@ class _Worker(AirflowOrm):
             if (final := classify(exc.__cause__ or exc)) is not None:
                 failures[final.kind.value] += 1
             return NOT_STARTED | {"attempts": exc.attempts, "failures": dict(failures)}
-        latency, statements = time.monotonic() - start, self.statements
+        done = {"ok": True, "latency_s": time.monotonic() - start, "attempts": sum(failures.values()) + 1}
+        done |= {"failures": dict(failures), "statements": self.statements}
         for callback in callbacks:  # Airflow's, after the COMMIT that succeeded
             callback()
-        attempts = sum(failures.values()) + 1
-        return {
-            "ok": True,
-            "latency_s": latency,
-            "attempts": attempts,
-            "failures": dict(failures),
-            "statements": statements,
-        }
+        return done
 
 
 #: This process's worker (set by :func:`setup`).
@@ -103,8 +96,19 @@ _worker: _Worker
 
 def setup(manager: str, index: int, barrier: Any) -> None:
     """Import Airflow, check that it resolved ``manager``'s class, and make this process's worker."""
+    import airflow
+    import airflow.models.taskinstance as taskinstance_module
+    from airflow.assets import manager as airflow_manager
+
     global _worker
-    _worker = _Worker(index, barrier, _check_manager(manager))
+    module, _, class_name = MANAGER_CLASSES[manager].rpartition(".")
+    resolved, expected = airflow_manager.asset_manager, getattr(importlib.import_module(module), class_name)
+    name = f"{type(resolved).__module__}.{type(resolved).__qualname__}"
+    # The same instance must be the one TaskInstance.register_asset_changes_in_db calls.
+    if type(resolved) is not expected or vars(taskinstance_module)["asset_manager"] is not resolved:
+        raise RuntimeError(f"{manager}: Airflow resolved {name} (in airflow.models.taskinstance too?)")
+    found = {"manager": manager, "class": name, "airflow": str(airflow.__version__), "pid": os.getpid()}
+    _worker = _Worker(index, barrier, found | {"hash_seed": os.environ.get("PYTHONHASHSEED")})
 
 
 def info() -> dict[str, Any]:
@@ -217,34 +221,12 @@ def _task_instance(task_id: str, run_id: str) -> SimpleNamespace:
         try_number=1,
         dag_run=SimpleNamespace(partition_key=None, partition_date=None),
         log=logging.getLogger("airflow_adrq_bench.airflow_mode.ti"),
-        # Airflow 3.4 records the task instance's id on the event and reads its
-        # map index off its dynamic region (the sentinel: no region); earlier
-        # lines read neither.
+        # Airflow 3.4 records the task instance's id on the event and reads its map index off its
+        # dynamic region (the sentinel: no region); earlier lines read neither.
         id=uuid.uuid4(),
         region_id=uuid.UUID(int=0),
         region_index=-1,
     )
-
-
-def _check_manager(manager: str) -> dict[str, Any]:
-    """The manager Airflow resolved from ``[core] asset_manager_class`` must be this worker's."""
-    import airflow
-    import airflow.models.taskinstance as taskinstance_module
-    from airflow.assets import manager as airflow_manager
-
-    module, _, class_name = MANAGER_CLASSES[manager].rpartition(".")
-    resolved, expected = airflow_manager.asset_manager, getattr(importlib.import_module(module), class_name)
-    name = f"{type(resolved).__module__}.{type(resolved).__qualname__}"
-    # The same instance must be the one TaskInstance.register_asset_changes_in_db calls.
-    if type(resolved) is not expected or vars(taskinstance_module)["asset_manager"] is not resolved:
-        raise RuntimeError(f"{manager}: Airflow resolved {name} (in airflow.models.taskinstance too?)")
-    return {
-        "manager": manager,
-        "class": name,
-        "airflow": str(airflow.__version__),
-        "pid": os.getpid(),
-        "hash_seed": os.environ.get("PYTHONHASHSEED"),
-    }
 
 
 class Workers:
@@ -266,15 +248,8 @@ class Workers:
                 for manager in managers:
                     settings = base | {"AIRFLOW__CORE__ASSET_MANAGER_CLASS": MANAGER_CLASSES[manager]}
                     seed = {"PYTHONHASHSEED": str(1000 + index)}
-                    self.procs[(manager, index)] = Child(
-                        f"worker {manager}/{index}",
-                        settings,
-                        setup,
-                        manager,
-                        index,
-                        barriers[manager],
-                        spawn_env=seed,
-                    )
+                    label, args = f"worker {manager}/{index}", (manager, index, barriers[manager])
+                    self.procs[(manager, index)] = Child(label, settings, setup, *args, spawn_env=seed)
             for proc in self.procs.values():
                 proc.started()
                 self.info.append(proc.call(info))
