@@ -174,8 +174,8 @@ class LiveSizes(Checked):
         return self.consumer_ids[self.consumers // 2 :] if self.own_assets else []
 
     def outlets_of(self, producer: int) -> list[str]:
-        """The assets producer DAG ``producer`` emits: ``a0``, ``a1`` ... (short: an operator sees them
-        in the UI of a kept deployment); with ``own_assets``, ``p<producer>a0`` ..."""
+        """Producer DAG ``producer``'s assets: ``a0``, ``a1`` ... (short, for the UI of a kept deployment);
+        with ``own_assets``, ``p<producer>a0`` ..."""
         return [f"{f'p{producer}' if self.own_assets else ''}a{j}" for j in range(self.outlets)]
 
     @property

@@ -13,12 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from airflow_adrq_bench import options, progress
-from airflow_adrq_bench.airflow_mode.processes import (
-    airflow_settings,
-    clean_environ,
-    start_migrate,
-    wait_migrate,
-)
+from airflow_adrq_bench.airflow_mode import processes
 from airflow_adrq_bench.errors import BenchError
 from airflow_adrq_testing import dataset
 from airflow_adrq_testing.dataset import Target as Target
@@ -117,9 +112,12 @@ def migrated(targets: Sequence[Target], workdir: Path) -> Iterator[list[Migratin
         for n, target in enumerate(targets):
             url = airflow_url(stack.enter_context(dataset.scratch_database(target.server_url)))
             log = workdir / f"db-migrate-{n}.log"
-            proc = start_migrate(clean_environ(airflow_settings(workdir, url)), log)
+            proc = processes.start_migrate(
+                processes.clean_environ(processes.airflow_settings(workdir, url)), log
+            )
             stack.callback(proc.kill)
-            out.append((target, url, functools.partial(wait_migrate, proc, log, label=f"{target.version}: ")))
+            wait = functools.partial(processes.wait_migrate, proc, log, label=f"{target.version}: ")
+            out.append((target, url, wait))
         yield out
 
 

@@ -39,31 +39,31 @@ SPEED_TARGETS: dict[str, dict[str, Target]] = {
 }
 
 _FAILURES = ("deadlock", "lock_timeout", "serialization", "busy", "connection_lost")
-Summary = dict[str, list[dict[str, Any]]]
+Row = dict[str, Any]
+Summary = dict[str, list[Row]]
 
 
-def _find(rows: Sequence[dict[str, Any]], **match: Any) -> dict[str, Any]:
+def _find(rows: Sequence[Row], **match: Any) -> Row:
     """The first row with every ``match`` (empty if none)."""
     return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), {})
 
 
-def _grouped(records: Sequence[dict[str, Any]], *keys: str) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+def _grouped(records: Sequence[Row], *keys: str) -> list[tuple[Row, list[Row]]]:
+    """``records`` grouped by their ``keys``, in run order: ``({key: value}, the group's records)``."""
+    groups: dict[tuple[Any, ...], list[Row]] = defaultdict(list)
     for record in records:
         groups[tuple(record[k] for k in keys)].append(record)
-    return groups
+    return [(dict(zip(keys, key, strict=True)), group) for key, group in groups.items()]
 
 
 def summarize(raw: dict[str, Any]) -> Summary:
     """Sweep rows per (db, fan-out, manager), contention rows per (db, scenario, manager), in run order."""
     sweep = []
-    for (db, fanout, manager), records in _grouped(raw["sweep"], "db", "fanout", "manager").items():
+    for where, records in _grouped(raw["sweep"], "db", "fanout", "manager"):
         measured = [r for r in records if not r["warmup"]]
         sweep.append(
             {
-                "db": db,
-                "fanout": fanout,
-                "manager": manager,
+                **where,
                 "calls": len(measured),
                 **latency([r["latency_s"] * 1000 for r in measured]),
                 "statements": median([r["statements"] for r in measured]),
@@ -75,15 +75,13 @@ def summarize(raw: dict[str, Any]) -> Summary:
         row["vs_stock"] = ratio(stock.get("p50_ms", math.nan), row["p50_ms"])
 
     contention = []
-    for (db, scenario, manager), rounds in _grouped(raw["rounds"], "db", "scenario", "manager").items():
+    for where, rounds in _grouped(raw["rounds"], "db", "scenario", "manager"):
         txs = [tx for r in rounds for tx in r["transactions"]]
         ok = [tx for tx in txs if tx["ok"]]
         duration = sum(r["duration_s"] for r in rounds)
         contention.append(
             {
-                "db": db,
-                "scenario": scenario,
-                "manager": manager,
+                **where,
                 "rounds": len(rounds),
                 "planned": len(txs),
                 "committed": len(ok),
@@ -147,12 +145,12 @@ def verdict(raw: dict[str, Any], summary: Summary) -> list[Line]:
     return lines
 
 
-def _calls_per_s(row: dict[str, Any]) -> tuple[float, tuple[float, float]]:
+def _calls_per_s(row: Row) -> tuple[float, tuple[float, float]]:
     """One caller's calls per second at the median, and over the median's 95 % interval (its spread)."""
     return 1000 / row["p50_ms"], (1000 / row["ci_high_ms"], 1000 / row["ci_low_ms"])
 
 
-def _unfinished(row: dict[str, Any], who: str = "") -> str:
+def _unfinished(row: Row, who: str = "") -> str:
     return f"{who}{row['abandoned']} of {row['planned']} not committed" if row["abandoned"] else ""
 
 

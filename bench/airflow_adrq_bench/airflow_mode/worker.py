@@ -116,7 +116,7 @@ def info() -> dict[str, Any]:
     return _worker.info
 
 
-def target(url: str, pg_deadlock_timeout_ms: int | None = None) -> dict[str, Any]:
+def target(url: str, pg_deadlock_timeout_ms: int | None = None) -> None:
     """Point Airflow's ORM at ``url``, counting statements (and setting ``deadlock_timeout``)."""
     import sqlalchemy as sa
 
@@ -126,13 +126,11 @@ def target(url: str, pg_deadlock_timeout_ms: int | None = None) -> dict[str, Any
 
         def _deadlock_timeout(dbapi_connection: Any, _record: Any) -> None:
             # Needs superuser; transactional in PostgreSQL, so commit it.
-            cursor = dbapi_connection.cursor()
-            cursor.execute(f"SET deadlock_timeout = '{int(pg_deadlock_timeout_ms)}ms'")
-            cursor.close()
+            with dbapi_connection.cursor() as cursor:
+                cursor.execute(f"SET deadlock_timeout = '{int(pg_deadlock_timeout_ms)}ms'")
             dbapi_connection.commit()
 
         sa.event.listen(engine, "connect", _deadlock_timeout)
-    return {"dialect": engine.dialect.name, "driver": engine.dialect.driver}
 
 
 def release() -> None:
@@ -146,27 +144,27 @@ def seed(dag_ids: list[str], assets: dict[str, int]) -> dict[str, int]:
     from airflow.models.dag import DagModel
     from airflow.models.dagbundle import DagBundleModel
 
-    ids: dict[str, int] = {}
     with _worker.session_factory() as session:
         session.add(DagBundleModel(name=BUNDLE))
         session.flush()  # dag.bundle_name has an FK but no relationship to order the inserts
         flags = {"bundle_name": BUNDLE, "is_paused": False, "is_stale": False, "timetable_partitioned": False}
         session.add_all(DagModel(dag_id=dag_id, **flags) for dag_id in [PRODUCER_DAG, *dag_ids])
+        models = {name: AssetModel(name=name, uri=asset_uri(name), group="asset") for name in assets}
+        session.add_all(models.values())
         session.flush()
-        for name, fanout in assets.items():
-            model = AssetModel(name=name, uri=asset_uri(name), group="asset")
-            session.add(model)
-            session.flush()
-            ids[name] = model.id
+        ids: dict[str, int] = {name: model.id for name, model in models.items()}
+        for name, model in models.items():
             session.add(AssetActive.for_asset(model))
-            session.add_all(DagScheduleAssetReference(asset_id=model.id, dag_id=d) for d in dag_ids[:fanout])
+            session.add_all(
+                DagScheduleAssetReference(asset_id=ids[name], dag_id=d) for d in dag_ids[: assets[name]]
+            )
         session.commit()
     return ids
 
 
 def sweep_call(asset: str, run_id: str) -> dict[str, Any]:
     """One ``asset_manager.register_asset_change`` + COMMIT, timed; no retry (one caller)."""
-    from airflow.assets import manager as airflow_manager
+    from airflow.assets.manager import asset_manager
     from airflow.serialization.definitions.assets import SerializedAssetUniqueKey
 
     key = SerializedAssetUniqueKey(name=asset, uri=asset_uri(asset))
@@ -174,9 +172,7 @@ def sweep_call(asset: str, run_id: str) -> dict[str, Any]:
     with _worker.session_factory() as session:
         _worker.statements = 0
         start = time.perf_counter()
-        event = airflow_manager.asset_manager.register_asset_change(
-            task_instance=ti, asset=key, session=session
-        )
+        event = asset_manager.register_asset_change(task_instance=ti, asset=key, session=session)
         session.commit()
         latency, statements = time.perf_counter() - start, _worker.statements
     return {"latency_s": latency, "statements": statements, "event": event is not None}
