@@ -30,13 +30,6 @@ from airflow_adrq_bench.airflow_mode.results import conclude
 from airflow_adrq_bench.verdict import missed
 from airflow_adrq_testing import servers
 
-#: The backends the one-caller and accounting modes measure on (the live mode: not SQLite).
-BACKENDS = ("sqlite", *servers.BACKENDS)
-_DB_HELP = (
-    "measure on this server (repeatable): a scratch database is created on it and dropped; refused if the "
-    "URL's own database has Airflow tables"
-)
-
 
 def parser_for(
     doc: str, mode: str = "", preset: tuple[str, str] = ("--quick", "small sizes")
@@ -50,11 +43,13 @@ def parser_for(
     )
     options.add_common(
         parser,
-        db_help=_DB_HELP,
+        db_help="measure on this server (repeatable): a scratch database is created on it and dropped; "
+        "refused if the URL's own database has Airflow tables",
         preset=preset,
         out=f"airflow-{mode[2:]}-" if mode else "airflow-",
         routing=("--airflow", *([mode] if mode else [])),
-        backends=servers.BACKENDS if mode == "--live" else BACKENDS,
+        # The live mode needs a server Airflow's LocalExecutor supports: not SQLite.
+        backends=servers.BACKENDS if mode == "--live" else ("sqlite", *servers.BACKENDS),
     )
     return parser
 

@@ -27,14 +27,19 @@ from airflow_adrq_bench.verdict import (
     ratio_line,
 )
 
-#: The plug-in's speed targets per database, each ">= factor x": one caller at fan-out F against stock
-#: (calls per second at the median), and 8 producers' committed tx/s against sorted_loop's
-#: (``contention``, judged at the default contention sizes only). The other targets are :mod:`.verdict`'s.
+
+def _at_least(factor: float) -> Target:
+    return Target("", f">= {factor:g}x", lambda value: value >= factor)
+
+
+#: The plug-in's speed targets per database: one caller at fan-out F against stock (calls per second
+#: at the median), and 8 producers' committed tx/s against sorted_loop's (``contention``, judged at the
+#: default contention sizes only). The other targets are the shared ones of :mod:`.verdict`.
 SPEED_TARGETS: dict[str, dict[str, Target]] = {
-    db: {goal: Target("", f">= {f:g}x", lambda v, f=f: v >= f) for goal, f in factors.items()}
+    db: {goal: _at_least(factor) for goal, factor in factors.items()}
     for db, factors in {
-        "postgresql": {"F=1": 1, "F=64": 2.5, "F=1024": 4, "contention": 2},
-        "mariadb": {"F=1": 1, "F=64": 20, "F=1024": 100, "contention": 15},
+        "postgresql": {"F=1": 1.0, "F=64": 2.5, "F=1024": 4.0, "contention": 2.0},
+        "mariadb": {"F=1": 1.0, "F=64": 20.0, "F=1024": 100.0, "contention": 15.0},
     }.items()
 }
 

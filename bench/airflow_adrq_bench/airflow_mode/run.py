@@ -37,8 +37,7 @@ Rows = set[tuple[int, str]]
 
 
 def _row_check(engine: sa.Engine, expected: Rows) -> dict[str, Any]:
-    """How the queue's ``(asset_id, target_dag_id)`` rows differ from ``expected`` (up to 5 examples each
-    way)."""
+    """How the queue's rows differ from ``expected`` (up to 5 examples each way)."""
     with engine.connect() as conn:
         sql = sa.text("SELECT asset_id, target_dag_id FROM asset_dag_run_queue")
         actual = {(int(asset), str(dag)) for asset, dag in conn.execute(sql)}
@@ -79,22 +78,19 @@ class Bench:
 
     def run(self, targets: Sequence[Target]) -> dict[str, Any]:
         sizes, managers, started = self.sizes, self.managers, time.monotonic()
-        with (
-            tempfile.TemporaryDirectory(prefix="adrq-airflow-bench-") as tmp,
-            contextlib.ExitStack() as stack,
-        ):
-            migrating = stack.enter_context(databases.migrated(targets, Path(tmp)))
+        with contextlib.ExitStack() as stack:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="adrq-airflow-bench-")))
+            migrating = stack.enter_context(databases.migrated(targets, tmp))
             with progress.task("starting Airflow worker processes", len(managers) * sizes.producers) as bar:
                 bar.step("each imports Airflow: about 3 s of CPU apiece")
-                self.workers = worker.Workers(managers, sizes.producers, Path(tmp), lambda: bar.step("", 1))
+                self.workers = worker.Workers(managers, sizes.producers, tmp, lambda: bar.step("", 1))
             stack.callback(self.workers.close)  # before the scratch databases are dropped
             self.raw |= {"workers": self.workers.info, "airflow_version": self.workers.info[0]["airflow"]}
             # Progress steps per database: the set-up, the sweep's calls, the contention rounds.
             calls = len(sizes.fanouts) * (sizes.sweep_calls + 1) if self.sweep else 0
             rounds = len(self.scenarios) * sizes.rounds if self.contention else 0
-            for self.target, url, self.bar in databases.each_ready(
-                migrating, 1 + (calls + rounds) * len(managers)
-            ):
+            steps = 1 + (calls + rounds) * len(managers)
+            for self.target, url, self.bar in databases.each_ready(migrating, steps):
                 self.raw["targets"].append(self.measure(url))
         raw_finish(self.raw, started)
         return self.raw
@@ -103,8 +99,9 @@ class Bench:
         began, every = time.monotonic(), list(self.workers.procs.values())
         self.engine = databases.control_engine(url)
         try:
-            timeout_ms = self.pg_deadlock_timeout_ms
-            self.workers.broadcast(every, worker.target, url=url, pg_deadlock_timeout_ms=timeout_ms)
+            self.workers.broadcast(
+                every, worker.target, url=url, pg_deadlock_timeout_ms=self.pg_deadlock_timeout_ms
+            )
             assets = {name: f for f, name in self.sweep_assets.items()}
             assets |= {a: self.sizes.fanout for names in self.assets_of.values() for a in names}
             seeder = self.workers.group(self.managers[0])[0]
@@ -146,9 +143,8 @@ class Bench:
         result = caller.call(worker.sweep_call, asset=asset, run_id=f"{manager}-sweep-f{fanout}-{call}")
         check = _row_check(self.engine, {(self.asset_ids[asset], d) for d in self.dag_ids[:fanout]})
         where = {"db": self.target.name, "fanout": fanout, "manager": manager, "call": call}
-        self.raw["sweep"].append(
-            where | result | {"warmup": call < 0, "rows_exact": check["exact"], "check": check}
-        )
+        found = {"warmup": call < 0, "rows_exact": check["exact"], "check": check}
+        self.raw["sweep"].append(where | result | found)
 
     def contend(self) -> None:
         sizes = self.sizes

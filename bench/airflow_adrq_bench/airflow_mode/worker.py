@@ -83,11 +83,13 @@ class _Worker(AirflowOrm):
             if (final := classify(exc.__cause__ or exc)) is not None:
                 failures[final.kind.value] += 1
             return NOT_STARTED | {"attempts": exc.attempts, "failures": dict(failures)}
-        done = {"ok": True, "latency_s": time.monotonic() - start, "attempts": sum(failures.values()) + 1}
-        done |= {"failures": dict(failures), "statements": self.statements}
+        latency, statements = time.monotonic() - start, self.statements
         for callback in callbacks:  # Airflow's, after the COMMIT that succeeded
             callback()
-        return done
+        attempts = sum(failures.values()) + 1
+        return dict(
+            ok=True, latency_s=latency, attempts=attempts, failures=dict(failures), statements=statements
+        )
 
 
 #: This process's worker (set by :func:`setup`).
