@@ -82,20 +82,18 @@ def targets(urls: Sequence[str], backends: Sequence[str] | None, *, sqlite: bool
     server :func:`.options.servers_found` finds among ``backends`` (stopped at the end if it started
     them), plus SQLite when ``sqlite`` (which also allows SQLite URLs)."""
     with contextlib.ExitStack() as stack:
-        found: list[Target] = []
         for url in urls:
             if not sqlite and sa.make_url(url).get_backend_name() == "sqlite":
                 raise BenchError(
                     "SQLite is not measured here: Airflow does not support the LocalExecutor on it"
                 )
             refuse_airflow_database(url)
-            found.append(describe(url))
-        if not urls and sqlite and (not backends or "sqlite" in backends):
-            found.append(describe("sqlite://"))
-        found += [] if urls else [describe(url) for url in options.servers_found(stack, backends)]
-        if not found:
+        if not urls:
+            local = ["sqlite://"] if sqlite and (not backends or "sqlite" in backends) else []
+            urls = local + options.servers_found(stack, backends)
+        if not urls:
             raise BenchError("no database to measure on")
-        yield dataset.unique_names(found)
+        yield dataset.unique_names([describe(url) for url in urls])
 
 
 #: A database of :func:`migrated`: ``(target, Airflow's URL of its scratch database, wait)``.

@@ -20,6 +20,8 @@ from airflow_adrq_bench.errors import BenchError
 
 #: Seconds a child gets to import Airflow and answer (two dozen of them may share 2 cores).
 START_TIMEOUT = 600.0
+#: Every child is spawned: a fresh interpreter, nothing of the controller's state (or its Airflow settings).
+SPAWN = multiprocessing.get_context("spawn")
 
 
 def airflow(
@@ -66,17 +68,16 @@ def start_migrate(env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
 def wait_migrate(proc: subprocess.Popen[bytes], log: Path, timeout: float = 900, label: str = "") -> None:
     """Wait for :func:`start_migrate`'s ``proc``; :class:`BenchError` (``label`` first) with the log's tail
     on failure."""
+    what = f"{label}airflow db migrate"
     try:
         proc.wait(timeout=max(timeout, 1.0))
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        raise BenchError(
-            f"{label}airflow db migrate did not finish within {timeout:.0f} s (log: {log})"
-        ) from None
+        raise BenchError(f"{what} did not finish within {timeout:.0f} s (log: {log})") from None
     if proc.returncode != 0:
         tail = log.read_text(errors="replace")[-3000:]
-        raise BenchError(f"{label}airflow db migrate failed (exit {proc.returncode}, log: {log}):\n{tail}")
+        raise BenchError(f"{what} failed (exit {proc.returncode}, log: {log}):\n{tail}")
 
 
 class AirflowOrm:
@@ -130,10 +131,7 @@ class Child:
     ) -> None:
         self.label, self.pid = label, 0
         self.pool = cf.ProcessPoolExecutor(
-            1,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_start,
-            initargs=(settings, setup, args),
+            1, mp_context=SPAWN, initializer=_start, initargs=(settings, setup, args)
         )
         with mock.patch.dict(os.environ, spawn_env or {}):
             self._first = self.pool.submit(os.getpid)  # spawns the process now, with spawn_env

@@ -1,8 +1,7 @@
 """Summaries, the verdict, the Markdown tables (with their legend), and JSON of the Airflow mode.
 
-The verdict's targets are defined here, once (:data:`SPEED_TARGETS`, and the shared
-:mod:`airflow_adrq_bench.verdict` targets for deadlocks, transactions not
-committed and exact rows); :func:`verdict` judges a run against them.
+The verdict's targets are defined here, once (:data:`SPEED_TARGETS`, and the shared :mod:`.verdict`
+targets for deadlocks, transactions not committed and exact rows); :func:`verdict` judges a run by them.
 """
 
 from __future__ import annotations
@@ -199,11 +198,8 @@ def format_tables(raw: dict[str, Any], summary: Summary) -> str:
         out.append(f"### {target['version']}" + (f" ({settings})" if settings else "") + "\n")
         sweep, rows = ([r for r in summary[k] if r["db"] == db] for k in ("sweep", "contention"))
         if sweep:
-            out += [
-                "One caller: register_asset_change + COMMIT, empty queue\n",
-                tables.table(sweep, _SWEEP),
-                "",
-            ]
+            out += ["One caller: register_asset_change + COMMIT, empty queue\n", tables.table(sweep, _SWEEP)]
+            out.append("")
         if rows:
             out.append(
                 f"Contention: {s['producers']} producer processes per manager, fan-out {s['fanout']:,}, "

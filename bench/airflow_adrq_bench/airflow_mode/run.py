@@ -1,18 +1,16 @@
-"""Run the Airflow mode end to end: worker processes, scratch databases, sweep, contention.
+"""Run the Airflow mode end to end. The controller (this process) never imports Airflow.
 
-The controller (this process) never imports Airflow. It starts ``producers`` worker processes per
-manager (:class:`.worker.Workers`) while ``airflow db migrate`` makes every database's scratch database
-(:func:`.databases.migrated`); then per database:
+It starts ``producers`` worker processes per manager (:class:`.worker.Workers`) while ``airflow db
+migrate`` makes every database's scratch database (:func:`.databases.migrated`); then per database:
 
-1. points every worker's Airflow ORM at it, seeds DAGs, assets and schedule references through
-   Airflow's models, and runs ``ANALYZE``;
-2. the sweep: for each fan-out, one warm-up call per manager, then calls interleaved between the
-   managers (the order rotates every repetition), each from an empty queue, each followed by an
-   exact-rows check;
-3. contention: per scenario and round (managers interleaved), the queue is emptied, the manager's
-   producers start together and each runs ``transactions`` transactions; afterwards the queue must
-   hold exactly the expected rows and ``asset_event`` exactly one row per committed outlet, and any
-   transaction still open is ended before the next round starts.
+1. points every worker's Airflow ORM at it, seeds DAGs, assets and schedule references through Airflow's
+   models, and runs ``ANALYZE``;
+2. the sweep: for each fan-out, one warm-up call per manager, then calls interleaved between the managers
+   (the order rotates every repetition), each from an empty queue, each followed by an exact-rows check;
+3. contention: per scenario and round (managers interleaved), the queue is emptied, the manager's producers
+   start together and each runs ``transactions`` transactions; afterwards the queue must hold exactly the
+   expected rows and ``asset_event`` exactly one row per committed outlet, and any transaction still open
+   is ended before the next round starts.
 """
 
 from __future__ import annotations
@@ -70,10 +68,7 @@ class Bench:
             **raw_opening("airflow-adrq bench --airflow", sizes, self.managers),
             "manager_classes": {m: MANAGER_CLASSES[m] for m in self.managers},
             "scenarios": self.scenarios,
-            "targets": [],
-            "sweep": [],
-            "rounds": [],
-            "skipped": [],
+            **{records: [] for records in ("targets", "sweep", "rounds", "skipped")},
         }
 
     def run(self, targets: Sequence[Target]) -> dict[str, Any]:

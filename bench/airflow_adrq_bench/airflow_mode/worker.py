@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import multiprocessing
 import os
 import time
 import uuid
@@ -22,8 +21,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from airflow_adrq.errors import RetriesExhaustedError
+from airflow_adrq.retry import Retryable, classify, run_in_transaction
 from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES
-from airflow_adrq_bench.airflow_mode.processes import AirflowOrm, Child, airflow_settings, close_all
+from airflow_adrq_bench.airflow_mode.processes import SPAWN, AirflowOrm, Child, airflow_settings, close_all
 
 #: The DAG bundle, and the producing DAG the task-instance stand-ins belong to.
 BUNDLE = "adrq-bench-bundle"
@@ -51,9 +52,6 @@ class _Worker(AirflowOrm):
         (:func:`airflow_adrq.retry.run_in_transaction`); anything else is raised."""
         from airflow.api_fastapi.execution_api.datamodels.asset import AssetProfile
         from airflow.models.taskinstance import TaskInstance
-
-        from airflow_adrq.errors import RetriesExhaustedError
-        from airflow_adrq.retry import Retryable, classify, run_in_transaction
 
         outlets = [AssetProfile(name=name, uri=asset_uri(name), type="Asset") for name in assets]
         ti: Any = _task_instance(f"t{self.index}", run_id)
@@ -86,10 +84,8 @@ class _Worker(AirflowOrm):
         latency, statements = time.monotonic() - start, self.statements
         for callback in callbacks:  # Airflow's, after the COMMIT that succeeded
             callback()
-        attempts = sum(failures.values()) + 1
-        return dict(
-            ok=True, latency_s=latency, attempts=attempts, failures=dict(failures), statements=statements
-        )
+        done: dict[str, Any] = {"ok": True, "latency_s": latency, "attempts": sum(failures.values()) + 1}
+        return done | {"failures": dict(failures), "statements": statements}
 
 
 #: This process's worker (set by :func:`setup`).
@@ -234,9 +230,8 @@ class Workers:
         self, managers: Sequence[str], producers: int, home: Path, started: Callable[[], None] = lambda: None
     ) -> None:
         """Start them (``started()`` after each has imported Airflow); :class:`BenchError` if one fails."""
-        ctx = multiprocessing.get_context("spawn")
         # A barrier per manager, inherited by its producers at their start.
-        barriers = {manager: ctx.Barrier(producers) for manager in managers}
+        barriers = {manager: SPAWN.Barrier(producers) for manager in managers}
         base = airflow_settings(home, f"sqlite:///{home}/unused.db")
         #: Per (manager, index) its process; ``info``: what each resolved (:func:`info`).
         self.procs: dict[tuple[str, int], Child] = {}
