@@ -80,12 +80,8 @@ class AccountingSizes(Checked):
     producers: int = size(6, "producer processes per manager", ">=1")
     transactions: int = size(40, "transactions (one event each) per producer and cell", ">=1")
     consumers: int = size(3, "consumer DAGs of each cell's asset", ">=1")
-    holds_ms: tuple[float, ...] = size(
-        (5.0, 30.0), "holds before COMMIT, comma-separated milliseconds", ">=0"
-    )
-    budget_s: float = size(
-        60.0, "seconds after a cell's start when producers stop starting transactions", ">0"
-    )
+    holds_ms: tuple[float, ...] = size((5.0, 30.0), "holds before COMMIT in ms, comma-separated", ">=0")
+    budget_s: float = size(60.0, "seconds into a cell after which producers start no transactions", ">0")
     consumer_pause_ms: float = size(1.0, "the consumer's pause between scheduler passes", ">=0")
     fan_in: bool = size(
         False,
@@ -124,18 +120,12 @@ class LiveSizes(Checked):
     schedulers: int = size(1, "schedulers: 2 runs Airflow's HA mode (PostgreSQL only)", ">=1")
     # Airflow marks a task whose success call deadlocked FAILED directly, whatever this says.
     retries: int = size(1, "retries of the producer task", ">=0")
-    settle_s: float = size(
-        5.0, "seconds without queue rows and new consumer runs that count as drained", ">0"
-    )
+    settle_s: float = size(5.0, "seconds without queue rows or new consumer runs that count as drained", ">0")
     drain_timeout_s: float = size(180.0, "longest wait for a drain (the queue left is then reported)", ">0")
-    barrier_timeout_s: float = size(
-        0.0, "seconds an instance waits for the rest of its burst (0: sized)", ">=0"
-    )
+    barrier_timeout_s: float = size(0.0, "seconds an instance waits for its whole burst (0: sized)", ">=0")
     lead_s: float = size(0.5, "seconds from the last instance's arrival to the common finish", ">=0")
     # 0: all at once; process scheduling alone then spreads them by ~30 ms.
-    spread_s: float = size(
-        0.3, "each instance finishes a random 0 to this many s after the common finish", ">=0"
-    )
+    spread_s: float = size(0.3, "instances finish a random 0 to this many s after the common finish", ">=0")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -144,8 +144,7 @@ def clear_queue(engine: sa.Engine) -> None:
 
 
 def end_transactions(engine: sa.Engine) -> int:
-    """End every transaction still open on the database (their sessions are ended); how many there were
-    (none on SQLite, which has no other session)."""
+    """End the transactions still open on the database by ending their sessions; how many (SQLite: 0)."""
     name = engine.dialect.name
     if name not in _OPEN:
         return 0

@@ -60,14 +60,12 @@ def clean_environ(settings: Mapping[str, str]) -> dict[str, str]:
 
 
 def start_migrate(env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """``airflow db migrate`` (Airflow's schema, as an operator creates it) in the background;
-    :func:`wait_migrate` waits for it."""
+    """Start ``airflow db migrate`` (the schema as an operator makes it); :func:`wait_migrate` waits."""
     return airflow(["db", "migrate"], env, log)
 
 
 def wait_migrate(proc: subprocess.Popen[bytes], log: Path, timeout: float = 900, label: str = "") -> None:
-    """Wait for :func:`start_migrate`'s ``proc``; :class:`BenchError` (``label`` first) with the log's tail
-    on failure."""
+    """Wait for ``proc``; on failure :class:`BenchError` (``label`` first) with the log's tail."""
     what = f"{label}airflow db migrate"
     try:
         proc.wait(timeout=max(timeout, 1.0))

@@ -30,15 +30,13 @@ from airflow_adrq_bench.airflow_mode import databases, worker
 from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES, Sizes
 from airflow_adrq_bench.airflow_mode.databases import Target
 from airflow_adrq_bench.airflow_mode.results import raw_finish, raw_opening
+from airflow_adrq_testing import dataset
 
-Rows = set[tuple[int, str]]
 
-
-def _row_check(engine: sa.Engine, expected: Rows) -> dict[str, Any]:
+def _row_check(engine: sa.Engine, expected: set[dataset.Pair]) -> dict[str, Any]:
     """How the queue's rows differ from ``expected`` (up to 5 examples each way)."""
     with engine.connect() as conn:
-        sql = sa.text("SELECT asset_id, target_dag_id FROM asset_dag_run_queue")
-        actual = {(int(asset), str(dag)) for asset, dag in conn.execute(sql)}
+        actual = dataset.queued_pairs(conn)
     missing, extra = sorted(expected - actual)[:5], sorted(actual - expected)[:5]
     return dict(
         expected=len(expected), actual=len(actual), missing=missing, extra=extra, exact=actual == expected
@@ -47,8 +45,7 @@ def _row_check(engine: sa.Engine, expected: Rows) -> dict[str, Any]:
 
 @dataclass
 class Bench:
-    """What a run measures; :meth:`run` measures it on every target and returns the raw results (see
-    :mod:`.report`)."""
+    """What a run measures; :meth:`run` measures it on every target, returning the raw results."""
 
     sizes: Sizes
     managers: list[str]

@@ -11,6 +11,7 @@ manager's class in its settings first, then checks that ``asset_manager`` is exa
 from __future__ import annotations
 
 import importlib
+import itertools
 import logging
 import os
 import time
@@ -151,11 +152,9 @@ def seed(dag_ids: list[str], assets: dict[str, int]) -> dict[str, int]:
         session.add_all(models.values())
         session.flush()
         ids: dict[str, int] = {name: model.id for name, model in models.items()}
-        for name, model in models.items():
-            session.add(AssetActive.for_asset(model))
-            session.add_all(
-                DagScheduleAssetReference(asset_id=ids[name], dag_id=d) for d in dag_ids[: assets[name]]
-            )
+        for name, fanout in assets.items():
+            session.add(AssetActive.for_asset(models[name]))
+            session.add_all(DagScheduleAssetReference(asset_id=ids[name], dag_id=d) for d in dag_ids[:fanout])
         session.commit()
     return ids
 
@@ -207,19 +206,13 @@ def round_of(
 
 def _task_instance(task_id: str, run_id: str) -> SimpleNamespace:
     """A stand-in for the producing TaskInstance: the attributes Airflow 3.3.2 reads on this path."""
+    ids = {"dag_id": PRODUCER_DAG, "task_id": task_id, "run_id": run_id, "map_index": -1, "try_number": 1}
+    # Airflow 3.4 records the task instance's id on the event and reads its map index off its dynamic
+    # region (the sentinel: no region); earlier lines read neither.
+    region = {"id": uuid.uuid4(), "region_id": uuid.UUID(int=0), "region_index": -1}
+    log = logging.getLogger("airflow_adrq_bench.airflow_mode.ti")
     return SimpleNamespace(
-        dag_id=PRODUCER_DAG,
-        task_id=task_id,
-        run_id=run_id,
-        map_index=-1,
-        try_number=1,
-        dag_run=SimpleNamespace(partition_key=None, partition_date=None),
-        log=logging.getLogger("airflow_adrq_bench.airflow_mode.ti"),
-        # Airflow 3.4 records the task instance's id on the event and reads its map index off its
-        # dynamic region (the sentinel: no region); earlier lines read neither.
-        id=uuid.uuid4(),
-        region_id=uuid.UUID(int=0),
-        region_index=-1,
+        **ids, **region, log=log, dag_run=SimpleNamespace(partition_key=None, partition_date=None)
     )
 
 
@@ -237,12 +230,11 @@ class Workers:
         self.procs: dict[tuple[str, int], Child] = {}
         self.info: list[dict[str, Any]] = []
         try:
-            for index in range(producers):
-                for manager in managers:
-                    settings = base | {"AIRFLOW__CORE__ASSET_MANAGER_CLASS": MANAGER_CLASSES[manager]}
-                    seed = {"PYTHONHASHSEED": str(1000 + index)}
-                    label, args = f"worker {manager}/{index}", (manager, index, barriers[manager])
-                    self.procs[(manager, index)] = Child(label, settings, setup, *args, spawn_env=seed)
+            for index, manager in itertools.product(range(producers), managers):
+                settings = base | {"AIRFLOW__CORE__ASSET_MANAGER_CLASS": MANAGER_CLASSES[manager]}
+                seed = {"PYTHONHASHSEED": str(1000 + index)}
+                label, args = f"worker {manager}/{index}", (manager, index, barriers[manager])
+                self.procs[(manager, index)] = Child(label, settings, setup, *args, spawn_env=seed)
             for proc in self.procs.values():
                 proc.started()
                 self.info.append(proc.call(info))
