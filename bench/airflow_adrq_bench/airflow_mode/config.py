@@ -63,13 +63,9 @@ class Sizes(Checked):
 
 
 DEFAULT: Final = Sizes()
+#: ``--quick``: 5 calls per sweep cell, every one made (enough for a median and a spread); one short round.
 QUICK: Final = Sizes(
-    sweep_calls=5,  # every call of a cell: enough for a median and a spread
-    sweep_budget_s=6.0,
-    sweep_min_calls=5,
-    transactions=4,
-    rounds=1,
-    round_budget_s=6.0,
+    sweep_calls=5, sweep_budget_s=6.0, sweep_min_calls=5, transactions=4, rounds=1, round_budget_s=6.0
 )
 
 
@@ -144,8 +140,7 @@ class LiveSizes(Checked):
 
     @property
     def barrier_s(self) -> float:
-        """The barrier's timeout: given, or long enough for a burst's task processes to start
-        (about 1.5 s of CPU each on 2 cores)."""
+        """The barrier's timeout: given, or enough for a burst's tasks to start (~1.5 s CPU each, 2 cores)."""
         return self.barrier_timeout_s or 60.0 + 3.0 * self.tasks_per_burst
 
     @property
@@ -187,8 +182,7 @@ LIVE_SMALL: Final = LiveSizes(instances=4, outlets=2, consumers=8, bursts=2, pro
 
 @dataclass(frozen=True)
 class LiveShape(Checked):
-    """How every deployment of a run is laid out (but ``LiveSizes.schedulers``); stock and the plug-in
-    get the same."""
+    """How every deployment of a run is laid out (but ``LiveSizes.schedulers``), for every manager alike."""
 
     executor: str = size(
         "local",
