@@ -110,9 +110,8 @@ def migrated(targets: Sequence[Target], workdir: Path) -> Iterator[list[Migratin
         for n, target in enumerate(targets):
             url = airflow_url(stack.enter_context(dataset.scratch_database(target.server_url)))
             log = workdir / f"db-migrate-{n}.log"
-            proc = processes.start_migrate(
-                processes.clean_environ(processes.airflow_settings(workdir, url)), log
-            )
+            env = processes.clean_environ(processes.airflow_settings(workdir, url))
+            proc = processes.start_migrate(env, log)
             stack.callback(proc.kill)
             wait = functools.partial(processes.wait_migrate, proc, log, label=f"{target.version}: ")
             out.append((target, url, wait))
@@ -131,10 +130,10 @@ def each_ready(databases: Sequence[Migrating], steps: int) -> Iterator[tuple[Tar
 
 def control_engine(url: str) -> sa.Engine:
     """An engine for the controller's reads: no pool, READ COMMITTED on MySQL (each read sees the latest)."""
-    mysql = sa.make_url(url).get_backend_name() in ("mysql", "mariadb")
-    return sa.create_engine(
-        url, poolclass=NullPool, **({"isolation_level": "READ COMMITTED"} if mysql else {})
-    )
+    kwargs: dict[str, Any] = {"poolclass": NullPool}
+    if sa.make_url(url).get_backend_name() in ("mysql", "mariadb"):
+        kwargs["isolation_level"] = "READ COMMITTED"
+    return sa.create_engine(url, **kwargs)
 
 
 def clear_queue(engine: sa.Engine) -> None:
