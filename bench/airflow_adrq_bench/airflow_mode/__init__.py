@@ -20,6 +20,7 @@ consumer) and --live (a real deployment); each has its own --help.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
@@ -81,14 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the Airflow mode; returns the exit status (1: a failure, rows not exact, or a plug-in deadlock)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--accounting" in argv:
-        from airflow_adrq_bench.airflow_mode import accounting
-
-        return accounting.main(argv)
-    if "--live" in argv:
-        from airflow_adrq_bench.airflow_mode import live
-
-        return live.main(argv)
+    for mode in ("accounting", "live"):  # imported only when asked for
+        if f"--{mode}" in argv:
+            return int(importlib.import_module(f"{__name__}.{mode}").main(argv))
     parser = build_parser()
     args = parser.parse_args(argv)
     sizes = options.sizes_from(parser, args, QUICK if args.preset else DEFAULT)
