@@ -20,6 +20,7 @@ consumer) and --live (a real deployment); each has its own --help.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
@@ -29,13 +30,6 @@ from airflow_adrq_bench.airflow_mode.config import DEFAULT, MANAGERS, QUICK, SCE
 from airflow_adrq_bench.airflow_mode.results import conclude
 from airflow_adrq_bench.verdict import missed
 from airflow_adrq_testing import servers
-
-#: The backends the one-caller and accounting modes measure on (the live mode: not SQLite).
-BACKENDS = ("sqlite", *servers.BACKENDS)
-_DB_HELP = (
-    "measure on this server (repeatable): a scratch database is created on it and dropped; refused if the "
-    "URL's own database has Airflow tables"
-)
 
 
 def parser_for(
@@ -50,11 +44,13 @@ def parser_for(
     )
     options.add_common(
         parser,
-        db_help=_DB_HELP,
+        db_help="measure on this server (repeatable): a scratch database is created on it and dropped; "
+        "refused if the URL's own database has Airflow tables",
         preset=preset,
         out=f"airflow-{mode[2:]}-" if mode else "airflow-",
         routing=("--airflow", *([mode] if mode else [])),
-        backends=servers.BACKENDS if mode == "--live" else BACKENDS,
+        # The live mode needs a server Airflow's LocalExecutor supports: not SQLite.
+        backends=servers.BACKENDS if mode == "--live" else ("sqlite", *servers.BACKENDS),
     )
     return parser
 
@@ -86,14 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the Airflow mode; returns the exit status (1: a failure, rows not exact, or a plug-in deadlock)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--accounting" in argv:
-        from airflow_adrq_bench.airflow_mode import accounting
-
-        return accounting.main(argv)
-    if "--live" in argv:
-        from airflow_adrq_bench.airflow_mode import live
-
-        return live.main(argv)
+    for mode in ("accounting", "live"):  # imported only when asked for
+        if f"--{mode}" in argv:
+            return int(importlib.import_module(f"{__name__}.{mode}").main(argv))
     parser = build_parser()
     args = parser.parse_args(argv)
     sizes = options.sizes_from(parser, args, QUICK if args.preset else DEFAULT)
@@ -111,15 +102,8 @@ def _bench(args: argparse.Namespace, sizes: Sizes) -> int:
             f"{sizes.transactions} transactions x {sizes.rounds} round(s), fan-out {sizes.fanout}, hold "
             f"{sizes.hold_ms:g} ms, scenarios {', '.join(scenarios)}; output in {out}"
         )
-        raw = run.run(
-            targets,
-            sizes,
-            managers=managers,
-            scenarios=scenarios,
-            sweep=not args.no_sweep,
-            contention=not args.no_contention,
-            pg_deadlock_timeout_ms=args.pg_deadlock_timeout_ms,
-        )
+        contend, sweep, timeout_ms = not args.no_contention, not args.no_sweep, args.pg_deadlock_timeout_ms
+        raw = run.Bench(sizes, managers, scenarios, sweep, contend, timeout_ms).run(targets)
     summary = report.summarize(raw)
     lines = report.verdict(raw, summary)
     problems = report.errors(raw, summary)

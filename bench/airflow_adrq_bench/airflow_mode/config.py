@@ -63,13 +63,9 @@ class Sizes(Checked):
 
 
 DEFAULT: Final = Sizes()
+#: ``--quick``: 5 calls per sweep cell, every one made (enough for a median and a spread); one short round.
 QUICK: Final = Sizes(
-    sweep_calls=5,  # every call of a cell: enough for a median and a spread
-    sweep_budget_s=6.0,
-    sweep_min_calls=5,
-    transactions=4,
-    rounds=1,
-    round_budget_s=6.0,
+    sweep_calls=5, sweep_budget_s=6.0, sweep_min_calls=5, transactions=4, rounds=1, round_budget_s=6.0
 )
 
 
@@ -80,12 +76,8 @@ class AccountingSizes(Checked):
     producers: int = size(6, "producer processes per manager", ">=1")
     transactions: int = size(40, "transactions (one event each) per producer and cell", ">=1")
     consumers: int = size(3, "consumer DAGs of each cell's asset", ">=1")
-    holds_ms: tuple[float, ...] = size(
-        (5.0, 30.0), "holds before COMMIT, comma-separated milliseconds", ">=0"
-    )
-    budget_s: float = size(
-        60.0, "seconds after a cell's start when producers stop starting transactions", ">0"
-    )
+    holds_ms: tuple[float, ...] = size((5.0, 30.0), "holds before COMMIT in ms, comma-separated", ">=0")
+    budget_s: float = size(60.0, "seconds into a cell after which producers start no transactions", ">0")
     consumer_pause_ms: float = size(1.0, "the consumer's pause between scheduler passes", ">=0")
     fan_in: bool = size(
         False,
@@ -124,18 +116,12 @@ class LiveSizes(Checked):
     schedulers: int = size(1, "schedulers: 2 runs Airflow's HA mode (PostgreSQL only)", ">=1")
     # Airflow marks a task whose success call deadlocked FAILED directly, whatever this says.
     retries: int = size(1, "retries of the producer task", ">=0")
-    settle_s: float = size(
-        5.0, "seconds without queue rows and new consumer runs that count as drained", ">0"
-    )
+    settle_s: float = size(5.0, "seconds without queue rows or new consumer runs that count as drained", ">0")
     drain_timeout_s: float = size(180.0, "longest wait for a drain (the queue left is then reported)", ">0")
-    barrier_timeout_s: float = size(
-        0.0, "seconds an instance waits for the rest of its burst (0: sized)", ">=0"
-    )
+    barrier_timeout_s: float = size(0.0, "seconds an instance waits for its whole burst (0: sized)", ">=0")
     lead_s: float = size(0.5, "seconds from the last instance's arrival to the common finish", ">=0")
     # 0: all at once; process scheduling alone then spreads them by ~30 ms.
-    spread_s: float = size(
-        0.3, "each instance finishes a random 0 to this many s after the common finish", ">=0"
-    )
+    spread_s: float = size(0.3, "instances finish a random 0 to this many s after the common finish", ">=0")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -154,8 +140,7 @@ class LiveSizes(Checked):
 
     @property
     def barrier_s(self) -> float:
-        """The barrier's timeout: given, or long enough for a burst's task processes to start
-        (about 1.5 s of CPU each on 2 cores)."""
+        """The barrier's timeout: given, or enough for a burst's tasks to start (~1.5 s CPU each, 2 cores)."""
         return self.barrier_timeout_s or 60.0 + 3.0 * self.tasks_per_burst
 
     @property
@@ -174,8 +159,8 @@ class LiveSizes(Checked):
         return self.consumer_ids[self.consumers // 2 :] if self.own_assets else []
 
     def outlets_of(self, producer: int) -> list[str]:
-        """The assets producer DAG ``producer`` emits: ``a0``, ``a1`` ... (short: an operator sees them
-        in the UI of a kept deployment); with ``own_assets``, ``p<producer>a0`` ..."""
+        """Producer DAG ``producer``'s assets: ``a0``, ``a1`` ... (short, for the UI of a kept deployment);
+        with ``own_assets``, ``p<producer>a0`` ..."""
         return [f"{f'p{producer}' if self.own_assets else ''}a{j}" for j in range(self.outlets)]
 
     @property
@@ -197,8 +182,7 @@ LIVE_SMALL: Final = LiveSizes(instances=4, outlets=2, consumers=8, bursts=2, pro
 
 @dataclass(frozen=True)
 class LiveShape(Checked):
-    """How every deployment of a run is laid out (but ``LiveSizes.schedulers``); stock and the plug-in
-    get the same."""
+    """How every deployment of a run is laid out (but ``LiveSizes.schedulers``), for every manager alike."""
 
     executor: str = size(
         "local",

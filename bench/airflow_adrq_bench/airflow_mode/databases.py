@@ -13,12 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from airflow_adrq_bench import options, progress
-from airflow_adrq_bench.airflow_mode.processes import (
-    airflow_settings,
-    clean_environ,
-    start_migrate,
-    wait_migrate,
-)
+from airflow_adrq_bench.airflow_mode import processes
 from airflow_adrq_bench.errors import BenchError
 from airflow_adrq_testing import dataset
 from airflow_adrq_testing.dataset import Target as Target
@@ -36,7 +31,6 @@ _SETTINGS = {
         "innodb_lock_wait_timeout": "SELECT @@innodb_lock_wait_timeout",
         "innodb_deadlock_detect": "SELECT @@innodb_deadlock_detect",
     },
-    "sqlite": {},
 }
 
 # The transactions still open on this database, other than the reader's own (client sessions only).
@@ -70,11 +64,8 @@ def refuse_airflow_database(url: str) -> None:
     ):
         return
     engine = sa.create_engine(url, poolclass=NullPool)
-    try:
-        with engine.connect() as conn:
-            names = set(sa.inspect(conn).get_table_names())
-    finally:
-        engine.dispose()
+    with engine.connect() as conn:
+        names = set(sa.inspect(conn).get_table_names())
     found = [name for name in AIRFLOW_TABLES if name in names]
     if found:
         raise BenchError(
@@ -91,43 +82,43 @@ def targets(urls: Sequence[str], backends: Sequence[str] | None, *, sqlite: bool
     server :func:`.options.servers_found` finds among ``backends`` (stopped at the end if it started
     them), plus SQLite when ``sqlite`` (which also allows SQLite URLs)."""
     with contextlib.ExitStack() as stack:
-        found: list[Target] = []
         for url in urls:
             if not sqlite and sa.make_url(url).get_backend_name() == "sqlite":
                 raise BenchError(
                     "SQLite is not measured here: Airflow does not support the LocalExecutor on it"
                 )
             refuse_airflow_database(url)
-            found.append(describe(url))
-        if not urls and sqlite and (not backends or "sqlite" in backends):
-            found.append(describe("sqlite://"))
-        found += [] if urls else [describe(url) for url in options.servers_found(stack, backends)]
-        if not found:
+        if not urls:
+            local = ["sqlite://"] if sqlite and (not backends or "sqlite" in backends) else []
+            urls = local + options.servers_found(stack, backends)
+        if not urls:
             raise BenchError("no database to measure on")
-        yield dataset.unique_names(found)
+        yield dataset.unique_names([describe(url) for url in urls])
+
+
+#: A database of :func:`migrated`: ``(target, Airflow's URL of its scratch database, wait)``.
+Migrating = tuple[Target, str, Callable[[], None]]
 
 
 @contextlib.contextmanager
-def migrated(
-    targets: Sequence[Target], workdir: Path
-) -> Iterator[list[tuple[Target, str, Callable[[], None]]]]:
+def migrated(targets: Sequence[Target], workdir: Path) -> Iterator[list[Migrating]]:
     """Per target a scratch database (dropped on exit) and ``airflow db migrate`` started on it in the
-    background (while the caller starts its Airflow processes): ``(target, Airflow's URL of it, wait)``;
-    ``wait()`` returns once it has finished, or raises :class:`BenchError`."""
+    background (while the caller starts its Airflow processes); ``wait()`` returns once it has finished,
+    or raises :class:`BenchError`."""
     with contextlib.ExitStack() as stack:
-        out: list[tuple[Target, str, Callable[[], None]]] = []
+        out: list[Migrating] = []
         for n, target in enumerate(targets):
             url = airflow_url(stack.enter_context(dataset.scratch_database(target.server_url)))
             log = workdir / f"db-migrate-{n}.log"
-            proc = start_migrate(clean_environ(airflow_settings(workdir, url)), log)
+            env = processes.clean_environ(processes.airflow_settings(workdir, url))
+            proc = processes.start_migrate(env, log)
             stack.callback(proc.kill)
-            out.append((target, url, functools.partial(wait_migrate, proc, log, label=f"{target.version}: ")))
+            wait = functools.partial(processes.wait_migrate, proc, log, label=f"{target.version}: ")
+            out.append((target, url, wait))
         yield out
 
 
-def each_ready(
-    databases: Sequence[tuple[Target, str, Callable[[], None]]], steps: int
-) -> Iterator[tuple[Target, str, progress.Task]]:
+def each_ready(databases: Sequence[Migrating], steps: int) -> Iterator[tuple[Target, str, progress.Task]]:
     """Each of :func:`migrated`'s databases once migrated, with a progress bar of ``steps`` (the first:
     the wait for the migration) open while the caller measures it."""
     for target, url, wait in databases:
@@ -152,8 +143,7 @@ def clear_queue(engine: sa.Engine) -> None:
 
 
 def end_transactions(engine: sa.Engine) -> int:
-    """End every transaction still open on the database (their sessions are ended); how many there were
-    (none on SQLite, which has no other session)."""
+    """End the transactions still open on the database by ending their sessions; how many (SQLite: 0)."""
     name = engine.dialect.name
     if name not in _OPEN:
         return 0
@@ -194,7 +184,7 @@ def server_settings(engine: sa.Engine) -> dict[str, str]:
     """The server's deadlock and lock-wait settings the results depend on (those it lets us read)."""
     out = {}
     with engine.connect() as conn:
-        for key, sql in _SETTINGS[engine.dialect.name].items():
+        for key, sql in _SETTINGS.get(engine.dialect.name, {}).items():
             with contextlib.suppress(sa.exc.DBAPIError):
                 out[key] = str(conn.exec_driver_sql(sql).scalar())
     return out

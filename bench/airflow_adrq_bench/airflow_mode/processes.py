@@ -14,11 +14,14 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from airflow_adrq_bench.errors import BenchError
 
 #: Seconds a child gets to import Airflow and answer (two dozen of them may share 2 cores).
 START_TIMEOUT = 600.0
+#: Every child is spawned: a fresh interpreter, nothing of the controller's state (or its Airflow settings).
+SPAWN = multiprocessing.get_context("spawn")
 
 
 def airflow(
@@ -57,25 +60,22 @@ def clean_environ(settings: Mapping[str, str]) -> dict[str, str]:
 
 
 def start_migrate(env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """``airflow db migrate`` (Airflow's schema, as an operator creates it) in the background;
-    :func:`wait_migrate` waits for it."""
+    """Start ``airflow db migrate`` (the schema as an operator makes it); :func:`wait_migrate` waits."""
     return airflow(["db", "migrate"], env, log)
 
 
 def wait_migrate(proc: subprocess.Popen[bytes], log: Path, timeout: float = 900, label: str = "") -> None:
-    """Wait for :func:`start_migrate`'s ``proc``; :class:`BenchError` (``label`` first) with the log's tail
-    on failure."""
+    """Wait for ``proc``; on failure :class:`BenchError` (``label`` first) with the log's tail."""
+    what = f"{label}airflow db migrate"
     try:
         proc.wait(timeout=max(timeout, 1.0))
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        raise BenchError(
-            f"{label}airflow db migrate did not finish within {timeout:.0f} s (log: {log})"
-        ) from None
+        raise BenchError(f"{what} did not finish within {timeout:.0f} s (log: {log})") from None
     if proc.returncode != 0:
         tail = log.read_text(errors="replace")[-3000:]
-        raise BenchError(f"{label}airflow db migrate failed (exit {proc.returncode}, log: {log}):\n{tail}")
+        raise BenchError(f"{what} failed (exit {proc.returncode}, log: {log}):\n{tail}")
 
 
 class AirflowOrm:
@@ -127,25 +127,13 @@ class Child:
         *args: Any,
         spawn_env: Mapping[str, str] | None = None,
     ) -> None:
-        self.label = label
+        self.label, self.pid = label, 0
         self.pool = cf.ProcessPoolExecutor(
-            1,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_start,
-            initargs=(settings, setup, args),
+            1, mp_context=SPAWN, initializer=_start, initargs=(settings, setup, args)
         )
-        saved = {name: os.environ.get(name) for name in spawn_env or {}}
-        os.environ.update(spawn_env or {})
-        try:
+        with mock.patch.dict(os.environ, spawn_env or {}):
             self._first = self.pool.submit(os.getpid)  # spawns the process now, with spawn_env
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    del os.environ[name]
-                else:
-                    os.environ[name] = value
         self._pending = [self._first]
-        self.pid: int | None = None
 
     def submit(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> cf.Future[Any]:
         """Start ``function(*args, **kwargs)`` in the child; :meth:`result` collects it."""
@@ -165,6 +153,7 @@ class Child:
             raise BenchError(f"{self.label} failed: {exc!r}\n{exc.__cause__ or ''}") from None
 
     def call(self, function: Callable[..., Any], *args: Any, timeout: float = 600, **kwargs: Any) -> Any:
+        """:meth:`submit`, then :meth:`result`."""
         return self.result(self.submit(function, *args, **kwargs), timeout)
 
     def started(self) -> int:
@@ -178,8 +167,7 @@ def close_all(children: Iterable[Child], timeout: float = 30) -> None:
     children = list(children)
     for child in children:
         child.pool.shutdown(wait=False, cancel_futures=True)
-    busy = [f for child in children for f in child._pending]
-    cf.wait(busy, timeout)
+    cf.wait([f for child in children for f in child._pending], timeout)
     for child in children:
         if child.pid and any(not f.done() for f in child._pending):
             with contextlib.suppress(ProcessLookupError):

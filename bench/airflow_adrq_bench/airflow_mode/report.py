@@ -1,8 +1,7 @@
 """Summaries, the verdict, the Markdown tables (with their legend), and JSON of the Airflow mode.
 
-The verdict's targets are defined here, once (:data:`SPEED_TARGETS`, and the shared
-:mod:`airflow_adrq_bench.verdict` targets for deadlocks, transactions not
-committed and exact rows); :func:`verdict` judges a run against them.
+The verdict's targets are defined here, once (:data:`SPEED_TARGETS`, and the shared :mod:`.verdict`
+targets for deadlocks, transactions not committed and exact rows); :func:`verdict` judges a run by them.
 """
 
 from __future__ import annotations
@@ -36,46 +35,39 @@ def _at_least(factor: float) -> Target:
 #: at the median), and 8 producers' committed tx/s against sorted_loop's (``contention``, judged at the
 #: default contention sizes only). The other targets are the shared ones of :mod:`.verdict`.
 SPEED_TARGETS: dict[str, dict[str, Target]] = {
-    "postgresql": {
-        "F=1": _at_least(1),
-        "F=64": _at_least(2.5),
-        "F=1024": _at_least(4),
-        "contention": _at_least(2),
-    },
-    "mariadb": {
-        "F=1": _at_least(1),
-        "F=64": _at_least(20),
-        "F=1024": _at_least(100),
-        "contention": _at_least(15),
-    },
+    db: {goal: _at_least(factor) for goal, factor in factors.items()}
+    for db, factors in {
+        "postgresql": {"F=1": 1.0, "F=64": 2.5, "F=1024": 4.0, "contention": 2.0},
+        "mariadb": {"F=1": 1.0, "F=64": 20.0, "F=1024": 100.0, "contention": 15.0},
+    }.items()
 }
 
 _FAILURES = ("deadlock", "lock_timeout", "serialization", "busy", "connection_lost")
-Summary = dict[str, list[dict[str, Any]]]
+Row = dict[str, Any]
+Summary = dict[str, list[Row]]
 
 
-def _find(rows: Sequence[dict[str, Any]], **match: Any) -> dict[str, Any]:
+def _find(rows: Sequence[Row], **match: Any) -> Row:
     """The first row with every ``match`` (empty if none)."""
     return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), {})
 
 
-def _grouped(records: Sequence[dict[str, Any]], *keys: str) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+def _grouped(records: Sequence[Row], *keys: str) -> list[tuple[Row, list[Row]]]:
+    """``records`` grouped by their ``keys``, in run order: ``({key: value}, the group's records)``."""
+    groups: dict[tuple[Any, ...], list[Row]] = defaultdict(list)
     for record in records:
         groups[tuple(record[k] for k in keys)].append(record)
-    return groups
+    return [(dict(zip(keys, key, strict=True)), group) for key, group in groups.items()]
 
 
 def summarize(raw: dict[str, Any]) -> Summary:
     """Sweep rows per (db, fan-out, manager), contention rows per (db, scenario, manager), in run order."""
     sweep = []
-    for (db, fanout, manager), records in _grouped(raw["sweep"], "db", "fanout", "manager").items():
+    for where, records in _grouped(raw["sweep"], "db", "fanout", "manager"):
         measured = [r for r in records if not r["warmup"]]
         sweep.append(
             {
-                "db": db,
-                "fanout": fanout,
-                "manager": manager,
+                **where,
                 "calls": len(measured),
                 **latency([r["latency_s"] * 1000 for r in measured]),
                 "statements": median([r["statements"] for r in measured]),
@@ -87,15 +79,13 @@ def summarize(raw: dict[str, Any]) -> Summary:
         row["vs_stock"] = ratio(stock.get("p50_ms", math.nan), row["p50_ms"])
 
     contention = []
-    for (db, scenario, manager), rounds in _grouped(raw["rounds"], "db", "scenario", "manager").items():
+    for where, rounds in _grouped(raw["rounds"], "db", "scenario", "manager"):
         txs = [tx for r in rounds for tx in r["transactions"]]
         ok = [tx for tx in txs if tx["ok"]]
         duration = sum(r["duration_s"] for r in rounds)
         contention.append(
             {
-                "db": db,
-                "scenario": scenario,
-                "manager": manager,
+                **where,
                 "rounds": len(rounds),
                 "planned": len(txs),
                 "committed": len(ok),
@@ -146,33 +136,25 @@ def verdict(raw: dict[str, Any], summary: Summary) -> list[Line]:
             mine, stock = (_find(sweep, fanout=fanout, manager=m) for m in ("plugin", "stock"))
             if mine and stock and f"F={fanout}" in goals:
                 (a, a_spread), (b, b_spread) = _calls_per_s(mine), _calls_per_s(stock)
-                what = f"one caller F={fanout:,} vs stock"
-                lines.append(
-                    ratio_line(db, goals[f"F={fanout}"], a, b, what=what, spreads=(a_spread, b_spread))
-                )
+                what, spreads = f"one caller F={fanout:,} vs stock", (a_spread, b_spread)
+                lines.append(ratio_line(db, goals[f"F={fanout}"], a, b, what=what, spreads=spreads))
         for scenario in raw["scenarios"] if "contention" in goals and at_goal_sizes else []:
             mine, base = (_find(rows, scenario=scenario, manager=m) for m in ("plugin", "sorted_loop"))
             if mine and base:
-                lines.append(
-                    ratio_line(
-                        db,
-                        goals["contention"],
-                        mine["tx_per_s"],
-                        base["tx_per_s"],
-                        what=f"tx/s {scenario} vs sorted",
-                        spreads=(rate_spread(mine), rate_spread(base)),
-                        unfinished=(_unfinished(mine), _unfinished(base, "sorted: ")),
-                    )
-                )
+                spreads = (rate_spread(mine), rate_spread(base))
+                unfinished = (_unfinished(mine), _unfinished(base, "sorted: "))
+                what = f"tx/s {scenario} vs sorted"
+                args = (db, goals["contention"], mine["tx_per_s"], base["tx_per_s"])
+                lines.append(ratio_line(*args, what=what, spreads=spreads, unfinished=unfinished))
     return lines
 
 
-def _calls_per_s(row: dict[str, Any]) -> tuple[float, tuple[float, float]]:
+def _calls_per_s(row: Row) -> tuple[float, tuple[float, float]]:
     """One caller's calls per second at the median, and over the median's 95 % interval (its spread)."""
     return 1000 / row["p50_ms"], (1000 / row["ci_high_ms"], 1000 / row["ci_low_ms"])
 
 
-def _unfinished(row: dict[str, Any], who: str = "") -> str:
+def _unfinished(row: Row, who: str = "") -> str:
     return f"{who}{row['abandoned']} of {row['planned']} not committed" if row["abandoned"] else ""
 
 

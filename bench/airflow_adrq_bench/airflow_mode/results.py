@@ -49,8 +49,6 @@ def conclude(stem: Path, raw: dict[str, Any], detail: str, lines: Sequence[Line]
     stem.parent.mkdir(parents=True, exist_ok=True)
     raw |= {"verdict": [dataclasses.asdict(line) for line in lines], "problems": problems}
     tables.write_json(stem.with_suffix(".json"), raw)
-    shown = format_verdict(lines)
-    markdown, written = stem.with_suffix(".md"), [stem.with_suffix(".json")]
-    return options.publish(
-        markdown, f"{detail}\n{shown}", written, problems, took=raw["duration_s"], shown=shown
-    )
+    shown, md = format_verdict(lines), stem.with_suffix(".md")
+    written = [stem.with_suffix(".json")]
+    return options.publish(md, f"{detail}\n{shown}", written, problems, took=raw["duration_s"], shown=shown)

@@ -1,19 +1,16 @@
-"""Run the Airflow mode end to end: worker processes, scratch databases, sweep, contention.
+"""Run the Airflow mode end to end. The controller (this process) never imports Airflow.
 
-The controller (this process) never imports Airflow. It starts ``producers``
-worker processes per manager (:class:`.worker.Workers`) while ``airflow db
+It starts ``producers`` worker processes per manager (:class:`.worker.Workers`) while ``airflow db
 migrate`` makes every database's scratch database (:func:`.databases.migrated`); then per database:
 
-1. points every worker's Airflow ORM at it, seeds DAGs, assets and schedule
-   references through Airflow's models, and runs ``ANALYZE``;
-2. the sweep: for each fan-out, one warm-up call per manager, then calls
-   interleaved between the managers (the order rotates every repetition),
-   each from an empty queue, each followed by an exact-rows check;
-3. contention: per scenario and round (managers interleaved), the queue is
-   emptied, the manager's producers start together and each runs
-   ``transactions`` transactions; afterwards the queue must hold exactly the
-   expected rows and ``asset_event`` exactly one row per committed outlet,
-   and any transaction still open is ended before the next round starts.
+1. points every worker's Airflow ORM at it, seeds DAGs, assets and schedule references through Airflow's
+   models, and runs ``ANALYZE``;
+2. the sweep: for each fan-out, one warm-up call per manager, then calls interleaved between the managers
+   (the order rotates every repetition), each from an empty queue, each followed by an exact-rows check;
+3. contention: per scenario and round (managers interleaved), the queue is emptied, the manager's producers
+   start together and each runs ``transactions`` transactions; afterwards the queue must hold exactly the
+   expected rows and ``asset_event`` exactly one row per committed outlet, and any transaction still open
+   is ended before the next round starts.
 """
 
 from __future__ import annotations
@@ -29,141 +26,86 @@ from typing import Any
 import sqlalchemy as sa
 
 from airflow_adrq_bench import progress
-from airflow_adrq_bench.airflow_mode import worker
-from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES, SCENARIOS, Sizes
-from airflow_adrq_bench.airflow_mode.databases import (
-    Target,
-    analyze,
-    clear_queue,
-    control_engine,
-    each_ready,
-    end_transactions,
-    migrated,
-    rotate,
-    server_settings,
-)
+from airflow_adrq_bench.airflow_mode import databases, worker
+from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES, Sizes
+from airflow_adrq_bench.airflow_mode.databases import Target
 from airflow_adrq_bench.airflow_mode.results import raw_finish, raw_opening
-from airflow_adrq_bench.airflow_mode.worker import Workers
-
-Rows = set[tuple[int, str]]
+from airflow_adrq_testing import dataset
 
 
-def queued(engine: sa.Engine) -> Rows:
-    """The ``(asset_id, target_dag_id)`` rows of the queue."""
-    with engine.connect() as conn:
-        rows = conn.execute(sa.text("SELECT asset_id, target_dag_id FROM asset_dag_run_queue"))
-        return {(int(r[0]), str(r[1])) for r in rows}
-
-
-def row_check(actual: Rows, expected: Rows) -> dict[str, Any]:
+def _row_check(engine: sa.Engine, expected: set[dataset.Pair]) -> dict[str, Any]:
     """How the queue's rows differ from ``expected`` (up to 5 examples each way)."""
+    with engine.connect() as conn:
+        actual = dataset.queued_pairs(conn)
     missing, extra = sorted(expected - actual)[:5], sorted(actual - expected)[:5]
-    return {
-        "expected": len(expected),
-        "actual": len(actual),
-        "missing": missing,
-        "extra": extra,
-        "exact": actual == expected,
-    }
-
-
-def run(
-    targets: Sequence[Target],
-    sizes: Sizes,
-    *,
-    managers: Sequence[str],
-    scenarios: Sequence[str],
-    sweep: bool = True,
-    contention: bool = True,
-    pg_deadlock_timeout_ms: int | None = None,
-) -> dict[str, Any]:
-    """Benchmark every target; returns the raw results (see :mod:`.report`)."""
-    started = time.monotonic()
-    raw: dict[str, Any] = {
-        **raw_opening("airflow-adrq bench --airflow", sizes, managers),
-        "manager_classes": {m: MANAGER_CLASSES[m] for m in managers},
-        "scenarios": list(scenarios),
-        "targets": [],
-        "sweep": [],
-        "rounds": [],
-        "skipped": [],
-    }
-    _Bench(sizes, list(managers), list(scenarios), sweep, contention, pg_deadlock_timeout_ms, raw).run(
-        targets
+    return dict(
+        expected=len(expected), actual=len(actual), missing=missing, extra=extra, exact=actual == expected
     )
-    raw_finish(raw, started)
-    return raw
 
 
 @dataclass
-class _Bench:
-    """What the run measures, on the worker processes; then, per target, its set-up, sweep and contention."""
+class Bench:
+    """What a run measures; :meth:`run` measures it on every target, returning the raw results."""
 
     sizes: Sizes
-    managers: Sequence[str]
-    scenarios: Sequence[str]
-    sweep: bool
-    contention: bool
-    pg_deadlock_timeout_ms: int | None
-    raw: dict[str, Any]
+    managers: list[str]
+    scenarios: list[str]
+    sweep: bool = True
+    contention: bool = True
+    pg_deadlock_timeout_ms: int | None = None
 
     def __post_init__(self) -> None:
-        count = max([*self.sizes.fanouts, self.sizes.fanout, 1])
-        self.dag_ids = [f"adrq_bench_c{i:04d}" for i in range(count)]
+        sizes = self.sizes
+        self.dag_ids = [f"adrq_bench_c{i:04d}" for i in range(max(*sizes.fanouts, sizes.fanout))]
+        self.sweep_assets = {f: f"adrq_sweep_f{f:05d}" for f in sizes.fanouts}
+        # Every scenario's assets are seeded, whichever scenarios run.
+        multi = [f"adrq_multi_{i}" for i in range(sizes.outlets)]
+        self.assets_of = {"single": ["adrq_single"], "multi_outlet": multi}
+        self.raw: dict[str, Any] = {
+            **raw_opening("airflow-adrq bench --airflow", sizes, self.managers),
+            "manager_classes": {m: MANAGER_CLASSES[m] for m in self.managers},
+            "scenarios": self.scenarios,
+            **{records: [] for records in ("targets", "sweep", "rounds", "skipped")},
+        }
 
-    def scenario_assets(self, scenario: str) -> list[str]:
-        return (
-            ["adrq_single"]
-            if scenario == "single"
-            else [f"adrq_multi_{i}" for i in range(self.sizes.outlets)]
-        )
-
-    def steps(self) -> int:
-        """Progress steps per database: set-up, the sweep's calls, the contention rounds."""
-        sweep = len(self.sizes.fanouts) * (self.sizes.sweep_calls + 1) if self.sweep else 0
-        rounds = len(self.scenarios) * self.sizes.rounds if self.contention else 0
-        return 1 + (sweep + rounds) * len(self.managers)
-
-    def run(self, targets: Sequence[Target]) -> None:
-        with (
-            tempfile.TemporaryDirectory(prefix="adrq-airflow-bench-") as tmp,
-            contextlib.ExitStack() as stack,
-        ):
-            databases = stack.enter_context(migrated(targets, Path(tmp)))
-            with progress.task(
-                "starting Airflow worker processes", len(self.managers) * self.sizes.producers
-            ) as bar:
+    def run(self, targets: Sequence[Target]) -> dict[str, Any]:
+        sizes, managers, started = self.sizes, self.managers, time.monotonic()
+        with contextlib.ExitStack() as stack:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="adrq-airflow-bench-")))
+            migrating = stack.enter_context(databases.migrated(targets, tmp))
+            with progress.task("starting Airflow worker processes", len(managers) * sizes.producers) as bar:
                 bar.step("each imports Airflow: about 3 s of CPU apiece")
-                self.workers = Workers(
-                    self.managers, self.sizes.producers, Path(tmp), started=lambda: bar.step("", 1)
-                )
+                self.workers = worker.Workers(managers, sizes.producers, tmp, lambda: bar.step("", 1))
             stack.callback(self.workers.close)  # before the scratch databases are dropped
-            self.raw["workers"] = self.workers.info
-            self.raw["airflow_version"] = self.workers.info[0]["airflow"]
-            for target, url, bar in each_ready(databases, self.steps()):
-                self.target, self.bar = target, bar
+            self.raw |= {"workers": self.workers.info, "airflow_version": self.workers.info[0]["airflow"]}
+            # Progress steps per database: the set-up, the sweep's calls, the contention rounds.
+            calls = len(sizes.fanouts) * (sizes.sweep_calls + 1) if self.sweep else 0
+            rounds = len(self.scenarios) * sizes.rounds if self.contention else 0
+            steps = 1 + (calls + rounds) * len(managers)
+            for self.target, url, self.bar in databases.each_ready(migrating, steps):
                 self.raw["targets"].append(self.measure(url))
+        raw_finish(self.raw, started)
+        return self.raw
 
     def measure(self, url: str) -> dict[str, Any]:
         began, every = time.monotonic(), list(self.workers.procs.values())
-        self.engine = control_engine(url)
+        self.engine = databases.control_engine(url)
         try:
             self.workers.broadcast(
                 every, worker.target, url=url, pg_deadlock_timeout_ms=self.pg_deadlock_timeout_ms
             )
-            assets = {f"adrq_sweep_f{f:05d}": f for f in self.sizes.fanouts}
-            for scenario in SCENARIOS:
-                assets |= dict.fromkeys(self.scenario_assets(scenario), self.sizes.fanout)
+            assets = {name: f for f, name in self.sweep_assets.items()}
+            assets |= {a: self.sizes.fanout for names in self.assets_of.values() for a in names}
             seeder = self.workers.group(self.managers[0])[0]
             self.asset_ids: dict[str, int] = seeder.call(worker.seed, dag_ids=self.dag_ids, assets=assets)
-            analyze(self.engine)
+            databases.analyze(self.engine)
             self.bar.step("seeded", 1)
             if self.sweep:
                 self.one_caller()
             if self.contention:
                 self.contend()
             self.workers.broadcast(every, worker.release)
-            settings = server_settings(self.engine)
+            settings = databases.server_settings(self.engine)
         finally:
             self.engine.dispose()
         described = {"name": self.target.name, "backend": self.target.backend, "version": self.target.version}
@@ -171,71 +113,57 @@ class _Bench:
 
     def one_caller(self) -> None:
         sizes, managers = self.sizes, self.managers
-        callers = {m: self.workers.group(m)[0] for m in managers}
         for fanout in sizes.fanouts:
-            asset = f"adrq_sweep_f{fanout:05d}"
-            expected = {(self.asset_ids[asset], d) for d in self.dag_ids[:fanout]}
-
-            def one(
-                manager: str, call: int, asset: str = asset, fanout: int = fanout, expected: Rows = expected
-            ) -> None:
-                clear_queue(self.engine)
-                self.bar.step(f"one caller, F={fanout:,}: {manager}, call {call + 1}", 1)
-                result = callers[manager].call(
-                    worker.sweep_call, asset=asset, run_id=f"{manager}-sweep-f{fanout}-{call}"
-                )
-                check = row_check(queued(self.engine), expected)
-                where = {"db": self.target.name, "fanout": fanout, "manager": manager, "call": call}
-                found = {"warmup": call < 0, "rows_exact": check["exact"], "check": check}
-                self.raw["sweep"].append(where | result | found)
-
             for manager in managers:
-                one(manager, -1)
-            started, rep = time.monotonic(), 0
-            while rep < sizes.sweep_calls:
-                for manager in rotate(managers, rep):
-                    one(manager, rep)
-                rep += 1
-                if rep >= sizes.sweep_min_calls and time.monotonic() - started >= sizes.sweep_budget_s:
-                    self.bar.step(
-                        f"F={fanout:,}: {sizes.sweep_budget_s:g} s budget spent",
-                        (sizes.sweep_calls - rep) * len(managers),
-                    )
+                self.sweep_call(manager, fanout, -1)
+            started = time.monotonic()
+            for rep in range(sizes.sweep_calls):
+                for manager in databases.rotate(managers, rep):
+                    self.sweep_call(manager, fanout, rep)
+                if rep + 1 >= sizes.sweep_min_calls and time.monotonic() - started >= sizes.sweep_budget_s:
+                    left = (sizes.sweep_calls - rep - 1) * len(managers)
+                    self.bar.step(f"F={fanout:,}: {sizes.sweep_budget_s:g} s budget spent", left)
                     break
-        clear_queue(self.engine)
+        databases.clear_queue(self.engine)
+
+    def sweep_call(self, manager: str, fanout: int, call: int) -> None:
+        """One call by ``manager``'s first producer (-1: its warm-up), from an empty queue; rows checked."""
+        asset = self.sweep_assets[fanout]
+        databases.clear_queue(self.engine)
+        self.bar.step(f"one caller, F={fanout:,}: {manager}, call {call + 1}", 1)
+        caller = self.workers.group(manager)[0]
+        result = caller.call(worker.sweep_call, asset=asset, run_id=f"{manager}-sweep-f{fanout}-{call}")
+        check = _row_check(self.engine, {(self.asset_ids[asset], d) for d in self.dag_ids[:fanout]})
+        where = {"db": self.target.name, "fanout": fanout, "manager": manager, "call": call}
+        found = {"warmup": call < 0, "rows_exact": check["exact"], "check": check}
+        self.raw["sweep"].append(where | result | found)
 
     def contend(self) -> None:
         sizes = self.sizes
-        warm = [a for s in self.scenarios for a in self.scenario_assets(s)]
+        warm = [a for s in self.scenarios for a in self.assets_of[s]]
         self.bar.step("contention: warming up every producer (one transaction each)")
         for manager in self.managers:
-            self.workers.broadcast(
-                self.workers.group(manager), worker.warmup, assets=warm, run_id=f"warmup-{manager}"
-            )
+            group = self.workers.group(manager)
+            self.workers.broadcast(group, worker.warmup, assets=warm, run_id=f"warmup-{manager}")
         for scenario in self.scenarios:
-            assets = self.scenario_assets(scenario)
-            expected = {(self.asset_ids[a], d) for a in assets for d in self.dag_ids[: sizes.fanout]}
             stopped: set[str] = set()
             for round_no in range(sizes.rounds):
-                for manager in rotate(self.managers, round_no):
+                for manager in databases.rotate(self.managers, round_no):
                     if manager in stopped:
                         self.bar.step(f"{scenario}: {manager} skipped", 1)
                         continue
                     self.bar.step(f"contention {scenario}, round {round_no + 1}/{sizes.rounds}: {manager}", 1)
-                    if (
-                        not self.round(scenario, assets, expected, round_no, manager)
-                        and round_no + 1 < sizes.rounds
-                    ):
+                    if not self.round(scenario, round_no, manager) and round_no + 1 < sizes.rounds:
                         stopped.add(manager)
                         reason = f"round {round_no + 1} ran out of its {sizes.round_budget_s:g} s budget"
                         where = {"db": self.target.name, "scenario": scenario, "manager": manager}
                         self.raw["skipped"].append(where | {"reason": reason})
-        clear_queue(self.engine)
+        databases.clear_queue(self.engine)
 
-    def round(self, scenario: str, assets: list[str], expected: Rows, round_no: int, manager: str) -> bool:
+    def round(self, scenario: str, round_no: int, manager: str) -> bool:
         """One contention round of ``manager``'s producers; whether every transaction committed."""
-        sizes = self.sizes
-        clear_queue(self.engine)
+        sizes, assets = self.sizes, self.assets_of[scenario]
+        databases.clear_queue(self.engine)
         prefix = f"{manager}-{scenario}-r{round_no}-"
         results = self.workers.broadcast(
             self.workers.group(manager),
@@ -247,11 +175,11 @@ class _Bench:
             hold_s=sizes.hold_ms / 1000,
             budget_s=sizes.round_budget_s,
         )
-        # Nothing of this round may hold rows into the next one.
-        ended = end_transactions(self.engine)
+        ended = databases.end_transactions(self.engine)  # nothing of this round may hold rows into the next
         txs = [tx for r in results for tx in r["transactions"]]
         committed = sum(1 for tx in txs if tx["ok"])
-        check = row_check(queued(self.engine), expected if committed else set())
+        expected = {(self.asset_ids[a], d) for a in assets for d in self.dag_ids[: sizes.fanout]}
+        check = _row_check(self.engine, expected if committed else set())
         with self.engine.connect() as conn:
             sql = sa.text("SELECT count(*) FROM asset_event WHERE source_run_id LIKE :p")
             events = int(conn.execute(sql, {"p": f"{prefix}%"}).scalar_one())

@@ -1,19 +1,18 @@
 """The producers of the Airflow modes: processes each bound to one asset manager, and their pool.
 
-:class:`Workers` spawns ``producers`` processes per manager (:class:`.processes.Child`),
-producer ``i`` of every manager with ``PYTHONHASHSEED`` ``1000 + i`` (Airflow iterates a
-task's outlets as a ``set``; processes differ in that order, as API-server workers do).
-``import airflow`` does not import ``airflow.assets.manager``, where ``[core]
-asset_manager_class`` is read: each process is given its manager's class in its settings
-first, then checks that ``asset_manager`` is exactly that class (:func:`setup`). The
-functions below run in those processes, on the process's one :class:`_Worker`.
+:class:`Workers` spawns ``producers`` processes per manager (:class:`.processes.Child`), producer ``i``
+of every manager with ``PYTHONHASHSEED`` ``1000 + i`` (Airflow iterates a task's outlets as a ``set``;
+processes differ in that order, as API-server workers do). ``import airflow`` does not import
+``airflow.assets.manager``, where ``[core] asset_manager_class`` is read: each process is given its
+manager's class in its settings first, then checks that ``asset_manager`` is exactly that class
+(:func:`setup`). The functions below run in those processes, on the process's one :class:`_Worker`.
 """
 
 from __future__ import annotations
 
 import importlib
+import itertools
 import logging
-import multiprocessing
 import os
 import time
 import uuid
@@ -23,8 +22,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from airflow_adrq.errors import RetriesExhaustedError
+from airflow_adrq.retry import Retryable, classify, run_in_transaction
 from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES
-from airflow_adrq_bench.airflow_mode.processes import AirflowOrm, Child, airflow_settings, close_all
+from airflow_adrq_bench.airflow_mode.processes import SPAWN, AirflowOrm, Child, airflow_settings, close_all
 
 #: The DAG bundle, and the producing DAG the task-instance stand-ins belong to.
 BUNDLE = "adrq-bench-bundle"
@@ -52,9 +53,6 @@ class _Worker(AirflowOrm):
         (:func:`airflow_adrq.retry.run_in_transaction`); anything else is raised."""
         from airflow.api_fastapi.execution_api.datamodels.asset import AssetProfile
         from airflow.models.taskinstance import TaskInstance
-
-        from airflow_adrq.errors import RetriesExhaustedError
-        from airflow_adrq.retry import Retryable, classify, run_in_transaction
 
         outlets = [AssetProfile(name=name, uri=asset_uri(name), type="Asset") for name in assets]
         ti: Any = _task_instance(f"t{self.index}", run_id)
@@ -87,14 +85,8 @@ class _Worker(AirflowOrm):
         latency, statements = time.monotonic() - start, self.statements
         for callback in callbacks:  # Airflow's, after the COMMIT that succeeded
             callback()
-        attempts = sum(failures.values()) + 1
-        return {
-            "ok": True,
-            "latency_s": latency,
-            "attempts": attempts,
-            "failures": dict(failures),
-            "statements": statements,
-        }
+        done: dict[str, Any] = {"ok": True, "latency_s": latency, "attempts": sum(failures.values()) + 1}
+        return done | {"failures": dict(failures), "statements": statements}
 
 
 #: This process's worker (set by :func:`setup`).
@@ -103,8 +95,19 @@ _worker: _Worker
 
 def setup(manager: str, index: int, barrier: Any) -> None:
     """Import Airflow, check that it resolved ``manager``'s class, and make this process's worker."""
+    import airflow
+    import airflow.models.taskinstance as taskinstance_module
+    from airflow.assets import manager as airflow_manager
+
     global _worker
-    _worker = _Worker(index, barrier, _check_manager(manager))
+    module, _, class_name = MANAGER_CLASSES[manager].rpartition(".")
+    resolved, expected = airflow_manager.asset_manager, getattr(importlib.import_module(module), class_name)
+    name = f"{type(resolved).__module__}.{type(resolved).__qualname__}"
+    # The same instance must be the one TaskInstance.register_asset_changes_in_db calls.
+    if type(resolved) is not expected or vars(taskinstance_module)["asset_manager"] is not resolved:
+        raise RuntimeError(f"{manager}: Airflow resolved {name} (in airflow.models.taskinstance too?)")
+    found = {"manager": manager, "class": name, "airflow": str(airflow.__version__), "pid": os.getpid()}
+    _worker = _Worker(index, barrier, found | {"hash_seed": os.environ.get("PYTHONHASHSEED")})
 
 
 def info() -> dict[str, Any]:
@@ -112,7 +115,7 @@ def info() -> dict[str, Any]:
     return _worker.info
 
 
-def target(url: str, pg_deadlock_timeout_ms: int | None = None) -> dict[str, Any]:
+def target(url: str, pg_deadlock_timeout_ms: int | None = None) -> None:
     """Point Airflow's ORM at ``url``, counting statements (and setting ``deadlock_timeout``)."""
     import sqlalchemy as sa
 
@@ -122,13 +125,11 @@ def target(url: str, pg_deadlock_timeout_ms: int | None = None) -> dict[str, Any
 
         def _deadlock_timeout(dbapi_connection: Any, _record: Any) -> None:
             # Needs superuser; transactional in PostgreSQL, so commit it.
-            cursor = dbapi_connection.cursor()
-            cursor.execute(f"SET deadlock_timeout = '{int(pg_deadlock_timeout_ms)}ms'")
-            cursor.close()
+            with dbapi_connection.cursor() as cursor:
+                cursor.execute(f"SET deadlock_timeout = '{int(pg_deadlock_timeout_ms)}ms'")
             dbapi_connection.commit()
 
         sa.event.listen(engine, "connect", _deadlock_timeout)
-    return {"dialect": engine.dialect.name, "driver": engine.dialect.driver}
 
 
 def release() -> None:
@@ -142,27 +143,25 @@ def seed(dag_ids: list[str], assets: dict[str, int]) -> dict[str, int]:
     from airflow.models.dag import DagModel
     from airflow.models.dagbundle import DagBundleModel
 
-    ids: dict[str, int] = {}
     with _worker.session_factory() as session:
         session.add(DagBundleModel(name=BUNDLE))
         session.flush()  # dag.bundle_name has an FK but no relationship to order the inserts
         flags = {"bundle_name": BUNDLE, "is_paused": False, "is_stale": False, "timetable_partitioned": False}
         session.add_all(DagModel(dag_id=dag_id, **flags) for dag_id in [PRODUCER_DAG, *dag_ids])
+        models = {name: AssetModel(name=name, uri=asset_uri(name), group="asset") for name in assets}
+        session.add_all(models.values())
         session.flush()
+        ids: dict[str, int] = {name: model.id for name, model in models.items()}
         for name, fanout in assets.items():
-            model = AssetModel(name=name, uri=asset_uri(name), group="asset")
-            session.add(model)
-            session.flush()
-            ids[name] = model.id
-            session.add(AssetActive.for_asset(model))
-            session.add_all(DagScheduleAssetReference(asset_id=model.id, dag_id=d) for d in dag_ids[:fanout])
+            session.add(AssetActive.for_asset(models[name]))
+            session.add_all(DagScheduleAssetReference(asset_id=ids[name], dag_id=d) for d in dag_ids[:fanout])
         session.commit()
     return ids
 
 
 def sweep_call(asset: str, run_id: str) -> dict[str, Any]:
     """One ``asset_manager.register_asset_change`` + COMMIT, timed; no retry (one caller)."""
-    from airflow.assets import manager as airflow_manager
+    from airflow.assets.manager import asset_manager
     from airflow.serialization.definitions.assets import SerializedAssetUniqueKey
 
     key = SerializedAssetUniqueKey(name=asset, uri=asset_uri(asset))
@@ -170,9 +169,7 @@ def sweep_call(asset: str, run_id: str) -> dict[str, Any]:
     with _worker.session_factory() as session:
         _worker.statements = 0
         start = time.perf_counter()
-        event = airflow_manager.asset_manager.register_asset_change(
-            task_instance=ti, asset=key, session=session
-        )
+        event = asset_manager.register_asset_change(task_instance=ti, asset=key, session=session)
         session.commit()
         latency, statements = time.perf_counter() - start, _worker.statements
     return {"latency_s": latency, "statements": statements, "event": event is not None}
@@ -209,42 +206,14 @@ def round_of(
 
 def _task_instance(task_id: str, run_id: str) -> SimpleNamespace:
     """A stand-in for the producing TaskInstance: the attributes Airflow 3.3.2 reads on this path."""
+    ids = {"dag_id": PRODUCER_DAG, "task_id": task_id, "run_id": run_id, "map_index": -1, "try_number": 1}
+    # Airflow 3.4 records the task instance's id on the event and reads its map index off its dynamic
+    # region (the sentinel: no region); earlier lines read neither.
+    region = {"id": uuid.uuid4(), "region_id": uuid.UUID(int=0), "region_index": -1}
+    log = logging.getLogger("airflow_adrq_bench.airflow_mode.ti")
     return SimpleNamespace(
-        dag_id=PRODUCER_DAG,
-        task_id=task_id,
-        run_id=run_id,
-        map_index=-1,
-        try_number=1,
-        dag_run=SimpleNamespace(partition_key=None, partition_date=None),
-        log=logging.getLogger("airflow_adrq_bench.airflow_mode.ti"),
-        # Airflow 3.4 records the task instance's id on the event and reads its
-        # map index off its dynamic region (the sentinel: no region); earlier
-        # lines read neither.
-        id=uuid.uuid4(),
-        region_id=uuid.UUID(int=0),
-        region_index=-1,
+        **ids, **region, log=log, dag_run=SimpleNamespace(partition_key=None, partition_date=None)
     )
-
-
-def _check_manager(manager: str) -> dict[str, Any]:
-    """The manager Airflow resolved from ``[core] asset_manager_class`` must be this worker's."""
-    import airflow
-    import airflow.models.taskinstance as taskinstance_module
-    from airflow.assets import manager as airflow_manager
-
-    module, _, class_name = MANAGER_CLASSES[manager].rpartition(".")
-    resolved, expected = airflow_manager.asset_manager, getattr(importlib.import_module(module), class_name)
-    name = f"{type(resolved).__module__}.{type(resolved).__qualname__}"
-    # The same instance must be the one TaskInstance.register_asset_changes_in_db calls.
-    if type(resolved) is not expected or vars(taskinstance_module)["asset_manager"] is not resolved:
-        raise RuntimeError(f"{manager}: Airflow resolved {name} (in airflow.models.taskinstance too?)")
-    return {
-        "manager": manager,
-        "class": name,
-        "airflow": str(airflow.__version__),
-        "pid": os.getpid(),
-        "hash_seed": os.environ.get("PYTHONHASHSEED"),
-    }
 
 
 class Workers:
@@ -254,27 +223,18 @@ class Workers:
         self, managers: Sequence[str], producers: int, home: Path, started: Callable[[], None] = lambda: None
     ) -> None:
         """Start them (``started()`` after each has imported Airflow); :class:`BenchError` if one fails."""
-        ctx = multiprocessing.get_context("spawn")
         # A barrier per manager, inherited by its producers at their start.
-        barriers = {manager: ctx.Barrier(producers) for manager in managers}
+        barriers = {manager: SPAWN.Barrier(producers) for manager in managers}
         base = airflow_settings(home, f"sqlite:///{home}/unused.db")
         #: Per (manager, index) its process; ``info``: what each resolved (:func:`info`).
         self.procs: dict[tuple[str, int], Child] = {}
         self.info: list[dict[str, Any]] = []
         try:
-            for index in range(producers):
-                for manager in managers:
-                    settings = base | {"AIRFLOW__CORE__ASSET_MANAGER_CLASS": MANAGER_CLASSES[manager]}
-                    seed = {"PYTHONHASHSEED": str(1000 + index)}
-                    self.procs[(manager, index)] = Child(
-                        f"worker {manager}/{index}",
-                        settings,
-                        setup,
-                        manager,
-                        index,
-                        barriers[manager],
-                        spawn_env=seed,
-                    )
+            for index, manager in itertools.product(range(producers), managers):
+                settings = base | {"AIRFLOW__CORE__ASSET_MANAGER_CLASS": MANAGER_CLASSES[manager]}
+                seed = {"PYTHONHASHSEED": str(1000 + index)}
+                label, args = f"worker {manager}/{index}", (manager, index, barriers[manager])
+                self.procs[(manager, index)] = Child(label, settings, setup, *args, spawn_env=seed)
             for proc in self.procs.values():
                 proc.started()
                 self.info.append(proc.call(info))
