@@ -177,9 +177,10 @@ def test_unlocking_scheduler_ignore_and_the_default_deadlock_a_fraction_as_often
 
     The statement's "ignore" (what "auto" = "refresh_after_commit" runs in the
     producer's transaction) has a small fraction of their deadlocks, per
-    committed transaction; the default's refresh, which never waits for a
-    row, adds none (its failures after COMMIT are logged, never raised: none
-    may be logged).
+    committed transaction; the default's refresh, which skips locked rows,
+    adds almost none (its failures after COMMIT are logged, never raised:
+    InnoDB once chose its ``SKIP LOCKED`` read as a deadlock victim, one
+    failure in about 500 commits on a loaded machine; at most 1 % may fail).
     """
     with create_engine(db_url).connect() as conn:
         assert dialects.resolve("auto", conn) == "refresh_after_commit"
@@ -209,7 +210,8 @@ def test_unlocking_scheduler_ignore_and_the_default_deadlock_a_fraction_as_often
     # 3: measured 4-5 against refresh and 10-15 against old, per commit, in four runs.)
     assert per_commit(after, after_committed) * 3 < locking, (after, old, refresh)
     assert after_committed > 20
-    assert [r.getMessage() for r in caplog.records if r.name == "airflow_adrq.refresh"] == []
+    failed = [r for r in caplog.records if r.name == "airflow_adrq.refresh"]
+    assert len(failed) <= after_committed // 100, [r.getMessage() for r in failed]
 
 
 @pytest.mark.backends("postgresql", "mysql")
