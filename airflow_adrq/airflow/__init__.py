@@ -25,16 +25,9 @@ __all__ = [
     "uninstall_triggerer_patch",
 ]
 
-_LAZY = {
-    "AdrqAssetManager": "manager",
-    "flush_queue": "manager",
-    "install_triggerer_patch": "triggerer",
-    "is_triggerer_patched": "triggerer",
-    "uninstall_triggerer_patch": "triggerer",
-}
-
 
 def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
+    if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    module = "manager" if name in ("AdrqAssetManager", "flush_queue") else "triggerer"
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

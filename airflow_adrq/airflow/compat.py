@@ -7,9 +7,9 @@ adapter, a subclass of the previous line's overriding only what that line change
 method: the asset lookup, ``_add_asset_alias_association``, the event flushed at once, its
 ``asset_alias_asset_event`` rows (inserted directly, as 3.3 does; 3.1 and 3.2 append to
 ``AssetAliasModel.asset_events``, lazy-loading every earlier event of the alias, apache/airflow#66853),
-and the queue statement, written for the line's ``shape`` (the schema Airflow's own migrations made;
-``airflow-adrq doctor`` reads the catalog). ``callback_sink`` (3.3+) is honoured on every line: on 3.1
-and 3.2 nothing in Airflow passes it, so the hooks run inline there as in Airflow.
+``_queue_partitioned_dags`` (3.2+), and the queue statement, written for the line's ``shape`` (the
+schema Airflow's own migrations made; ``airflow-adrq doctor`` reads the catalog). ``callback_sink``
+(3.3+) is honoured on every line: on 3.1 and 3.2 nothing in Airflow passes it, so the hooks run inline.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
     from airflow.assets.manager import AssetManager
     from airflow.models.asset import AssetAliasModel, AssetEvent, AssetModel
-    from airflow.models.dag import DagModel
     from airflow.models.taskinstance import TaskInstance
     from sqlalchemy.orm import Session
 
@@ -118,8 +117,7 @@ class Airflow31:
     def notify_listeners(
         self, call: Registration, asset_model: AssetModel, event: AssetEvent, aliases: list[AssetAliasModel]
     ) -> None:
-        # 3.1's name for the public asset (typed against a later line, where it is gone).
-        model: Any = asset_model
+        model: Any = asset_model  # 3.1's to_public() (typed against a later line, where it is gone)
         call.run_hook(call.manager.notify_asset_changed, asset=model.to_public())
 
     def emit_updates_metric(self, call: Registration) -> str | None:
@@ -141,11 +139,9 @@ class Airflow31:
         """The source and consumer-team arguments Airflow passes to ``_filter_dags_by_team``."""
         raise NotImplementedError(f"Airflow {self.name} has no multi-team filter")
 
-    def queue_partitioned(
-        self, call: Registration, asset_model: AssetModel, event: AssetEvent, dags: list[DagModel]
-    ) -> None:
-        """Airflow's ``_queue_partitioned_dags`` for the partitioned consumers."""
-        raise NotImplementedError(f"Airflow {self.name} has no partitioned consumers")
+    def partition_fields(self, call: Registration) -> dict[str, Any]:
+        """The partition arguments of the listener event and ``_queue_partitioned_dags`` (3.1: none)."""
+        return {}
 
 
 class Airflow32(Airflow31):
@@ -172,8 +168,7 @@ class Airflow32(Airflow31):
     def event_kwargs(self, call: Registration, asset_model: AssetModel, extra: Any) -> dict[str, Any]:
         return {**super().event_kwargs(call, asset_model, extra or {}), "partition_key": call.partition_key}
 
-    def _partition_fields(self, call: Registration) -> dict[str, Any]:
-        """The partition arguments of this line's listener event and ``_queue_partitioned_dags``."""
+    def partition_fields(self, call: Registration) -> dict[str, Any]:
         return {"partition_key": call.partition_key}
 
     def notify_listeners(
@@ -190,22 +185,10 @@ class Airflow32(Airflow31):
             source_run_id=event.source_run_id,
             source_map_index=event.source_map_index,
             source_aliases=[alias.to_serialized() for alias in aliases],
-            **self._partition_fields(call),
+            **self.partition_fields(call),
         )
         call.run_hook(call.manager.notify_asset_changed, asset=asset)
         call.run_hook(call.manager.nofity_asset_event_emitted, asset_event=listener_event)
-
-    def queue_partitioned(
-        self, call: Registration, asset_model: AssetModel, event: AssetEvent, dags: list[DagModel]
-    ) -> None:
-        call.manager._queue_partitioned_dags(
-            asset_id=asset_model.id,
-            partition_dags=dags,
-            event=event,
-            **self._partition_fields(call),
-            task_instance=call.task_instance,
-            session=call.session,
-        )
 
 
 class Airflow33(Airflow32):
@@ -217,7 +200,7 @@ class Airflow33(Airflow32):
     required_members: ClassVar[tuple[str, ...]] = (*Airflow32.required_members, "_filter_dags_by_team")
     team_filter = True
 
-    def _partition_fields(self, call: Registration) -> dict[str, Any]:
+    def partition_fields(self, call: Registration) -> dict[str, Any]:
         return {"partition_key": call.partition_key, "partition_date": call.partition_date}
 
     def emit_updates_metric(self, call: Registration) -> str | None:
@@ -233,7 +216,8 @@ class Airflow33(Airflow32):
     def team_filter_arguments(
         self, call: Registration, asset_model: AssetModel, team_name: str | None
     ) -> dict[str, Any]:
-        if not call.task_instance:
+        ti = call.task_instance
+        if not ti:
             return {
                 "source_teams": call.api_user_teams or set(),
                 "allow_consumer_teams": call.api_allow_consumer_teams,
@@ -242,13 +226,8 @@ class Airflow33(Airflow32):
         from airflow.models.asset import TaskOutletAssetReference
         from sqlalchemy import select
 
-        outlet_ref = call.session.scalar(
-            select(TaskOutletAssetReference).where(
-                TaskOutletAssetReference.dag_id == call.task_instance.dag_id,
-                TaskOutletAssetReference.task_id == call.task_instance.task_id,
-                TaskOutletAssetReference.asset_id == asset_model.id,
-            )
-        )
+        outlet = select(TaskOutletAssetReference).filter_by(dag_id=ti.dag_id, task_id=ti.task_id)
+        outlet_ref = call.session.scalar(outlet.filter_by(asset_id=asset_model.id))
         return {
             "source_teams": {team_name} if team_name else set(),
             "allow_consumer_teams": outlet_ref.allow_consumer_teams if outlet_ref else None,
@@ -284,9 +263,7 @@ class Airflow34(Airflow33):
 
 
 #: The supported release lines, oldest first.
-ADAPTERS: dict[tuple[int, int], Airflow31] = {
-    adapter.line: adapter for adapter in (Airflow31(), Airflow32(), Airflow33(), Airflow34())
-}
+ADAPTERS = {adapter.line: adapter for adapter in (Airflow31(), Airflow32(), Airflow33(), Airflow34())}
 
 #: Release lines the plug-in cannot run on, and why (doctor explains their schemas with it).
 REFUSED: dict[tuple[int, int], str] = {
@@ -302,9 +279,9 @@ SUPPORTED = tuple(SHAPES)
 
 
 def airflow_stats() -> Any:
-    """What Airflow's manager module counts with (3.3+: ``stats``; 3.1 and 3.2: ``Stats``), read per call.
+    """What Airflow's manager module counts with (3.3+: ``stats``; 3.1 and 3.2: ``Stats``).
 
-    Read there, so that patching it there patches it here. Locks nothing.
+    Read there on every call, so that patching it there patches it here.
     """
     from airflow.assets import manager
 
@@ -341,8 +318,7 @@ def conflict_policy() -> ConflictPolicy:
     """``on_conflict`` of ``[core] asset_manager_kwargs`` (:class:`ValueError` naming the setting).
 
     Unset: ``"auto"``, or ``"refresh_after_commit"`` with ``[scheduler] use_row_level_locking = False``
-    (the scheduler then locks no queue rows on any backend). Two config reads per call; the rest is
-    cached. Locks nothing.
+    (the scheduler then locks no queue rows on any backend). Two config reads per call, the rest cached.
     """
     from airflow.configuration import conf
 
@@ -388,10 +364,10 @@ def current() -> Airflow31:
 
 
 def check_supported() -> Airflow31:
-    """Return the installed Airflow's adapter; ``ImportError`` unless it is supported and complete.
+    """The installed Airflow's adapter, checked: ``ImportError`` naming the version and why.
 
-    Refused: a release line not in :data:`ADAPTERS` (with the reason from :data:`REFUSED` when there is
-    one), before its minimum release, or whose ``AssetManager`` lacks a member its adapter calls.
+    Refused: a line not in :data:`ADAPTERS` (why, from :data:`REFUSED`), a release below its minimum,
+    or one whose ``AssetManager`` lacks a member its adapter calls.
     """
     from airflow import __version__
     from airflow.assets.manager import AssetManager

@@ -150,11 +150,8 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
                 session.scalars(select(AssetAliasModel).where(AssetAliasModel.name.in_(source_alias_names)))
             )
             for alias in aliases:
-                session.execute(
-                    insert(asset_alias_asset_event_association_table).values(
-                        alias_id=alias.id, event_id=asset_event.id
-                    )
-                )
+                link = {"alias_id": alias.id, "event_id": asset_event.id}
+                session.execute(insert(asset_alias_asset_event_association_table).values(link))
 
         line.notify_listeners(call, asset_model, asset_event, aliases)
         team_name = line.emit_updates_metric(call)
@@ -175,7 +172,14 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
             partition_dags = list(_consumer_dags(session, asset_event.id, partitioned=True))
 
         if partition_dags:
-            line.queue_partitioned(call, asset_model, asset_event, partition_dags)
+            cls._queue_partitioned_dags(
+                asset_id=asset_model.id,
+                partition_dags=partition_dags,
+                event=asset_event,
+                **line.partition_fields(call),
+                task_instance=task_instance,
+                session=session,
+            )
         # As Airflow: an event with a partition key queues no non-partitioned
         # DAG (a line without partitions has no such key: Airflow ignores it).
         if (partition_key is None or not line.shape.partitions) and (allowed is None or allowed):
@@ -191,10 +195,9 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
                 schema=_SCHEMA,
             )
             if source_is_api or "timestamp" in kwargs:
-                # Airflow's REST route (POST /api/v2/assets/events, 3.3+: source_is_api; 3.1 and 3.2:
-                # the timestamp= Airflow ignores) serializes the event before its COMMIT: stamp and queue
-                # it now, so the response carries its stored timestamp. One event per transaction there:
-                # no other queue write to order against.
+                # Airflow's REST route (POST /api/v2/assets/events; 3.1 and 3.2 pass a timestamp= Airflow
+                # ignores) serializes the event before its COMMIT: stamp and queue it now, so the response
+                # carries its stored timestamp. One event per transaction there: nothing to order against.
                 deferral.flush_queue(session)
         return asset_event
 
@@ -222,17 +225,13 @@ def _consumer_dags(session: Session, event_id: int, *, partitioned: bool = False
 @functools.cache
 def _consumers(partitioned: bool) -> Any:
     """``SELECT dag`` (as ``DagModel``) of an event's unpaused consumers (partitioned ones only if asked)."""
-    # Imported here, as Airflow does: airflow.models.dag imports airflow.assets.manager,
-    # which is loading this module.
+    # Imported here, as Airflow does: airflow.models.dag imports airflow.assets.manager (loading us).
     from airflow.models.dag import DagModel
 
     dag = DagModel.__table__
     consumers = statement.consumers_of_events().subquery()
-    conditions = [
-        dag.c.dag_id.in_(select(consumers.c.dag_id)),
-        *_consumer_filter(dag, partitioned_only=partitioned),
-    ]
-    return select(DagModel).where(*conditions)
+    conditions = _consumer_filter(dag, partitioned_only=partitioned)
+    return select(DagModel).where(dag.c.dag_id.in_(select(consumers.c.dag_id)), *conditions)
 
 
 def _consumer_filter(dag: Any, *, partitioned_only: bool) -> list[Any]:
