@@ -1,15 +1,7 @@
-"""The Apache Airflow plug-in (Airflow 3.1 to 3.4; see compat.ADAPTERS).
+"""The Apache Airflow plug-in: ``[core] asset_manager_class = airflow_adrq.airflow.AdrqAssetManager``.
 
-Configure Airflow with::
-
-    [core]
-    asset_manager_class = airflow_adrq.airflow.AdrqAssetManager
-
-Every name is loaded on first access (PEP 562): ``import airflow_adrq.airflow``
-itself needs no Airflow; ``AdrqAssetManager`` loads the plug-in path
-(:mod:`airflow_adrq.airflow.manager`), and the opt-in triggerer patch
-(:mod:`airflow_adrq.airflow.triggerer`) loads only where it is used, from
-``airflow_local_settings.py`` while Airflow is still initialising.
+Every name loads on first access (PEP 562), so ``import airflow_adrq.airflow``
+needs no Airflow, and the opt-in triggerer patch loads only where it is used.
 """
 
 from __future__ import annotations
@@ -33,16 +25,9 @@ __all__ = [
     "uninstall_triggerer_patch",
 ]
 
-_LAZY = {
-    "AdrqAssetManager": "manager",
-    "flush_queue": "manager",
-    "install_triggerer_patch": "triggerer",
-    "is_triggerer_patched": "triggerer",
-    "uninstall_triggerer_patch": "triggerer",
-}
-
 
 def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
+    if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    module = "manager" if name in ("AdrqAssetManager", "flush_queue") else "triggerer"
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

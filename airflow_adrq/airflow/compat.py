@@ -1,43 +1,15 @@
 """The Airflow pieces :class:`~airflow_adrq.airflow.AdrqAssetManager` relies on, one class per release line.
 
-``AdrqAssetManager.register_asset_change`` runs the same steps on every
-supported Airflow; each step that differs between release lines is a method
-of the line's adapter, a subclass of the previous line's overriding only what
-that line changed (read from each ``apache-airflow-core`` wheel's
-``airflow/assets/manager.py``, ``models/asset.py`` and ``models/taskinstance.py``):
-
-=======  ===========  ==============================================================================
-line     tested       what changed in ``register_asset_change`` (and what the adapter does about it)
-=======  ===========  ==============================================================================
-3.0      refused      apache-airflow-core 3.0 requires SQLAlchemy < 2.0; airflow-adrq is built on
-                      SQLAlchemy 2, so the two cannot be installed together (:data:`REFUSED`).
-3.1      3.1.8        :class:`Airflow31` (3.1.7 and later: ``Airflow31.below_minimum`` says why): no
-                      partitions (schema :data:`~airflow_adrq.shapes.UNPARTITIONED`),
-                      no multi-team filter; ``extra`` stored as given; one listener hook
-                      (``on_asset_changed`` with ``to_public()``); ``Stats.incr("asset.updates")``
-                      untagged; "not found" also goes to the task's log.
-3.2      3.2.2        :class:`Airflow32`: partitioned assets (``partition_key``, ``_queue_partitioned_dags``
-                      without ``partition_date``); ``extra or {}``; ``on_asset_event_emitted`` too, with
-                      ``to_serialized()`` (3.2 passes it ``source_aliases=[]``: it iterates its alias
-                      query result twice, fixed in 3.3.2; the plug-in passes the aliases).
-3.3      3.3.2        :class:`Airflow33`: ``partition_date``; ``callback_sink``; multi-team
-                      (``_filter_dags_by_team``, team-tagged ``asset.updates``).
-3.4      3.4.0b2      :class:`Airflow34`: the queue is keyed per event (schema
-                      :data:`~airflow_adrq.shapes.EVENT_KEYED`: one row per (event, consumer));
-                      draining DAGs are not queued; the event records ``source_task_instance_id`` and
-                      the public map index (``get_public_map_index``).
-=======  ===========  ==============================================================================
-
-Shared by every line, so no adapter method: the asset lookup,
-``_add_asset_alias_association``, the event flushed at once, its
-``asset_alias_asset_event`` rows (inserted directly, as 3.3 does; 3.1 and 3.2
-append to ``AssetAliasModel.asset_events``, lazy-loading every earlier event
-of the alias, apache/airflow#66853), and the queue statement, written for
-the line's ``shape`` (Airflow's own migrations made the metadata database;
-``airflow-adrq doctor`` reads the catalog).
-
-``callback_sink`` (Airflow 3.3+) is honoured on every line: on 3.1 and 3.2
-nothing in Airflow passes it, so the hooks run inline there as in Airflow.
+Each step of ``register_asset_change`` that differs between release lines is a method of the line's
+adapter, a subclass of the previous line's overriding only what that line changed (read from each
+``apache-airflow-core`` wheel's ``airflow/assets/manager.py``, ``models/asset.py`` and
+``models/taskinstance.py``); each adapter's docstring says what. Shared by every line, so no adapter
+method: the asset lookup, ``_add_asset_alias_association``, the event flushed at once, its
+``asset_alias_asset_event`` rows (inserted directly, as 3.3 does; 3.1 and 3.2 append to
+``AssetAliasModel.asset_events``, lazy-loading every earlier event of the alias, apache/airflow#66853),
+``_queue_partitioned_dags`` (3.2+), and the queue statement, written for the line's ``shape`` (the
+schema Airflow's own migrations made; ``airflow-adrq doctor`` reads the catalog). ``callback_sink``
+(3.3+) is honoured on every line: on 3.1 and 3.2 nothing in Airflow passes it, so the hooks run inline.
 """
 
 from __future__ import annotations
@@ -47,7 +19,6 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_adrq import shapes
@@ -58,26 +29,10 @@ if TYPE_CHECKING:
 
     from airflow.assets.manager import AssetManager
     from airflow.models.asset import AssetAliasModel, AssetEvent, AssetModel
-    from airflow.models.dag import DagModel
     from airflow.models.taskinstance import TaskInstance
     from sqlalchemy.orm import Session
 
-__all__ = [
-    "ADAPTERS",
-    "REFUSED",
-    "SHAPES",
-    "SUPPORTED",
-    "Airflow31",
-    "Airflow32",
-    "Airflow33",
-    "Airflow34",
-    "Registration",
-    "check_supported",
-    "current",
-    "release_line",
-]
-
-Callbacks = list[Callable[[], None]]
+_REMEDY = "Remove [core] asset_manager_class to use Airflow's own AssetManager."
 
 
 @dataclass(frozen=True)
@@ -89,7 +44,7 @@ class Registration:
     task_instance: TaskInstance | None
     partition_key: str | None = None
     partition_date: dt.datetime | None = None
-    callback_sink: Callbacks | None = None
+    callback_sink: list[Callable[[], None]] | None = None
     api_user_teams: set[str] | None = None
     api_allow_consumer_teams: list[str] | None = None
     api_allow_global_consumers: bool = True
@@ -99,17 +54,18 @@ class Registration:
         if self.callback_sink is None:
             hook(**arguments)
         else:
-            self.callback_sink.append(partial(hook, **arguments))
+            self.callback_sink.append(functools.partial(hook, **arguments))
 
 
 class Airflow31:
-    """Airflow 3.1 (tested: 3.1.8), and the base of the later lines' adapters.
+    """Airflow 3.1 from 3.1.7 (:attr:`below_minimum`), and the base of the later lines' adapters.
 
-    Each later line's subclass overrides what that line changed; the manager
-    calls only these methods and attributes, never a version check.
+    No partitions (:data:`~airflow_adrq.shapes.UNPARTITIONED`), no multi-team filter; ``extra`` stored as
+    given; one listener hook (``on_asset_changed`` with ``to_public()``); ``Stats.incr("asset.updates")``
+    untagged; "not found" also goes to the task's log. The manager calls only these methods and
+    attributes, never a version check.
     """
 
-    #: ``(major, minor)``.
     line: ClassVar[tuple[int, int]] = (3, 1)
     #: The release the tests pin (tox -e airflowNN).
     tested: ClassVar[str] = "3.1.8"
@@ -120,7 +76,7 @@ class Airflow31:
         "DAGs scheduled through Asset.ref(name=...) / Asset.ref(uri=...) (changed in 3.1.7, apache/airflow "
         "PR #60022); the plug-in queues by 3.1.7's rules"
     )
-    #: The schema of this line's metadata database (airflow_adrq.shapes).
+    #: The schema of this line's metadata database (``shape.partitions``: partitioned consumers exist).
     shape: ClassVar[shapes.QueueShape] = shapes.UNPARTITIONED
     #: ``AssetManager`` members the plug-in calls; a release without them is refused at import.
     required_members: ClassVar[tuple[str, ...]] = (
@@ -128,8 +84,6 @@ class Airflow31:
         "_add_asset_alias_association",
         "notify_asset_changed",
     )
-    #: Partitioned consumers exist (``dag.timetable_partitioned``, ``asset_event.partition_key``).
-    partitions: ClassVar[bool] = False
     #: ``_filter_dags_by_team`` exists (applied with ``[core] multi_team``).
     team_filter: ClassVar[bool] = False
     #: The order the queue statement inserts (and locks) rows in, for the start-up log line.
@@ -163,18 +117,12 @@ class Airflow31:
     def notify_listeners(
         self, call: Registration, asset_model: AssetModel, event: AssetEvent, aliases: list[AssetAliasModel]
     ) -> None:
-        # 3.1's name for the public asset (typed against a later line, where it is gone).
-        model: Any = asset_model
+        model: Any = asset_model  # 3.1's to_public() (typed against a later line, where it is gone)
         call.run_hook(call.manager.notify_asset_changed, asset=model.to_public())
 
     def emit_updates_metric(self, call: Registration) -> str | None:
         """Count ``asset.updates``; return the producing DAG's team when the line tags it with one."""
-        # The name Airflow's manager module uses (patching it there patches it here);
-        # 3.1's name, typed against a later line, where it is gone.
-        from airflow.assets import manager
-
-        airflow_manager: Any = manager
-        airflow_manager.Stats.incr("asset.updates")
+        airflow_stats().incr("asset.updates")
         return None
 
     def multi_team(self) -> bool:
@@ -191,37 +139,17 @@ class Airflow31:
         """The source and consumer-team arguments Airflow passes to ``_filter_dags_by_team``."""
         raise NotImplementedError(f"Airflow {self.name} has no multi-team filter")
 
-    def conflict_policy(self) -> ConflictPolicy:
-        """The ``on_conflict`` the plug-in passes, from Airflow's configuration.
-
-        ``[core] asset_manager_kwargs = {"on_conflict": ...}`` when set
-        (validated: :class:`ValueError` naming the setting); otherwise
-        ``"auto"``, or ``"refresh_after_commit"`` with ``[scheduler]
-        use_row_level_locking = False`` (the scheduler then locks no queue
-        rows on any backend). Two config reads per call; the rest is
-        resolved once per pair of values.
-        """
-        from airflow.configuration import conf
-
-        kwargs = conf.get("core", "asset_manager_kwargs", fallback="") or ""
-        locking = conf.getboolean("scheduler", "use_row_level_locking", fallback=True)
-        return _policy(kwargs, locking)
-
-    def metadata_schema(self) -> str | None:
-        """``[database] sql_alchemy_schema`` or ``None``: read off Airflow's own model, where it writes."""
-        from airflow.models.asset import AssetDagRunQueue
-
-        schema: str | None = AssetDagRunQueue.__table__.schema
-        return schema or None
-
-    def queue_partitioned(
-        self, call: Registration, asset_model: AssetModel, event: AssetEvent, dags: list[DagModel]
-    ) -> None:
-        raise NotImplementedError(f"Airflow {self.name} has no partitioned consumers")
+    def partition_fields(self, call: Registration) -> dict[str, Any]:
+        """The partition arguments of the listener event and ``_queue_partitioned_dags`` (3.1: none)."""
+        return {}
 
 
 class Airflow32(Airflow31):
-    """Airflow 3.2 (tested: 3.2.2): partitioned assets, the ``on_asset_event_emitted`` hook."""
+    """Airflow 3.2: partitioned assets (``partition_key``; ``_queue_partitioned_dags`` without a date).
+
+    ``extra or {}``; ``on_asset_event_emitted`` too, with ``to_serialized()`` (3.2 passes it
+    ``source_aliases=[]``: it iterates its alias query result twice, fixed in 3.3.2; the plug-in passes them).
+    """
 
     line = (3, 2)
     tested = "3.2.2"
@@ -233,7 +161,6 @@ class Airflow32(Airflow31):
         "_queue_partitioned_dags",
         "nofity_asset_event_emitted",  # sic
     )
-    partitions = True
 
     def warn_not_found(self, call: Registration, asset: Any) -> None:
         call.manager.logger().warning("AssetModel %s not found; cannot create asset event.", asset)
@@ -241,8 +168,7 @@ class Airflow32(Airflow31):
     def event_kwargs(self, call: Registration, asset_model: AssetModel, extra: Any) -> dict[str, Any]:
         return {**super().event_kwargs(call, asset_model, extra or {}), "partition_key": call.partition_key}
 
-    def _partition_fields(self, call: Registration) -> dict[str, Any]:
-        """The partition arguments of this line's listener event and ``_queue_partitioned_dags``."""
+    def partition_fields(self, call: Registration) -> dict[str, Any]:
         return {"partition_key": call.partition_key}
 
     def notify_listeners(
@@ -259,79 +185,62 @@ class Airflow32(Airflow31):
             source_run_id=event.source_run_id,
             source_map_index=event.source_map_index,
             source_aliases=[alias.to_serialized() for alias in aliases],
-            **self._partition_fields(call),
+            **self.partition_fields(call),
         )
         call.run_hook(call.manager.notify_asset_changed, asset=asset)
         call.run_hook(call.manager.nofity_asset_event_emitted, asset_event=listener_event)
 
-    def queue_partitioned(
-        self, call: Registration, asset_model: AssetModel, event: AssetEvent, dags: list[DagModel]
-    ) -> None:
-        call.manager._queue_partitioned_dags(
-            asset_id=asset_model.id,
-            partition_dags=dags,
-            event=event,
-            **self._partition_fields(call),
-            task_instance=call.task_instance,
-            session=call.session,
-        )
-
 
 class Airflow33(Airflow32):
-    """Airflow 3.3 (tested: 3.3.2): ``partition_date``, multi-team, the team-tagged metric."""
+    """Airflow 3.3: ``partition_date``, ``callback_sink``, multi-team (team filter, team-tagged metric)."""
 
     line = (3, 3)
     tested = "3.3.2"
     minimum = (3, 3, 0)
     required_members: ClassVar[tuple[str, ...]] = (*Airflow32.required_members, "_filter_dags_by_team")
-
     team_filter = True
 
-    def _partition_fields(self, call: Registration) -> dict[str, Any]:
+    def partition_fields(self, call: Registration) -> dict[str, Any]:
         return {"partition_key": call.partition_key, "partition_date": call.partition_date}
 
     def emit_updates_metric(self, call: Registration) -> str | None:
-        from airflow.assets import manager
-
-        # The names Airflow's manager module imports (patching them there patches them here).
-        airflow_manager: Any = manager
         team_name = None
         if call.task_instance and self.multi_team():
             from airflow.models.dag import DagModel
 
             team_name = DagModel.get_team_name(call.task_instance.dag_id, session=call.session)
-        airflow_manager.stats.incr("asset.updates", tags=airflow_manager.prune_dict({"team_name": team_name}))
+        # Airflow's prune_dict({"team_name": team_name}): no tag without a team.
+        airflow_stats().incr("asset.updates", tags={} if team_name is None else {"team_name": team_name})
         return team_name
 
     def team_filter_arguments(
         self, call: Registration, asset_model: AssetModel, team_name: str | None
     ) -> dict[str, Any]:
+        ti = call.task_instance
+        if not ti:
+            return {
+                "source_teams": call.api_user_teams or set(),
+                "allow_consumer_teams": call.api_allow_consumer_teams,
+                "allow_global_consumers": call.api_allow_global_consumers,
+            }
+        from airflow.models.asset import TaskOutletAssetReference
         from sqlalchemy import select
 
-        if call.task_instance:
-            from airflow.models.asset import TaskOutletAssetReference
-
-            outlet_ref = call.session.scalar(
-                select(TaskOutletAssetReference).where(
-                    TaskOutletAssetReference.dag_id == call.task_instance.dag_id,
-                    TaskOutletAssetReference.task_id == call.task_instance.task_id,
-                    TaskOutletAssetReference.asset_id == asset_model.id,
-                )
-            )
-            return {
-                "source_teams": {team_name} if team_name else set(),
-                "allow_consumer_teams": outlet_ref.allow_consumer_teams if outlet_ref else None,
-                "allow_global_consumers": outlet_ref.allow_global_consumers if outlet_ref else True,
-            }
+        outlet = select(TaskOutletAssetReference).filter_by(dag_id=ti.dag_id, task_id=ti.task_id)
+        outlet_ref = call.session.scalar(outlet.filter_by(asset_id=asset_model.id))
         return {
-            "source_teams": call.api_user_teams or set(),
-            "allow_consumer_teams": call.api_allow_consumer_teams,
-            "allow_global_consumers": call.api_allow_global_consumers,
+            "source_teams": {team_name} if team_name else set(),
+            "allow_consumer_teams": outlet_ref.allow_consumer_teams if outlet_ref else None,
+            "allow_global_consumers": outlet_ref.allow_global_consumers if outlet_ref else True,
         }
 
 
 class Airflow34(Airflow33):
-    """Airflow 3.4 (tested: 3.4.0b2): the event-keyed queue, draining DAGs, the task instance's id."""
+    """Airflow 3.4: the queue is keyed per event (:data:`~airflow_adrq.shapes.EVENT_KEYED`).
+
+    One row per (event, consumer); draining DAGs are not queued; the event records
+    ``source_task_instance_id`` and the public map index (``get_public_map_index``).
+    """
 
     line = (3, 4)
     tested = "3.4.0b2"
@@ -354,9 +263,7 @@ class Airflow34(Airflow33):
 
 
 #: The supported release lines, oldest first.
-ADAPTERS: dict[tuple[int, int], Airflow31] = {
-    adapter.line: adapter for adapter in (Airflow31(), Airflow32(), Airflow33(), Airflow34())
-}
+ADAPTERS = {adapter.line: adapter for adapter in (Airflow31(), Airflow32(), Airflow33(), Airflow34())}
 
 #: Release lines the plug-in cannot run on, and why (doctor explains their schemas with it).
 REFUSED: dict[tuple[int, int], str] = {
@@ -366,16 +273,20 @@ REFUSED: dict[tuple[int, int], str] = {
     ),
 }
 
-#: Release lines the plug-in is written and tested against, with the schema
-#: shape (airflow_adrq.shapes) their metadata database has.
+#: Release lines the plug-in is written and tested against, with their schema's shape (airflow_adrq.shapes).
 SHAPES = {line: adapter.shape for line, adapter in ADAPTERS.items()}
 SUPPORTED = tuple(SHAPES)
 
 
-def _airflow_version() -> str:
-    from airflow import __version__
+def airflow_stats() -> Any:
+    """What Airflow's manager module counts with (3.3+: ``stats``; 3.1 and 3.2: ``Stats``).
 
-    return str(__version__)
+    Read there on every call, so that patching it there patches it here.
+    """
+    from airflow.assets import manager
+
+    names = vars(manager)
+    return names.get("stats") or names["Stats"]
 
 
 def release_line(version: str) -> tuple[int, int] | None:
@@ -384,31 +295,35 @@ def release_line(version: str) -> tuple[int, int] | None:
     return (int(found[1]), int(found[2])) if found else None
 
 
-def _patch(version: str) -> int:
-    """The patch number of ``3.1.8`` or ``3.4.0b2`` (its leading digits; 0 if none)."""
-    found = re.match(r"\d+\.\d+\.(\d+)", version)
-    return int(found.group(1)) if found else 0
-
-
 MANAGER_KWARGS = ("on_conflict", "slow_write_ms")  # the keys [core] asset_manager_kwargs may hold
 
 
 def check_manager_kwargs(kwargs: dict[str, Any]) -> ConflictPolicy | None:
     """The ``on_conflict`` of ``[core] asset_manager_kwargs``; :class:`ValueError` naming the fix."""
     unknown = ", ".join(repr(k) for k in sorted(set(kwargs) - set(MANAGER_KWARGS)))
-    if unknown:
-        raise ValueError(
-            f"[core] asset_manager_kwargs: unknown key(s) {unknown} (valid: {', '.join(MANAGER_KWARGS)})"
-        )
     slow = kwargs.get("slow_write_ms", 1)
-    if isinstance(slow, bool) or not isinstance(slow, int | float) or slow <= 0:
-        raise ValueError(
-            f"[core] asset_manager_kwargs: slow_write_ms must be a positive number, not {slow!r}"
-        )
-    try:
-        return None if kwargs.get("on_conflict") is None else check_policy(kwargs["on_conflict"])
-    except ValueError as exc:
-        raise ValueError(f"[core] asset_manager_kwargs: {exc}") from None
+    if unknown:
+        problem = f"unknown key(s) {unknown} (valid: {', '.join(MANAGER_KWARGS)})"
+    elif isinstance(slow, bool) or not isinstance(slow, int | float) or slow <= 0:
+        problem = f"slow_write_ms must be a positive number, not {slow!r}"
+    else:
+        try:
+            return None if kwargs.get("on_conflict") is None else check_policy(kwargs["on_conflict"])
+        except ValueError as exc:
+            problem = str(exc)
+    raise ValueError(f"[core] asset_manager_kwargs: {problem}")
+
+
+def conflict_policy() -> ConflictPolicy:
+    """``on_conflict`` of ``[core] asset_manager_kwargs`` (:class:`ValueError` naming the setting).
+
+    Unset: ``"auto"``, or ``"refresh_after_commit"`` with ``[scheduler] use_row_level_locking = False``
+    (the scheduler then locks no queue rows on any backend). Two config reads per call, the rest cached.
+    """
+    from airflow.configuration import conf
+
+    kwargs = conf.get("core", "asset_manager_kwargs", fallback="") or ""
+    return _policy(kwargs, conf.getboolean("scheduler", "use_row_level_locking", fallback=True))
 
 
 @functools.lru_cache(maxsize=8)
@@ -425,47 +340,43 @@ def _policy(asset_manager_kwargs: str, row_locking: bool) -> ConflictPolicy:
 @functools.lru_cache(maxsize=8)
 def _adapter(version: str) -> Airflow31:
     line = release_line(version)
-    remedy = "Remove [core] asset_manager_class to use Airflow's own AssetManager."
-    # (`import airflow_adrq` usually refuses REFUSED's lines first, on their
-    # SQLAlchemy; this is for an environment forced past that.)
-    if line in REFUSED:
-        reason = REFUSED[line]
-        raise ImportError(f"airflow_adrq.airflow does not support Airflow {version}: {reason}. {remedy}")
-    adapter = ADAPTERS.get(line) if line is not None else None
-    if adapter is None:
-        names = ", ".join(adapter.name for adapter in ADAPTERS.values())
-        raise ImportError(
-            f"airflow_adrq.airflow supports Airflow {names}; this is Airflow {version}. {remedy}"
+    adapter = ADAPTERS.get(line) if line else None
+    patch = re.match(r"\d+\.\d+\.(\d+)", version)  # "3.4.0b2": its leading digits
+    if line in REFUSED:  # (`import airflow_adrq` usually refuses these first, on their SQLAlchemy)
+        why = f"does not support Airflow {version}: {REFUSED[line]}."
+    elif adapter is None:
+        why = f"supports Airflow {', '.join(a.name for a in ADAPTERS.values())}; this is Airflow {version}."
+    elif (*adapter.line, int(patch[1]) if patch else 0) < adapter.minimum:
+        why = (
+            f"supports Airflow {adapter.name} from {'.'.join(map(str, adapter.minimum))}; this is Airflow "
+            f"{version}: {adapter.below_minimum}. Upgrade to {adapter.tested}, or:"
         )
-    if (*adapter.line, _patch(version)) < adapter.minimum:
-        first = ".".join(map(str, adapter.minimum))
-        raise ImportError(
-            f"airflow_adrq.airflow supports Airflow {adapter.name} from {first}; this is Airflow {version}: "
-            f"{adapter.below_minimum}. Upgrade to {adapter.tested}, or: {remedy}"
-        )
-    return adapter
+    else:
+        return adapter
+    raise ImportError(f"airflow_adrq.airflow {why} {_REMEDY}")
 
 
 def current() -> Airflow31:
     """The adapter of the installed Airflow's release line (``ImportError`` if it is not supported)."""
-    return _adapter(_airflow_version())
+    from airflow import __version__
+
+    return _adapter(__version__)
 
 
 def check_supported() -> Airflow31:
-    """Return the installed Airflow's adapter; ``ImportError`` unless it is supported and complete.
+    """The installed Airflow's adapter, checked: ``ImportError`` naming the version and why.
 
-    Refused: a release line not in :data:`ADAPTERS` (with the reason from
-    :data:`REFUSED` when there is one), or a release whose ``AssetManager``
-    lacks a member its line's adapter calls.
+    Refused: a line not in :data:`ADAPTERS` (why, from :data:`REFUSED`), a release below its minimum,
+    or one whose ``AssetManager`` lacks a member its adapter calls.
     """
+    from airflow import __version__
     from airflow.assets.manager import AssetManager
 
     adapter = current()
     missing = [name for name in adapter.required_members if not hasattr(AssetManager, name)]
     if missing:
         raise ImportError(
-            f"airflow_adrq.airflow: Airflow {_airflow_version()} has no AssetManager.{', '.join(missing)}; "
-            f"the plug-in was written against Airflow {adapter.tested} for the {adapter.name} line. "
-            "Remove [core] asset_manager_class to use Airflow's own AssetManager."
+            f"airflow_adrq.airflow: Airflow {__version__} has no AssetManager.{', '.join(missing)}; "
+            f"the plug-in was written against Airflow {adapter.tested} for the {adapter.name} line. {_REMEDY}"
         )
     return adapter

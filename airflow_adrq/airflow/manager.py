@@ -1,22 +1,13 @@
 """``AdrqAssetManager``: Airflow's ``AssetManager`` with the set-based, commit-time queue write.
 
-``register_asset_change`` follows the installed Airflow's (3.1 to 3.4) step by
-step, with the same arguments (the steps that differ between lines are
-:mod:`airflow_adrq.airflow.compat`'s adapters), except for the consumers:
-
-* Airflow loads every consumer ``DagModel`` through the ORM, unions them in a
-  Python ``set`` and inserts one queue row per DAG (3.4: per DAG and event) in
-  set order, at once. At fan-out 1,024 the loading alone costs more than the
-  whole write here, and up to 3.3 the set order deadlocks.
-* Here the event is recorded on the session, and just before COMMIT one
-  ordered ``INSERT ... SELECT`` over Airflow's reference tables queues every
-  event of the transaction (:func:`airflow_adrq.deferral.defer_events`). No
-  consumer ``DagModel`` is loaded for it.
-
-Kept as Airflow does it, in its order: every other step
-(:mod:`~airflow_adrq.airflow.compat`). Only the consumers Airflow's own code
-needs are loaded: the partitioned ones, or with ``[core] multi_team`` all of
-them (the filter's result restricts the statement: still one statement).
+``register_asset_change`` follows the installed Airflow's step by step (what differs between lines:
+:mod:`airflow_adrq.airflow.compat`), except for the consumers. Airflow loads every consumer ``DagModel``
+and inserts one queue row per DAG (3.4: per DAG and event) in Python ``set`` order: at fan-out 1,024 the
+loading alone costs more than our whole write, and up to 3.3 the set order deadlocks. Here one ordered
+``INSERT ... SELECT`` just before COMMIT queues every event of the transaction
+(:func:`airflow_adrq.deferral.defer_events`). Only the consumers Airflow's own code needs are loaded:
+the partitioned ones, or with ``[core] multi_team`` all of them (the filter's result restricts the
+statement: still one statement).
 """
 
 from __future__ import annotations
@@ -29,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import String, bindparam, exists, false, insert, or_, select
 from sqlalchemy.orm import joinedload
 
-from airflow_adrq import deferral, metrics, queue, statement
+from airflow_adrq import deferral, metrics, queue, statement, tables
 from airflow_adrq.airflow import compat
 from airflow_adrq.deferral import flush_queue
 from airflow_adrq.dialects import ConflictPolicy
@@ -46,13 +37,13 @@ __all__ = ["AdrqAssetManager", "flush_queue"]
 
 log = logging.getLogger(__name__)
 
-# Refuse to load on an Airflow whose AssetManager this class was not written
-# against (raises ImportError naming the version and why, or what is missing).
+# ImportError on an Airflow whose AssetManager this class was not written against.
 compat.check_supported()
 
 from airflow.assets.manager import AssetManager  # noqa: E402
 from airflow.models.asset import (  # noqa: E402
     AssetAliasModel,
+    AssetDagRunQueue,
     AssetEvent,
     AssetModel,
     asset_alias_asset_event_association_table,
@@ -65,42 +56,34 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
 
     Set ``[core] asset_manager_class = airflow_adrq.airflow.AdrqAssetManager``.
 
-    Locks: while registering, what Airflow's code locks (the new event and
-    alias rows; the partitioned path's ``asset`` row). Just before the
-    session's outermost COMMIT, as :func:`airflow_adrq.queue.queue_events`:
-    where the scheduler locks rows (and not for 3.4's per-event queue), every
-    consumer's ``dag`` row ``FOR SHARE`` (PostgreSQL: never waiting while it
-    holds one), then the queue rows of all its events by one statement in
-    the queue's key order (``(asset_id, target_dag_id)``; 3.4:
-    ``(target_dag_id, asset_event_id)``), and the transaction's
-    ``asset_event`` rows, stamped.
+    Locks: while registering, what Airflow's code locks (the new event and alias rows; the partitioned
+    path's ``asset`` row). Just before the session's outermost COMMIT, as
+    :func:`airflow_adrq.queue.queue_events`: where the scheduler locks rows (and not for 3.4's per-event
+    queue), every consumer's ``dag`` row ``FOR SHARE`` (PostgreSQL: never waiting while it holds one),
+    then the queue rows of all its events by one statement in the queue's key order (``(asset_id,
+    target_dag_id)``; 3.4: ``(target_dag_id, asset_event_id)``), and the transaction's ``asset_event``
+    rows, stamped.
 
-    Does not promise: queue rows visible before COMMIT in the producing
-    transaction (:func:`flush_queue`), or written at all when the caller
-    commits other than by ``Session.commit()``. A failing queue write fails
-    the COMMIT, and so the whole transaction, not the registration call.
+    Does not promise: queue rows visible before COMMIT in the producing transaction (:func:`flush_queue`),
+    or written at all when the caller commits other than by ``Session.commit()``. A failing queue write
+    fails the COMMIT, and so the whole transaction, not the registration call.
     """
 
     def __init__(
         self, *, on_conflict: ConflictPolicy | None = None, slow_write_ms: float = 1000.0, **kwargs: Any
     ) -> None:
-        """Airflow passes ``[core] asset_manager_kwargs`` here (``resolve_asset_manager``).
-
-        Checked now, naming the setting and its valid keys, so a bad value stops the component at
-        start-up; registrations read the setting itself (the triggerer calls the class), nothing is stored.
-        """
+        """Refuse a bad ``[core] asset_manager_kwargs`` at start-up; keep its ``slow_write_ms``."""
         compat.check_manager_kwargs({"on_conflict": on_conflict, "slow_write_ms": slow_write_ms, **kwargs})
         _SLOW_MS[0] = slow_write_ms
         super().__init__()  # type: ignore[no-untyped-call,unused-ignore]
-        # The line lets an operator confirm in any component's log that it is used. The
-        # policy is the one registrations read (what "auto" means on the backend is logged
-        # at the first queue write: airflow_adrq.dialects.resolve).
+        # Lets an operator confirm in any component's log that it is used. The policy is the one
+        # registrations read (what "auto" means on the backend is logged at the first queue write).
         log.info(
             "airflow-adrq: %s.%s queues asset-triggered runs at commit, sorted by %s, on_conflict=%s",
             type(self).__module__,
             type(self).__qualname__,
             compat.current().queue_order,
-            compat.current().conflict_policy(),
+            compat.conflict_policy(),
         )
 
     @classmethod
@@ -138,15 +121,12 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         # Airflow's lookup without ``scheduled_dags -> dag``: no consumer is
         # loaded. It also asks whether a partitioned consumer exists (3.2+),
         # so that the usual event, with none, costs no round trip for them.
-        found = (
-            session.execute(
-                _asset_lookup(line.partitions),
-                {"name": asset.name, "uri": asset.uri, "alias_names": list(source_alias_names)},
-            )
-            .unique()
-            .first()
+        found = session.execute(
+            _asset_lookup(line.shape.partitions),
+            {"name": asset.name, "uri": asset.uri, "alias_names": list(source_alias_names)},
+            execution_options=_IN_SCHEMA,  # the partitioned consumers' tables
         )
-        asset_model, any_partitioned = found if found is not None else (None, False)
+        asset_model, any_partitioned = found.unique().first() or (None, False)
         if not asset_model:
             line.warn_not_found(call, asset)
             return None
@@ -170,11 +150,8 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
                 session.scalars(select(AssetAliasModel).where(AssetAliasModel.name.in_(source_alias_names)))
             )
             for alias in aliases:
-                session.execute(
-                    insert(asset_alias_asset_event_association_table).values(
-                        alias_id=alias.id, event_id=asset_event.id
-                    )
-                )
+                link = {"alias_id": alias.id, "event_id": asset_event.id}
+                session.execute(insert(asset_alias_asset_event_association_table).values(link))
 
         line.notify_listeners(call, asset_model, asset_event, aliases)
         team_name = line.emit_updates_metric(call)
@@ -183,7 +160,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         partition_dags: list[DagModel] = []
         if line.multi_team():
             consumers = cls._filter_dags_by_team(
-                dags_to_queue=cls._consumer_dags(asset_event.id, session=session),
+                dags_to_queue=_consumer_dags(session, asset_event.id),
                 asset_model=asset_model,
                 source_is_api=source_is_api,
                 session=session,
@@ -192,93 +169,80 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
             partition_dags = [dag for dag in consumers if dag.timetable_partitioned is True]
             allowed = {dag.dag_id for dag in consumers} - {dag.dag_id for dag in partition_dags}
         elif any_partitioned:
-            partition_dags = list(cls._consumer_dags(asset_event.id, session=session, partitioned=True))
+            partition_dags = list(_consumer_dags(session, asset_event.id, partitioned=True))
 
         if partition_dags:
-            line.queue_partitioned(call, asset_model, asset_event, partition_dags)
+            cls._queue_partitioned_dags(
+                asset_id=asset_model.id,
+                partition_dags=partition_dags,
+                event=asset_event,
+                **line.partition_fields(call),
+                task_instance=task_instance,
+                session=session,
+            )
         # As Airflow: an event with a partition key queues no non-partitioned
         # DAG (a line without partitions has no such key: Airflow ignores it).
-        if (partition_key is None or not line.partitions) and (allowed is None or allowed):
+        if (partition_key is None or not line.shape.partitions) and (allowed is None or allowed):
             deferral.defer_events(
                 session,
                 [asset_event],
                 allowed_dags=None if allowed is None else {asset_event.id: allowed},
                 # The row keeps the newest stamp of the events it stands for
                 # where the scheduler locks the rows it consumes (GUARANTEES.md, "Timing").
-                on_conflict=line.conflict_policy(),
+                on_conflict=compat.conflict_policy(),
                 # The schema Airflow's own migrations made for this release line (doctor reads the catalog).
                 shape=line.shape,
-                schema=line.metadata_schema(),
+                schema=_SCHEMA,
             )
             if source_is_api or "timestamp" in kwargs:
-                # Airflow's REST route (POST /api/v2/assets/events) serializes
-                # the returned event before its COMMIT: stamp and queue it now,
-                # so the response carries the timestamp it is stored with. It
-                # registers one event per transaction: no other queue write to
-                # order against. 3.3+ flags it with source_is_api; 3.1 and 3.2
-                # only by the timestamp= it passes (which Airflow ignores).
+                # Airflow's REST route (POST /api/v2/assets/events; 3.1 and 3.2 pass a timestamp= Airflow
+                # ignores) serializes the event before its COMMIT: stamp and queue it now, so the response
+                # carries its stored timestamp. One event per transaction there: nothing to order against.
                 deferral.flush_queue(session)
         return asset_event
-
-    @classmethod
-    def _consumer_dags(cls, event_id: int, *, session: Session, partitioned: bool = False) -> set[DagModel]:
-        """Unpaused consumer ``DagModel``s of one event (only the partitioned ones if asked).
-
-        One cached Core SELECT of their ids (usually none are partitioned),
-        then the ORM objects Airflow's helpers need, only if there are any.
-        """
-        # Imported here, as Airflow does: airflow.models.dag imports the module
-        # that is loading this class (airflow.assets.manager).
-        from airflow.models.dag import DagModel
-
-        rows = session.connection().execute(
-            _consumer_ids(partitioned),
-            {"event_ids": [event_id]},
-            execution_options=queue.in_schema(compat.current().metadata_schema()),
-        )
-        ids = [row[0] for row in rows]
-        if not ids:
-            return set()
-        return set(session.scalars(select(DagModel).where(DagModel.dag_id.in_(ids))))
 
 
 def _to_stats(kind: str, name: str, value: float) -> None:
     """:func:`airflow_adrq.metrics.report` in Airflow: ``timing`` / ``incr`` of ``adrq.<name>``."""
-    from airflow.assets import manager as airflow_manager
-
-    names: dict[str, Any] = vars(airflow_manager)
-    stats = names.get("stats") or names["Stats"]  # what Airflow's own counts with: 3.3+ / 3.1-3.2
-    getattr(stats, kind)(f"adrq.{name}", value)
+    getattr(compat.airflow_stats(), kind)(f"adrq.{name}", value)
     if name == "queue_write" and value > _SLOW_MS[0]:
         log.warning("airflow-adrq: the queue write at COMMIT took %.0f ms (slow_write_ms)", value)
 
 
 metrics.report = _to_stats
 _SLOW_MS = [1000.0]  # [core] asset_manager_kwargs' slow_write_ms, set when Airflow builds the manager
+# [database] sql_alchemy_schema or None: read off Airflow's own model, where it writes.
+_SCHEMA: str | None = AssetDagRunQueue.__table__.schema or None
+_IN_SCHEMA = queue.in_schema(_SCHEMA)  # for our Core tables in Airflow's schema
+
+
+def _consumer_dags(session: Session, event_id: int, *, partitioned: bool = False) -> set[DagModel]:
+    """Unpaused consumer ``DagModel``s of one event (only the partitioned ones if asked)."""
+    found = session.scalars(_consumers(partitioned), {"event_ids": [event_id]}, execution_options=_IN_SCHEMA)
+    return set(found)
 
 
 @functools.cache
-def _consumer_ids(partitioned: bool) -> Any:
-    """``SELECT dag.dag_id`` of an event's unpaused consumers (partitioned ones only if asked); built once."""
+def _consumers(partitioned: bool) -> Any:
+    """``SELECT dag`` (as ``DagModel``) of an event's unpaused consumers (partitioned ones only if asked)."""
+    # Imported here, as Airflow does: airflow.models.dag imports airflow.assets.manager (loading us).
     from airflow.models.dag import DagModel
 
     dag = DagModel.__table__
     consumers = statement.consumers_of_events().subquery()
-    conditions = [
-        dag.c.dag_id.in_(select(consumers.c.dag_id)),
-        *compat.current().shape.consumer_filter(dag.c, partitioned=True),
-    ]
-    if partitioned:
-        conditions.append(dag.c.timetable_partitioned.is_(True))
-    return select(dag.c.dag_id).where(*conditions)
+    conditions = _consumer_filter(dag, partitioned_only=partitioned)
+    return select(DagModel).where(dag.c.dag_id.in_(select(consumers.c.dag_id)), *conditions)
+
+
+def _consumer_filter(dag: Any, *, partitioned_only: bool) -> list[Any]:
+    """The conditions on ``dag`` of a consumer Airflow queues, partitioned or not (or only partitioned)."""
+    conditions = compat.current().shape.consumer_filter(dag.c, partitioned=True)
+    return [*conditions, dag.c.timetable_partitioned.is_(True)] if partitioned_only else conditions
 
 
 @functools.cache
 def _asset_lookup(partitions: bool) -> Any:
-    """``SELECT asset, <any partitioned consumer>`` by ``:name`` and ``:uri``, with Airflow's eager loads.
-
-    Built once per process (the asset's name and URI are bound, not inlined).
-    """
+    """``SELECT asset, <any partitioned consumer>`` by ``:name`` and ``:uri``, with Airflow's eager loads."""
     return (
         select(AssetModel, _partitioned_consumer_exists() if partitions else false())
         .where(AssetModel.name == bindparam("name"), AssetModel.uri == bindparam("uri"))
@@ -289,34 +253,19 @@ def _asset_lookup(partitions: bool) -> Any:
 def _partitioned_consumer_exists() -> Any:
     """Whether an unpaused partitioned DAG is scheduled on asset ``:name``/``:uri`` or ``:alias_names``.
 
-    The consumers :meth:`AdrqAssetManager._consumer_dags` would find for the
-    event about to be written (its asset by id, name and URI; the aliases it
-    is emitted through), read before it is: one ``EXISTS`` per kind of
-    reference, each from the reference table's primary key to ``dag``'s
-    (an ``IN (UNION ...)`` over ``dag`` made MariaDB read every DAG).
-    Locks nothing.
+    What :func:`_consumer_dags` would find for the event about to be written: one ``EXISTS`` per kind of
+    reference, each from the reference table's primary key to ``dag``'s (an ``IN (UNION ...)`` over
+    ``dag`` made MariaDB read every DAG).
     """
-    from airflow.models.asset import (
-        DagScheduleAssetAliasReference,
-        DagScheduleAssetNameReference,
-        DagScheduleAssetReference,
-        DagScheduleAssetUriReference,
-    )
-    from airflow.models.dag import DagModel
-
     # Aliases of their own: nothing here correlates with the lookup's tables.
-    asset, alias = AssetModel.__table__.alias("p_asset"), AssetAliasModel.__table__.alias("p_alias")
-    dag = DagModel.__table__.alias("p_dag")
-    direct, by_name = DagScheduleAssetReference.__table__, DagScheduleAssetNameReference.__table__
-    by_uri, by_alias = DagScheduleAssetUriReference.__table__, DagScheduleAssetAliasReference.__table__
+    asset, alias = tables.asset.alias("p_asset"), tables.asset_alias.alias("p_alias")
+    dag = tables.dag.alias("p_dag")
+    direct, by_name = tables.dag_schedule_asset_reference, tables.dag_schedule_asset_name_reference
+    by_uri, by_alias = tables.dag_schedule_asset_uri_reference, tables.dag_schedule_asset_alias_reference
     name, uri = bindparam("name", type_=String()), bindparam("uri", type_=String())
-    partitioned = [
-        dag.c.timetable_partitioned.is_(True),
-        *compat.current().shape.consumer_filter(dag.c, partitioned=True),
-    ]
+    partitioned = _consumer_filter(dag, partitioned_only=True)
 
     def scheduled_through(references: Any, dag_id: Any, *conditions: Any) -> Any:
-        # From the reference's primary key to dag's: never a scan of ``dag``.
         joined = references.join(dag, dag.c.dag_id == dag_id)
         return exists().select_from(joined).where(*conditions, *partitioned).correlate(None)
 

@@ -1,24 +1,12 @@
 """Opt-in: make the triggerer's asset events go through the configured manager too.
 
-Airflow 3's ``Trigger.submit_event`` (``airflow/models/trigger.py``) calls
-``AssetManager.register_asset_change`` on the *base class* it imported, not
-on the ``[core] asset_manager_class`` instance, so events from asset watchers
-and triggers bypass :class:`~airflow_adrq.airflow.AdrqAssetManager` and keep
-Airflow's unsorted, per-event queue writes.
-
-:func:`install_triggerer_patch` rebinds the module global ``AssetManager`` in
-``airflow.models.trigger`` to the configured manager class. Trade-off: this
-changes a private call site. It is checked, not blind: the patch is applied
-only if ``airflow.models.trigger.AssetManager`` is still Airflow's base class
-(otherwise, e.g. after an Airflow upgrade that fixed or moved the call, it
-logs a warning and changes nothing), and only if the configured class is an
-``AdrqAssetManager`` (otherwise it raises, since the triggerer and the task
-path would then queue differently).
-
-This module imports nothing from Airflow at import time, so it can be used
-from ``airflow_local_settings.py``, which Airflow imports while it is still
-initialising; the patch is then applied when ``airflow.models.trigger`` has
-finished importing.
+Airflow 3's ``Trigger.submit_event`` (``airflow/models/trigger.py``) calls ``register_asset_change`` on
+the base ``AssetManager`` it imported, not on ``[core] asset_manager_class``, so events from asset
+watchers and triggers keep Airflow's unsorted, per-event queue writes. :func:`install_triggerer_patch`
+rebinds that module global to the configured class: a private call site, so it is checked (README,
+"Triggerer and asset watchers"). Nothing from Airflow is imported at import time, so
+``airflow_local_settings.py``, imported while Airflow is still initialising, can call it; the patch is
+then applied when ``airflow.models.trigger`` has finished importing.
 """
 
 from __future__ import annotations
@@ -44,13 +32,17 @@ _original: Any = None
 def install_triggerer_patch() -> None:
     """Route ``Trigger.submit_event``'s asset events through the configured ``AdrqAssetManager``.
 
-    Idempotent. If ``airflow.models.trigger`` is already imported it is
-    patched now; otherwise the patch is applied right after it is imported.
-    Takes no database locks and runs no SQL.
+    Idempotent. If ``airflow.models.trigger`` is already imported it is patched now; otherwise right
+    after it is imported. Applied only while that module's ``AssetManager`` is still Airflow's base class
+    (else a warning, nothing changed); :class:`RuntimeError` unless ``[core] asset_manager_class`` is an
+    ``AdrqAssetManager`` (the triggerer and the task path would queue differently). Takes no database
+    locks and runs no SQL.
     """
     module = sys.modules.get(_TARGET)
     if module is None:
-        _install_import_hook()
+        with _lock:
+            if not any(isinstance(f, _PatchAfterImport) for f in sys.meta_path):
+                sys.meta_path.insert(0, _PatchAfterImport())
     elif hasattr(module, "Trigger"):
         _patch(module)
     else:
@@ -64,8 +56,7 @@ def uninstall_triggerer_patch() -> None:
     """Undo :func:`install_triggerer_patch` (restores Airflow's base ``AssetManager``)."""
     global _original
     with _lock:
-        for finder in [f for f in sys.meta_path if isinstance(f, _PatchAfterImport)]:
-            sys.meta_path.remove(finder)
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PatchAfterImport)]
         module = sys.modules.get(_TARGET)
         if module is not None and _original is not None:
             setattr(module, "AssetManager", _original)  # noqa: B010 - ModuleType has no such attribute
@@ -112,9 +103,21 @@ def _patch(module: ModuleType) -> None:
     log.info("airflow-adrq: triggerer asset events now go through %s", configured.__qualname__)
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, loader: importlib.abc.Loader) -> None:
-        self._loader = loader
+class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds ``airflow.models.trigger`` once, loads it with its own loader, then patches it."""
+
+    _loader: importlib.abc.Loader
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _TARGET:
+            return None
+        sys.meta_path.remove(self)  # one shot: the module is imported once per process
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is not None and spec.loader is not None:
+            self._loader, spec.loader = spec.loader, self
+        return spec
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return self._loader.create_module(spec)
@@ -122,24 +125,3 @@ class _PatchingLoader(importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         self._loader.exec_module(module)
         _patch(module)
-
-
-class _PatchAfterImport(importlib.abc.MetaPathFinder):
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _TARGET:
-            return None
-        # One shot: the module is imported once per process.
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is None or spec.loader is None:
-            return spec
-        spec.loader = _PatchingLoader(spec.loader)
-        return spec
-
-
-def _install_import_hook() -> None:
-    with _lock:
-        if not any(isinstance(f, _PatchAfterImport) for f in sys.meta_path):
-            sys.meta_path.insert(0, _PatchAfterImport())

@@ -124,7 +124,7 @@ def seed(
     )
     for dag_id in dag_ids:
         # Before 3.2 there are no partitioned DAGs: ``partitioned`` ones are plain consumers.
-        extra = {"timetable_partitioned": dag_id in partitioned} if LINE.partitions else {}
+        extra = {"timetable_partitioned": dag_id in partitioned} if LINE.shape.partitions else {}
         session.add(
             DagModel(
                 dag_id=dag_id,
@@ -161,7 +161,7 @@ def seed(
     for name, dags in uri_ref_consumers.items():
         for dag_id in dags:
             session.add(DagScheduleAssetUriReference(uri=uri(name), dag_id=dag_id))
-    for dag_id in sorted(partitioned) if LINE.partitions else ():
+    for dag_id in sorted(partitioned) if LINE.shape.partitions else ():
         _serialize_partitioned_dag(
             session, dag_id, [name for name, dags in consumers.items() if dag_id in dags]
         )
@@ -247,7 +247,7 @@ def snapshot(conn) -> dict[str, list]:
     asset = {r.id: r.name for r in conn.execute(sa.text("SELECT id, name FROM asset"))}
     alias = {r.id: r.name for r in conn.execute(sa.text("SELECT id, name FROM asset_alias"))}
     events = {}
-    partition_key = "partition_key" if LINE.partitions else "NULL AS partition_key"
+    partition_key = "partition_key" if LINE.shape.partitions else "NULL AS partition_key"
     for r in conn.execute(
         sa.text(
             "SELECT id, asset_id, extra, source_dag_id, source_task_id, source_run_id, source_map_index, "
@@ -296,7 +296,7 @@ def snapshot(conn) -> dict[str, list]:
             (r.target_dag_id, r.partition_key)
             for r in conn.execute(sa.text("SELECT target_dag_id, partition_key FROM asset_partition_dag_run"))
         )
-        if LINE.partitions
+        if LINE.shape.partitions
         else [],
         "partitioned_asset_key_log": sorted(
             (
@@ -313,7 +313,7 @@ def snapshot(conn) -> dict[str, list]:
                 )
             )
         )
-        if LINE.partitions
+        if LINE.shape.partitions
         else [],
         # Log.extra names asset ids, which differ between runs: compare the events.
         "log": sorted(r.event for r in conn.execute(sa.text("SELECT event FROM log"))),

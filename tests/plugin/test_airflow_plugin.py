@@ -508,7 +508,7 @@ def test_asset_manager_kwargs_choose_on_conflict(af_engine, monkeypatch):
         AdrqAssetManager(on_conflict="newest")
     monkeypatch.setenv("AIRFLOW__CORE__ASSET_MANAGER_KWARGS", '{"on_conflict": "newest"}')
     with pytest.raises(ValueError, match=r"\[core\] asset_manager_kwargs: on_conflict must be one of"):
-        compat.current().conflict_policy()
+        compat.conflict_policy()
     # A misspelt key names the setting and the valid keys, at start-up and in registrations.
     with pytest.raises(
         ValueError, match=r"\[core\] asset_manager_kwargs: unknown key\(s\) 'on_conflit'.*valid: on_conflict"
@@ -516,13 +516,13 @@ def test_asset_manager_kwargs_choose_on_conflict(af_engine, monkeypatch):
         AdrqAssetManager(on_conflit="refresh")
     monkeypatch.setenv("AIRFLOW__CORE__ASSET_MANAGER_KWARGS", '{"on_conflit": "refresh"}')
     with pytest.raises(ValueError, match=r"unknown key\(s\) 'on_conflit'"):
-        compat.current().conflict_policy()
+        compat.conflict_policy()
     monkeypatch.setenv("AIRFLOW__CORE__ASSET_MANAGER_KWARGS", "{on_conflict: refresh}")
     with pytest.raises(ValueError, match=r"\[core\] asset_manager_kwargs is not JSON"):
-        compat.current().conflict_policy()
+        compat.conflict_policy()
     monkeypatch.setenv("AIRFLOW__CORE__ASSET_MANAGER_KWARGS", '{"on_conflict": "refresh"}')
     AdrqAssetManager(on_conflict="refresh")  # what resolve_asset_manager does with the kwargs
-    assert compat.current().conflict_policy() == "refresh"
+    assert compat.conflict_policy() == "refresh"
     rows, newest = _two_events(af_engine)
     assert rows[-1] == (newest,)
     if LINE.shape.event_keyed:
@@ -547,11 +547,11 @@ def test_asset_manager_kwargs_choose_on_conflict(af_engine, monkeypatch):
 def test_without_row_level_locking_the_refresh_runs_after_commit(af_engine, monkeypatch):
     """``[scheduler] use_row_level_locking = False``: the scheduler locks no rows on any backend."""
     monkeypatch.setenv("AIRFLOW__SCHEDULER__USE_ROW_LEVEL_LOCKING", "False")
-    assert compat.current().conflict_policy() == "refresh_after_commit"
+    assert compat.conflict_policy() == "refresh_after_commit"
     rows, newest = _two_events(af_engine)
     assert rows[-1] == (newest,)
     monkeypatch.delenv("AIRFLOW__SCHEDULER__USE_ROW_LEVEL_LOCKING")
-    assert compat.current().conflict_policy() == "auto"
+    assert compat.conflict_policy() == "auto"
 
 
 @pytest.mark.airflow_backends("sqlite", "postgresql")
