@@ -20,18 +20,16 @@ import datetime as dt
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol, cast
 
-from sqlalchemy import select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, attributes
 
-from airflow_adrq import dialects, metrics, statement
+from airflow_adrq import dialects, metrics, stamping, statement
 from airflow_adrq.dialects import ConflictPolicy
 from airflow_adrq.shapes import PARTITIONED, QueueShape
 from airflow_adrq.statement import Form
-from airflow_adrq.tables import utcnow
 
-__all__ = ["IDS_PER_STATEMENT", "EventLike", "clock_on_events", "in_schema", "queue_events"]
+__all__ = ["EventLike", "in_schema", "queue_events"]
 
 
 class EventLike(Protocol):
@@ -43,10 +41,6 @@ class EventLike(Protocol):
     @property
     def asset_id(self) -> int: ...
 
-
-#: Ids bound to one statement, below SQLite's 32,766 and psycopg 3's 65,535
-#: bound-parameter limits. Larger sets: several statements.
-IDS_PER_STATEMENT = 30_000
 
 #: Times :func:`_write_once_without_waiting_while_holding` waits for a busy ``dag`` row
 #: (holding none) before it takes the rest in order, waiting while it holds.
@@ -109,7 +103,7 @@ def _lock_stamp_write(
     # One statement binds the ids twice (and the multi-team pairs): within the limits?
     (one, *more) = chunk_params
     bound = 2 * len(one["ids"]) + len(one.get("restricted_ids", ())) + 2 * len(one.get("allowed", ()))
-    if lock and support.clock_after_locks is not None and not more and bound <= IDS_PER_STATEMENT:
+    if lock and support.clock_after_locks is not None and not more and bound <= stamping.IDS_PER_STATEMENT:
         return _write_once_without_waiting_while_holding(conn, form, one, options)
     if lock:
         for params in chunk_params:
@@ -119,24 +113,10 @@ def _lock_stamp_write(
                 if not params["dag_ids"]:
                     continue
             conn.execute(statement.share_lock(support.name, form), params, execution_options=options)
-    stamp = clock_on_events(conn, [event_id for p in chunk_params for event_id in p["ids"]], options)
+    stamp = stamping.clock_on_events(conn, [event_id for p in chunk_params for event_id in p["ids"]], options)
     stmt = statement.insert_statement(support.name, form)
     for params in chunk_params:
         conn.execute(stmt, {**params, "created_at": stamp}, execution_options=options)
-    return stamp
-
-
-def clock_on_events(conn: Connection, ids: list[int], options: Mapping[str, Any]) -> dt.datetime:
-    """One reading of the database's clock (SQLite: Python's), put on the events ``ids``; returns it.
-
-    Where the stamp is a statement of its own (not PostgreSQL's one-statement write).
-    Locks the given ``asset_event`` rows (the caller's own, uncommitted).
-    """
-    clock = dialects.get(conn).clock
-    stamp = conn.execute(select(clock())).scalar_one() if clock is not None else utcnow()
-    for start in range(0, len(ids), IDS_PER_STATEMENT):
-        chunk = ids[start : start + IDS_PER_STATEMENT]
-        conn.execute(statement.STAMP_EVENTS, {"ids": chunk, "stamp": stamp}, execution_options=options)
     return stamp
 
 
@@ -147,7 +127,7 @@ def _chunks(events: Iterable[EventLike]) -> Iterator[list[int]]:
     chunk: list[int] = []
     last_asset: int | None = None
     for asset_id, event_id in sorted({(event.asset_id, event.id) for event in events}):
-        if len(chunk) >= IDS_PER_STATEMENT and asset_id != last_asset:
+        if len(chunk) >= stamping.IDS_PER_STATEMENT and asset_id != last_asset:
             yield chunk
             chunk = []
         chunk.append(event_id)
@@ -180,7 +160,7 @@ def queue_events(
     2. **Stamp**: the database's clock (``clock_timestamp()`` once the locks
        are held, ``UTC_TIMESTAMP(6)``; SQLite: Python's, one host).
     3. **Write** the events' ``timestamp`` and the queue rows with it, each row
-       once, by ONE ordered ``INSERT ... SELECT`` (past :data:`IDS_PER_STATEMENT`
+       once, by ONE ordered ``INSERT ... SELECT`` (past :data:`~airflow_adrq.stamping.IDS_PER_STATEMENT`
        events, several); it may wait for producers inserting the same rows.
        PostgreSQL: steps 1-3 are one statement.
 

@@ -33,6 +33,7 @@ PLUGIN_PATH = [
     "airflow_adrq.metrics",
     "airflow_adrq.queue",
     "airflow_adrq.shapes",
+    "airflow_adrq.stamping",
     "airflow_adrq.statement",
     "airflow_adrq.tables",
     "airflow_adrq.txscope",
