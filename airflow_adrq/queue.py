@@ -20,7 +20,7 @@ import datetime as dt
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol, cast
 
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, CursorResult
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, attributes
 
@@ -51,7 +51,7 @@ _SAVEPOINT = "adrq_share_lock"
 
 def _write_once_without_waiting_while_holding(
     conn: Connection, form: Form, params: dict[str, Any], options: Mapping[str, Any]
-) -> dt.datetime:
+) -> tuple[dt.datetime, int]:
     r"""The one-statement write, ``NOWAIT``: while a consumer's ``dag`` row is busy, wait for it holding none.
 
     Airflow's writers of ``dag`` lock rows in orders of their own (the DAG processor's ``SELECT ...
@@ -65,8 +65,7 @@ def _write_once_without_waiting_while_holding(
     conn.exec_driver_sql(f"SAVEPOINT {_SAVEPOINT}")
     for _ in range(WAITS_WITHOUT_HOLDING):
         try:
-            # RETURNING: a row per event, one value.
-            return cast(dt.datetime, conn.execute(stmt, params, execution_options=options).scalar())
+            return _stamp_and_rows(conn.execute(stmt, params, execution_options=options))
         except DBAPIError as exc:
             if not support.lock_not_available(exc):
                 raise
@@ -74,7 +73,12 @@ def _write_once_without_waiting_while_holding(
             conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
             _wait_for_busy_rows(conn, form, params, options)
     conn.execute(statement.share_lock(support.name, form), params, execution_options=options)
-    return cast(dt.datetime, conn.execute(stmt, params, execution_options=options).scalar())
+    return _stamp_and_rows(conn.execute(stmt, params, execution_options=options))
+
+
+def _stamp_and_rows(result: CursorResult[Any]) -> tuple[dt.datetime, int]:
+    # RETURNING: a row per event, each (the stamp, the queue rows written); at least one event.
+    return cast(tuple[dt.datetime, int], result.first())
 
 
 def _wait_for_busy_rows(
@@ -96,8 +100,8 @@ def _wait_for_busy_rows(
 
 def _lock_stamp_write(
     conn: Connection, form: Form, chunk_params: list[dict[str, Any]], options: Mapping[str, Any]
-) -> dt.datetime:
-    """Share-lock the consumers' ``dag`` rows, then read the clock, then write events and rows with it."""
+) -> tuple[dt.datetime, int]:
+    """Share-lock the consumers' ``dag`` rows, read the clock, write with it; the stamp and rows written."""
     support = dialects.get(conn)
     lock = support.lock_order is not None and not form.shape.event_keyed
     # One statement binds the ids twice (and the multi-team pairs): within the limits?
@@ -115,9 +119,11 @@ def _lock_stamp_write(
             conn.execute(statement.share_lock(support.name, form), params, execution_options=options)
     stamp = stamping.clock_on_events(conn, [event_id for p in chunk_params for event_id in p["ids"]], options)
     stmt = statement.insert_statement(support.name, form)
+    rows = 0
     for params in chunk_params:
-        conn.execute(stmt, {**params, "created_at": stamp}, execution_options=options)
-    return stamp
+        result = conn.execute(stmt, {**params, "created_at": stamp}, execution_options=options)
+        rows += support.rows_written(conn, result)
+    return stamp, rows
 
 
 def _chunks(events: Iterable[EventLike]) -> Iterator[list[int]]:
@@ -175,7 +181,9 @@ def queue_events(
     (:mod:`airflow_adrq.refresh`; a bare Connection: ``"ignore"``), ``"auto"``:
     :func:`airflow_adrq.dialects.resolve`. ``allowed``: event id -> the only DAG
     ids it may queue (multi-team). ``shape``: :mod:`airflow_adrq.shapes`;
-    ``schema``: ``[database] sql_alchemy_schema``.
+    ``schema``: ``[database] sql_alchemy_schema``. Counts the queue rows inserted or moved forwards
+    as :mod:`~airflow_adrq.metrics` ``queue_write.rows`` (MySQL/MariaDB: affected rows, where a row
+    moved forwards counts 2).
 
     Locks, until the transaction ends: the consumers' ``dag`` rows ``FOR SHARE`` (not with
     ``"refresh_after_commit"``); the queue rows it inserts and, with ``"refresh"``, the existing
@@ -215,9 +223,10 @@ def queue_events(
         from airflow_adrq import refresh
 
         asset_ids = sorted({event.asset_id for event in events})
-        stamp = refresh.write_then_stamp(bind, conn, form, chunk_params, asset_ids, options)
+        stamp, rows = refresh.write_then_stamp(bind, conn, form, chunk_params, asset_ids, options)
     else:
-        stamp = _lock_stamp_write(conn, form, chunk_params, options)
+        stamp, rows = _lock_stamp_write(conn, form, chunk_params, options)
+    metrics.report("incr", "queue_write.rows", rows)
     for event in events:
         set_loaded_timestamp(event, stamp)
     return stamp

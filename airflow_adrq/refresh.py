@@ -147,7 +147,7 @@ def write_then_stamp(
     chunk_params: list[dict[str, Any]],
     asset_ids: list[int],
     options: Mapping[str, Any],
-) -> dt.datetime:
+) -> tuple[dt.datetime, int]:
     """Without the ``dag`` lock: the rows at :data:`PENDING`, then one stamp on them and the events.
 
     Stamped once the queue rows are locked, so that producers sharing a row are
@@ -157,12 +157,15 @@ def write_then_stamp(
     comes next: no cycle), the others after the outermost COMMIT, on ``conn``
     (dropped on rollback, as the events are; skipped if ``conn`` is then still
     in a transaction, a session joined to an outer one). Does not promise the
-    refresh of a held row: it is best effort by design.
+    refresh of a held row: it is best effort by design. Returns the stamp and the
+    rows the statement wrote (the refresh's rows are counted as ``refresh.rows``).
     """
     support = dialects.get(conn)
     stmt = statement.insert_statement(support.name, form)
+    written = 0
     for params in chunk_params:
-        conn.execute(stmt, {**params, "created_at": PENDING}, execution_options=options)
+        result = conn.execute(stmt, {**params, "created_at": PENDING}, execution_options=options)
+        written += support.rows_written(conn, result)
     ids = [event_id for params in chunk_params for event_id in params["ids"]]
     if support.stamp_in_one_statement and len(ids) <= stamping.IDS_PER_STATEMENT:
         params = {"ids": ids, "asset_ids": asset_ids, "pending": PENDING}
@@ -176,7 +179,7 @@ def write_then_stamp(
             params = {"asset_ids": chunk, "stamp": stamp, "pending": PENDING}
             conn.execute(_STAMP_ROWS, params, execution_options=options)
     if form.shape.event_keyed or not isinstance(bind, Session):
-        return stamp
+        return stamp, written
     rows: dict[int, list[str]] = {}
     for params in chunk_params:
         older = conn.execute(_older_rows(form), {**params, "stamp": stamp}, execution_options=options)
@@ -187,7 +190,7 @@ def write_then_stamp(
         metrics.report("incr", "refresh.rows", sum(map(len, rows.values())) - sum(map(len, todo.values())))
         if todo:
             _SCOPE.add(bind, functools.partial(_refresh, conn, todo, stamp, options))
-    return stamp
+    return stamp, written
 
 
 def _run(_session: Session, refreshes: list[Callable[[], int]]) -> None:

@@ -30,9 +30,10 @@ order; the conflict clause is per dialect)::
         ON CONFLICT (asset_id, target_dag_id) DO UPDATE
             SET created_at = greatest(asset_dag_run_queue.created_at, excluded.created_at)
             WHERE asset_dag_run_queue.created_at < excluded.created_at
+        RETURNING asset_id
     )
     UPDATE asset_event SET timestamp = (SELECT stamp FROM stamp) WHERE id IN (:ids)
-    RETURNING timestamp
+    RETURNING timestamp, (SELECT count(*) FROM queued)   -- rows inserted or moved forwards
 
 Why this shape:
 
@@ -317,5 +318,8 @@ def write_once(dialect_name: str, form: Form) -> Update:
     )
     rows = wanted(form, src).where(_in_consumers(src))
     now = select(stamp.c.stamp).scalar_subquery()
-    queued = _insert(dialect_name, form, now, rows).cte("queued")
-    return stamped_events(now).returning(_EVENT.c.timestamp).add_cte(src, locked, stamp, queued)
+    written = _insert(dialect_name, form, now, rows)
+    queued = written.returning(written.table.c.asset_id).cte("queued")
+    # RETURNING, per event: the stamp, and the queue rows inserted or moved forwards (one count).
+    count = select(func.count()).select_from(queued).scalar_subquery()
+    return stamped_events(now).returning(_EVENT.c.timestamp, count).add_cte(src, locked, stamp, queued)

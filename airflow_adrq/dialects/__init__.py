@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from sqlalchemy import Column, ColumnElement, Select, Table, func
-from sqlalchemy.engine import Connection, Dialect, Engine
+from sqlalchemy.engine import Connection, CursorResult, Dialect, Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Insert
 
@@ -89,6 +89,10 @@ class DialectSupport:
     clock_after_locks: Callable[[], ColumnElement[dt.datetime]] | None = None
     #: Whether a database error is "lock not available" (a ``NOWAIT`` that met a held row).
     lock_not_available: Callable[[BaseException], bool] = field(default=lambda error: False)
+    #: The rows the queue statement just executed inserted or updated (its ``result``'s rowcount).
+    rows_written: Callable[[Connection, CursorResult[Any]], int] = field(
+        default=lambda connection, result: result.rowcount
+    )
     #: DDL is transactional: a failed migration's rollback undoes it (not MySQL/MariaDB,
     #: where each DDL statement commits; :mod:`airflow_adrq.migrate` cleans up there).
     transactional_ddl: bool = True

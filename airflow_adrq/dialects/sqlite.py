@@ -10,7 +10,7 @@ a WHERE clause, which SQLite's upsert parser needs after ``INSERT ... SELECT``.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import event
 from sqlalchemy.dialects import sqlite
@@ -39,10 +39,17 @@ def _configure_engine(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def _rows_written(connection: Connection, _result: Any) -> int:
+    # pysqlite counts rows only for a statement it sees begin with INSERT, UPDATE, DELETE
+    # or REPLACE; the queue statement begins with its WITH: ask SQLite.
+    return cast(int, connection.exec_driver_sql("SELECT changes()").scalar_one())
+
+
 SUPPORT = DialectSupport(
     name="sqlite",
     # SQLite's two-argument max() is a scalar function, like GREATEST.
     insert_from_select=functools.partial(on_conflict_insert_from_select, sqlite.insert, "max"),
     insert_ignore=lambda table: sqlite.insert(table).on_conflict_do_nothing(),
     configure_engine=_configure_engine,
+    rows_written=_rows_written,
 )

@@ -14,6 +14,7 @@ from airflow_adrq import (
     IsolationLevelError,
     create_engine,
     dialects,
+    metrics,
     register_asset_change,
     register_asset_changes,
 )
@@ -106,6 +107,29 @@ def test_deferral_after_the_commit_time_write_raises(engine, fan):
     assert queued(engine) == set()
     events, _ = _stamps(engine)
     assert events == {}
+
+
+@pytest.mark.parametrize("on_conflict", ["refresh", "ignore", "auto"])
+def test_the_rows_written_are_counted(engine, fan, monkeypatch, on_conflict):
+    """``queue_write.rows``: the queue rows the statement inserted or moved forwards, per commit."""
+    sent: list[tuple[str, str, float]] = []
+    monkeypatch.setattr(metrics, "report", lambda kind, name, value: sent.append((kind, name, value)))
+    fan({"a": ["c1", "c2"], "b": ["c2", "c3"]})
+    for assets in (["a", "b"], ["a"]):
+        with Session(engine) as session:
+            for name in assets:
+                register_asset_change(asset=asset_ref(name), session=session, on_conflict=on_conflict)
+            session.commit()
+    counted = [value for _, name, value in sent if name == "queue_write.rows"]
+    with engine.connect() as conn:
+        mode = dialects.resolve(on_conflict, conn)
+    # The second commit finds a's two rows: the statement moves them forwards only with
+    # "refresh" (MySQL/MariaDB's affected rows count such a row twice); "refresh_after_commit"
+    # (MariaDB's "auto") moves them after the statement, counted as refresh.rows.
+    moved = {"refresh": 4 if engine.dialect.name == "mysql" else 2}.get(mode, 0)
+    assert counted == [4, moved]
+    refreshed = [value for _, name, value in sent if name == "refresh.rows"]
+    assert refreshed == ([2] if mode == "refresh_after_commit" else [])
 
 
 def test_one_transaction_one_policy(engine, fan):

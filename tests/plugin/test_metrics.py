@@ -104,4 +104,5 @@ def test_queue_write_metrics_and_slow_warning_reach_statsd(airflow_db, af_engine
     timing = [line for line in lines if line.startswith("airflow.adrq.queue_write:")]
     assert len(timing) == 1 and timing[0].endswith("|ms"), lines
     assert "airflow.adrq.queue_write.events:1|c" in lines, lines
+    assert "airflow.adrq.queue_write.rows:2|c" in lines, lines  # c1 and c2
     assert "the queue write at COMMIT took" in run.stdout + run.stderr  # slow_write_ms = 0.001
