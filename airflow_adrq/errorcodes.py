@@ -60,24 +60,22 @@ _SQLITE_CODES = {
     5: RetryableKind.BUSY,  # SQLITE_BUSY
     6: RetryableKind.BUSY,  # SQLITE_LOCKED
 }
-# Python 3.10's sqlite3 exposes no result code, only the message, which for these results is SQLite's
-# fixed sqlite3_errstr() text of the code. The one place we read text: exact, whole strings that
-# stand for a result code.
+# Python 3.10's sqlite3 exposes only the message: for these results, SQLite's fixed sqlite3_errstr()
+# text of the code. The one place we read text: exact, whole strings that stand for a result code.
 _SQLITE_ERRSTR = {
     "database is locked": 5,  # sqlite3_errstr(SQLITE_BUSY)
     "database table is locked": 6,  # sqlite3_errstr(SQLITE_LOCKED)
 }
 
 
-# DBAPI drivers whose exceptions count as database errors (besides SQLAlchemy's own).
+# Database errors: SQLAlchemy's, sqlite3's, RetriesExhaustedError (it only wraps the last database
+# error, raised from it), and any exception of these DBAPI drivers' modules.
+_DATABASE_ERRORS = (SQLAlchemyError, sqlite3.Error, RetriesExhaustedError)
 _DRIVER_MODULES = frozenset({"psycopg2", "psycopg", "MySQLdb", "pymysql", "sqlite3", "_sqlite3"})
 
 
 def _is_database_error(exc: BaseException) -> bool:
-    # RetriesExhaustedError only wraps the last database error (raised from it).
-    if isinstance(exc, (SQLAlchemyError, sqlite3.Error, RetriesExhaustedError)):
-        return True
-    return type(exc).__module__.split(".")[0] in _DRIVER_MODULES
+    return isinstance(exc, _DATABASE_ERRORS) or type(exc).__module__.split(".")[0] in _DRIVER_MODULES
 
 
 def _classify_one(exc: BaseException) -> Retryable | None:
@@ -121,8 +119,7 @@ def classify(exc: BaseException) -> Retryable | None:
         if id(current) in seen:
             continue
         seen.add(id(current))
-        found = _classify_one(current)
-        if found is not None:
+        if (found := _classify_one(current)) is not None:
             return found
         links = (getattr(current, "orig", None), current.__cause__, current.__context__)
         todo += [link for link in links if isinstance(link, BaseException) and _is_database_error(link)]

@@ -65,7 +65,6 @@ class AssetLike(Protocol):
 
     @property
     def name(self) -> str: ...
-
     @property
     def uri(self) -> str: ...
 
@@ -75,13 +74,10 @@ class TaskInstanceLike(Protocol):
 
     @property
     def dag_id(self) -> str: ...
-
     @property
     def task_id(self) -> str: ...
-
     @property
     def run_id(self) -> str: ...
-
     @property
     def map_index(self) -> int: ...
 
@@ -98,8 +94,7 @@ class AssetChange:
     _alias_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        name, uri = getattr(self.asset, "name", None), getattr(self.asset, "uri", None)
-        if not isinstance(name, str) or not isinstance(uri, str):
+        if not all(isinstance(getattr(self.asset, attr, None), str) for attr in ("name", "uri")):
             raise TypeError(f"asset must have str 'name' and 'uri' attributes, got {self.asset!r}")
         if self.extra is not None and not isinstance(self.extra, Mapping):
             raise TypeError(f"extra must be a mapping or None, not {type(self.extra).__name__}")
@@ -270,7 +265,21 @@ def register_asset_changes(
     results = [by_change.get(id(change)) for change in changes]
     for change, event in zip(changes, results, strict=True):
         if event is not None:
-            callback = functools.partial(notify, _event_info(change, event))
+            info = AssetEventInfo(
+                event_id=event.id,
+                asset_id=event.asset_id,
+                asset_name=change.asset.name,
+                asset_uri=change.asset.uri,
+                extra=dict(event.extra),
+                source_dag_id=event.source_dag_id,
+                source_task_id=event.source_task_id,
+                source_run_id=event.source_run_id,
+                source_map_index=event.source_map_index,
+                source_alias_names=change._alias_names,
+                partition_key=change.partition_key,
+                partition_date=change.partition_date,
+            )
+            callback = functools.partial(notify, info)
             if callback_sink is not None:
                 callback_sink.append(callback)
             else:
@@ -349,30 +358,11 @@ def _insert_events(
             key = conn.execute(_INSERT_EVENT, row).inserted_primary_key
             assert key is not None  # an INSERT of one row always has one
             ids.append(int(key[0]))
-    events = []
-    for row, event_id in zip(rows, ids, strict=True):
-        event = AssetEvent(id=event_id, **row)
+    events = [AssetEvent(id=event_id, **row) for row, event_id in zip(rows, ids, strict=True)]
+    for event in events:
         make_transient_to_detached(event)
         session.add(event)
-        events.append(event)
     return events
-
-
-def _event_info(change: AssetChange, event: AssetEvent) -> AssetEventInfo:
-    return AssetEventInfo(
-        event_id=event.id,
-        asset_id=event.asset_id,
-        asset_name=change.asset.name,
-        asset_uri=change.asset.uri,
-        extra=dict(event.extra),
-        source_dag_id=event.source_dag_id,
-        source_task_id=event.source_task_id,
-        source_run_id=event.source_run_id,
-        source_map_index=event.source_map_index,
-        source_alias_names=change._alias_names,
-        partition_key=change.partition_key,
-        partition_date=change.partition_date,
-    )
 
 
 def queue_dagruns(

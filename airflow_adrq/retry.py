@@ -42,8 +42,7 @@ Callback = Callable[[], object]
 
 
 # Set by run_in_transaction around each attempt; the engine-wide "commit" listener flips it when a
-# COMMIT is about to go to the server (SQLAlchemy emits ConnectionEvents.commit just before calling
-# the DBAPI commit()).
+# COMMIT is about to go to the server (SQLAlchemy emits ConnectionEvents.commit just before it).
 _COMMIT_SENT: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
     "airflow_adrq_commit_sent", default=None
 )
@@ -95,8 +94,7 @@ def run_in_transaction(
 
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
-        found = classify(exc) if exc else None
-        if found is not None:
+        if exc is not None and (found := classify(exc)) is not None:
             metrics.report("incr", "transaction_retries", 1)
             number = state.attempt_number
             log.info("retrying transaction after %s (%s), attempt %d", found.kind.value, found.code, number)

@@ -63,8 +63,7 @@ def _insert_from_select(
     select = select.where(~exists().where(*same_key))
     stmt = mysql.insert(table).from_select(list(columns), select)
     if on_conflict == "ignore":
-        first = key[0]
-        return stmt.on_duplicate_key_update({first: table.c[first]})
+        return stmt.on_duplicate_key_update({key[0]: table.c[key[0]]})
     return stmt.on_duplicate_key_update({refresh: func.greatest(table.c[refresh], stmt.inserted[refresh])})
 
 
@@ -79,8 +78,7 @@ def _check_connection(connection: Connection) -> None:
     cached = info.get(_LEVEL_KEY)
     if cached is None or cached[0] != requested:
         cached = info[_LEVEL_KEY] = (requested, connection.get_isolation_level())
-    level = cached[1]
-    if level not in _LOCK_FREE_READS:
+    if (level := cached[1]) not in _LOCK_FREE_READS:
         raise IsolationLevelError(
             f"this MySQL/MariaDB connection runs at {level}: INSERT ... SELECT would take shared "
             "next-key locks on the reference, asset and dag rows it reads. Use READ COMMITTED "
@@ -118,8 +116,7 @@ SUPPORT = DialectSupport(
     # deletes DAG by DAG: refresh would deadlock. (Airflow's with_row_locks adds FOR UPDATE ... SKIP
     # LOCKED only where the dialect supports FOR UPDATE OF: MySQL 8; not MariaDB, MDEV-13115.)
     refresh_by_default=lambda connection: bool(getattr(connection.dialect, "supports_for_update_of", False)),
-    # UTC wall time, as the naive UTC values sent for TIMESTAMP columns (tables.UtcDateTime);
-    # evaluated once per statement.
+    # UTC wall time, as the naive UTC values sent for TIMESTAMP columns (tables.UtcDateTime); per statement.
     clock=lambda: func.utc_timestamp(6, type_=UtcDateTime()),
     # MySQL 8's scheduler skips share-locked dag rows (FOR UPDATE SKIP LOCKED). InnoDB locks in
     # access order: the consumers are locked by their id list, a range scan of the primary key in its
