@@ -1,10 +1,9 @@
 """Commit-time queueing: events recorded on the session, queued by ONE statement just before COMMIT.
 
 :func:`defer_events` records the events in the session's current transaction
-(:class:`airflow_adrq.txscope.TransactionScoped` drops those of a rolled-back
-SAVEPOINT) and, at the first deferral, the :class:`_Statement` settings the
-transaction is queued with. Just before the outermost COMMIT, ``_before_commit``
-flushes the session, writes the alias rows and calls
+(:class:`airflow_adrq.txscope.TransactionScoped` drops those of a rolled-back SAVEPOINT) and, at the
+first deferral, the :class:`_Statement` settings the transaction is queued with. Just before the
+outermost COMMIT, ``_before_commit`` flushes the session, writes the alias rows and calls
 :func:`airflow_adrq.queue.queue_events` once with every event not written yet.
 """
 
@@ -42,10 +41,8 @@ class _Deferred:
 
     id: int
     asset_id: int
-    # The DAG ids this event may queue (None: every consumer).
-    allowed: frozenset[str] | None
-    # Aliases whose rows (alias, asset link, event link) are written at COMMIT.
-    alias_names: tuple[str, ...]
+    allowed: frozenset[str] | None  # the DAG ids this event may queue (None: every consumer)
+    alias_names: tuple[str, ...]  # aliases whose rows (alias, asset link, event link) are written at COMMIT
     # The caller's event: an ORM one gets the stamp as ``timestamp``, kept by expire_on_commit=False sessions.
     obj: object
     # The transaction whose statement wrote it (flush_queue or the commit); None until then.
@@ -64,8 +61,8 @@ def _write(session: Session) -> list[_Deferred]:
     settings: _Statement = session.info[_STATEMENT_KEY]
     conn = session.connection()
     if any(entry.alias_names for entry in entries):
-        # Only the standalone manager defers alias names (the plug-in writes
-        # Airflow's alias rows itself): the plug-in never loads this module.
+        # Only the standalone manager defers alias names (the plug-in writes Airflow's alias rows
+        # itself): the plug-in never loads this module.
         from airflow_adrq.aliases import write_alias_rows
 
         # Before the statement, which reads asset_alias_asset_event.
@@ -125,28 +122,24 @@ def defer_events(
 ) -> None:
     """Record ``events`` to be stamped and queued by ONE statement just before COMMIT.
 
-    The session's ``before_commit`` hook (after a final flush) passes every
-    event deferred in the transaction to one :func:`queue_events` call: one
-    lock order for all of them, held only for the commit; the stamp is read
-    last, then COMMIT. One statement has one ``on_conflict``, shape and
-    schema: those of the first deferral still pending; another raises
-    :class:`ValueError` (deferring no events checks that, before any write).
-    ``events``: flushed ``asset_event`` objects, or anything with integer
-    ``id`` and ``asset_id``. ``on_conflict``, ``allowed_dags``, ``shape`` and
-    ``schema`` as in :func:`queue_events`. ``alias_names`` (event id -> the
-    aliases it was emitted through): their alias rows are written at COMMIT
-    too, just before the statement (:func:`airflow_adrq.aliases.write_alias_rows`).
+    The session's ``before_commit`` hook (after a final flush) passes every event deferred in the
+    transaction to one :func:`queue_events` call: one lock order for all of them, held only for the
+    commit; the stamp is read last, then COMMIT. One statement has one ``on_conflict``, shape and
+    schema: those of the first deferral still pending; another raises :class:`ValueError` (deferring
+    no events checks that, before any write). ``events``: flushed ``asset_event`` objects, or
+    anything with integer ``id`` and ``asset_id``. ``on_conflict``, ``allowed_dags``, ``shape`` and
+    ``schema`` as in :func:`queue_events`. ``alias_names`` (event id -> the aliases it was emitted
+    through): their alias rows are written at COMMIT too, just before the statement
+    (:func:`airflow_adrq.aliases.write_alias_rows`).
 
-    Nothing is visible before the commit (or :func:`flush_queue`); a rollback
-    queues nothing; events of a rolled-back SAVEPOINT are dropped, those of a
-    released one queued at the outermost COMMIT. Deferring after the
-    commit-time write ran raises :class:`~airflow_adrq.errors.DeferredTooLateError`.
+    Nothing is visible before the commit (or :func:`flush_queue`); a rollback queues nothing; events
+    of a rolled-back SAVEPOINT are dropped, those of a released one queued at the outermost COMMIT.
+    Deferring after the commit-time write ran raises :class:`~airflow_adrq.errors.DeferredTooLateError`.
 
-    Locks: none until the commit; then as :mod:`airflow_adrq.aliases` and
-    :func:`queue_events`. If the statement fails (a deadlock, say),
-    ``Session.commit()`` raises and nothing is queued: retry the whole
-    transaction. Does not promise anything for a transaction committed other
-    than by ``Session.commit()`` (on the raw connection, say).
+    Locks: none until the commit; then as :mod:`airflow_adrq.aliases` and :func:`queue_events`. If
+    the statement fails (a deadlock, say), ``Session.commit()`` raises and nothing is queued: retry
+    the whole transaction. Does not promise anything for a transaction committed other than by
+    ``Session.commit()`` (on the raw connection, say).
     """
     written: weakref.ref[SessionTransaction] | None = session.info.get(_WRITTEN_KEY)
     if written is not None and written() is not None and written() is session.get_transaction():
@@ -169,11 +162,10 @@ def defer_events(
         event_id, asset_id = event.id, event.asset_id
         if not isinstance(event_id, int) or not isinstance(asset_id, int):
             raise TypeError(f"events need integer id and asset_id (flush them first), got {event!r}")
-        only = allowed_dags.get(event_id) if allowed_dags is not None else None
-        names = tuple(alias_names.get(event_id, ())) if alias_names is not None else ()
-        _DEFERRED.add(
-            session, _Deferred(event_id, asset_id, None if only is None else frozenset(only), names, event)
-        )
+        only = (allowed_dags or {}).get(event_id)
+        names = tuple((alias_names or {}).get(event_id, ()))
+        allowed = None if only is None else frozenset(only)
+        _DEFERRED.add(session, _Deferred(event_id, asset_id, allowed, names, event))
 
 
 def pending_events(session: Session) -> list[int]:

@@ -1,9 +1,8 @@
 """Which database errors a whole transaction may be retried after: the one classification.
 
-Read from driver error codes (SQLSTATE, MySQL error numbers, SQLite result
-codes), never message text, along the chain of database errors an exception
-carries. No dependency beyond SQLAlchemy: the commit-time refresh
-(:mod:`airflow_adrq.refresh`) uses it inside every Airflow process, and the
+Read from driver error codes (SQLSTATE, MySQL error numbers, SQLite result codes), never message
+text, along the chain of database errors an exception carries. No dependency beyond SQLAlchemy: the
+commit-time refresh (:mod:`airflow_adrq.refresh`) uses it inside every Airflow process, and the
 whole-transaction retry (:mod:`airflow_adrq.retry`) builds on it.
 """
 
@@ -25,8 +24,8 @@ class RetryableKind(enum.Enum):
     SERIALIZATION = "serialization"
     LOCK_TIMEOUT = "lock_timeout"
     BUSY = "busy"
-    #: The connection was lost. Retryable only if COMMIT had not been sent:
-    #: :func:`run_in_transaction` raises CommitOutcomeUnknownError otherwise.
+    #: The connection was lost. Retryable only if COMMIT had not been sent: :func:`run_in_transaction`
+    #: raises CommitOutcomeUnknownError otherwise.
     CONNECTION_LOST = "connection_lost"
 
 
@@ -56,44 +55,39 @@ _MYSQL_ERRNOS = {
     2013: RetryableKind.CONNECTION_LOST,  # CR_SERVER_LOST (during a query)
     4031: RetryableKind.CONNECTION_LOST,  # ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8)
 }
-# SQLite primary result codes (the low byte of extended codes such as
-# SQLITE_BUSY_SNAPSHOT = 517).
+# SQLite primary result codes (the low byte of extended codes such as SQLITE_BUSY_SNAPSHOT = 517).
 _SQLITE_CODES = {
     5: RetryableKind.BUSY,  # SQLITE_BUSY
     6: RetryableKind.BUSY,  # SQLITE_LOCKED
 }
-# Python 3.10's sqlite3 exposes no result code, only the message, which for
-# these results is SQLite's fixed sqlite3_errstr() text of the code. The one
-# place we read text: exact, whole strings that stand for a result code.
+# Python 3.10's sqlite3 exposes only the message: for these results, SQLite's fixed sqlite3_errstr()
+# text of the code. The one place we read text: exact, whole strings that stand for a result code.
 _SQLITE_ERRSTR = {
     "database is locked": 5,  # sqlite3_errstr(SQLITE_BUSY)
     "database table is locked": 6,  # sqlite3_errstr(SQLITE_LOCKED)
 }
 
 
-# DBAPI drivers whose exceptions count as database errors (besides SQLAlchemy's own).
+# Database errors: SQLAlchemy's, sqlite3's, RetriesExhaustedError (it only wraps the last database
+# error, raised from it), and any exception of these DBAPI drivers' modules.
+_DATABASE_ERRORS = (SQLAlchemyError, sqlite3.Error, RetriesExhaustedError)
 _DRIVER_MODULES = frozenset({"psycopg2", "psycopg", "MySQLdb", "pymysql", "sqlite3", "_sqlite3"})
 
 
 def _is_database_error(exc: BaseException) -> bool:
-    # RetriesExhaustedError only wraps the last database error (raised from it).
-    if isinstance(exc, (SQLAlchemyError, sqlite3.Error, RetriesExhaustedError)):
-        return True
-    return type(exc).__module__.split(".")[0] in _DRIVER_MODULES
+    return isinstance(exc, _DATABASE_ERRORS) or type(exc).__module__.split(".")[0] in _DRIVER_MODULES
 
 
 def _classify_one(exc: BaseException) -> Retryable | None:
-    # SQLAlchemy asked the dialect (is_disconnect) and invalidated the
-    # connection: the pool will not hand it out again.
+    # SQLAlchemy asked the dialect (is_disconnect) and invalidated the connection: the pool will not
+    # hand it out again.
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return Retryable(RetryableKind.CONNECTION_LOST, "invalidated")
-    # psycopg2 exposes .pgcode, psycopg 3 .sqlstate.
+    # psycopg2 exposes .pgcode, psycopg 3 .sqlstate. Class 08 (connection exceptions) is a lost
+    # connection too (PgBouncer reports lost server connections so).
     sqlstate = getattr(exc, "pgcode", None) or getattr(exc, "sqlstate", None)
-    if isinstance(sqlstate, str) and sqlstate in _PG_SQLSTATES:
-        return Retryable(_PG_SQLSTATES[sqlstate], sqlstate)
-    # Class 08, connection exceptions (PgBouncer reports lost server connections so).
-    if isinstance(sqlstate, str) and sqlstate.startswith("08"):
-        return Retryable(RetryableKind.CONNECTION_LOST, sqlstate)
+    if isinstance(sqlstate, str) and (sqlstate in _PG_SQLSTATES or sqlstate.startswith("08")):
+        return Retryable(_PG_SQLSTATES.get(sqlstate, RetryableKind.CONNECTION_LOST), sqlstate)
     # sqlite3 (Python >= 3.11) exposes the extended result code.
     sqlite_code = getattr(exc, "sqlite_errorcode", None)
     if sqlite_code is None and isinstance(exc, sqlite3.OperationalError) and exc.args:
@@ -112,11 +106,10 @@ def _classify_one(exc: BaseException) -> Retryable | None:
 def classify(exc: BaseException) -> Retryable | None:
     """The retryable database error anywhere in ``exc``'s chain of database errors, or ``None``.
 
-    Walks ``.orig``, ``__cause__`` and ``__context__`` through database errors
-    only (MariaDB reports a deadlock inside a SAVEPOINT as 1305 with the 1213
-    in ``__context__``) and reads driver error codes, never message text
-    (except SQLite's fixed result-code strings on Python 3.10). A ``ValueError``
-    raised by user code while handling a deadlock is the user's error, not a
+    Walks ``.orig``, ``__cause__`` and ``__context__`` through database errors only (MariaDB reports
+    a deadlock inside a SAVEPOINT as 1305 with the 1213 in ``__context__``) and reads driver error
+    codes, never message text (except SQLite's fixed result-code strings on Python 3.10). A
+    ``ValueError`` raised by user code while handling a deadlock is the user's error, not a
     deadlock: the walk ends at anything that is no database error.
     """
     seen: set[int] = set()
@@ -126,12 +119,10 @@ def classify(exc: BaseException) -> Retryable | None:
         if id(current) in seen:
             continue
         seen.add(id(current))
-        found = _classify_one(current)
-        if found is not None:
+        if (found := _classify_one(current)) is not None:
             return found
-        for linked in (getattr(current, "orig", None), current.__cause__, current.__context__):
-            if isinstance(linked, BaseException) and _is_database_error(linked):
-                todo.append(linked)
+        links = (getattr(current, "orig", None), current.__cause__, current.__context__)
+        todo += [link for link in links if isinstance(link, BaseException) and _is_database_error(link)]
     return None
 
 

@@ -3,17 +3,15 @@
 Same keyword signature, return value and database effects as Airflow 3.3.2's
 ``AssetManager.register_asset_change``, except, on purpose:
 
-* the queue rows are written by ONE ordered statement (:mod:`airflow_adrq.queue`),
-  by default just before COMMIT for every event of the transaction;
-* listener callbacks go to ``callback_sink`` (as in Airflow's Execution API)
-  or run after the outermost COMMIT (Airflow runs them inline), and are
-  dropped on rollback.
+* the queue rows are written by ONE ordered statement (:mod:`airflow_adrq.queue`), by default just
+  before COMMIT for every event of the transaction;
+* listener callbacks go to ``callback_sink`` (as in Airflow's Execution API) or run after the
+  outermost COMMIT (Airflow runs them inline), and are dropped on rollback.
 
-Out of scope standalone (the plug-in, :mod:`airflow_adrq.airflow`, keeps
-Airflow's own code for these): multi-team filtering (``source_is_api`` and
-the ``api_*`` arguments are ignored), partitioned DAGs (an event with a
-``partition_key`` queues nothing here, as in Airflow), the ``asset.updates``
-metric, and Airflow's listener manager (:func:`add_listener` stands in for its
+Out of scope standalone (the plug-in, :mod:`airflow_adrq.airflow`, keeps Airflow's own code for
+these): multi-team filtering (``source_is_api`` and the ``api_*`` arguments are ignored),
+partitioned DAGs (an event with a ``partition_key`` queues nothing here, as in Airflow), the
+``asset.updates`` metric, and Airflow's listener manager (:func:`add_listener` stands in for its
 ``on_asset_changed`` / ``on_asset_event_emitted`` hooks).
 """
 
@@ -67,7 +65,6 @@ class AssetLike(Protocol):
 
     @property
     def name(self) -> str: ...
-
     @property
     def uri(self) -> str: ...
 
@@ -77,13 +74,10 @@ class TaskInstanceLike(Protocol):
 
     @property
     def dag_id(self) -> str: ...
-
     @property
     def task_id(self) -> str: ...
-
     @property
     def run_id(self) -> str: ...
-
     @property
     def map_index(self) -> int: ...
 
@@ -100,15 +94,13 @@ class AssetChange:
     _alias_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        name, uri = getattr(self.asset, "name", None), getattr(self.asset, "uri", None)
-        if not isinstance(name, str) or not isinstance(uri, str):
+        if not all(isinstance(getattr(self.asset, attr, None), str) for attr in ("name", "uri")):
             raise TypeError(f"asset must have str 'name' and 'uri' attributes, got {self.asset!r}")
         if self.extra is not None and not isinstance(self.extra, Mapping):
             raise TypeError(f"extra must be a mapping or None, not {type(self.extra).__name__}")
         if self.extra:
-            # The column is JSON: fail here, before anything is written, rather
-            # than in the driver halfway through the transaction. NaN and
-            # infinities are not JSON (PostgreSQL and MySQL refuse them).
+            # The column is JSON: fail here, before anything is written, not in the driver halfway
+            # through the transaction. NaN and infinities are not JSON (PostgreSQL and MySQL refuse them).
             try:
                 json.dumps(self.extra, allow_nan=False)
             except (TypeError, ValueError) as exc:
@@ -194,27 +186,23 @@ def register_asset_change(
 ) -> AssetEvent | None:
     """Record an asset event and queue the DAGs scheduled on the asset.
 
-    Looks the asset up by ``(name, uri)``: unknown, it logs a warning and
-    returns ``None`` (nothing written); inactive, it logs a warning and goes
-    on. Inserts the ``asset_event`` (source fields from ``task_instance``),
-    links the asset to ``source_alias_names`` (creating missing aliases) and
-    queues the unpaused DAGs scheduled on the asset directly, by name, by URI
-    or through those aliases, unless ``partition_key`` is given. Unknown
-    keyword arguments are ignored, as in Airflow.
+    Looks the asset up by ``(name, uri)``: unknown, it logs a warning and returns ``None`` (nothing
+    written); inactive, it logs a warning and goes on. Inserts the ``asset_event`` (source fields
+    from ``task_instance``), links the asset to ``source_alias_names`` (creating missing aliases)
+    and queues the unpaused DAGs scheduled on the asset directly, by name, by URI or through those
+    aliases, unless ``partition_key`` is given. Unknown keyword arguments are ignored, as in Airflow.
 
-    Locks: now, only the new ``asset_event`` rows (new keys, no waits). At
-    COMMIT (``queue_mode="commit"``, with every other event of the
-    transaction) or now (``"immediate"``): the alias rows
-    (:func:`airflow_adrq.aliases.write_alias_rows`), then as
-    :func:`airflow_adrq.queue.queue_events` (which also says what
-    ``on_conflict`` does): the consumers' ``dag`` rows, the queue rows in
-    ``(asset_id, target_dag_id)`` order and the events, stamped. So the
-    returned event's ``timestamp`` is the time of that write, not of this
-    call (GUARANTEES.md, "Timing: which events a run consumes").
+    Locks: now, only the new ``asset_event`` rows (new keys, no waits). At COMMIT
+    (``queue_mode="commit"``, with every other event of the transaction) or now (``"immediate"``):
+    the alias rows (:func:`airflow_adrq.aliases.write_alias_rows`), then as
+    :func:`airflow_adrq.queue.queue_events` (which also says what ``on_conflict`` does): the
+    consumers' ``dag`` rows, the queue rows in ``(asset_id, target_dag_id)`` order and the events,
+    stamped. So the returned event's ``timestamp`` is the time of that write, not of this call
+    (GUARANTEES.md, "Timing: which events a run consumes").
 
     Does not commit, and does not retry: run the whole transaction under
-    :func:`airflow_adrq.retry.run_in_transaction` (or your own
-    retry-from-BEGIN) to survive deadlocks with other writers.
+    :func:`airflow_adrq.retry.run_in_transaction` (or your own retry-from-BEGIN) to survive
+    deadlocks with other writers.
     """
     del source_is_api, api_user_teams, api_allow_consumer_teams, api_allow_global_consumers, kwargs
     change = AssetChange(asset, extra, source_alias_names, partition_key, partition_date)
@@ -277,7 +265,21 @@ def register_asset_changes(
     results = [by_change.get(id(change)) for change in changes]
     for change, event in zip(changes, results, strict=True):
         if event is not None:
-            callback = functools.partial(notify, _event_info(change, event))
+            info = AssetEventInfo(
+                event_id=event.id,
+                asset_id=event.asset_id,
+                asset_name=change.asset.name,
+                asset_uri=change.asset.uri,
+                extra=dict(event.extra),
+                source_dag_id=event.source_dag_id,
+                source_task_id=event.source_task_id,
+                source_run_id=event.source_run_id,
+                source_map_index=event.source_map_index,
+                source_alias_names=change._alias_names,
+                partition_key=change.partition_key,
+                partition_date=change.partition_date,
+            )
+            callback = functools.partial(notify, info)
             if callback_sink is not None:
                 callback_sink.append(callback)
             else:
@@ -289,10 +291,9 @@ _ASSET = cast(Table, AssetModel.__table__)
 _ACTIVE = cast(Table, AssetActive.__table__)
 _EVENT = cast(Table, AssetEvent.__table__)
 
-# A constant shape (compiled once): the expanding list changes length, not SQL.
-# ``name IN (...)`` uses the leading column of the (name, uri) unique index on
-# every backend; the URI is checked in Python. (Adding ``AND uri IN (...)``
-# makes SQLite probe every name x uri pair: quadratic in the number of assets.)
+# A constant shape (compiled once): the expanding list changes length, not SQL. ``name IN (...)``
+# uses the leading column of the (name, uri) unique index on every backend; the URI is checked in
+# Python. (Adding ``AND uri IN (...)`` makes SQLite probe every name x uri pair: quadratic.)
 _LOOKUP = (
     select(_ASSET.c.name, _ASSET.c.uri, _ASSET.c.id, _ACTIVE.c.name.is_not(None))
     .outerjoin(_ACTIVE, and_(_ACTIVE.c.name == _ASSET.c.name, _ACTIVE.c.uri == _ASSET.c.uri))
@@ -345,46 +346,23 @@ def _insert_events(
         }
         for change, asset_id in registered
     ]
-    ids = _insert_returning_ids(session, rows)
-    events = []
-    for row, event_id in zip(rows, ids, strict=True):
-        event = AssetEvent(id=event_id, **row)
-        make_transient_to_detached(event)
-        session.add(event)
-        events.append(event)
-    return events
-
-
-def _insert_returning_ids(session: Session, rows: list[dict[str, Any]]) -> list[int]:
     conn = session.connection()
     if len(rows) > 1 and conn.dialect.insert_executemany_returning_sort_by_parameter_order:
-        return list(conn.execute(_INSERT_EVENTS_RETURNING_IN_ORDER, rows).scalars())
-    if conn.dialect.insert_returning:
-        return [conn.execute(_INSERT_EVENT_RETURNING, row).scalar_one() for row in rows]
-    # MySQL 8 has no RETURNING: one INSERT per event, id from LAST_INSERT_ID().
-    ids = []
-    for row in rows:
-        key = conn.execute(_INSERT_EVENT, row).inserted_primary_key
-        assert key is not None  # an INSERT of one row always has one
-        ids.append(int(key[0]))
-    return ids
-
-
-def _event_info(change: AssetChange, event: AssetEvent) -> AssetEventInfo:
-    return AssetEventInfo(
-        event_id=event.id,
-        asset_id=event.asset_id,
-        asset_name=change.asset.name,
-        asset_uri=change.asset.uri,
-        extra=dict(event.extra),
-        source_dag_id=event.source_dag_id,
-        source_task_id=event.source_task_id,
-        source_run_id=event.source_run_id,
-        source_map_index=event.source_map_index,
-        source_alias_names=change._alias_names,
-        partition_key=change.partition_key,
-        partition_date=change.partition_date,
-    )
+        ids = list(conn.execute(_INSERT_EVENTS_RETURNING_IN_ORDER, rows).scalars())
+    elif conn.dialect.insert_returning:
+        ids = [conn.execute(_INSERT_EVENT_RETURNING, row).scalar_one() for row in rows]
+    else:
+        # MySQL 8 has no RETURNING: one INSERT per event, id from LAST_INSERT_ID().
+        ids = []
+        for row in rows:
+            key = conn.execute(_INSERT_EVENT, row).inserted_primary_key
+            assert key is not None  # an INSERT of one row always has one
+            ids.append(int(key[0]))
+    events = [AssetEvent(id=event_id, **row) for row, event_id in zip(rows, ids, strict=True)]
+    for event in events:
+        make_transient_to_detached(event)
+        session.add(event)
+    return events
 
 
 def queue_dagruns(
@@ -396,11 +374,10 @@ def queue_dagruns(
 ) -> None:
     """Queue the consumers of assets (without events) now, with one statement.
 
-    Direct, name and URI references only (an alias counts only for events
-    emitted through it); ``created_at`` defaults to now. Runs in the caller's
-    transaction, does not commit. Locks: as :func:`queue_events`, without
-    ``asset_event``. Does not promise: one order with the transaction's other
-    queue writes (this is a statement of its own).
+    Direct, name and URI references only (an alias counts only for events emitted through it);
+    ``created_at`` defaults to now. Runs in the caller's transaction, does not commit. Locks: as
+    :func:`queue_events`, without ``asset_event``. Does not promise: one order with the
+    transaction's other queue writes (this is a statement of its own).
     """
     ids = sorted(set(asset_ids))
     if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
@@ -409,10 +386,9 @@ def queue_dagruns(
         return
     conn = bind.connection() if isinstance(bind, Session) else bind
     dialects.get(conn).check_connection(conn)
-    refresh = dialects.resolve(on_conflict, conn) == "refresh"  # else the statement leaves the row
-    stmt = build_queue_statement(
-        conn.dialect, source="assets", on_conflict="refresh" if refresh else "ignore"
-    )
+    # Any other policy leaves an existing row in this statement.
+    mode: ConflictMode = "refresh" if dialects.resolve(on_conflict, conn) == "refresh" else "ignore"
+    stmt = build_queue_statement(conn.dialect, source="assets", on_conflict=mode)
     for start in range(0, len(ids), stamping.IDS_PER_STATEMENT):
         chunk = ids[start : start + stamping.IDS_PER_STATEMENT]
         conn.execute(stmt, {"ids": chunk, "created_at": created_at or utcnow()})
@@ -427,13 +403,12 @@ def build_queue_statement(
 ) -> Insert:
     """The one ``INSERT ... SELECT ... ORDER BY`` that queues consumers, for ``dialect``; built once.
 
-    Execute with ``{"ids": [...], "created_at": aware datetime}``: ``asset_event``
-    ids for ``source="events"``, ``asset`` ids for ``source="assets"`` (no
-    aliases: an alias counts only for the events emitted through it).
-    ``on_conflict="refresh"`` moves an existing row's ``created_at`` forwards,
-    ``"ignore"`` leaves it (Airflow's ``DO NOTHING``). ``shape``: the schema
-    written (:mod:`airflow_adrq.shapes`; default Airflow 3.3's, the models').
-    Executing it locks as :func:`queue_events`.
+    Execute with ``{"ids": [...], "created_at": aware datetime}``: ``asset_event`` ids for
+    ``source="events"``, ``asset`` ids for ``source="assets"`` (no aliases: an alias counts only for
+    the events emitted through it). ``on_conflict="refresh"`` moves an existing row's ``created_at``
+    forwards, ``"ignore"`` leaves it (Airflow's ``DO NOTHING``). ``shape``: the schema written
+    (:mod:`airflow_adrq.shapes`; default Airflow 3.3's, the models'). Executing it locks as
+    :func:`queue_events`.
     """
     if source not in ("events", "assets"):
         raise ValueError(f"source must be 'events' or 'assets', not {source!r}")

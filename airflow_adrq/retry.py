@@ -1,11 +1,10 @@
 """Whole-transaction retry (which errors are retryable: :mod:`airflow_adrq.errorcodes`).
 
-A deadlock victim's transaction is gone: PostgreSQL aborts it, InnoDB rolls
-it back entirely (and discards its SAVEPOINTs, so MariaDB/MySQL then report
-error 1305 "SAVEPOINT ... does not exist" with the 1213 further down the
-exception chain). The only safe retry starts again from BEGIN and re-runs
-the logic that chose the SQL; anything that is not a database write (listener
-callbacks, metrics, messages) runs once, after the COMMIT that succeeded.
+A deadlock victim's transaction is gone: PostgreSQL aborts it, InnoDB rolls it back entirely (and
+discards its SAVEPOINTs, so MariaDB/MySQL then report error 1305 "SAVEPOINT ... does not exist" with
+the 1213 further down the exception chain). The only safe retry starts again from BEGIN and re-runs
+the logic that chose the SQL; anything that is not a database write (listener callbacks, metrics,
+messages) runs once, after the COMMIT that succeeded.
 """
 
 from __future__ import annotations
@@ -19,15 +18,7 @@ from typing import TypeVar
 from sqlalchemy import event, func, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_any,
-    wait_random_exponential,
-)
-from tenacity.stop import stop_base
+from tenacity import RetryCallState, Retrying, retry_if_exception, wait_random_exponential
 
 from airflow_adrq import deferral, metrics
 from airflow_adrq.errorcodes import Retryable, RetryableKind, classify, is_retryable
@@ -50,9 +41,8 @@ T = TypeVar("T")
 Callback = Callable[[], object]
 
 
-# Set by run_in_transaction around each attempt; the engine-wide "commit"
-# listener flips it when a COMMIT is about to go to the server (SQLAlchemy
-# emits ConnectionEvents.commit just before calling the DBAPI commit()).
+# Set by run_in_transaction around each attempt; the engine-wide "commit" listener flips it when a
+# COMMIT is about to go to the server (SQLAlchemy emits ConnectionEvents.commit just before it).
 _COMMIT_SENT: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
     "airflow_adrq_commit_sent", default=None
 )
@@ -77,50 +67,46 @@ def run_in_transaction(
 ) -> T:
     """Run ``work(session, callback_sink)`` in a fresh transaction; retry it from BEGIN.
 
-    Each attempt opens a session from ``session_factory``, begins, calls
-    ``work`` and commits. On a retryable error (:func:`classify`) the attempt
-    is rolled back, its callbacks dropped, ``on_retry(attempt, retryable)``
-    called, and the unit runs again after a jittered exponential backoff
-    (``initial_wait`` doubling up to ``max_wait``): at most ``max_attempts``
-    times, and no more once ``time.monotonic()`` has passed ``deadline`` or
-    ``stop()`` is true. What ``work`` appends to ``callback_sink`` runs once,
-    after the COMMIT that succeeded (:func:`run_callbacks`).
+    Each attempt opens a session from ``session_factory``, begins, calls ``work`` and commits. On a
+    retryable error (:func:`classify`) the attempt is rolled back, its callbacks dropped,
+    ``on_retry(attempt, retryable)`` called, and the unit runs again after a jittered exponential
+    backoff (``initial_wait`` doubling up to ``max_wait``): at most ``max_attempts`` times, and no
+    more once ``time.monotonic()`` has passed ``deadline`` or ``stop()`` is true. What ``work``
+    appends to ``callback_sink`` runs once, after the COMMIT that succeeded (:func:`run_callbacks`).
 
-    A connection lost before COMMIT was sent is retried on a new connection.
-    Lost while COMMIT was in flight, the outcome is unknown and it is not
-    retried: :class:`~airflow_adrq.errors.CommitOutcomeUnknownError` carries
-    the transaction's asset event ids for :func:`commit_outcome`.
+    A connection lost before COMMIT was sent is retried on a new connection. Lost while COMMIT was
+    in flight, the outcome is unknown and it is not retried:
+    :class:`~airflow_adrq.errors.CommitOutcomeUnknownError` carries the transaction's asset event
+    ids for :func:`commit_outcome`.
 
-    Locks: whatever ``work`` locks, released by each attempt's COMMIT or
-    ROLLBACK. Does not promise: that ``work``'s side effects outside the
-    database happen once (use the callback sink), or success: after the last
-    retryable failure allowed it raises
-    :class:`~airflow_adrq.errors.RetriesExhaustedError` (``attempts``: the
-    number made) from the last error. Other errors propagate after the rollback.
+    Locks: whatever ``work`` locks, released by each attempt's COMMIT or ROLLBACK. Does not promise:
+    that ``work``'s side effects outside the database happen once (use the callback sink), or
+    success: after the last retryable failure allowed it raises
+    :class:`~airflow_adrq.errors.RetriesExhaustedError` (``attempts``: the number made) from the
+    last error. Other errors propagate after the rollback.
     """
     if max_attempts < 1:
         raise ValueError("max_attempts must be at least 1")
-    # On every Engine, once; not at import: an Airflow process that imports the
-    # package without retrying transactions gets no listener on its engines.
+    # On every Engine, once; not at import: an Airflow process that imports the package without
+    # retrying transactions gets no listener on its engines.
     if not event.contains(Engine, "commit", _on_commit):
         event.listen(Engine, "commit", _on_commit)
 
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
-        found = classify(exc) if exc else None
-        if found is not None:
+        if exc is not None and (found := classify(exc)) is not None:
             metrics.report("incr", "transaction_retries", 1)
-            log.info(
-                "retrying transaction after %s (%s), attempt %d",
-                found.kind.value,
-                found.code,
-                state.attempt_number,
-            )
+            number = state.attempt_number
+            log.info("retrying transaction after %s (%s), attempt %d", found.kind.value, found.code, number)
             if on_retry is not None:
-                on_retry(state.attempt_number, found)
+                on_retry(number, found)
+
+    def stop_now(state: RetryCallState) -> bool:
+        late = deadline is not None and time.monotonic() >= deadline
+        return state.attempt_number >= max_attempts or late or (stop is not None and stop())
 
     retrying = Retrying(
-        stop=stop_any(stop_after_attempt(max_attempts), _Until(deadline, stop)),
+        stop=stop_now,
         wait=wait_random_exponential(multiplier=initial_wait, max=max_wait),
         retry=retry_if_exception(is_retryable),
         before_sleep=before_sleep,
@@ -142,17 +128,6 @@ def run_in_transaction(
         raise
     run_callbacks(callbacks)
     return result
-
-
-class _Until(stop_base):
-    """Stop once ``time.monotonic()`` has passed ``deadline`` or ``stop()`` is true."""
-
-    def __init__(self, deadline: float | None, stop: Callable[[], bool] | None) -> None:
-        self.deadline, self.stop = deadline, stop
-
-    def __call__(self, retry_state: RetryCallState) -> bool:
-        late = self.deadline is not None and time.monotonic() >= self.deadline
-        return late or (self.stop is not None and self.stop())
 
 
 def _attempt(
@@ -190,12 +165,10 @@ def _attempt(
 def commit_outcome(session_factory: Callable[[], Session], error: CommitOutcomeUnknownError) -> bool | None:
     """Whether the transaction behind ``error`` was committed: ``True``, ``False``, or ``None`` (can't tell).
 
-    Counts, on a new connection, the ``asset_event`` rows it registered
-    (``error.event_ids``): all there, committed; none, not (the server rolls
-    back a transaction whose connection died before its COMMIT completed);
-    no ids, or only some, ``None``. Call it once the old connection is gone on
-    the server (a killed session may still be rolling back). A plain SELECT;
-    locks nothing.
+    Counts, on a new connection, the ``asset_event`` rows it registered (``error.event_ids``): all
+    there, committed; none, not (the server rolls back a transaction whose connection died before
+    its COMMIT completed); no ids, or only some, ``None``. Call it once the old connection is gone
+    on the server (a killed session may still be rolling back). A plain SELECT; locks nothing.
     """
     ids = sorted(set(error.event_ids))
     if not ids:
@@ -203,9 +176,7 @@ def commit_outcome(session_factory: Callable[[], Session], error: CommitOutcomeU
     with session_factory() as session:
         count = select(func.count()).select_from(asset_event).where(asset_event.c.id.in_(ids))
         found = session.execute(count).scalar_one()
-    if found == len(ids):
-        return True
-    return False if found == 0 else None
+    return {len(ids): True, 0: False}.get(found)  # ids is not empty: the keys differ
 
 
 def run_callbacks(callbacks: Iterable[Callback]) -> None:

@@ -1,18 +1,16 @@
 """Per-transaction bookkeeping on a SQLAlchemy ``Session``, SAVEPOINT-aware.
 
-Commit-time queueing and post-commit callbacks share it: remember an item
-until the outermost COMMIT; forget it if the (nested) transaction it was
-recorded in is rolled back. SQLAlchemy reports a SAVEPOINT's end
-(``after_transaction_end``) *before* its rollback (``after_soft_rollback``), so
-there a released and a rolled-back SAVEPOINT look alike: items stay keyed by
-their transaction until the outermost one ends, and a rollback drops those of
-the rolled-back transaction and of every transaction nested inside it.
+Commit-time queueing and post-commit callbacks share it: remember an item until the outermost
+COMMIT; forget it if the (nested) transaction it was recorded in is rolled back. SQLAlchemy reports
+a SAVEPOINT's end (``after_transaction_end``) *before* its rollback (``after_soft_rollback``), so
+there a released and a rolled-back SAVEPOINT look alike: items stay keyed by their transaction
+until the outermost one ends, and a rollback drops those of the rolled-back transaction and of
+every transaction nested inside it.
 
-Four listeners on the ``Session`` class, installed once per process when a
-scope first records an item, not on import nor per session (four per session
-cost more than the rest of a one-event transaction's bookkeeping); a session
-without scopes returns at once. ``before_commit`` and ``after_commit`` also
-fire when a SAVEPOINT is released: only the outermost COMMIT counts.
+Four listeners on the ``Session`` class, installed once per process when a scope first records an
+item, not on import nor per session (four per session cost more than the rest of a one-event
+transaction's bookkeeping); a session without scopes returns at once. ``before_commit`` and
+``after_commit`` also fire when a SAVEPOINT is released: only the outermost COMMIT counts.
 """
 
 from __future__ import annotations
@@ -65,7 +63,16 @@ class TransactionScoped(Generic[T]):
 
     def add(self, session: Session, item: T) -> None:
         """Record ``item`` in the session's current (innermost) transaction."""
-        _install(session, self)
+        global _installed
+        if not _installed:  # the Session class listeners, once per process; then one flag read per item
+            with _listening:
+                for name, listener in _LISTENERS:
+                    if not event.contains(Session, name, listener):
+                        event.listen(Session, name, listener)
+                _installed = True
+        scopes: list[TransactionScoped[object]] = session.info.setdefault(_SCOPES_KEY, [])
+        if self not in scopes:
+            scopes.append(self)  # type: ignore[arg-type]
         self._map(session).setdefault(current_transaction(session), []).append(item)
 
     def items(self, session: Session) -> list[T]:
@@ -77,24 +84,7 @@ class TransactionScoped(Generic[T]):
         self._map(session).clear()
 
     def _map(self, session: Session) -> dict[SessionTransaction, list[T]]:
-        found: dict[SessionTransaction, list[T]] = session.info.setdefault(
-            f"airflow_adrq.scoped.{self.name}", {}
-        )
-        return found
-
-
-def _install(session: Session, scope: TransactionScoped[T]) -> None:
-    """Register ``scope`` on ``session`` and, once per process, the ``Session`` class listeners."""
-    global _installed
-    if not _installed:  # after the first time, one flag read per recorded item
-        with _listening:
-            for name, listener in _LISTENERS:
-                if not event.contains(Session, name, listener):
-                    event.listen(Session, name, listener)
-            _installed = True
-    scopes: list[TransactionScoped[object]] = session.info.setdefault(_SCOPES_KEY, [])
-    if scope not in scopes:
-        scopes.append(scope)  # type: ignore[arg-type]
+        return session.info.setdefault(f"airflow_adrq.scoped.{self.name}", {})  # type: ignore[no-any-return]
 
 
 def _scopes(session: Session) -> list[TransactionScoped[object]]:

@@ -1,8 +1,8 @@
 """Per-dialect SQL differences: one plain module per backend, looked up by name.
 
-Generic code asks :func:`get` for the :class:`DialectSupport` of a bind and
-never compares dialect names itself. Each backend module defines one
-``SUPPORT``; adding a backend means adding a module and a line in :data:`MODULES`.
+Generic code asks :func:`get` for the :class:`DialectSupport` of a bind and never compares dialect
+names itself. Each backend module defines one ``SUPPORT``; adding a backend means adding a module
+and a line in :data:`MODULES`.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ class DialectSupport:
     ]
     #: An ``INSERT`` (add ``.values()``) that leaves an existing row with the same key untouched.
     insert_ignore: Callable[[Table], Insert]
-    #: The connection settings the guarantees rely on (isolation level, busy handling, FK
-    #: enforcement), applied by :func:`airflow_adrq.engine.create_engine`.
+    #: The connection settings the guarantees rely on (isolation level, busy handling, FK enforcement),
+    #: applied by :func:`airflow_adrq.engine.create_engine`.
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
     configure_engine: Callable[[Engine], None] = field(default=lambda engine: None)
     #: Runs before every queue write (cheap: cached per DBAPI connection); raises
@@ -72,20 +72,20 @@ class DialectSupport:
     clock: Callable[[], ColumnElement[dt.datetime]] | None = None
     #: Data-modifying CTEs: the stamp goes on the events and the rows in the statement reading it.
     stamp_in_one_statement: bool = False
-    #: Whether ``"auto"`` is ``"refresh"``: whether Airflow's scheduler locks the queue rows it
-    #: consumes (``FOR UPDATE SKIP LOCKED``), so a refreshing producer only waits for it. Else
-    #: (MariaDB) it deletes DAG by DAG in set order, which a refresh in key order would deadlock
-    #: with: ``"refresh_after_commit"`` (:mod:`airflow_adrq.refresh`).
+    #: Whether ``"auto"`` is ``"refresh"``: whether Airflow's scheduler locks the queue rows it consumes
+    #: (``FOR UPDATE SKIP LOCKED``), so a refreshing producer only waits for it. Else (MariaDB) it
+    #: deletes DAG by DAG in set order, which a refresh in key order would deadlock with:
+    #: ``"refresh_after_commit"`` (:mod:`airflow_adrq.refresh`).
     refresh_by_default: Callable[[Connection], bool] = field(default=lambda connection: True)
-    #: The sort key of the consumers' ``dag`` share locks: the order Airflow's other ``dag``
-    #: writers lock in, Python's ``sorted()`` (byte order, whatever the collation). ``None``:
-    #: one writer at a time, no row locks.
+    #: The sort key of the consumers' ``dag`` share locks: the order Airflow's other ``dag`` writers
+    #: lock in, Python's ``sorted()`` (byte order, whatever the collation). ``None``: one writer at a
+    #: time, no row locks.
     lock_order: Callable[[ColumnElement[str]], ColumnElement[Any]] | None = None
-    #: Read the consumers first, lock them by id list (InnoDB locks a locking read's rows in
-    #: access order, not ``ORDER BY`` order; an ``IN`` list on the key is read in key order).
+    #: Read the consumers first, lock them by id list (InnoDB locks a locking read's rows in access
+    #: order, not ``ORDER BY`` order; an ``IN`` list on the key is read in key order).
     lock_by_id_list: bool = False
-    #: A clock read when evaluated, not at statement start: the one-statement write reads it
-    #: once its share locks are held (:func:`airflow_adrq.queue.queue_events`).
+    #: A clock read when evaluated, not at statement start: the one-statement write reads it once its
+    #: share locks are held (:func:`airflow_adrq.queue.queue_events`).
     clock_after_locks: Callable[[], ColumnElement[dt.datetime]] | None = None
     #: Whether a database error is "lock not available" (a ``NOWAIT`` that met a held row).
     lock_not_available: Callable[[BaseException], bool] = field(default=lambda error: False)
@@ -93,24 +93,23 @@ class DialectSupport:
     rows_written: Callable[[Connection, CursorResult[Any]], int] = field(
         default=lambda connection, result: result.rowcount
     )
-    #: DDL is transactional: a failed migration's rollback undoes it (not MySQL/MariaDB,
-    #: where each DDL statement commits; :mod:`airflow_adrq.migrate` cleans up there).
+    #: DDL is transactional: a failed migration's rollback undoes it (not MySQL/MariaDB, where each
+    #: DDL statement commits; :mod:`airflow_adrq.migrate` cleans up there).
     transactional_ddl: bool = True
-    #: Raises :class:`~airflow_adrq.errors.AdrqError` before any DDL of airflow-adrq's
-    #: migrations on a server whose settings would make the tables differ from Airflow's.
+    #: Raises :class:`~airflow_adrq.errors.AdrqError` before any DDL of airflow-adrq's migrations on
+    #: a server whose settings would make the tables differ from Airflow's.
     check_before_ddl: Callable[[Connection], None] = field(default=lambda connection: None)
 
 
-#: SQLAlchemy dialect name -> the module of this package that supports it. Imported on first
-#: use, not with the package: each imports its SQLAlchemy dialect extension.
+#: SQLAlchemy dialect name -> the module of this package that supports it. Imported on first use,
+#: not with the package: each imports its SQLAlchemy dialect extension.
 MODULES = {"postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql", "sqlite": "sqlite"}
 
 
 def get(bind: Session | Connection | Engine | Dialect | str) -> DialectSupport:
-    """The :class:`DialectSupport` for a session, connection, engine or dialect.
+    """The :class:`DialectSupport` for a session, connection, engine or dialect (or its name).
 
-    Raises :class:`~airflow_adrq.errors.UnsupportedDialectError` for a backend
-    not in :data:`MODULES`.
+    Raises :class:`~airflow_adrq.errors.UnsupportedDialectError` for a backend not in :data:`MODULES`.
     """
     if isinstance(bind, Session):
         bind = bind.get_bind()
@@ -138,12 +137,10 @@ def resolve(policy: ConflictPolicy, connection: Connection) -> ResolvedPolicy:
 
     Logs the value in force once per process for each policy and backend.
     """
-    policy = check_policy(policy)
-    if policy == "auto":
-        refresh = get(connection).refresh_by_default(connection)
-        resolved: ResolvedPolicy = "refresh" if refresh else "refresh_after_commit"
+    if (policy := check_policy(policy)) != "auto":
+        resolved: ResolvedPolicy = policy
     else:
-        resolved = policy
+        resolved = "refresh" if get(connection).refresh_by_default(connection) else "refresh_after_commit"
     _log_in_force(policy, resolved, connection.dialect.name)
     return resolved
 
@@ -165,15 +162,14 @@ def on_conflict_insert_from_select(
 ) -> Insert:
     """``insert_from_select`` of the ``INSERT ... ON CONFLICT`` backends (PostgreSQL, SQLite).
 
-    Their ``Insert`` constructs share the ``on_conflict_do_*`` API: bind the
-    backend's ``insert`` and two-argument maximum (``greatest``, SQLite's
-    scalar ``max``) with ``functools.partial``.
+    Their ``Insert`` constructs share the ``on_conflict_do_*`` API: bind the backend's ``insert`` and
+    two-argument maximum (``greatest``, SQLite's scalar ``max``) with ``functools.partial``.
     """
     stmt = insert(table).from_select(list(columns), select)
     if on_conflict == "ignore":
         return stmt.on_conflict_do_nothing(index_elements=list(key))  # type: ignore[no-any-return]
-    # Only move the timestamp forwards; the WHERE keeps an unchanged row
-    # from being rewritten (PostgreSQL still locks it, as DO UPDATE does).
+    # Only move the timestamp forwards; the WHERE keeps an unchanged row from being rewritten
+    # (PostgreSQL still locks it, as DO UPDATE does).
     new_value = getattr(func, greatest)(table.c[refresh], stmt.excluded[refresh])
     return stmt.on_conflict_do_update(  # type: ignore[no-any-return]
         index_elements=list(key),

@@ -23,8 +23,8 @@ BUSY_TIMEOUT_SECONDS = 30
 
 
 def _configure_engine(engine: Engine) -> None:
-    # SQLAlchemy's documented recipe: take pysqlite's own transaction handling
-    # away and emit BEGIN ourselves, so it can be BEGIN IMMEDIATE.
+    # SQLAlchemy's documented recipe: take pysqlite's own transaction handling away and emit BEGIN
+    # ourselves, so it can be BEGIN IMMEDIATE.
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
