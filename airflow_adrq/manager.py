@@ -242,7 +242,8 @@ def register_asset_changes(
         return []
     found = _lookup_assets(session, {(c.asset.name, c.asset.uri) for c in changes})
     registered: list[tuple[AssetChange, int]] = []
-    for change in changes:
+    positions: list[int] = []  # of the registered changes in ``changes`` (a change may come twice)
+    for position, change in enumerate(changes):
         key = (change.asset.name, change.asset.uri)
         if key not in found:
             log.warning("AssetModel %s not found; cannot create asset event.", change.asset)
@@ -251,6 +252,7 @@ def register_asset_changes(
         if not active:
             log.warning("Emitting event for inactive AssetModel %s", change.asset)
         registered.append((change, asset_id))
+        positions.append(position)
     events = _insert_events(session, registered, task_instance)
     pairs = list(zip((change for change, _ in registered), events, strict=True))
     if queue_mode == "immediate":
@@ -261,29 +263,29 @@ def register_asset_changes(
         aliased = {event.id: change._alias_names for change, event in pairs if change._alias_names}
         defer_events(session, events, on_conflict=on_conflict, alias_names=aliased)
 
-    by_change = {id(change): event for change, event in pairs}
-    results = [by_change.get(id(change)) for change in changes]
-    for change, event in zip(changes, results, strict=True):
-        if event is not None:
-            info = AssetEventInfo(
-                event_id=event.id,
-                asset_id=event.asset_id,
-                asset_name=change.asset.name,
-                asset_uri=change.asset.uri,
-                extra=dict(event.extra),
-                source_dag_id=event.source_dag_id,
-                source_task_id=event.source_task_id,
-                source_run_id=event.source_run_id,
-                source_map_index=event.source_map_index,
-                source_alias_names=change._alias_names,
-                partition_key=change.partition_key,
-                partition_date=change.partition_date,
-            )
-            callback = functools.partial(notify, info)
-            if callback_sink is not None:
-                callback_sink.append(callback)
-            else:
-                _AFTER_COMMIT.add(session, callback)
+    results: list[AssetEvent | None] = [None] * len(changes)
+    for position, registered_event in zip(positions, events, strict=True):
+        results[position] = registered_event
+    for change, event in pairs:
+        info = AssetEventInfo(
+            event_id=event.id,
+            asset_id=event.asset_id,
+            asset_name=change.asset.name,
+            asset_uri=change.asset.uri,
+            extra=dict(event.extra),
+            source_dag_id=event.source_dag_id,
+            source_task_id=event.source_task_id,
+            source_run_id=event.source_run_id,
+            source_map_index=event.source_map_index,
+            source_alias_names=change._alias_names,
+            partition_key=change.partition_key,
+            partition_date=change.partition_date,
+        )
+        callback = functools.partial(notify, info)
+        if callback_sink is not None:
+            callback_sink.append(callback)
+        else:
+            _AFTER_COMMIT.add(session, callback)
     return results
 
 

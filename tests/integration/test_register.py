@@ -365,6 +365,17 @@ def test_batch_api_registers_every_change(engine, fan):
     assert queued(engine) == {(ids["a"], "c1"), (ids["b"], "c2")}
 
 
+def test_one_change_passed_twice_gets_two_events(engine, fan):
+    """Results are by position: the same AssetChange twice is two events, each with its own result."""
+    fan({"a": ["c1"]})
+    change = AssetChange(asset_ref("a"))
+    with Session(engine) as session:
+        first, second = register_asset_changes(session=session, changes=[change, change])
+        session.commit()
+        assert first is not None and second is not None and first.id != second.id
+    assert len(events(engine)) == 2
+
+
 def test_immediate_mode_writes_before_commit(engine, fan):
     ids = fan({"a": ["c1"]})
     with Session(engine) as session:
