@@ -14,6 +14,7 @@ retries, exact rows, and resident memory and connections sampled before, during 
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import os
 import random
@@ -99,12 +100,14 @@ class FaultRun:
         }
 
 
-#: The server's id of the connection running it, and the ids of the given connections still alive.
+#: The server's id of the connection running it, the ids of the given connections still alive, and
+#: how to end one.
 _OWN_ID = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
 _ALIVE = {
     "postgresql": "SELECT pid FROM pg_stat_activity WHERE pid IN :ids",
     "mysql": "SELECT id FROM information_schema.processlist WHERE id IN :ids",
 }
+_KILL = {"postgresql": "SELECT pg_terminate_backend({})", "mysql": "KILL CONNECTION {}"}
 
 
 class _Killer(threading.Thread):
@@ -139,18 +142,11 @@ class _Killer(threading.Thread):
             while not self.stop.wait(self.rng.uniform(0.5, 1.5) * self.every_s):
                 with self.lock:
                     known = sorted(self.producer_ids)
-                try:
+                with contextlib.suppress(sa.exc.DBAPIError):  # the victim left in between
                     victims = [int(r[0]) for r in conn.execute(alive, {"ids": known})] if known else []
-                    if not victims:
-                        continue
-                    victim = self.rng.choice(victims)
-                    if self.backend == "postgresql":
-                        conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": victim})
-                    else:
-                        conn.exec_driver_sql(f"KILL CONNECTION {int(victim)}")
-                    self.kills += 1
-                except sa.exc.DBAPIError:  # the victim left in between
-                    pass
+                    if victims:
+                        conn.exec_driver_sql(_KILL[self.backend].format(self.rng.choice(victims)))
+                        self.kills += 1
         self.engine.dispose()
 
 

@@ -198,18 +198,14 @@ def _run_parties(plan: Plan) -> None:
                     shown += 1
                 time.sleep(0.25)
         finally:
-            _stop(proc)
+            # Stop the suite's process group if it is still running (SIGTERM, then SIGKILL).
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                if proc.poll() is not None:
+                    break
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(10.0)
     if proc.returncode != 0:
         tail = "\n".join(log_path.read_text().splitlines()[-30:])
         raise BenchError(f"the benchmark suite failed (exit {proc.returncode}); see {log_path}:\n{tail}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the suite's process group if it is still running (SIGTERM, then SIGKILL)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(10.0)
