@@ -275,8 +275,7 @@ def _lost_events_round(current: _Round) -> dict[str, Any]:
     # Drain: every committed queue row becomes a run.
     while one_pass():
         pass
-    consumed = current.consumed
-    consumed_in_round = set(consumed)
+    consumed, consumed_in_round = current.consumed, set(current.consumed)
     # A queue row that already existed kept its created_at (Airflow's ON
     # CONFLICT DO NOTHING / merge), so events after it wait for the next run
     # of that DAG: they are late, not lost. A sentinel event, committed with
@@ -409,10 +408,9 @@ def run_sweep(url: str, sizes: Sizes, strategy_names: Iterable[str], *, step: St
 
 def run_raw_ratio(url: str, sizes: Sizes, *, step: Step) -> list[dict[str, Any]]:
     """``register_asset_change`` + COMMIT (commit mode) against the same work in raw SQL (:mod:`.rawsql`
-    on one ``raw_connection()``, the same driver): per fan-out one untimed call of each side, then
-    ``ratio_calls`` pairs in random order, every call on a queue emptied untimed. Each side's latency
-    columns (``ours_p50_ms``, ``raw_p25_ms`` ...), the ratios of the medians and of the p95s, statements
-    per call."""
+    on one ``raw_connection()``, the same driver), ``ratio_calls`` of each per fan-out (:func:`_measure`):
+    each side's latency columns (``ours_p50_ms``, ``raw_p25_ms`` ...), statements per call, the ratios
+    of the medians and of the p95s."""
     task = strategies.TASK
     results: list[dict[str, Any]] = []
     rng = process_rng()

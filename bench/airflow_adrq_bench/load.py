@@ -93,11 +93,8 @@ class FaultRun:
 
     def as_dict(self) -> dict[str, Any]:
         share = self.completed / self.transactions if self.transactions else 0.0
-        return {
-            **asdict(self),
-            "completed_share": share,
-            "acceptable_errors_only": self.acceptable_errors_only,
-        }
+        acceptable = self.acceptable_errors_only
+        return {**asdict(self), "completed_share": share, "acceptable_errors_only": acceptable}
 
 
 #: The server's id of the connection running it, the ids of the given connections still alive, and
@@ -344,11 +341,10 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Log = print) -> S
         while not stop.is_set():
             for dag in dags:
                 rows = transact(functools.partial(_claim, dag=dag), result.consumer_retries, "consumer ")
-                if rows is None:
-                    continue
-                with lock:
-                    consumed.update(rows)
-                    result.consumed_rows += len(rows)
+                if rows:  # None: it failed (counted)
+                    with lock:
+                        consumed.update(rows)
+                        result.consumed_rows += len(rows)
             stop.wait(0.01)
 
     sample(0)
