@@ -172,9 +172,8 @@ def run_faults(
         local = random.Random(rng.random())
         for t in range(sizes.transactions):
             run_id = f"p{index}-t{t}"  # names the transaction: the check counts its events by it
-            one = functools.partial(
-                work, order=local.sample(assets, len(assets)), ti=BenchTask(run_id=run_id)
-            )
+            task = BenchTask(run_id=run_id)
+            one = functools.partial(work, order=local.sample(assets, len(assets)), ti=task)
             try:
                 retry.run_in_transaction(
                     factory,
@@ -325,8 +324,8 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Log = print) -> S
     def producer(index: int) -> None:
         rng = random.Random(index)
         for _ in range(sizes.transactions):
-            one = functools.partial(work, order=rng.sample(assets, len(assets)))
-            asset_ids = transact(one, result.producer_retries, "")
+            order = rng.sample(assets, len(assets))
+            asset_ids = transact(functools.partial(work, order=order), result.producer_retries, "")
             if asset_ids is None:
                 continue
             with lock:
