@@ -66,9 +66,6 @@ def share(total: int, producers: int, party: int) -> int:
     return total // producers + (1 if party <= total % producers else 0)
 
 
-# --- the parties ---------------------------------------------------------------
-
-
 @contextlib.contextmanager
 def _engines(plan: Plan) -> Iterator[dict[str, Engine]]:
     """An engine per database of the plan, kept for the run (it connects once its rounds begin)."""
@@ -106,12 +103,10 @@ def run_producer(plan: Plan, party: int) -> None:
     sizes, rng = plan.sizes, process_rng()
     with _engines(plan) as engines, (Path(plan.out_dir) / f"tx-{party}.jsonl").open("a") as sink:
         for cell in plan.cells:
-            active, lost = party <= cell.producers, cell.scenario == "lost_events"
-            tx = functools.partial(
-                _transaction, engines[cell.url], cell, rng=rng, max_attempts=sizes.max_attempts
-            )
+            engine, active, lost = engines[cell.url], party <= cell.producers, cell.scenario == "lost_events"
+            tx = functools.partial(_transaction, engine, cell, rng=rng, max_attempts=sizes.max_attempts)
             if active:
-                with engines[cell.url].connect() as conn:
+                with engine.connect() as conn:
                     if lost:
                         assets = [dataset.asset(conn, "lost_asset")]
                         warm = [dataset.asset(conn, f"lost_warm_{party}")]
@@ -141,12 +136,18 @@ def run_coordinator(plan: Plan) -> None:
             dataset.reset(engine)
             _wait(plan, "start", cell, 0)
             current = _Round(plan, engine, cell, rng, time.perf_counter())
-            lost = cell.scenario == "lost_events"
-            record = _lost_events_round(current) if lost else _contention_round(current)
+            record = (_lost_events_round if cell.scenario == "lost_events" else _contention_round)(current)
             _wait(plan, "end", cell, 0)
             record["planned"] = cell.planned(plan.sizes)
             sink.write(json.dumps(record) + "\n")
             sink.flush()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines a party wrote to ``path`` (none if it wrote no file)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def cell_started(sync: Path, index: int) -> bool:
@@ -172,8 +173,7 @@ class _Round:
     failures: Counter[str] = field(default_factory=Counter)
 
     def wait_done(self, between: Callable[[], object] = lambda: None, *, pause_s: float = 0.001) -> float:
-        """Call ``between`` (a consumer's step) until every producer is done (or the barrier timeout
-        raises); returns the round's duration."""
+        """Call ``between`` (a consumer's step) until every producer is done; the round's duration."""
         _wait(self.plan, "done", self.cell, 0, between=between, pause_s=pause_s)
         return time.perf_counter() - self.started
 
@@ -188,8 +188,8 @@ class _Round:
             taken.clear()
             made[0] = work(session, taken)
 
-        max_attempts = self.plan.sizes.max_attempts
-        result = run_transaction(self.engine, attempt, max_attempts=max_attempts, deadline=deadline, hold_s=0)
+        attempts = self.plan.sizes.max_attempts
+        result = run_transaction(self.engine, attempt, max_attempts=attempts, deadline=deadline, hold_s=0)
         self.failures.update(result.failures)
         if result.ok:
             self.consumed.update(taken)
@@ -220,9 +220,7 @@ def _contention_round(current: _Round) -> dict[str, Any]:
     # Every producer has written its transactions before arriving at "done".
     emitted: set[dataset.Pair] = set()
     for party in range(1, current.plan.parties):
-        path = Path(current.plan.out_dir) / f"tx-{party}.jsonl"
-        for line in path.read_text().splitlines() if path.exists() else []:
-            tx = json.loads(line)
+        for tx in read_jsonl(Path(current.plan.out_dir) / f"tx-{party}.jsonl"):
             if tx["cell"] == current.cell.index and tx["ok"]:
                 emitted.update((a, d) for a in tx["assets"] for d in consumers[a])
     with current.engine.connect() as conn:
@@ -253,9 +251,6 @@ def _claim(dag: str, session: Session, claimed: list[dataset.Pair]) -> int:
     return 1
 
 
-# --- lost events: Airflow 3.3.2's scheduler rule ----------------------------------
-
-
 def _lost_events_round(current: _Round) -> dict[str, Any]:
     """Consume with Airflow 3.3.2's rule while the producers run, drain, count unconsumed pairs."""
     with current.engine.connect() as conn:
@@ -280,8 +275,7 @@ def _lost_events_round(current: _Round) -> dict[str, Any]:
     # Drain: every committed queue row becomes a run.
     while one_pass():
         pass
-    consumed = current.consumed
-    consumed_in_round = set(consumed)
+    consumed, consumed_in_round = current.consumed, set(current.consumed)
     # A queue row that already existed kept its created_at (Airflow's ON
     # CONFLICT DO NOTHING / merge), so events after it wait for the next run
     # of that DAG: they are late, not lost. A sentinel event, committed with
@@ -298,9 +292,8 @@ def _lost_events_round(current: _Round) -> dict[str, Any]:
     while one_pass():
         pass
     with current.engine.connect() as conn:
-        events = list(
-            conn.scalars(sa.select(event.c.id).where(event.c.asset_id == asset.id, event.c.id != sentinel))
-        )
+        query = sa.select(event.c.id).where(event.c.asset_id == asset.id, event.c.id != sentinel)
+        events = list(conn.scalars(query))
         left = len(dataset.queued_pairs(conn))
     pairs = {(e, d) for e in events for d in dags}
     lost = pairs - consumed
@@ -325,8 +318,6 @@ def _lost_events_round(current: _Round) -> dict[str, Any]:
         "consumed_unknown": len({(e, d) for e, d in consumed if e != sentinel} - pairs),
     }
 
-
-# --- one caller: the fan-out sweep and the raw-SQL ratio ---------------------------
 
 #: Seconds a sweep cell may take (projected from the previous fan-out) before it is skipped.
 SWEEP_BUDGET_S = 20.0
@@ -367,6 +358,7 @@ def _measure(
 
 
 def _commit(engine: Engine, emit: strategies.Emit, asset: dataset.SeedAsset, rng: random.Random) -> None:
+    """``emit`` of ``asset`` in a session of its own, COMMIT."""
     with Session(engine) as session:
         emit(session, [asset], rng)
         session.commit()
@@ -416,10 +408,9 @@ def run_sweep(url: str, sizes: Sizes, strategy_names: Iterable[str], *, step: St
 
 def run_raw_ratio(url: str, sizes: Sizes, *, step: Step) -> list[dict[str, Any]]:
     """``register_asset_change`` + COMMIT (commit mode) against the same work in raw SQL (:mod:`.rawsql`
-    on one ``raw_connection()``, the same driver): per fan-out one untimed call of each side, then
-    ``ratio_calls`` pairs in random order, every call on a queue emptied untimed. Each side's latency
-    columns (``ours_p50_ms``, ``raw_p25_ms`` ...), the ratios of the medians and of the p95s, statements
-    per call."""
+    on one ``raw_connection()``, the same driver), ``ratio_calls`` of each per fan-out (:func:`_measure`):
+    each side's latency columns (``ours_p50_ms``, ``raw_p25_ms`` ...), statements per call, the ratios
+    of the medians and of the p95s."""
     task = strategies.TASK
     results: list[dict[str, Any]] = []
     rng = process_rng()
@@ -429,10 +420,8 @@ def run_raw_ratio(url: str, sizes: Sizes, *, step: Step) -> list[dict[str, Any]]
     ):
         raw = rawsql.raw_sql(engine.dialect)
 
-        def ours(asset: dataset.SeedAsset) -> None:
-            with Session(engine) as session:
-                airflow_adrq.register_asset_change(asset=asset, task_instance=task, session=session)
-                session.commit()
+        def ours(session: Session, assets: Sequence[Any], _rng: random.Random) -> None:
+            airflow_adrq.register_asset_change(asset=assets[0], task_instance=task, session=session)
 
         for fanout in sorted(sizes.ratio_fanouts):
             step(f"F={fanout}", 0)
@@ -441,7 +430,7 @@ def run_raw_ratio(url: str, sizes: Sizes, *, step: Step) -> list[dict[str, Any]]
                 raw.register, raw_connection, name=asset.name, uri=asset.uri, source=asdict(task)
             )
             calls: dict[str, Callable[[], object]] = {
-                "ours_": functools.partial(ours, asset),
+                "ours_": functools.partial(_commit, engine, ours, asset, rng),
                 "raw_": hand_written,
             }
             row: dict[str, Any] = {"fanout": fanout, "calls": sizes.ratio_calls}

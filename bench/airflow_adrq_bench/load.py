@@ -14,6 +14,7 @@ retries, exact rows, and resident memory and connections sampled before, during 
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import os
 import random
@@ -46,24 +47,12 @@ def _count(counts: dict[str, int], key: str, lock: threading.Lock) -> None:
         counts[key] = counts.get(key, 0) + 1
 
 
-def _counting(counts: dict[str, int], lock: threading.Lock) -> Callable[[int, retry.Retryable], None]:
-    """An ``on_retry`` that counts each retry's kind in ``counts``."""
-
-    def on_retry(_n: int, found: retry.Retryable) -> None:
-        _count(counts, found.kind.value, lock)
-
-    return on_retry
-
-
 def _run_threads(producers: int, producer: Callable[[int], None]) -> float:
     """``producer(index)`` for every index at once, in threads; the seconds they took."""
     started = time.monotonic()
     with ThreadPoolExecutor(producers) as pool:
         list(pool.map(producer, range(producers)))
     return time.monotonic() - started
-
-
-# --- bench --faults ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -104,19 +93,18 @@ class FaultRun:
 
     def as_dict(self) -> dict[str, Any]:
         share = self.completed / self.transactions if self.transactions else 0.0
-        return {
-            **asdict(self),
-            "completed_share": share,
-            "acceptable_errors_only": self.acceptable_errors_only,
-        }
+        acceptable = self.acceptable_errors_only
+        return {**asdict(self), "completed_share": share, "acceptable_errors_only": acceptable}
 
 
-#: The server's id of the connection running it, and the ids of the given connections still alive.
+#: The server's id of the connection running it, the ids of the given connections still alive, and
+#: how to end one.
 _OWN_ID = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
 _ALIVE = {
     "postgresql": "SELECT pid FROM pg_stat_activity WHERE pid IN :ids",
     "mysql": "SELECT id FROM information_schema.processlist WHERE id IN :ids",
 }
+_KILL = {"postgresql": "SELECT pg_terminate_backend({})", "mysql": "KILL CONNECTION {}"}
 
 
 class _Killer(threading.Thread):
@@ -126,8 +114,7 @@ class _Killer(threading.Thread):
         super().__init__(name="adrq-fault-killer", daemon=True)
         self.engine = sa.create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
         self.backend, self.every_s, self.rng = backend, every_s, rng
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
+        self.stop, self.lock = threading.Event(), threading.Lock()
         #: The producers' connections, recorded as they connect (:meth:`watch`).
         self.producer_ids: set[int] = set()
         self.kills = 0
@@ -152,18 +139,11 @@ class _Killer(threading.Thread):
             while not self.stop.wait(self.rng.uniform(0.5, 1.5) * self.every_s):
                 with self.lock:
                     known = sorted(self.producer_ids)
-                try:
+                with contextlib.suppress(sa.exc.DBAPIError):  # the victim left in between
                     victims = [int(r[0]) for r in conn.execute(alive, {"ids": known})] if known else []
-                    if not victims:
-                        continue
-                    victim = self.rng.choice(victims)
-                    if self.backend == "postgresql":
-                        conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": victim})
-                    else:
-                        conn.exec_driver_sql(f"KILL CONNECTION {int(victim)}")
-                    self.kills += 1
-                except sa.exc.DBAPIError:  # the victim left in between
-                    pass
+                    if victims:
+                        conn.exec_driver_sql(_KILL[self.backend].format(self.rng.choice(victims)))
+                        self.kills += 1
         self.engine.dispose()
 
 
@@ -172,10 +152,10 @@ def run_faults(
 ) -> FaultRun:
     """Run the fault scenario on the (scratch) database at ``url`` and check what it left."""
     rng, backend = random.Random(seed), dataset.server_backend(url, "the fault run")
-    seed_engine = create_engine(url)
-    assets = dataset.seed_fan(seed_engine, "fault", outlets=sizes.outlets, fanout=sizes.fanout)
+    own = create_engine(url)
+    assets = dataset.seed_fan(own, "fault", outlets=sizes.outlets, fanout=sizes.fanout)
     # Nothing of ours but the producers stays connected during the run.
-    seed_engine.dispose()
+    own.dispose()
     result = FaultRun(backend=backend, sizes=asdict(sizes))
     outcomes: dict[str, str] = {}
     lock = threading.Lock()
@@ -199,7 +179,7 @@ def run_faults(
                     factory,
                     one,
                     max_attempts=sizes.max_attempts,
-                    on_retry=_counting(result.retries, lock),
+                    on_retry=lambda _n, found: _count(result.retries, found.kind.value, lock),
                     max_wait=0.5,
                 )
                 outcome = "completed"
@@ -216,28 +196,15 @@ def run_faults(
     killer.stop.set()
     killer.join()
     result.kills, result.transactions = killer.kills, len(outcomes)
-    result.completed = sum(1 for o in outcomes.values() if o == "completed")
-    result.raised = dict(collections.Counter(o for o in outcomes.values() if o != "completed"))
-    _check_faults(url, sizes, outcomes, result)
-    log(
-        f"{backend}: {result.completed}/{result.transactions} completed, {result.kills} kills, "
-        f"raised {result.raised or 'nothing'}, {result.duplicate_events} duplicate events, "
-        f"{result.half_written} half-written, queue rows exact: {result.queue_rows_exact}"
-    )
-    return result
-
-
-def _check_faults(url: str, sizes: FaultSizes, outcomes: dict[str, str], result: FaultRun) -> None:
-    """Each run id's events against what its caller was told; the queue against the committed events."""
-    engine = create_engine(url)
-    with engine.connect() as conn:
-        per_run = collections.Counter(
-            run_id for (run_id,) in conn.execute(sa.select(AssetEvent.source_run_id))
-        )
-        emitted = [a for (a,) in conn.execute(sa.select(AssetEvent.asset_id).distinct())]
+    raised = collections.Counter(outcomes.values())
+    result.completed, result.raised = raised.pop("completed", 0), dict(raised)
+    # Each run id's events against what its caller was told; the queue against the committed events.
+    with own.connect() as conn:
+        per_run = collections.Counter(conn.scalars(sa.select(AssetEvent.source_run_id)))
+        emitted = list(conn.scalars(sa.select(AssetEvent.asset_id).distinct()))
         consumers = dataset.consumer_dags(conn, emitted)
         queued = dataset.queued_pairs(conn)
-    engine.dispose()
+    own.dispose()
     for run_id, outcome in outcomes.items():
         count = per_run.get(run_id, 0)
         if count > sizes.outlets:
@@ -248,9 +215,12 @@ def _check_faults(url: str, sizes: FaultSizes, outcomes: dict[str, str], result:
             result.unknown_committed += count == sizes.outlets
             result.unknown_not_committed += count == 0
     result.queue_rows_exact = queued == {(a, d) for a, dags in consumers.items() for d in dags}
-
-
-# --- bench --soak --------------------------------------------------------------------
+    log(
+        f"{backend}: {result.completed}/{result.transactions} completed, {result.kills} kills, "
+        f"raised {result.raised or 'nothing'}, {result.duplicate_events} duplicate events, "
+        f"{result.half_written} half-written, queue rows exact: {result.queue_rows_exact}"
+    )
+    return result
 
 
 @dataclass(frozen=True)
@@ -324,8 +294,7 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Log = print) -> S
     with engine.connect() as conn:
         consumers = dataset.consumer_dags(conn, [a.id for a in assets])
     factory = sessionmaker(engine)
-    emitted: set[dataset.Pair] = set()
-    consumed: set[dataset.Pair] = set()
+    emitted, consumed = set[dataset.Pair](), set[dataset.Pair]()
     lock, stop = threading.Lock(), threading.Event()
     total = sizes.producers * sizes.transactions
     marks = {max(1, total * k // sizes.samples) for k in range(1, sizes.samples)}
@@ -339,7 +308,9 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Log = print) -> S
     def transact(work: Callable[..., T], retries: dict[str, int], who: str) -> T | None:
         """``work`` through ``run_in_transaction``, retries counted; None, counted as failed, if it raised."""
         try:
-            return retry.run_in_transaction(factory, work, on_retry=_counting(retries, lock))
+            return retry.run_in_transaction(
+                factory, work, on_retry=lambda _n, found: _count(retries, found.kind.value, lock)
+            )
         except Exception as exc:
             _count(result.failed, f"{who}{type(exc).__name__}", lock)
             return None
@@ -369,11 +340,10 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Log = print) -> S
         while not stop.is_set():
             for dag in dags:
                 rows = transact(functools.partial(_claim, dag=dag), result.consumer_retries, "consumer ")
-                if rows is None:
-                    continue
-                with lock:
-                    consumed.update(rows)
-                    result.consumed_rows += len(rows)
+                if rows:  # None: it failed (counted)
+                    with lock:
+                        consumed.update(rows)
+                        result.consumed_rows += len(rows)
             stop.wait(0.01)
 
     sample(0)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import functools
 import threading
 import time
 from collections import Counter
@@ -51,20 +50,20 @@ class _Event(NamedTuple):
     asset_id: int
 
 
-def _ours(session: Session, asset_ids: Sequence[int], policy: ConflictPolicy) -> list[int]:
-    """The installed airflow-adrq's queue write (:func:`airflow_adrq.queue_events`) after the events the
-    other protocols write too, so that the sides differ only in the queue write."""
-    ids = events(session.connection(), asset_ids)
-    queue_events(session, [_Event(i, a) for i, a in zip(ids, asset_ids, strict=True)], on_conflict=policy)
-    session.commit()
-    return ids
-
-
 def _protocol(name: str, *, locks: bool) -> Callable[[Session, Sequence[int]], list[int]]:
     """``stamp_first``, ``landed``, or ours with the plug-in's choice for a scheduler with(out) row locks."""
     # "auto" where the scheduler locks rows: "refresh" (PostgreSQL, MySQL 8; MariaDB stands in).
     policy: ConflictPolicy = "refresh" if locks else "refresh_after_commit"
-    return {"stamp_first": stamp_first, "landed": landed}.get(name, functools.partial(_ours, policy=policy))
+
+    def ours(session: Session, asset_ids: Sequence[int]) -> list[int]:
+        # The installed airflow-adrq's queue write after the events the other protocols write too, so
+        # that the sides differ only in the queue write.
+        ids = events(session.connection(), asset_ids)
+        queue_events(session, [_Event(i, a) for i, a in zip(ids, asset_ids, strict=True)], on_conflict=policy)
+        session.commit()
+        return ids
+
+    return {"stamp_first": stamp_first, "landed": landed}.get(name, ours)
 
 
 @dataclass
@@ -111,9 +110,7 @@ def measure(url: str, protocol: str, given: Options) -> Outcome:
     #: event id -> time.monotonic() at its producer's COMMIT; at its run's COMMIT.
     committed_at: dict[int, float] = {}
     consumed_at: dict[int, float] = {}
-    stop = threading.Event()
-    lock = threading.Lock()
-    clock = _clock(engine)
+    stop, lock, clock = threading.Event(), threading.Lock(), _clock(engine)
     write = _protocol(protocol, locks=locks)
 
     def deadlocked(exc: sa.exc.DBAPIError) -> None:

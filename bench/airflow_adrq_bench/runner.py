@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import random
 import shutil
@@ -46,15 +45,13 @@ def deadlock_timeout_s(url: str) -> float:
     them at the lock wait timeout the benchmark sets; SQLite serialises writers)."""
     if sa.engine.make_url(url).get_backend_name() != "postgresql":
         return 0.0
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)  # no pool: nothing to dispose
     try:
         with engine.connect() as conn:
             ms = conn.scalar(sa.text("SELECT setting FROM pg_settings WHERE name = 'deadlock_timeout'"))
         return float(ms) / 1000
     except (sa.exc.SQLAlchemyError, TypeError, ValueError):
         return 1.0
-    finally:
-        engine.dispose()
 
 
 def _remove_scratch(out_dir: Path, *, failed: bool = False) -> None:
@@ -78,71 +75,62 @@ def run(
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_scratch(out_dir)
+    targets = dataset.unique_names(targets)
     failed = True
     try:
-        raw = _run(dataset.unique_names(targets), sizes, out_dir, strategies, scenarios)
+        (out_dir / "barriers").mkdir()
+        started = time.time()
+        with contextlib.ExitStack() as stack:
+            databases: list[tuple[str, str]] = []
+            for target in targets:
+                progress.console.print(f"{target.name}: creating a scratch database and seed data")
+                url = stack.enter_context(dataset.scratch_database(target.server_url))
+                databases.append((target.name, url))
+                seed_engine = dataset.bench_engine(url, lock_timeout_s=sizes.lock_timeout_s)
+                try:
+                    dataset.seed(
+                        seed_engine,
+                        fanout=sizes.fanout,
+                        outlets=sizes.outlets,
+                        paused=sizes.paused,
+                        parties=max(sizes.producers, sizes.lost_producers),
+                        sweeps=(*sizes.sweep, *sizes.ratio_fanouts),
+                        lost_consumers=sizes.lost_consumers,
+                    )
+                finally:
+                    seed_engine.dispose()
+            order_seed = int.from_bytes(os.urandom(4), "big")
+            cells, skipped = plan_cells(databases, sizes, strategies, scenarios, random.Random(order_seed))
+            plan = Plan(out_dir=str(out_dir), sizes=sizes, cells=cells)
+            _run_parties(plan)
+            sweeps: dict[str, list[dict[str, Any]]] = {}
+            ratios: dict[str, list[dict[str, Any]]] = {}
+            for name, url in databases:
+                backend = sa.engine.make_url(url).get_backend_name()
+                runnable = [s for s in strategies if strategy_registry.applies_to(s, backend)]
+                with progress.task(f"{name}: fan-out sweep", len(runnable) * len(sizes.sweep)) as task:
+                    sweeps[name] = engine.run_sweep(url, sizes, runnable, step=task.step)
+                with progress.task(f"{name}: raw-SQL ratio", len(sizes.ratio_fanouts)) as task:
+                    ratios[name] = engine.run_raw_ratio(url, sizes, step=task.step)
+        parties = range(1, plan.parties)
+        raw = {
+            "started_at": started,
+            "duration_s": time.time() - started,
+            "sizes": dataclasses.asdict(sizes),
+            "targets": [{"name": t.name, "version": t.version} for t in targets],
+            "cells": engine.read_jsonl(out_dir / "cells.jsonl"),
+            "transactions": [tx for p in parties for tx in engine.read_jsonl(out_dir / f"tx-{p}.jsonl")],
+            "sweeps": sweeps,
+            "raw_sql_ratio": ratios,
+            "skipped": skipped,
+            "cell_order_seed": order_seed,
+            "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+        }
         failed = False
-        return raw
     finally:
         if not keep_scratch:
             _remove_scratch(out_dir, failed=failed)
-
-
-def _run(
-    targets: Sequence[Target],
-    sizes: Sizes,
-    out_dir: Path,
-    strategies: Sequence[str],
-    scenarios: Sequence[str],
-) -> dict[str, Any]:
-    (out_dir / "barriers").mkdir()
-    started = time.time()
-    with contextlib.ExitStack() as stack:
-        databases: list[tuple[str, str]] = []
-        for target in targets:
-            progress.console.print(f"{target.name}: creating a scratch database and seed data")
-            url = stack.enter_context(dataset.scratch_database(target.server_url))
-            databases.append((target.name, url))
-            seed_engine = dataset.bench_engine(url, lock_timeout_s=sizes.lock_timeout_s)
-            try:
-                dataset.seed(
-                    seed_engine,
-                    fanout=sizes.fanout,
-                    outlets=sizes.outlets,
-                    paused=sizes.paused,
-                    parties=max(sizes.producers, sizes.lost_producers),
-                    sweeps=(*sizes.sweep, *sizes.ratio_fanouts),
-                    lost_consumers=sizes.lost_consumers,
-                )
-            finally:
-                seed_engine.dispose()
-        order_seed = int.from_bytes(os.urandom(4), "big")
-        cells, skipped = plan_cells(databases, sizes, strategies, scenarios, random.Random(order_seed))
-        plan = Plan(out_dir=str(out_dir), sizes=sizes, cells=cells)
-        _run_parties(plan)
-        sweeps: dict[str, list[dict[str, Any]]] = {}
-        ratios: dict[str, list[dict[str, Any]]] = {}
-        for name, url in databases:
-            backend = sa.engine.make_url(url).get_backend_name()
-            runnable = [s for s in strategies if strategy_registry.applies_to(s, backend)]
-            with progress.task(f"{name}: fan-out sweep", len(runnable) * len(sizes.sweep)) as task:
-                sweeps[name] = engine.run_sweep(url, sizes, runnable, step=task.step)
-            with progress.task(f"{name}: raw-SQL ratio", len(sizes.ratio_fanouts)) as task:
-                ratios[name] = engine.run_raw_ratio(url, sizes, step=task.step)
-    transactions = [tx for p in range(1, plan.parties) for tx in _read_jsonl(out_dir / f"tx-{p}.jsonl")]
-    return {
-        "started_at": started,
-        "duration_s": time.time() - started,
-        "sizes": dataclasses.asdict(sizes),
-        "targets": [{"name": t.name, "version": t.version} for t in targets],
-        "cells": _read_jsonl(out_dir / "cells.jsonl"),
-        "transactions": transactions,
-        "sweeps": sweeps,
-        "raw_sql_ratio": ratios,
-        "skipped": skipped,
-        "cell_order_seed": order_seed,
-        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
-    }
+    return raw
 
 
 #: Why ``values_batch`` is not run on a backend (see :func:`airflow_adrq_testing.baselines.applies_to`).
@@ -173,21 +161,13 @@ def plan_cells(
         for scenario in scenarios:
             if scenario == "lost_events":
                 lost = [s for s in runnable if s in LOST_EVENT_STRATEGIES]
-                todo += [
-                    (s, scenario, 0, hold, sizes.lost_producers) for s in lost for hold in sizes.lost_holds_ms
-                ]
+                todo += [(s, scenario, 0, h, sizes.lost_producers) for s in lost for h in sizes.lost_holds_ms]
             else:
                 rounds = range(sizes.rounds)
                 todo += [(s, scenario, r, sizes.hold_ms, sizes.producers) for s in runnable for r in rounds]
         rng.shuffle(todo)
         cells += [Cell(len(cells) + k, db, url, *cell) for k, cell in enumerate(todo)]
     return tuple(cells), skipped
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _run_parties(plan: Plan) -> None:
@@ -218,18 +198,14 @@ def _run_parties(plan: Plan) -> None:
                     shown += 1
                 time.sleep(0.25)
         finally:
-            _stop(proc)
+            # Stop the suite's process group if it is still running (SIGTERM, then SIGKILL).
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                if proc.poll() is not None:
+                    break
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(10.0)
     if proc.returncode != 0:
         tail = "\n".join(log_path.read_text().splitlines()[-30:])
         raise BenchError(f"the benchmark suite failed (exit {proc.returncode}); see {log_path}:\n{tail}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the suite's process group if it is still running (SIGTERM, then SIGKILL)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(10.0)

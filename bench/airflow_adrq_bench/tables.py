@@ -60,17 +60,9 @@ def table(rows: Sequence[dict[str, Any]], columns: Columns, left: int = 2) -> st
 
 def write_json(path: Path, data: Any) -> None:
     """``data`` as JSON: NaN and infinities as ``null`` (JSON has neither), anything else as text."""
-
-    def clean(value: Any) -> Any:
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        if isinstance(value, dict):
-            return {k: clean(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [clean(v) for v in value]
-        return value
-
-    path.write_text(json.dumps(clean(data), indent=1, default=str) + "\n")
+    # Python's JSON writes them as NaN / Infinity, which its reader hands to parse_constant.
+    plain = json.loads(json.dumps(data, default=str), parse_constant=lambda _: None)
+    path.write_text(json.dumps(plain, indent=1) + "\n")
 
 
 @functools.cache
