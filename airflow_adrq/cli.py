@@ -33,8 +33,24 @@ COMMANDS_GROUP = "airflow_adrq.commands"
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 success, 1 failure, 2 usage, 130 interrupted)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return _main(argv)
+        external = _external_commands()
+        if argv[:1] and argv[0] in external:
+            # The command parses its own options (and imports its own code).
+            status: int = external[argv[0]].load()(argv[1:])
+            return status
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            # Reported by the command that was given them, with its usage (argparse's top level would).
+            getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        try:
+            status = args.func(args)
+        except (AdrqError, SQLAlchemyError, ValueError) as exc:
+            print(f"airflow-adrq: error: {one_line(exc)}", file=sys.stderr)
+            return 1
+        return status
     except KeyboardInterrupt:
         print("airflow-adrq: interrupted", file=sys.stderr)
         return 130
@@ -47,26 +63,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _external_commands() -> dict[str, importlib.metadata.EntryPoint]:
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=COMMANDS_GROUP)}
-
-
-def _main(argv: Sequence[str] | None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    external = _external_commands()
-    if argv[:1] and argv[0] in external:
-        # The command parses its own options (and imports its own code).
-        status: int = external[argv[0]].load()(argv[1:])
-        return status
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        # Reported by the command that was given them, with its usage (argparse's top level would).
-        getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
-    try:
-        status = args.func(args)
-    except (AdrqError, SQLAlchemyError, ValueError) as exc:
-        print(f"airflow-adrq: error: {one_line(exc)}", file=sys.stderr)
-        return 1
-    return status
 
 
 def one_line(exc: BaseException) -> str:
