@@ -260,10 +260,8 @@ ADAPTERS = {adapter.line: adapter for adapter in (Airflow31(), Airflow32(), Airf
 
 #: Release lines the plug-in cannot run on, and why (doctor explains their schemas with it).
 REFUSED: dict[tuple[int, int], str] = {
-    (3, 0): (
-        "apache-airflow-core 3.0 requires SQLAlchemy < 2.0 and airflow-adrq is built on SQLAlchemy 2, "
-        "so they cannot run in one environment; upgrade to Airflow 3.1 or later"
-    ),
+    (3, 0): "apache-airflow-core 3.0 requires SQLAlchemy < 2.0 and airflow-adrq is built on SQLAlchemy 2, "
+    "so they cannot run in one environment; upgrade to Airflow 3.1 or later",
 }
 
 #: Release lines the plug-in is written and tested against, with their schema's shape (airflow_adrq.shapes).
