@@ -1,14 +1,11 @@
 """The ``airflow-adrq`` command line: ``db upgrade|downgrade|current|check``, ``doctor``, and more.
 
-``db`` manages a database of airflow-adrq's own and refuses Airflow's
-(:mod:`airflow_adrq.migrate`); its ``--url`` defaults to
-``$AIRFLOW_ADRQ_DATABASE_URL`` (keeps passwords out of ``ps``). ``doctor``:
-:mod:`airflow_adrq.doctor`. A subcommand here is an
-``add_<name>_parser(subparsers)`` that sets ``func``, a handler returning
-the exit status. Other distributions add commands through the entry-point
-group :data:`COMMANDS_GROUP` (``name = "module:main"``, ``main(argv) -> int``
-parsing its own options), as ``airflow-adrq-bench`` adds ``bench``: this
-package never imports the benchmark.
+``db`` manages a database of airflow-adrq's own and refuses Airflow's (:mod:`airflow_adrq.migrate`); its
+``--url`` defaults to ``$AIRFLOW_ADRQ_DATABASE_URL`` (keeps passwords out of ``ps``). ``doctor``:
+:mod:`airflow_adrq.doctor`. A subcommand here is an ``add_<name>_parser(subparsers)`` that sets ``func``,
+a handler returning the exit status. Other distributions add commands through the entry-point group
+:data:`COMMANDS_GROUP` (``name = "module:main"``, ``main(argv) -> int`` parsing its own options), as
+``airflow-adrq-bench`` adds ``bench``: this package never imports the benchmark.
 """
 
 from __future__ import annotations
@@ -36,8 +33,24 @@ COMMANDS_GROUP = "airflow_adrq.commands"
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 success, 1 failure, 2 usage, 130 interrupted)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return _main(argv)
+        external = _external_commands()
+        if argv[:1] and argv[0] in external:
+            # The command parses its own options (and imports its own code).
+            status: int = external[argv[0]].load()(argv[1:])
+            return status
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            # Reported by the command that was given them, with its usage (argparse's top level would).
+            getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        try:
+            status = args.func(args)
+        except (AdrqError, SQLAlchemyError, ValueError) as exc:
+            print(f"airflow-adrq: error: {one_line(exc)}", file=sys.stderr)
+            return 1
+        return status
     except KeyboardInterrupt:
         print("airflow-adrq: interrupted", file=sys.stderr)
         return 130
@@ -50,28 +63,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _external_commands() -> dict[str, importlib.metadata.EntryPoint]:
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=COMMANDS_GROUP)}
-
-
-def _main(argv: Sequence[str] | None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    external = _external_commands()
-    if argv[:1] and argv[0] in external:
-        # The command parses its own options (and imports its own code).
-        status: int = external[argv[0]].load()(argv[1:])
-        return status
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        # Reported by the command that was given them, with its usage (argparse's top level would).
-        getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
-    if getattr(args, "func", None) is None:
-        return _usage(parser)
-    try:
-        status = args.func(args)
-    except (AdrqError, SQLAlchemyError, ValueError) as exc:
-        print(f"airflow-adrq: error: {one_line(exc)}", file=sys.stderr)
-        return 1
-    return status
 
 
 def one_line(exc: BaseException) -> str:
@@ -90,15 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"Other installed distributions may add commands (entry-point group {COMMANDS_GROUP}).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.set_defaults(func=lambda _args: _usage(parser))
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     add_db_parser(subparsers)
     doctor.add_doctor_parser(subparsers)
     for name, ep in sorted(_external_commands().items()):
         dist = ep.dist.name if ep.dist else "another distribution"
-        command = subparsers.add_parser(
-            name, allow_abbrev=False, help=f"see `airflow-adrq {name} --help` (from {dist})"
-        )
-        command.set_defaults(func=lambda _args: 2)
+        help_text = f"see `airflow-adrq {name} --help` (from {dist})"
+        subparsers.add_parser(name, allow_abbrev=False, help=help_text).set_defaults(func=lambda _args: 2)
     return parser
 
 
@@ -112,13 +102,13 @@ def add_db_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         "Refuses a database that holds Airflow's schema.",
     )
     db.set_defaults(func=lambda _args: _usage(db), command_parser=db)
-    commands = db.add_subparsers(title="db commands", metavar="DB_COMMAND")
+    commands = db.add_subparsers(title="db commands", metavar="DB_COMMAND", dest="db_command")
     url = os.environ.get(URL_ENV)
     for name, func, help_text, revision_help in (
-        ("upgrade", _db_upgrade, "upgrade to a revision (default: head)", "target revision (default: head)"),
+        ("upgrade", _db_migrate, "upgrade to a revision (default: head)", "target revision (default: head)"),
         (
             "downgrade",
-            _db_downgrade,
+            _db_migrate,
             "downgrade to a revision ('base' drops all tables)",
             "target revision, or 'base' (required)",
         ),
@@ -140,16 +130,6 @@ def add_db_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         command.set_defaults(func=func, command_parser=command)
 
 
-def _revision(args: argparse.Namespace, default: str | None = None) -> str:
-    given = [r for r in (args.revision, args.revision_option) if r is not None]
-    if len(given) == 2 and given[0] != given[1]:
-        raise AdrqError(f"two different revisions given: {given[0]!r} and --revision {given[1]!r}")
-    revision = given[0] if given else default
-    if revision is None:
-        raise AdrqError("a revision is required, e.g. `airflow-adrq db downgrade base`")
-    return revision
-
-
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help(sys.stderr)
     return 2
@@ -159,28 +139,27 @@ def _show(url: str) -> str:
     return sa.engine.make_url(url).render_as_string(hide_password=True)
 
 
-def _report(url: str, result: migrate.MigrationResult) -> None:
-    print(f"database: {_show(url)}")
+def _db_migrate(args: argparse.Namespace) -> int:
+    """``db upgrade`` (default revision: head) or ``db downgrade`` (a revision is required)."""
+    given = [r for r in (args.revision, args.revision_option) if r is not None]
+    if len(given) == 2 and given[0] != given[1]:
+        raise AdrqError(f"two different revisions given: {given[0]!r} and --revision {given[1]!r}")
+    upgrade = args.db_command == "upgrade"
+    revision = given[0] if given else ("head" if upgrade else None)
+    if revision is None:
+        raise AdrqError("a revision is required, e.g. `airflow-adrq db downgrade base`")
+    result = (migrate.upgrade if upgrade else migrate.downgrade)(args.url, revision)
+    print(f"database: {_show(args.url)}")
     if not result.steps:
         print(f"nothing to do: already at {result.after or '<base>'}")
-        return
+        return 0
     for step in result.steps:
         verb = "applied" if step.direction == "upgrade" else "reverted"
         print(f"{verb} {step.revision}: {step.doc}")
-    if result.tables_created:
-        print(f"created tables: {', '.join(result.tables_created)}")
-    if result.tables_dropped:
-        print(f"dropped tables: {', '.join(result.tables_dropped)}")
+    for verb, tables in (("created", result.tables_created), ("dropped", result.tables_dropped)):
+        if tables:
+            print(f"{verb} tables: {', '.join(tables)}")
     print(f"revision: {result.before or '<base>'} -> {result.after or '<base>'}")
-
-
-def _db_upgrade(args: argparse.Namespace) -> int:
-    _report(args.url, migrate.upgrade(args.url, _revision(args, default="head")))
-    return 0
-
-
-def _db_downgrade(args: argparse.Namespace) -> int:
-    _report(args.url, migrate.downgrade(args.url, _revision(args)))
     return 0
 
 

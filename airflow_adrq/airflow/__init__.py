@@ -17,17 +17,12 @@ if TYPE_CHECKING:
         uninstall_triggerer_patch,
     )
 
-__all__ = [
-    "AdrqAssetManager",
-    "flush_queue",
-    "install_triggerer_patch",
-    "is_triggerer_patched",
-    "uninstall_triggerer_patch",
-]
+__all__ = ["AdrqAssetManager", "flush_queue"]  # airflow_adrq.airflow.manager's
+__all__ += ["install_triggerer_patch", "is_triggerer_patched", "uninstall_triggerer_patch"]  # .triggerer's
 
 
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = "manager" if name in ("AdrqAssetManager", "flush_queue") else "triggerer"
+    module = "triggerer" if "triggerer" in name else "manager"
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)

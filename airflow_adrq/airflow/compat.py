@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
 _REMEDY = "Remove [core] asset_manager_class to use Airflow's own AssetManager."
+#: The producing task's coordinates an ``AssetEvent`` records as ``source_<key>``.
+_SOURCE_KEYS = ("task_id", "dag_id", "run_id", "map_index")
 
 
 @dataclass(frozen=True)
@@ -104,14 +106,8 @@ class Airflow31:
     def event_kwargs(self, call: Registration, asset_model: AssetModel, extra: Any) -> dict[str, Any]:
         """The ``AssetEvent`` arguments (3.1: ``extra`` as given, the column's default for None)."""
         kwargs: dict[str, Any] = {"asset_id": asset_model.id, "extra": extra}
-        ti = call.task_instance
-        if ti:
-            kwargs.update(
-                source_task_id=ti.task_id,
-                source_dag_id=ti.dag_id,
-                source_run_id=ti.run_id,
-                source_map_index=ti.map_index,
-            )
+        if ti := call.task_instance:
+            kwargs.update({f"source_{key}": getattr(ti, key) for key in _SOURCE_KEYS})
         return kwargs
 
     def notify_listeners(
@@ -180,10 +176,7 @@ class Airflow32(Airflow31):
         listener_event = ListenerAssetEvent(
             asset=asset,
             extra=event.extra,
-            source_dag_id=event.source_dag_id,
-            source_task_id=event.source_task_id,
-            source_run_id=event.source_run_id,
-            source_map_index=event.source_map_index,
+            **{f"source_{key}": getattr(event, f"source_{key}") for key in _SOURCE_KEYS},
             source_aliases=[alias.to_serialized() for alias in aliases],
             **self.partition_fields(call),
         )
@@ -267,10 +260,8 @@ ADAPTERS = {adapter.line: adapter for adapter in (Airflow31(), Airflow32(), Airf
 
 #: Release lines the plug-in cannot run on, and why (doctor explains their schemas with it).
 REFUSED: dict[tuple[int, int], str] = {
-    (3, 0): (
-        "apache-airflow-core 3.0 requires SQLAlchemy < 2.0 and airflow-adrq is built on SQLAlchemy 2, "
-        "so they cannot run in one environment; upgrade to Airflow 3.1 or later"
-    ),
+    (3, 0): "apache-airflow-core 3.0 requires SQLAlchemy < 2.0 and airflow-adrq is built on SQLAlchemy 2, "
+    "so they cannot run in one environment; upgrade to Airflow 3.1 or later",
 }
 
 #: Release lines the plug-in is written and tested against, with their schema's shape (airflow_adrq.shapes).

@@ -146,9 +146,8 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
 
         aliases: list[AssetAliasModel] = []
         if source_alias_names:
-            aliases = list(
-                session.scalars(select(AssetAliasModel).where(AssetAliasModel.name.in_(source_alias_names)))
-            )
+            by_name = select(AssetAliasModel).where(AssetAliasModel.name.in_(source_alias_names))
+            aliases = list(session.scalars(by_name))
             for alias in aliases:
                 link = {"alias_id": alias.id, "event_id": asset_event.id}
                 session.execute(insert(asset_alias_asset_event_association_table).values(link))
@@ -190,7 +189,6 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
                 # The row keeps the newest stamp of the events it stands for
                 # where the scheduler locks the rows it consumes (GUARANTEES.md, "Timing").
                 on_conflict=compat.conflict_policy(),
-                # The schema Airflow's own migrations made for this release line (doctor reads the catalog).
                 shape=line.shape,
                 schema=_SCHEMA,
             )

@@ -1,12 +1,11 @@
 """Opt-in: make the triggerer's asset events go through the configured manager too.
 
-Airflow 3's ``Trigger.submit_event`` (``airflow/models/trigger.py``) calls ``register_asset_change`` on
-the base ``AssetManager`` it imported, not on ``[core] asset_manager_class``, so events from asset
-watchers and triggers keep Airflow's unsorted, per-event queue writes. :func:`install_triggerer_patch`
-rebinds that module global to the configured class: a private call site, so it is checked (README,
-"Triggerer and asset watchers"). Nothing from Airflow is imported at import time, so
-``airflow_local_settings.py``, imported while Airflow is still initialising, can call it; the patch is
-then applied when ``airflow.models.trigger`` has finished importing.
+Airflow 3's ``Trigger.submit_event`` (``airflow/models/trigger.py``) calls ``register_asset_change`` on the
+base ``AssetManager`` it imported, not on ``[core] asset_manager_class``, so events from asset watchers and
+triggers keep Airflow's unsorted, per-event queue writes. :func:`install_triggerer_patch` rebinds that module
+global to the configured class: a private call site, so it is checked (README, "Triggerer and asset
+watchers"). Nothing from Airflow is imported at import time, so ``airflow_local_settings.py``, imported while
+Airflow is still initialising, can call it (the patch then waits for ``airflow.models.trigger``).
 """
 
 from __future__ import annotations
