@@ -1,13 +1,10 @@
 """Create and upgrade airflow-adrq's *own* database with Alembic.
 
-For a standalone database (tests, benchmarks, trying the library). An Airflow
-metadata database needs none of this: Airflow's migrations created the same
-tables (:mod:`airflow_adrq.models` mirrors them). So every command first
-refuses a database that holds Airflow's schema (:func:`_refuse_airflow_schema`):
-``upgrade`` would fail half-way there, and ``downgrade`` would drop Airflow's
-asset and DAG tables with their rows.
-
-Alembic is configured in code (no ``alembic.ini``) and keeps its revision in
+For a standalone database (tests, benchmarks, trying the library). Airflow's
+migrations created the same tables in its metadata database, so every command
+first refuses a database that holds Airflow's schema: ``upgrade`` would fail
+half-way there, and ``downgrade`` would drop Airflow's tables with their rows.
+Alembic is configured in code (no ``alembic.ini``); the revision is kept in
 ``airflow_adrq_version``, never Airflow's ``alembic_version``.
 """
 
@@ -100,12 +97,7 @@ class CheckResult:
 
 
 def script_location() -> Path:
-    """The Alembic script directory (``env.py``, ``versions/``).
-
-    A wheel ships it inside the package (``airflow_adrq/migrations``); a
-    checkout (an editable install) keeps it at the top level, next to the
-    package (``migrations/``).
-    """
+    """The Alembic script directory: ``airflow_adrq/migrations`` in a wheel, ``migrations/`` in a checkout."""
     package = Path(__file__).resolve().parent
     for location in (package / "migrations", package.parent / "migrations"):
         # Alembic imports env.py and the revisions from real files (not from a zip, say).
@@ -162,21 +154,6 @@ def _refuse_airflow_schema(connection: Connection) -> None:
 
 def _shown(connection: Connection) -> str:
     return connection.engine.url.render_as_string(hide_password=True)
-
-
-def _undo_partial_upgrade(connection: Connection, tables_before: set[str]) -> None:
-    """After a failed upgrade where DDL commits (MySQL/MariaDB), drop what it created.
-
-    Elsewhere the rollback undoes the DDL.
-    """
-    if dialects.get(connection).transactional_ddl:
-        return
-    created = set(sa.inspect(connection).get_table_names()) - tables_before
-    for table in reversed(metadata.sorted_tables):
-        if table.name in created:
-            table.drop(connection, checkfirst=True)
-    if VERSION_TABLE in created:
-        sa.Table(VERSION_TABLE, sa.MetaData()).drop(connection, checkfirst=True)
 
 
 def upgrade(bind: Bind, revision: str = "head") -> MigrationResult:
@@ -242,8 +219,12 @@ def describe_diff(diff: Any) -> str:
     kind = diff[0]
     if kind.startswith("modify_"):
         # ("modify_type", schema, table, column, existing, old, new)
-        _kind, _schema, table, column, _existing, old, new = diff
-        return f"{kind} {table}.{column}: {_render(old)} -> {_render(new)}"
+        _kind, _schema, table, column, _existing, *values = diff
+        old, new = (
+            str(getattr(v.arg, "text", v.arg)) if isinstance(v, sa.schema.DefaultClause) else repr(v)
+            for v in values
+        )
+        return f"{kind} {table}.{column}: {old} -> {new}"
     if kind in ("add_column", "remove_column"):
         # ("add_column", schema, table, Column)
         _kind, _schema, table, column = diff
@@ -253,12 +234,6 @@ def describe_diff(diff: Any) -> str:
     table = getattr(obj, "table", None)
     where = f" on {table.name}" if table is not None else ""
     return f"{kind} {obj.name}{where}"
-
-
-def _render(value: Any) -> str:
-    if isinstance(value, sa.schema.DefaultClause):
-        return str(getattr(value.arg, "text", value.arg))
-    return repr(value)
 
 
 def comparison_options() -> dict[str, Any]:
@@ -368,8 +343,14 @@ def _migrate(bind: Bind, direction: Literal["upgrade", "downgrade"], revision: s
         try:
             getattr(command, direction)(config, revision)
         except Exception as exc:
-            if direction == "upgrade":
-                _undo_partial_upgrade(connection, tables_before)
+            if direction == "upgrade" and not dialects.get(connection).transactional_ddl:
+                # DDL commits here (MySQL/MariaDB): drop what this run created (elsewhere: the rollback).
+                created = set(sa.inspect(connection).get_table_names()) - tables_before
+                for table in reversed(metadata.sorted_tables):
+                    if table.name in created:
+                        table.drop(connection, checkfirst=True)
+                if VERSION_TABLE in created:
+                    sa.Table(VERSION_TABLE, sa.MetaData()).drop(connection, checkfirst=True)
             first = str(getattr(exc, "orig", None) or exc).strip().splitlines()
             raise AdrqError(
                 f"{direction} to {revision} failed: {first[0] if first else type(exc).__name__}. "

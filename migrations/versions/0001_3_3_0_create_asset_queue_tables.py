@@ -40,186 +40,156 @@ def _cascade(column: str, target: str, name: str) -> sa.ForeignKeyConstraint:
     return sa.ForeignKeyConstraint([column], [target], name=name, ondelete="CASCADE")
 
 
+#: Tables given SQLite AUTOINCREMENT: SQLite must never reuse the id of a deleted row.
+_AUTOINCREMENT = ("asset", "asset_alias", "asset_event")
+
+
+def _tables() -> dict[str, tuple[sa.schema.SchemaItem, ...]]:
+    """Each table's columns, keys and indexes, in creation order (fresh objects on every call)."""
+    return {
+        "dag_bundle": (
+            sa.Column("name", _STRING_ID, nullable=False),
+            sa.PrimaryKeyConstraint("name", name="dag_bundle_pkey"),
+        ),
+        "dag": (
+            sa.Column("dag_id", _STRING_ID, nullable=False),
+            sa.Column("is_paused", sa.Boolean(), nullable=False),
+            sa.Column("is_stale", sa.Boolean(), nullable=False),
+            sa.Column("exceeds_max_non_backfill", sa.Boolean(), nullable=False, server_default="0"),
+            sa.Column("bundle_name", _STRING_ID, nullable=False),
+            sa.Column("has_import_errors", sa.Boolean(), nullable=True, server_default="0"),
+            sa.Column("timetable_partitioned", sa.Boolean(), nullable=False, server_default="0"),
+            sa.Column("asset_expression", sa.JSON(), nullable=True),
+            sa.Column("max_active_runs", sa.Integer(), nullable=True),
+            sa.Column("next_dagrun_create_after", _UTC_DATETIME, nullable=True),
+            sa.PrimaryKeyConstraint("dag_id", name="dag_pkey"),
+            # Airflow gives this FK no ON DELETE rule.
+            sa.ForeignKeyConstraint(["bundle_name"], ["dag_bundle.name"], name="dag_bundle_name_fkey"),
+            sa.Index("idx_next_dagrun_create_after", "next_dagrun_create_after"),
+        ),
+        "asset": (
+            sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
+            sa.Column("name", _ASSET_STRING, nullable=False),
+            sa.Column("uri", _ASSET_STRING, nullable=False),
+            sa.Column("group", _ASSET_STRING, nullable=False),
+            sa.Column("extra", sa.JSON(), nullable=False),
+            sa.Column("created_at", _UTC_DATETIME, nullable=False),
+            sa.Column("updated_at", _UTC_DATETIME, nullable=False),
+            sa.PrimaryKeyConstraint("id", name="asset_pkey"),
+            # Alembic creates it right after the table: before asset_active, whose FK references (name, uri).
+            sa.Index("idx_asset_name_uri_unique", "name", "uri", unique=True),
+        ),
+        "asset_active": (
+            sa.Column("name", _ASSET_STRING, nullable=False),
+            sa.Column("uri", _ASSET_STRING, nullable=False),
+            sa.PrimaryKeyConstraint("name", "uri", name="asset_active_pkey"),
+            sa.ForeignKeyConstraint(
+                ["name", "uri"],
+                ["asset.name", "asset.uri"],
+                name="asset_active_asset_name_uri_fkey",
+                ondelete="CASCADE",
+            ),
+            sa.Index("idx_asset_active_name_unique", "name", unique=True),
+            sa.Index("idx_asset_active_uri_unique", "uri", unique=True),
+        ),
+        "asset_alias": (
+            sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
+            sa.Column("name", _ASSET_STRING, nullable=False),
+            sa.Column("group", _ASSET_STRING, nullable=False),
+            sa.PrimaryKeyConstraint("id", name="asset_alias_pkey"),
+            sa.Index("idx_asset_alias_name_unique", "name", unique=True),
+        ),
+        "asset_alias_asset": (
+            sa.Column("alias_id", sa.Integer(), nullable=False),
+            sa.Column("asset_id", sa.Integer(), nullable=False),
+            sa.PrimaryKeyConstraint("alias_id", "asset_id", name="asset_alias_asset_pkey"),
+            _cascade("alias_id", "asset_alias.id", "asset_alias_asset_alias_id_fkey"),
+            _cascade("asset_id", "asset.id", "asset_alias_asset_asset_id_fkey"),
+            sa.Index("idx_asset_alias_asset_alias_id", "alias_id"),
+            sa.Index("idx_asset_alias_asset_asset_id", "asset_id"),
+        ),
+        "asset_event": (
+            sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
+            # No FK to asset: events outlive their asset, as in Airflow.
+            sa.Column("asset_id", sa.Integer(), nullable=False),
+            sa.Column("extra", sa.JSON(), nullable=False),
+            sa.Column("source_task_id", _STRING_ID, nullable=True),
+            sa.Column("source_dag_id", _STRING_ID, nullable=True),
+            sa.Column("source_run_id", _STRING_ID, nullable=True),
+            sa.Column("source_map_index", sa.Integer(), nullable=True, server_default="-1"),
+            sa.Column("timestamp", _UTC_DATETIME, nullable=False),
+            sa.Column("partition_key", _STRING_ID, nullable=True),
+            sa.PrimaryKeyConstraint("id", name="asset_event_pkey"),
+            sa.Index("idx_asset_id_timestamp", "asset_id", "timestamp"),
+        ),
+        "asset_alias_asset_event": (
+            sa.Column("alias_id", sa.Integer(), nullable=False),
+            sa.Column("event_id", sa.Integer(), nullable=False),
+            sa.PrimaryKeyConstraint("alias_id", "event_id", name="asset_alias_asset_event_pkey"),
+            _cascade("alias_id", "asset_alias.id", "asset_alias_asset_event_alias_id_fkey"),
+            _cascade("event_id", "asset_event.id", "asset_alias_asset_event_event_id_fkey"),
+            sa.Index("idx_asset_alias_asset_event_alias_id", "alias_id"),
+            sa.Index("idx_asset_alias_asset_event_event_id", "event_id"),
+        ),
+        "dag_schedule_asset_reference": (
+            sa.Column("asset_id", sa.Integer(), nullable=False),
+            sa.Column("dag_id", _STRING_ID, nullable=False),
+            sa.Column("allow_producer_teams", sa.JSON(), nullable=True),
+            sa.Column("allow_global_producers", sa.Boolean(), nullable=False, server_default=sa.true()),
+            sa.Column("created_at", _UTC_DATETIME, nullable=False),
+            sa.Column("updated_at", _UTC_DATETIME, nullable=False),
+            sa.PrimaryKeyConstraint("asset_id", "dag_id", name="dsar_pkey"),
+            _cascade("asset_id", "asset.id", "dsar_asset_fkey"),
+            _cascade("dag_id", "dag.dag_id", "dsar_dag_id_fkey"),
+            sa.Index("idx_dag_schedule_asset_reference_dag_id", "dag_id"),
+        ),
+        "dag_schedule_asset_alias_reference": (
+            sa.Column("alias_id", sa.Integer(), nullable=False),
+            sa.Column("dag_id", _STRING_ID, nullable=False),
+            sa.Column("created_at", _UTC_DATETIME, nullable=False),
+            sa.Column("updated_at", _UTC_DATETIME, nullable=False),
+            sa.PrimaryKeyConstraint("alias_id", "dag_id", name="dsaar_pkey"),
+            _cascade("alias_id", "asset_alias.id", "dsaar_asset_alias_fkey"),
+            _cascade("dag_id", "dag.dag_id", "dsaar_dag_id_fkey"),
+            sa.Index("idx_dag_schedule_asset_alias_reference_dag_id", "dag_id"),
+        ),
+        "dag_schedule_asset_name_reference": (
+            sa.Column("name", _ASSET_STRING, nullable=False),
+            sa.Column("dag_id", _STRING_ID, nullable=False),
+            sa.Column("created_at", _UTC_DATETIME, nullable=False),
+            sa.PrimaryKeyConstraint("name", "dag_id", name="dsanr_pkey"),
+            # By-name reference: no FK to asset.
+            _cascade("dag_id", "dag.dag_id", "dsanr_dag_id_fkey"),
+            sa.Index("idx_dag_schedule_asset_name_reference_dag_id", "dag_id"),
+        ),
+        "dag_schedule_asset_uri_reference": (
+            sa.Column("uri", _ASSET_STRING, nullable=False),
+            sa.Column("dag_id", _STRING_ID, nullable=False),
+            sa.Column("created_at", _UTC_DATETIME, nullable=False),
+            sa.PrimaryKeyConstraint("uri", "dag_id", name="dsaur_pkey"),
+            _cascade("dag_id", "dag.dag_id", "dsaur_dag_id_fkey"),
+            sa.Index("idx_dag_schedule_asset_uri_reference_dag_id", "dag_id"),
+        ),
+        "asset_dag_run_queue": (
+            sa.Column("asset_id", sa.Integer(), nullable=False),
+            sa.Column("target_dag_id", _STRING_ID, nullable=False),
+            sa.Column("created_at", _UTC_DATETIME, nullable=False),
+            sa.PrimaryKeyConstraint("asset_id", "target_dag_id", name="assetdagrunqueue_pkey"),
+            _cascade("asset_id", "asset.id", "adrq_asset_fkey"),
+            _cascade("target_dag_id", "dag.dag_id", "adrq_dag_fkey"),
+            sa.Index("idx_asset_dag_run_queue_target_dag_id", "target_dag_id"),
+        ),
+    }
+
+
 def upgrade() -> None:
     """Create the asset, DAG and queue tables with Airflow 3.3.2's names."""
-    op.create_table(
-        "dag_bundle",
-        sa.Column("name", _STRING_ID, nullable=False),
-        sa.PrimaryKeyConstraint("name", name="dag_bundle_pkey"),
-    )
-    op.create_table(
-        "dag",
-        sa.Column("dag_id", _STRING_ID, nullable=False),
-        sa.Column("is_paused", sa.Boolean(), nullable=False),
-        sa.Column("is_stale", sa.Boolean(), nullable=False),
-        sa.Column("exceeds_max_non_backfill", sa.Boolean(), nullable=False, server_default="0"),
-        sa.Column("bundle_name", _STRING_ID, nullable=False),
-        sa.Column("has_import_errors", sa.Boolean(), nullable=True, server_default="0"),
-        sa.Column("timetable_partitioned", sa.Boolean(), nullable=False, server_default="0"),
-        sa.Column("asset_expression", sa.JSON(), nullable=True),
-        sa.Column("max_active_runs", sa.Integer(), nullable=True),
-        sa.Column("next_dagrun_create_after", _UTC_DATETIME, nullable=True),
-        sa.PrimaryKeyConstraint("dag_id", name="dag_pkey"),
-        # Airflow gives this FK no ON DELETE rule.
-        sa.ForeignKeyConstraint(["bundle_name"], ["dag_bundle.name"], name="dag_bundle_name_fkey"),
-        sa.Index("idx_next_dagrun_create_after", "next_dagrun_create_after"),
-    )
-
-    op.create_table(
-        "asset",
-        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
-        sa.Column("name", _ASSET_STRING, nullable=False),
-        sa.Column("uri", _ASSET_STRING, nullable=False),
-        sa.Column("group", _ASSET_STRING, nullable=False),
-        sa.Column("extra", sa.JSON(), nullable=False),
-        sa.Column("created_at", _UTC_DATETIME, nullable=False),
-        sa.Column("updated_at", _UTC_DATETIME, nullable=False),
-        sa.PrimaryKeyConstraint("id", name="asset_pkey"),
-        # Alembic creates it right after the table: before asset_active, whose FK references (name, uri).
-        sa.Index("idx_asset_name_uri_unique", "name", "uri", unique=True),
-        # AUTOINCREMENT: SQLite must never reuse the id of a deleted asset.
-        sqlite_autoincrement=True,
-    )
-
-    op.create_table(
-        "asset_active",
-        sa.Column("name", _ASSET_STRING, nullable=False),
-        sa.Column("uri", _ASSET_STRING, nullable=False),
-        sa.PrimaryKeyConstraint("name", "uri", name="asset_active_pkey"),
-        sa.ForeignKeyConstraint(
-            ["name", "uri"],
-            ["asset.name", "asset.uri"],
-            name="asset_active_asset_name_uri_fkey",
-            ondelete="CASCADE",
-        ),
-        sa.Index("idx_asset_active_name_unique", "name", unique=True),
-        sa.Index("idx_asset_active_uri_unique", "uri", unique=True),
-    )
-
-    op.create_table(
-        "asset_alias",
-        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
-        sa.Column("name", _ASSET_STRING, nullable=False),
-        sa.Column("group", _ASSET_STRING, nullable=False),
-        sa.PrimaryKeyConstraint("id", name="asset_alias_pkey"),
-        sa.Index("idx_asset_alias_name_unique", "name", unique=True),
-        sqlite_autoincrement=True,
-    )
-
-    op.create_table(
-        "asset_alias_asset",
-        sa.Column("alias_id", sa.Integer(), nullable=False),
-        sa.Column("asset_id", sa.Integer(), nullable=False),
-        sa.PrimaryKeyConstraint("alias_id", "asset_id", name="asset_alias_asset_pkey"),
-        _cascade("alias_id", "asset_alias.id", "asset_alias_asset_alias_id_fkey"),
-        _cascade("asset_id", "asset.id", "asset_alias_asset_asset_id_fkey"),
-        sa.Index("idx_asset_alias_asset_alias_id", "alias_id"),
-        sa.Index("idx_asset_alias_asset_asset_id", "asset_id"),
-    )
-
-    op.create_table(
-        "asset_event",
-        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
-        # No FK to asset: events outlive their asset, as in Airflow.
-        sa.Column("asset_id", sa.Integer(), nullable=False),
-        sa.Column("extra", sa.JSON(), nullable=False),
-        sa.Column("source_task_id", _STRING_ID, nullable=True),
-        sa.Column("source_dag_id", _STRING_ID, nullable=True),
-        sa.Column("source_run_id", _STRING_ID, nullable=True),
-        sa.Column("source_map_index", sa.Integer(), nullable=True, server_default="-1"),
-        sa.Column("timestamp", _UTC_DATETIME, nullable=False),
-        sa.Column("partition_key", _STRING_ID, nullable=True),
-        sa.PrimaryKeyConstraint("id", name="asset_event_pkey"),
-        sa.Index("idx_asset_id_timestamp", "asset_id", "timestamp"),
-        sqlite_autoincrement=True,
-    )
-
-    op.create_table(
-        "asset_alias_asset_event",
-        sa.Column("alias_id", sa.Integer(), nullable=False),
-        sa.Column("event_id", sa.Integer(), nullable=False),
-        sa.PrimaryKeyConstraint("alias_id", "event_id", name="asset_alias_asset_event_pkey"),
-        _cascade("alias_id", "asset_alias.id", "asset_alias_asset_event_alias_id_fkey"),
-        _cascade("event_id", "asset_event.id", "asset_alias_asset_event_event_id_fkey"),
-        sa.Index("idx_asset_alias_asset_event_alias_id", "alias_id"),
-        sa.Index("idx_asset_alias_asset_event_event_id", "event_id"),
-    )
-
-    op.create_table(
-        "dag_schedule_asset_reference",
-        sa.Column("asset_id", sa.Integer(), nullable=False),
-        sa.Column("dag_id", _STRING_ID, nullable=False),
-        sa.Column("allow_producer_teams", sa.JSON(), nullable=True),
-        sa.Column("allow_global_producers", sa.Boolean(), nullable=False, server_default=sa.true()),
-        sa.Column("created_at", _UTC_DATETIME, nullable=False),
-        sa.Column("updated_at", _UTC_DATETIME, nullable=False),
-        sa.PrimaryKeyConstraint("asset_id", "dag_id", name="dsar_pkey"),
-        _cascade("asset_id", "asset.id", "dsar_asset_fkey"),
-        _cascade("dag_id", "dag.dag_id", "dsar_dag_id_fkey"),
-        sa.Index("idx_dag_schedule_asset_reference_dag_id", "dag_id"),
-    )
-
-    op.create_table(
-        "dag_schedule_asset_alias_reference",
-        sa.Column("alias_id", sa.Integer(), nullable=False),
-        sa.Column("dag_id", _STRING_ID, nullable=False),
-        sa.Column("created_at", _UTC_DATETIME, nullable=False),
-        sa.Column("updated_at", _UTC_DATETIME, nullable=False),
-        sa.PrimaryKeyConstraint("alias_id", "dag_id", name="dsaar_pkey"),
-        _cascade("alias_id", "asset_alias.id", "dsaar_asset_alias_fkey"),
-        _cascade("dag_id", "dag.dag_id", "dsaar_dag_id_fkey"),
-        sa.Index("idx_dag_schedule_asset_alias_reference_dag_id", "dag_id"),
-    )
-
-    op.create_table(
-        "dag_schedule_asset_name_reference",
-        sa.Column("name", _ASSET_STRING, nullable=False),
-        sa.Column("dag_id", _STRING_ID, nullable=False),
-        sa.Column("created_at", _UTC_DATETIME, nullable=False),
-        sa.PrimaryKeyConstraint("name", "dag_id", name="dsanr_pkey"),
-        # By-name reference: no FK to asset.
-        _cascade("dag_id", "dag.dag_id", "dsanr_dag_id_fkey"),
-        sa.Index("idx_dag_schedule_asset_name_reference_dag_id", "dag_id"),
-    )
-
-    op.create_table(
-        "dag_schedule_asset_uri_reference",
-        sa.Column("uri", _ASSET_STRING, nullable=False),
-        sa.Column("dag_id", _STRING_ID, nullable=False),
-        sa.Column("created_at", _UTC_DATETIME, nullable=False),
-        sa.PrimaryKeyConstraint("uri", "dag_id", name="dsaur_pkey"),
-        _cascade("dag_id", "dag.dag_id", "dsaur_dag_id_fkey"),
-        sa.Index("idx_dag_schedule_asset_uri_reference_dag_id", "dag_id"),
-    )
-
-    op.create_table(
-        "asset_dag_run_queue",
-        sa.Column("asset_id", sa.Integer(), nullable=False),
-        sa.Column("target_dag_id", _STRING_ID, nullable=False),
-        sa.Column("created_at", _UTC_DATETIME, nullable=False),
-        sa.PrimaryKeyConstraint("asset_id", "target_dag_id", name="assetdagrunqueue_pkey"),
-        _cascade("asset_id", "asset.id", "adrq_asset_fkey"),
-        _cascade("target_dag_id", "dag.dag_id", "adrq_dag_fkey"),
-        sa.Index("idx_asset_dag_run_queue_target_dag_id", "target_dag_id"),
-    )
+    for name, elements in _tables().items():
+        op.create_table(name, *elements, sqlite_autoincrement=name in _AUTOINCREMENT)
 
 
 def downgrade() -> None:
-    """Drop every table this revision created, children before parents."""
+    """Drop every table this revision created, children before parents (reverse creation order)."""
     # Dropping a table drops its indexes and constraints with it.
-    for table in (
-        "asset_dag_run_queue",
-        "dag_schedule_asset_uri_reference",
-        "dag_schedule_asset_name_reference",
-        "dag_schedule_asset_alias_reference",
-        "dag_schedule_asset_reference",
-        "asset_alias_asset_event",
-        "asset_event",
-        "asset_alias_asset",
-        "asset_alias",
-        "asset_active",
-        "asset",
-        "dag",
-        "dag_bundle",
-    ):
-        op.drop_table(table)
+    for name in reversed(_tables()):
+        op.drop_table(name)
