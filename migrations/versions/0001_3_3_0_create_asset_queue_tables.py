@@ -36,8 +36,8 @@ _ASSET_STRING = sa.String(1500).with_variant(sa.String(1500, collation="latin1_g
 _UTC_DATETIME = sa.TIMESTAMP(timezone=True).with_variant(mysql.TIMESTAMP(fsp=6), *_MYSQL_FAMILY)
 
 
-def _cascade(column: str, target: str, name: str) -> sa.ForeignKeyConstraint:
-    return sa.ForeignKeyConstraint([column], [target], name=name, ondelete="CASCADE")
+def _cascade(columns: list[str], targets: list[str], name: str) -> sa.ForeignKeyConstraint:
+    return sa.ForeignKeyConstraint(columns, targets, name=name, ondelete="CASCADE")
 
 
 #: Tables given SQLite AUTOINCREMENT: SQLite must never reuse the id of a deleted row.
@@ -83,12 +83,7 @@ def _tables() -> dict[str, tuple[sa.schema.SchemaItem, ...]]:
             sa.Column("name", _ASSET_STRING, nullable=False),
             sa.Column("uri", _ASSET_STRING, nullable=False),
             sa.PrimaryKeyConstraint("name", "uri", name="asset_active_pkey"),
-            sa.ForeignKeyConstraint(
-                ["name", "uri"],
-                ["asset.name", "asset.uri"],
-                name="asset_active_asset_name_uri_fkey",
-                ondelete="CASCADE",
-            ),
+            _cascade(["name", "uri"], ["asset.name", "asset.uri"], "asset_active_asset_name_uri_fkey"),
             sa.Index("idx_asset_active_name_unique", "name", unique=True),
             sa.Index("idx_asset_active_uri_unique", "uri", unique=True),
         ),
@@ -103,8 +98,8 @@ def _tables() -> dict[str, tuple[sa.schema.SchemaItem, ...]]:
             sa.Column("alias_id", sa.Integer(), nullable=False),
             sa.Column("asset_id", sa.Integer(), nullable=False),
             sa.PrimaryKeyConstraint("alias_id", "asset_id", name="asset_alias_asset_pkey"),
-            _cascade("alias_id", "asset_alias.id", "asset_alias_asset_alias_id_fkey"),
-            _cascade("asset_id", "asset.id", "asset_alias_asset_asset_id_fkey"),
+            _cascade(["alias_id"], ["asset_alias.id"], "asset_alias_asset_alias_id_fkey"),
+            _cascade(["asset_id"], ["asset.id"], "asset_alias_asset_asset_id_fkey"),
             sa.Index("idx_asset_alias_asset_alias_id", "alias_id"),
             sa.Index("idx_asset_alias_asset_asset_id", "asset_id"),
         ),
@@ -126,8 +121,8 @@ def _tables() -> dict[str, tuple[sa.schema.SchemaItem, ...]]:
             sa.Column("alias_id", sa.Integer(), nullable=False),
             sa.Column("event_id", sa.Integer(), nullable=False),
             sa.PrimaryKeyConstraint("alias_id", "event_id", name="asset_alias_asset_event_pkey"),
-            _cascade("alias_id", "asset_alias.id", "asset_alias_asset_event_alias_id_fkey"),
-            _cascade("event_id", "asset_event.id", "asset_alias_asset_event_event_id_fkey"),
+            _cascade(["alias_id"], ["asset_alias.id"], "asset_alias_asset_event_alias_id_fkey"),
+            _cascade(["event_id"], ["asset_event.id"], "asset_alias_asset_event_event_id_fkey"),
             sa.Index("idx_asset_alias_asset_event_alias_id", "alias_id"),
             sa.Index("idx_asset_alias_asset_event_event_id", "event_id"),
         ),
@@ -139,8 +134,8 @@ def _tables() -> dict[str, tuple[sa.schema.SchemaItem, ...]]:
             sa.Column("created_at", _UTC_DATETIME, nullable=False),
             sa.Column("updated_at", _UTC_DATETIME, nullable=False),
             sa.PrimaryKeyConstraint("asset_id", "dag_id", name="dsar_pkey"),
-            _cascade("asset_id", "asset.id", "dsar_asset_fkey"),
-            _cascade("dag_id", "dag.dag_id", "dsar_dag_id_fkey"),
+            _cascade(["asset_id"], ["asset.id"], "dsar_asset_fkey"),
+            _cascade(["dag_id"], ["dag.dag_id"], "dsar_dag_id_fkey"),
             sa.Index("idx_dag_schedule_asset_reference_dag_id", "dag_id"),
         ),
         "dag_schedule_asset_alias_reference": (
@@ -149,8 +144,8 @@ def _tables() -> dict[str, tuple[sa.schema.SchemaItem, ...]]:
             sa.Column("created_at", _UTC_DATETIME, nullable=False),
             sa.Column("updated_at", _UTC_DATETIME, nullable=False),
             sa.PrimaryKeyConstraint("alias_id", "dag_id", name="dsaar_pkey"),
-            _cascade("alias_id", "asset_alias.id", "dsaar_asset_alias_fkey"),
-            _cascade("dag_id", "dag.dag_id", "dsaar_dag_id_fkey"),
+            _cascade(["alias_id"], ["asset_alias.id"], "dsaar_asset_alias_fkey"),
+            _cascade(["dag_id"], ["dag.dag_id"], "dsaar_dag_id_fkey"),
             sa.Index("idx_dag_schedule_asset_alias_reference_dag_id", "dag_id"),
         ),
         "dag_schedule_asset_name_reference": (
@@ -159,7 +154,7 @@ def _tables() -> dict[str, tuple[sa.schema.SchemaItem, ...]]:
             sa.Column("created_at", _UTC_DATETIME, nullable=False),
             sa.PrimaryKeyConstraint("name", "dag_id", name="dsanr_pkey"),
             # By-name reference: no FK to asset.
-            _cascade("dag_id", "dag.dag_id", "dsanr_dag_id_fkey"),
+            _cascade(["dag_id"], ["dag.dag_id"], "dsanr_dag_id_fkey"),
             sa.Index("idx_dag_schedule_asset_name_reference_dag_id", "dag_id"),
         ),
         "dag_schedule_asset_uri_reference": (
@@ -167,7 +162,7 @@ def _tables() -> dict[str, tuple[sa.schema.SchemaItem, ...]]:
             sa.Column("dag_id", _STRING_ID, nullable=False),
             sa.Column("created_at", _UTC_DATETIME, nullable=False),
             sa.PrimaryKeyConstraint("uri", "dag_id", name="dsaur_pkey"),
-            _cascade("dag_id", "dag.dag_id", "dsaur_dag_id_fkey"),
+            _cascade(["dag_id"], ["dag.dag_id"], "dsaur_dag_id_fkey"),
             sa.Index("idx_dag_schedule_asset_uri_reference_dag_id", "dag_id"),
         ),
         "asset_dag_run_queue": (
@@ -175,8 +170,8 @@ def _tables() -> dict[str, tuple[sa.schema.SchemaItem, ...]]:
             sa.Column("target_dag_id", _STRING_ID, nullable=False),
             sa.Column("created_at", _UTC_DATETIME, nullable=False),
             sa.PrimaryKeyConstraint("asset_id", "target_dag_id", name="assetdagrunqueue_pkey"),
-            _cascade("asset_id", "asset.id", "adrq_asset_fkey"),
-            _cascade("target_dag_id", "dag.dag_id", "adrq_dag_fkey"),
+            _cascade(["asset_id"], ["asset.id"], "adrq_asset_fkey"),
+            _cascade(["target_dag_id"], ["dag.dag_id"], "adrq_dag_fkey"),
             sa.Index("idx_asset_dag_run_queue_target_dag_id", "target_dag_id"),
         ),
     }
