@@ -51,13 +51,11 @@ __all__ = [
 #: Alembic's version table for airflow-adrq; ``alembic_version`` would mix in Airflow's history.
 VERSION_TABLE = "airflow_adrq_version"
 
-#: Tables whose presence means "this is an Airflow metadata database":
-#: Airflow's Alembic version table, and ``dag_run``, which every Airflow
-#: schema since 1.x has and airflow-adrq never creates.
+#: Tables that mean "an Airflow metadata database": Airflow's Alembic version table, and ``dag_run``
+#: (in every Airflow schema since 1.x; airflow-adrq never creates it).
 _AIRFLOW_MARKERS = ("alembic_version", "dag_run")
 
-#: Key in ``Config.attributes`` under which :mod:`migrations/env.py` finds the
-#: callback that records each applied revision.
+#: The ``Config.attributes`` key of the callback that ``migrations/env.py`` gives each applied revision.
 ON_VERSION_APPLY = "airflow_adrq.on_version_apply"
 
 Bind = str | URL | Engine
@@ -130,9 +128,8 @@ def heads() -> tuple[str, ...]:
 def _refuse_airflow_schema(connection: Connection) -> None:
     """Raise :class:`~airflow_adrq.errors.AirflowSchemaError` if the default schema has a marker table.
 
-    Reads the catalog and ``alembic_version``'s rows (for the message); changes
-    nothing. Not promised: a database that gains Airflow's tables after this
-    check is not detected.
+    Reads the catalog and ``alembic_version``'s rows (for the message); changes nothing. Not
+    promised: a database that gains Airflow's tables after this check is not detected.
     """
     inspector = sa.inspect(connection)
     found = []
@@ -159,16 +156,14 @@ def _shown(connection: Connection) -> str:
 def upgrade(bind: Bind, revision: str = "head") -> MigrationResult:
     """Upgrade the database to ``revision`` (default: head), in one transaction.
 
-    Refuses, before any DDL, a database that holds Airflow's schema and, on a
-    first upgrade (no ``airflow_adrq_version``), one that already has a table
-    it would create (``CREATE TABLE`` would fail part-way).
-    Locks: the DDL's (``ACCESS EXCLUSIVE`` on PostgreSQL, SQLite's write lock)
-    until COMMIT. A failure raises :class:`~airflow_adrq.errors.AdrqError` and
-    leaves the database as found (MySQL/MariaDB commit each DDL statement: the
-    tables this run created are dropped again).
+    Refuses, before any DDL, a database that holds Airflow's schema and, on a first upgrade (no
+    ``airflow_adrq_version``), one that already has a table it would create (``CREATE TABLE`` would
+    fail part-way). Locks: the DDL's (``ACCESS EXCLUSIVE`` on PostgreSQL, SQLite's write lock) until
+    COMMIT. A failure raises :class:`~airflow_adrq.errors.AdrqError` and leaves the database as found
+    (MySQL/MariaDB commit each DDL statement: the tables this run created are dropped again).
 
-    Not promised: two concurrent upgrades of the same database are not
-    serialised (one fails on tables the other created).
+    Not promised: two concurrent upgrades of the same database are not serialised (one fails on
+    tables the other created).
     """
     return _migrate(bind, "upgrade", revision)
 
@@ -185,8 +180,8 @@ def downgrade(bind: Bind, revision: str) -> MigrationResult:
 def current(bind: Bind) -> str | None:
     """The revision recorded in ``airflow_adrq_version``, or ``None`` for an unmigrated database.
 
-    Read-only; refuses an Airflow database. On SQLite the engine's ``BEGIN
-    IMMEDIATE`` holds the write lock for the read.
+    Read-only; refuses an Airflow database. On SQLite the engine's ``BEGIN IMMEDIATE`` holds the
+    write lock for the read.
     """
     with _connect(bind) as connection:
         return _current(connection)
@@ -205,8 +200,7 @@ def check(bind: Bind) -> CheckResult:
 def schema_diff(connection: Connection) -> list[Any]:
     """Alembic autogenerate's differences between the database and ``airflow_adrq.models``.
 
-    Only the models' tables are compared (:func:`comparison_options`); an
-    empty list means the schema is what the models describe.
+    Only the models' tables are compared (:func:`comparison_options`); an empty list: the models' schema.
     """
     context = MigrationContext.configure(connection, opts=comparison_options())
     return list(compare_metadata(context, metadata))
@@ -266,11 +260,10 @@ def _compare_type(
 ) -> bool | None:
     """``True``: types differ; ``False``: same; ``None``: let Alembic decide.
 
-    MariaDB's JSON is an alias: a LONGTEXT with collation ``utf8mb4_bin`` and a
-    column-level ``CHECK (json_valid(`col`))`` named after the column
-    (https://mariadb.com/kb/en/json-data-type/). SQLAlchemy reflects the
-    LONGTEXT: without this rule every JSON column would look changed (and with
-    Alembic's JSON/LONGTEXT synonym alone, a plain LONGTEXT would pass).
+    MariaDB's JSON is an alias: a LONGTEXT with collation ``utf8mb4_bin`` and a column-level
+    ``CHECK (json_valid(`col`))`` named after the column (https://mariadb.com/kb/en/json-data-type/).
+    SQLAlchemy reflects the LONGTEXT: without this rule every JSON column would look changed (and
+    with Alembic's JSON/LONGTEXT synonym alone, a plain LONGTEXT would pass).
     """
     dialect = context.dialect
     if dialect.name not in MYSQL_FAMILY or not isinstance(metadata_type.dialect_impl(dialect), sa.JSON):
@@ -369,9 +362,8 @@ def _migrate(bind: Bind, direction: Literal["upgrade", "downgrade"], revision: s
 
 
 def _current(connection: Connection) -> str | None:
-    return MigrationContext.configure(
-        connection, opts={"version_table": VERSION_TABLE}
-    ).get_current_revision()
+    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    return context.get_current_revision()
 
 
 @contextlib.contextmanager

@@ -53,9 +53,8 @@ __all__ = [
     "utcnow",
 ]
 
-# Airflow's naming convention (airflow/models/base.py). Unnamed constraints
-# such as ``asset_pkey`` or ``asset_alias_asset_alias_id_fkey`` get their
-# names from here, exactly as in Airflow.
+# Airflow's naming convention (airflow/models/base.py): unnamed constraints such as ``asset_pkey`` or
+# ``asset_alias_asset_alias_id_fkey`` get their names from here, exactly as in Airflow.
 metadata = MetaData(
     naming_convention={
         "ix": "idx_%(column_0_N_label)s",
@@ -79,9 +78,8 @@ def _cascade(columns: list[str], targets: list[str], name: str) -> ForeignKeyCon
 
 class Base(DeclarativeBase):
     metadata = metadata
-    # MySQL/MariaDB only: Airflow's collations. ids are compared byte-wise
-    # (utf8mb3_bin); asset names/URIs are latin1 so that (name, uri) fits
-    # InnoDB's 3072-byte index key limit.
+    # MySQL/MariaDB only: Airflow's collations. ids are compared byte-wise (utf8mb3_bin); asset
+    # names/URIs are latin1 so that (name, uri) fits InnoDB's 3072-byte index key limit.
     type_annotation_map: ClassVar[dict[Any, Any]] = {
         StrID: String(ID_LEN).with_variant(String(ID_LEN, collation="utf8mb3_bin"), *MYSQL_FAMILY),
         AssetStr: String(1500).with_variant(String(1500, collation="latin1_general_cs"), *MYSQL_FAMILY),
@@ -105,8 +103,7 @@ class DagModel(Base):
     __tablename__ = "dag"
 
     dag_id: Mapped[StrID] = mapped_column(primary_key=True)
-    # Airflow's ORM default is [core] dags_are_paused_at_creation; there is no
-    # server default, so callers must set it.
+    # Airflow's ORM default is [core] dags_are_paused_at_creation; no server default: callers set it.
     is_paused: Mapped[bool]
     is_stale: Mapped[bool] = mapped_column(default=True)
     exceeds_max_non_backfill: Mapped[bool] = mapped_column(default=False, server_default="0")
