@@ -38,6 +38,7 @@ if int(_sqlalchemy.__version__.split(".")[0]) < 2:
         "SQLAlchemy < 2.0: the Airflow plug-in supports Airflow 3.1 and later)"
     )
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from airflow_adrq.errors import (
@@ -93,8 +94,6 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # once: later lookups do not come here
     return value

@@ -1,13 +1,10 @@
 """Create and upgrade airflow-adrq's *own* database with Alembic.
 
-For a standalone database (tests, benchmarks, trying the library). An Airflow
-metadata database needs none of this: Airflow's migrations created the same
-tables (:mod:`airflow_adrq.models` mirrors them). So every command first
-refuses a database that holds Airflow's schema (:func:`_refuse_airflow_schema`):
-``upgrade`` would fail half-way there, and ``downgrade`` would drop Airflow's
-asset and DAG tables with their rows.
-
-Alembic is configured in code (no ``alembic.ini``) and keeps its revision in
+For a standalone database (tests, benchmarks, trying the library). Airflow's
+migrations created the same tables in its metadata database, so every command
+first refuses a database that holds Airflow's schema: ``upgrade`` would fail
+half-way there, and ``downgrade`` would drop Airflow's tables with their rows.
+Alembic is configured in code (no ``alembic.ini``); the revision is kept in
 ``airflow_adrq_version``, never Airflow's ``alembic_version``.
 """
 
@@ -54,13 +51,11 @@ __all__ = [
 #: Alembic's version table for airflow-adrq; ``alembic_version`` would mix in Airflow's history.
 VERSION_TABLE = "airflow_adrq_version"
 
-#: Tables whose presence means "this is an Airflow metadata database":
-#: Airflow's Alembic version table, and ``dag_run``, which every Airflow
-#: schema since 1.x has and airflow-adrq never creates.
+#: Tables that mean "an Airflow metadata database": Airflow's Alembic version table, and ``dag_run``
+#: (in every Airflow schema since 1.x; airflow-adrq never creates it).
 _AIRFLOW_MARKERS = ("alembic_version", "dag_run")
 
-#: Key in ``Config.attributes`` under which :mod:`migrations/env.py` finds the
-#: callback that records each applied revision.
+#: The ``Config.attributes`` key of the callback that ``migrations/env.py`` gives each applied revision.
 ON_VERSION_APPLY = "airflow_adrq.on_version_apply"
 
 Bind = str | URL | Engine
@@ -100,12 +95,7 @@ class CheckResult:
 
 
 def script_location() -> Path:
-    """The Alembic script directory (``env.py``, ``versions/``).
-
-    A wheel ships it inside the package (``airflow_adrq/migrations``); a
-    checkout (an editable install) keeps it at the top level, next to the
-    package (``migrations/``).
-    """
+    """The Alembic script directory: ``airflow_adrq/migrations`` in a wheel, ``migrations/`` in a checkout."""
     package = Path(__file__).resolve().parent
     for location in (package / "migrations", package.parent / "migrations"):
         # Alembic imports env.py and the revisions from real files (not from a zip, say).
@@ -138,9 +128,8 @@ def heads() -> tuple[str, ...]:
 def _refuse_airflow_schema(connection: Connection) -> None:
     """Raise :class:`~airflow_adrq.errors.AirflowSchemaError` if the default schema has a marker table.
 
-    Reads the catalog and ``alembic_version``'s rows (for the message); changes
-    nothing. Not promised: a database that gains Airflow's tables after this
-    check is not detected.
+    Reads the catalog and ``alembic_version``'s rows (for the message); changes nothing. Not
+    promised: a database that gains Airflow's tables after this check is not detected.
     """
     inspector = sa.inspect(connection)
     found = []
@@ -164,34 +153,17 @@ def _shown(connection: Connection) -> str:
     return connection.engine.url.render_as_string(hide_password=True)
 
 
-def _undo_partial_upgrade(connection: Connection, tables_before: set[str]) -> None:
-    """After a failed upgrade where DDL commits (MySQL/MariaDB), drop what it created.
-
-    Elsewhere the rollback undoes the DDL.
-    """
-    if dialects.get(connection).transactional_ddl:
-        return
-    created = set(sa.inspect(connection).get_table_names()) - tables_before
-    for table in reversed(metadata.sorted_tables):
-        if table.name in created:
-            table.drop(connection, checkfirst=True)
-    if VERSION_TABLE in created:
-        sa.Table(VERSION_TABLE, sa.MetaData()).drop(connection, checkfirst=True)
-
-
 def upgrade(bind: Bind, revision: str = "head") -> MigrationResult:
     """Upgrade the database to ``revision`` (default: head), in one transaction.
 
-    Refuses, before any DDL, a database that holds Airflow's schema and, on a
-    first upgrade (no ``airflow_adrq_version``), one that already has a table
-    it would create (``CREATE TABLE`` would fail part-way).
-    Locks: the DDL's (``ACCESS EXCLUSIVE`` on PostgreSQL, SQLite's write lock)
-    until COMMIT. A failure raises :class:`~airflow_adrq.errors.AdrqError` and
-    leaves the database as found (MySQL/MariaDB commit each DDL statement: the
-    tables this run created are dropped again).
+    Refuses, before any DDL, a database that holds Airflow's schema and, on a first upgrade (no
+    ``airflow_adrq_version``), one that already has a table it would create (``CREATE TABLE`` would
+    fail part-way). Locks: the DDL's (``ACCESS EXCLUSIVE`` on PostgreSQL, SQLite's write lock) until
+    COMMIT. A failure raises :class:`~airflow_adrq.errors.AdrqError` and leaves the database as found
+    (MySQL/MariaDB commit each DDL statement: the tables this run created are dropped again).
 
-    Not promised: two concurrent upgrades of the same database are not
-    serialised (one fails on tables the other created).
+    Not promised: two concurrent upgrades of the same database are not serialised (one fails on
+    tables the other created).
     """
     return _migrate(bind, "upgrade", revision)
 
@@ -208,8 +180,8 @@ def downgrade(bind: Bind, revision: str) -> MigrationResult:
 def current(bind: Bind) -> str | None:
     """The revision recorded in ``airflow_adrq_version``, or ``None`` for an unmigrated database.
 
-    Read-only; refuses an Airflow database. On SQLite the engine's ``BEGIN
-    IMMEDIATE`` holds the write lock for the read.
+    Read-only; refuses an Airflow database. On SQLite the engine's ``BEGIN IMMEDIATE`` holds the
+    write lock for the read.
     """
     with _connect(bind) as connection:
         return _current(connection)
@@ -228,8 +200,7 @@ def check(bind: Bind) -> CheckResult:
 def schema_diff(connection: Connection) -> list[Any]:
     """Alembic autogenerate's differences between the database and ``airflow_adrq.models``.
 
-    Only the models' tables are compared (:func:`comparison_options`); an
-    empty list means the schema is what the models describe.
+    Only the models' tables are compared (:func:`comparison_options`); an empty list: the models' schema.
     """
     context = MigrationContext.configure(connection, opts=comparison_options())
     return list(compare_metadata(context, metadata))
@@ -242,8 +213,12 @@ def describe_diff(diff: Any) -> str:
     kind = diff[0]
     if kind.startswith("modify_"):
         # ("modify_type", schema, table, column, existing, old, new)
-        _kind, _schema, table, column, _existing, old, new = diff
-        return f"{kind} {table}.{column}: {_render(old)} -> {_render(new)}"
+        _kind, _schema, table, column, _existing, *values = diff
+        old, new = (
+            str(getattr(v.arg, "text", v.arg)) if isinstance(v, sa.schema.DefaultClause) else repr(v)
+            for v in values
+        )
+        return f"{kind} {table}.{column}: {old} -> {new}"
     if kind in ("add_column", "remove_column"):
         # ("add_column", schema, table, Column)
         _kind, _schema, table, column = diff
@@ -255,20 +230,13 @@ def describe_diff(diff: Any) -> str:
     return f"{kind} {obj.name}{where}"
 
 
-def _render(value: Any) -> str:
-    if isinstance(value, sa.schema.DefaultClause):
-        return str(getattr(value.arg, "text", value.arg))
-    return repr(value)
-
-
 def comparison_options() -> dict[str, Any]:
     """``MigrationContext`` options shared by :func:`schema_diff` and ``migrations/env.py``.
 
-    So ``db check`` and an autogenerated revision see the same differences:
-    Alembic's default comparison of the models' tables, except where the MySQL
-    family reports the same schema in another spelling. Each exception accepts
-    exactly the spelling the server produces for what the models declare and
-    reports anything else as a difference: never a blanket "ignore this column".
+    So ``db check`` and an autogenerated revision see the same differences: Alembic's default
+    comparison of the models' tables, except where the MySQL family spells the same schema
+    differently. Each exception accepts exactly the server's spelling of what the models declare
+    and reports anything else as a difference: never a blanket "ignore this column".
     """
     return {
         "version_table": VERSION_TABLE,
@@ -292,11 +260,10 @@ def _compare_type(
 ) -> bool | None:
     """``True``: types differ; ``False``: same; ``None``: let Alembic decide.
 
-    MariaDB's JSON is an alias: a LONGTEXT with collation ``utf8mb4_bin`` and a
-    column-level ``CHECK (json_valid(`col`))`` named after the column
-    (https://mariadb.com/kb/en/json-data-type/). SQLAlchemy reflects the
-    LONGTEXT: without this rule every JSON column would look changed (and with
-    Alembic's JSON/LONGTEXT synonym alone, a plain LONGTEXT would pass).
+    MariaDB's JSON is an alias: a LONGTEXT with collation ``utf8mb4_bin`` and a column-level
+    ``CHECK (json_valid(`col`))`` named after the column (https://mariadb.com/kb/en/json-data-type/).
+    SQLAlchemy reflects the LONGTEXT: without this rule every JSON column would look changed (and
+    with Alembic's JSON/LONGTEXT synonym alone, a plain LONGTEXT would pass).
     """
     dialect = context.dialect
     if dialect.name not in MYSQL_FAMILY or not isinstance(metadata_type.dialect_impl(dialect), sa.JSON):
@@ -368,8 +335,14 @@ def _migrate(bind: Bind, direction: Literal["upgrade", "downgrade"], revision: s
         try:
             getattr(command, direction)(config, revision)
         except Exception as exc:
-            if direction == "upgrade":
-                _undo_partial_upgrade(connection, tables_before)
+            if direction == "upgrade" and not dialects.get(connection).transactional_ddl:
+                # DDL commits here (MySQL/MariaDB): drop what this run created (elsewhere: the rollback).
+                created = set(sa.inspect(connection).get_table_names()) - tables_before
+                for table in reversed(metadata.sorted_tables):
+                    if table.name in created:
+                        table.drop(connection, checkfirst=True)
+                if VERSION_TABLE in created:
+                    sa.Table(VERSION_TABLE, sa.MetaData()).drop(connection, checkfirst=True)
             first = str(getattr(exc, "orig", None) or exc).strip().splitlines()
             raise AdrqError(
                 f"{direction} to {revision} failed: {first[0] if first else type(exc).__name__}. "

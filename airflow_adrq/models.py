@@ -1,16 +1,14 @@
 """Airflow-identical tables for the asset-queueing path (Airflow 3.3's, as 3.2's).
 
 Every table, column, key, foreign key (with its ON DELETE) and index name
-here matches ``apache-airflow-core==3.3.2``, with the same types, lengths
-and MySQL collations, so the SQL this package builds runs unchanged against
-an Airflow metadata database. ``dag`` and ``dag_bundle`` are subsets: the
-columns the queueing path reads, or that are NOT NULL without a default.
-
-Column types come from the annotations (:attr:`Base.type_annotation_map`),
-nullability from ``| None``. Unlike Airflow, with the same DDL: ``StringID``
-always carries ``utf8mb3_bin`` on MySQL/MariaDB (a dialect variant; Airflow
-decides at import time from ``[database] sql_alchemy_conn``); no ORM
-relationships.
+matches ``apache-airflow-core==3.3.2``, with the same types, lengths and MySQL
+collations, so the SQL this package builds runs unchanged against an Airflow
+metadata database. ``dag`` and ``dag_bundle`` are subsets: the columns the
+queueing path reads, or that are NOT NULL without a default. Types come from
+the annotations (:attr:`Base.type_annotation_map`), nullability from ``| None``.
+Unlike Airflow, with the same DDL: ``StringID`` always carries ``utf8mb3_bin``
+on MySQL/MariaDB (a dialect variant; Airflow decides at import time from
+``[database] sql_alchemy_conn``); no ORM relationships.
 """
 
 from __future__ import annotations
@@ -55,9 +53,8 @@ __all__ = [
     "utcnow",
 ]
 
-# Airflow's naming convention (airflow/models/base.py). Unnamed constraints
-# such as ``asset_pkey`` or ``asset_alias_asset_alias_id_fkey`` get their
-# names from here, exactly as in Airflow.
+# Airflow's naming convention (airflow/models/base.py): unnamed constraints such as ``asset_pkey`` or
+# ``asset_alias_asset_alias_id_fkey`` get their names from here, exactly as in Airflow.
 metadata = MetaData(
     naming_convention={
         "ix": "idx_%(column_0_N_label)s",
@@ -75,11 +72,14 @@ StrID = Annotated[str, "StringID"]
 AssetStr = Annotated[str, "AssetString"]
 
 
+def _cascade(columns: list[str], targets: list[str], name: str) -> ForeignKeyConstraint:
+    return ForeignKeyConstraint(columns, targets, name=name, ondelete="CASCADE")
+
+
 class Base(DeclarativeBase):
     metadata = metadata
-    # MySQL/MariaDB only: Airflow's collations. ids are compared byte-wise
-    # (utf8mb3_bin); asset names/URIs are latin1 so that (name, uri) fits
-    # InnoDB's 3072-byte index key limit.
+    # MySQL/MariaDB only: Airflow's collations. ids are compared byte-wise (utf8mb3_bin); asset
+    # names/URIs are latin1 so that (name, uri) fits InnoDB's 3072-byte index key limit.
     type_annotation_map: ClassVar[dict[Any, Any]] = {
         StrID: String(ID_LEN).with_variant(String(ID_LEN, collation="utf8mb3_bin"), *MYSQL_FAMILY),
         AssetStr: String(1500).with_variant(String(1500, collation="latin1_general_cs"), *MYSQL_FAMILY),
@@ -103,8 +103,7 @@ class DagModel(Base):
     __tablename__ = "dag"
 
     dag_id: Mapped[StrID] = mapped_column(primary_key=True)
-    # Airflow's ORM default is [core] dags_are_paused_at_creation; there is no
-    # server default, so callers must set it.
+    # Airflow's ORM default is [core] dags_are_paused_at_creation; no server default: callers set it.
     is_paused: Mapped[bool]
     is_stale: Mapped[bool] = mapped_column(default=True)
     exceeds_max_non_backfill: Mapped[bool] = mapped_column(default=False, server_default="0")
@@ -177,12 +176,7 @@ class AssetActive(Base):
 
     __table_args__ = (
         PrimaryKeyConstraint("name", "uri", name="asset_active_pkey"),
-        ForeignKeyConstraint(
-            columns=["name", "uri"],
-            refcolumns=["asset.name", "asset.uri"],
-            name="asset_active_asset_name_uri_fkey",
-            ondelete="CASCADE",
-        ),
+        _cascade(["name", "uri"], ["asset.name", "asset.uri"], "asset_active_asset_name_uri_fkey"),
         Index("idx_asset_active_name_unique", "name", unique=True),
         Index("idx_asset_active_uri_unique", "uri", unique=True),
     )
@@ -199,7 +193,7 @@ class DagScheduleAssetNameReference(Base):
 
     __table_args__ = (
         PrimaryKeyConstraint("name", "dag_id", name="dsanr_pkey"),
-        ForeignKeyConstraint(["dag_id"], ["dag.dag_id"], name="dsanr_dag_id_fkey", ondelete="CASCADE"),
+        _cascade(["dag_id"], ["dag.dag_id"], "dsanr_dag_id_fkey"),
         Index("idx_dag_schedule_asset_name_reference_dag_id", "dag_id"),
     )
 
@@ -215,7 +209,7 @@ class DagScheduleAssetUriReference(Base):
 
     __table_args__ = (
         PrimaryKeyConstraint("uri", "dag_id", name="dsaur_pkey"),
-        ForeignKeyConstraint(["dag_id"], ["dag.dag_id"], name="dsaur_dag_id_fkey", ondelete="CASCADE"),
+        _cascade(["dag_id"], ["dag.dag_id"], "dsaur_dag_id_fkey"),
         Index("idx_dag_schedule_asset_uri_reference_dag_id", "dag_id"),
     )
 
@@ -232,10 +226,8 @@ class DagScheduleAssetAliasReference(Base):
 
     __table_args__ = (
         PrimaryKeyConstraint("alias_id", "dag_id", name="dsaar_pkey"),
-        ForeignKeyConstraint(
-            ["alias_id"], ["asset_alias.id"], name="dsaar_asset_alias_fkey", ondelete="CASCADE"
-        ),
-        ForeignKeyConstraint(["dag_id"], ["dag.dag_id"], name="dsaar_dag_id_fkey", ondelete="CASCADE"),
+        _cascade(["alias_id"], ["asset_alias.id"], "dsaar_asset_alias_fkey"),
+        _cascade(["dag_id"], ["dag.dag_id"], "dsaar_dag_id_fkey"),
         Index("idx_dag_schedule_asset_alias_reference_dag_id", "dag_id"),
     )
 
@@ -254,8 +246,8 @@ class DagScheduleAssetReference(Base):
 
     __table_args__ = (
         PrimaryKeyConstraint("asset_id", "dag_id", name="dsar_pkey"),
-        ForeignKeyConstraint(["asset_id"], ["asset.id"], name="dsar_asset_fkey", ondelete="CASCADE"),
-        ForeignKeyConstraint(["dag_id"], ["dag.dag_id"], name="dsar_dag_id_fkey", ondelete="CASCADE"),
+        _cascade(["asset_id"], ["asset.id"], "dsar_asset_fkey"),
+        _cascade(["dag_id"], ["dag.dag_id"], "dsar_dag_id_fkey"),
         Index("idx_dag_schedule_asset_reference_dag_id", "dag_id"),
     )
 
@@ -271,8 +263,8 @@ class AssetDagRunQueue(Base):
 
     __table_args__ = (
         PrimaryKeyConstraint("asset_id", "target_dag_id", name="assetdagrunqueue_pkey"),
-        ForeignKeyConstraint(["asset_id"], ["asset.id"], name="adrq_asset_fkey", ondelete="CASCADE"),
-        ForeignKeyConstraint(["target_dag_id"], ["dag.dag_id"], name="adrq_dag_fkey", ondelete="CASCADE"),
+        _cascade(["asset_id"], ["asset.id"], "adrq_asset_fkey"),
+        _cascade(["target_dag_id"], ["dag.dag_id"], "adrq_dag_fkey"),
         Index("idx_asset_dag_run_queue_target_dag_id", "target_dag_id"),
     )
 

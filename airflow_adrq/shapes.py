@@ -1,14 +1,9 @@
 """Which Airflow schema the queue statement writes: the tables differ between release lines.
 
-The reference tables are the same in every Airflow 3 release; a few columns
-and the queue's key differ: 3.0 and 3.1 have no ``dag.timetable_partitioned``
-nor ``asset_event.partition_key`` (:data:`UNPARTITIONED`); 3.2 and 3.3 do, and
-partitioned DAGs and keyed events are not queued (:data:`PARTITIONED`, also
-the library's own tables, :mod:`airflow_adrq.models`); 3.4 skips
-``dag.is_draining`` DAGs and keys the queue by ``(target_dag_id,
-asset_event_id)``, one row per (consumer, event) (:data:`EVENT_KEYED`). The
-plug-in writes its release line's shape (:mod:`airflow_adrq.airflow.compat`);
-``doctor`` reads a database's off its catalog (:func:`airflow_adrq.doctor.compatibility.detect`).
+The reference tables are the same in every Airflow 3 release; a few columns and
+the queue's key differ (see the shapes below). The plug-in writes its release
+line's shape (:mod:`airflow_adrq.airflow.compat`); ``doctor`` reads a database's
+off its catalog (:func:`airflow_adrq.doctor.compatibility.detect`).
 """
 
 from __future__ import annotations
@@ -54,11 +49,13 @@ class QueueShape:
         return conditions
 
 
-#: Airflow 3.0 and 3.1: no partitioned assets.
+#: Airflow 3.0 and 3.1: no ``dag.timetable_partitioned`` nor ``asset_event.partition_key``.
 UNPARTITIONED = QueueShape("unpartitioned", partitions=False)
-#: Airflow 3.2 and 3.3, and this library's own tables.
+#: Airflow 3.2 and 3.3, and this library's own tables (:mod:`airflow_adrq.models`): partitioned
+#: DAGs and keyed events are not queued.
 PARTITIONED = QueueShape("partitioned", partitions=True)
-#: Airflow 3.4: draining DAGs, one queue row per (consumer, event).
+#: Airflow 3.4: ``dag.is_draining`` DAGs are skipped; the queue is keyed ``(target_dag_id,
+#: asset_event_id)``, one row per (consumer, event).
 EVENT_KEYED = QueueShape("event-keyed", partitions=True, draining=True, event_keyed=True)
 
 #: Every shape, oldest first.

@@ -1,11 +1,10 @@
 """The columns the queueing SQL reads and writes, as SQLAlchemy Core tables.
 
 What the plug-in imports in every Airflow process: Airflow's tables with only
-the columns the statements name (no keys beyond the primary key, no indexes,
-no ORM class). The full, Airflow-identical DDL is :mod:`airflow_adrq.models`;
-the tests run these statements against databases made from the models and by
-``airflow db migrate``. A metadata of their own: ``schema_translate_map``
-(``[database] sql_alchemy_schema``) rewrites these tables wherever they appear.
+the columns the statements name (no keys beyond the primary key, no indexes, no
+ORM class); the full, Airflow-identical DDL is :mod:`airflow_adrq.models`. A
+metadata of their own: ``schema_translate_map`` (``[database]
+sql_alchemy_schema``) rewrites these tables wherever they appear.
 """
 
 from __future__ import annotations
@@ -71,9 +70,7 @@ class UtcDateTime(TypeDecorator[dt.datetime]):
         if value.tzinfo is None:
             raise ValueError("naive datetime is disallowed")
         value = value.astimezone(dt.timezone.utc)
-        if dialect.name in MYSQL_FAMILY:
-            return value.replace(tzinfo=None)
-        return value
+        return value.replace(tzinfo=None) if dialect.name in MYSQL_FAMILY else value
 
     def process_result_value(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
         if value is None:
