@@ -1,9 +1,8 @@
 """The statements that queue downstream DAG runs: built once per dialect and shape, executed by :mod:`.queue`.
 
-Driven by the transaction's own ``asset_event`` rows. Where the scheduler locks
-the consumers' ``dag`` rows before it makes their runs, the whole queue write is
-one statement on PostgreSQL (MySQL 8 sends its parts separately, in the same
-order; the conflict clause is per dialect)::
+Driven by the transaction's own ``asset_event`` rows. Where the scheduler locks the consumers'
+``dag`` rows before it makes their runs, the whole queue write is one statement on PostgreSQL
+(MySQL 8 sends its parts separately, in the same order; the conflict clause is per dialect)::
 
     WITH ev AS (                    -- this transaction's events
         SELECT e.id AS event_id, e.asset_id FROM asset_event e
@@ -37,25 +36,24 @@ order; the conflict clause is per dialect)::
 
 Why this shape:
 
-* **Lock order.** Rows are inserted, and so locked, in primary-key order as
-  the database collates it (never a Python sort: collations differ from
-  code-point order), so two transactions queueing overlapping rows wait in
-  one order and cannot form a cycle on this table. ``ORDER BY`` is at the top
-  level because MariaDB may ignore it in a derived table. Neither PostgreSQL
-  nor MySQL documents that ``INSERT ... SELECT ... ORDER BY`` inserts in
-  order, though both do; the concurrency tests fail if that changes.
-* **One statement per transaction.** One statement per asset would still
-  lock ``(A, d)`` and ``(B, d)`` in opposite orders in two tasks with several
-  outlets: :func:`defer_events` queues all of a transaction's events at once.
-* **Constant shape.** The only parameters are the event ids (aliases come
-  from the ``asset_alias_asset_event`` rows): built and compiled once.
-* **Timing.** The events' ``timestamp`` and their rows' ``created_at`` are one
-  value of the database's clock, read once the consumers' ``dag`` rows are
-  share-locked (GUARANTEES.md, "Timing").
-* **Same rows as Airflow 3.3.** Direct, alias, name and URI references;
-  unpaused DAGs only; each (asset, DAG) once; partitioned DAGs and events with
-  a ``partition_key`` go to Airflow's ``asset_partition_dag_run`` instead.
-  Like Airflow, stale DAGs are queued and the scheduler filters them.
+* **Lock order.** Rows are inserted, and so locked, in primary-key order as the database collates it
+  (never a Python sort: collations differ from code-point order), so two transactions queueing
+  overlapping rows wait in one order and cannot form a cycle on this table. ``ORDER BY`` is at the
+  top level because MariaDB may ignore it in a derived table. Neither PostgreSQL nor MySQL documents
+  that ``INSERT ... SELECT ... ORDER BY`` inserts in order, though both do; the concurrency tests
+  fail if that changes.
+* **One statement per transaction.** One statement per asset would still lock ``(A, d)`` and
+  ``(B, d)`` in opposite orders in two tasks with several outlets: :func:`defer_events` queues all
+  of a transaction's events at once.
+* **Constant shape.** The only parameters are the event ids (aliases come from the
+  ``asset_alias_asset_event`` rows): built and compiled once.
+* **Timing.** The events' ``timestamp`` and their rows' ``created_at`` are one value of the
+  database's clock, read once the consumers' ``dag`` rows are share-locked (GUARANTEES.md,
+  "Timing").
+* **Same rows as Airflow 3.3.** Direct, alias, name and URI references; unpaused DAGs only; each
+  (asset, DAG) once; partitioned DAGs and events with a ``partition_key`` go to Airflow's
+  ``asset_partition_dag_run`` instead. Like Airflow, stale DAGs are queued and the scheduler filters
+  them.
 """
 
 from __future__ import annotations
