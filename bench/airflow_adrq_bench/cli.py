@@ -1,9 +1,8 @@
 """``airflow-adrq bench``: :func:`main`, the ``airflow_adrq.commands`` entry point (:mod:`airflow_adrq.cli`).
 
-The standalone run on scratch databases (``adrq_bench_<random>``, created next to the database a
-``--db`` URL names and dropped after; SQLite: a temporary file). The other modes have options of their
-own: ``--faults`` and ``--soak`` (:mod:`.load`) on every PostgreSQL and MySQL/MariaDB server,
-``--airflow`` (:mod:`.airflow_mode`).
+The standalone run on scratch databases (``adrq_bench_<random>`` next to the database a ``--db`` URL
+names, dropped after; SQLite: a temporary file). Other modes have their own options: ``--faults`` and
+``--soak`` (:mod:`.load`) on every PostgreSQL and MySQL/MariaDB server, ``--airflow`` (:mod:`.airflow_mode`).
 """
 
 from __future__ import annotations
@@ -203,10 +202,8 @@ _SPECS: dict[str, dict[str, Any]] = {
             "tx/s": lambda r: f"{r['tx_per_s']:.0f}",
             "deadlocks": "deadlocks",
             "other retries": lambda r: _pairs(
-                {
-                    **{k: v for k, v in r["producer_retries"].items() if k != "deadlock"},
-                    **{f"consumer {k}": v for k, v in r["consumer_retries"].items()},
-                }
+                {k: v for k, v in r["producer_retries"].items() if k != "deadlock"}
+                | {f"consumer {k}": v for k, v in r["consumer_retries"].items()}
             ),
             "rows exact": lambda r: "yes" if r["rows_exact"] else f"NO {r['rows']}",
             "RSS MiB": _series(1),

@@ -16,7 +16,7 @@ from airflow_adrq_bench import tables, verdict
 from airflow_adrq_bench.config import DEFAULT_STRATEGY, SCENARIOS, STRATEGIES
 from airflow_adrq_bench.stats import latency, median
 from airflow_adrq_bench.tables import fmt, times
-from airflow_adrq_bench.verdict import Row
+from airflow_adrq_bench.verdict import Row, Rows
 from airflow_adrq_testing.transactions import NOT_STARTED
 
 SQLITE_NOTE = (
@@ -48,7 +48,7 @@ def _transactions(raw: Row) -> dict[int, list[Row]]:
     return by_cell
 
 
-def _outcome(cells: Sequence[Row], txs: Sequence[Row]) -> Row:
+def _outcome(cells: Rows, txs: Rows) -> Row:
     """Where the cells' planned transactions went (``accounted``: they add up to ``planned``), their
     failed attempts by cause, retries, latency; a not-started transaction made no attempt."""
     started = [t for t in txs if t.get("outcome") != NOT_STARTED]
@@ -76,7 +76,7 @@ def _why(tx: Row) -> str:
     return f"{reason} (last error: {_FAILURES.get(last, last)})" if last else reason
 
 
-def _baseline(rows: Sequence[Row], row: Row, by: str) -> Row:
+def _baseline(rows: Rows, row: Row, by: str) -> Row:
     """``airflow_3_3``'s row on ``row``'s database with the same ``by`` (empty if it did not run)."""
     same = (r for r in rows if (r["db"], r[by], r["strategy"]) == (row["db"], row[by], "airflow_3_3"))
     return next(same, {})
@@ -209,17 +209,13 @@ _RATIO: tables.Columns = {
 
 
 def _by_db(
-    raw: Row,
-    title: str,
-    rows_of: Callable[[str], Sequence[Row]],
-    section: Callable[[Row, Sequence[Row]], list[str]],
-    legend: str,
+    raw: Row, title: str, rows: Callable[[str], Rows], section: Callable[[Row, Rows], list[str]], legend: str
 ) -> str:
-    """Per database with rows (``rows_of(name)``): a ``### {title}{name} ({version})`` heading and
+    """Per database with rows (``rows(name)``): a ``### {title}{name} ({version})`` heading and
     ``section(target, rows)``; then ``legend``. Nothing where no database has rows."""
     out = []
     for target in raw["targets"]:
-        if mine := rows_of(target["name"]):
+        if mine := rows(target["name"]):
             out += [f"### {title}{target['name']} ({target['version']})\n", *section(target, mine), ""]
     return "\n".join([*out, legend]) if out else ""
 
@@ -238,7 +234,7 @@ def _unaccounted(row: Row) -> str:
     return f"{done} != {row['planned']} planned transactions"
 
 
-def _notes(raw: Row, rows: Sequence[Row], db: str = "") -> list[str]:
+def _notes(raw: Row, rows: Rows, db: str = "") -> list[str]:
     """The notes under a table: why its rows' transactions gave up, counts that do not add up, and
     (``db``) the strategies skipped there."""
     notes = []
@@ -251,10 +247,10 @@ def _notes(raw: Row, rows: Sequence[Row], db: str = "") -> list[str]:
     return notes + [f"\n> {s['strategy']}: {s['reason']}." for s in raw.get("skipped", []) if s["db"] == db]
 
 
-def format_table(raw: Row, rows: Sequence[Row]) -> str:
+def format_table(raw: Row, rows: Rows) -> str:
     """The comparison table (Markdown), one section per database, then its legend."""
 
-    def section(target: Row, mine: Sequence[Row]) -> list[str]:
+    def section(target: Row, mine: Rows) -> list[str]:
         note = [f"> {SQLITE_NOTE}\n"] if target["name"].startswith("sqlite") else []
         return [*note, tables.table(mine, _CONTENTION), *_notes(raw, mine, target["name"])]
 
@@ -262,10 +258,10 @@ def format_table(raw: Row, rows: Sequence[Row]) -> str:
     return _by_db(raw, "", lambda db: [r for r in rows if r["db"] == db], section, legend)
 
 
-def format_lost(raw: Row, lost: Sequence[Row]) -> str:
+def format_lost(raw: Row, lost: Rows) -> str:
     """The lost-events table (Markdown), one section per database."""
 
-    def section(target: Row, mine: Sequence[Row]) -> list[str]:
+    def section(target: Row, mine: Rows) -> list[str]:
         sizes = f"{mine[0]['producers']} producers of one asset, {mine[0]['consumers']} consumer DAGs\n"
         return [sizes, tables.table(mine, _LOST), *_notes(raw, mine)]
 
@@ -275,7 +271,7 @@ def format_lost(raw: Row, lost: Sequence[Row]) -> str:
 def format_ratio(raw: Row) -> str:
     """The raw-SQL ratio row: ``register_asset_change`` + COMMIT against hand-written SQL."""
 
-    def section(target: Row, results: Sequence[Row]) -> list[str]:
+    def section(target: Row, results: Rows) -> list[str]:
         out = [f"{results[0]['calls']} calls each side per fan-out\n", tables.table(results, _RATIO, 1)]
         if judged := verdict.raw_sql(target["name"], results):
             out.append(f"\nF=1 against its target ({judged.goal}): {judged.measured}, {judged.verdict}")
@@ -294,7 +290,7 @@ def format_sweep(raw: Row) -> str:
             return "skipped"
         return f"{_spread(r)} / {r['statements']:,}" + ("" if r["rows_exact"] else " NOT EXACT")
 
-    def section(target: Row, results: Sequence[Row]) -> list[str]:
+    def section(target: Row, results: Rows) -> list[str]:
         fanouts = sorted({r["fanout"] for r in results})
         by = {(r["strategy"], r["fanout"]): r for r in results}
         strategies = sorted(dict.fromkeys(r["strategy"] for r in results), key=lambda s: _ORDER.get(s, 99))
@@ -307,7 +303,7 @@ def format_sweep(raw: Row) -> str:
     return _by_db(raw, "fan-out sweep, ", lambda db: raw["sweeps"].get(db, []), section, legend)
 
 
-def problems(raw: Row, rows: Sequence[Row], lost: Sequence[Row] = ()) -> list[str]:
+def problems(raw: Row, rows: Rows, lost: Rows = ()) -> list[str]:
     """What fails the run: queue rows not exact or left after the drain, counts that do not add up."""
     found = []
     for r in [*rows, *lost]:
@@ -325,7 +321,7 @@ def problems(raw: Row, rows: Sequence[Row], lost: Sequence[Row] = ()) -> list[st
     return found
 
 
-def plot(raw: Row, rows: Sequence[Row], lost: Sequence[Row], out_dir: Path) -> list[Path]:
+def plot(raw: Row, rows: Rows, lost: Rows, out_dir: Path) -> list[Path]:
     """One PNG per database: latency and deadlocks per strategy, latency vs fan-out, lost pairs."""
     import matplotlib  # here: only the plots need it
 

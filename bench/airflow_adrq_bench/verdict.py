@@ -1,10 +1,9 @@
 """The verdict at the end of every ``airflow-adrq bench`` run: what a user runs it for, each with its target.
 
-One short table per run (at most 100 columns) of :class:`Line` rows from :func:`line` and
-:func:`ratio_line` (:func:`standalone` for the main run). A ratio is given only where both sides
-finished their work, with the range their spreads allow, and judged on that range: met, MISSED, or
-``unclear`` where the target lies within the noise. ``--check`` turns a miss into exit status 1. The
-raw-SQL ratio (:func:`raw_sql`), a maintainer's measure, is judged in ``bench.md`` (:mod:`.report`).
+One short table per run (at most 100 columns) of :class:`Line` rows from :func:`line` and :func:`ratio_line`
+(:func:`standalone` for the main run). A ratio is given only where both sides finished, judged on the range
+their spreads allow: met, MISSED, or ``unclear`` (the target lies within the noise). ``--check`` turns a
+miss into exit status 1. The raw-SQL ratio (:func:`raw_sql`) is judged in ``bench.md`` (:mod:`.report`).
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ STOCK, SORTED = "airflow_3_3", "sorted_loop"
 Spread = tuple[float, float]
 #: A JSON object of a run: its raw results, one record, a summary row.
 Row = dict[str, Any]
+Rows = Sequence[Row]
 
 
 @dataclass(frozen=True)
@@ -73,12 +73,12 @@ def ratio_line(
 ) -> Line:
     """``ours / base`` judged by ``target``, unless a side did not finish; with the spread of the ratio.
 
-    ``unfinished`` (ours, baseline): what each left undone (``""``: all done). Ours not done: MISSED;
-    only the baseline not done: met (a ratio would measure the time budget, not speed); either says
-    what. ``spreads`` (ours, baseline), each (low, high) as :func:`.stats.median_interval`: the ratio
-    lies between ours low / base high and ours high / base low; met if the target is met over all of
-    it, MISSED if nowhere, else ``unclear``; overlapping spreads are said to overlap. ``shown``: the
-    measured cell's text before the ratio.
+    ``unfinished`` (ours, baseline): what each left undone (``""``: all done). Ours not done: MISSED; only
+    the baseline not done: met (a ratio would measure the time budget, not speed); either says what.
+    ``spreads`` (ours, baseline), each (low, high) as :func:`.stats.median_interval`: the ratio lies
+    between ours low / base high and ours high / base low; met if the target is met over all of it,
+    MISSED if nowhere, else ``unclear``; overlapping spreads are said to overlap. ``shown``: the measured
+    cell's text before the ratio.
     """
     what = what or target.what
     if unfinished[0]:
@@ -97,7 +97,7 @@ def ratio_line(
     return Line(db, what, target.goal, f"{shown}{value:.2f}x ({said})", verdict)
 
 
-def standalone(raw: Row, rows: Sequence[Row], lost: Sequence[Row]) -> list[Line]:
+def standalone(raw: Row, rows: Rows, lost: Rows) -> list[Line]:
     """The verdict lines of a standalone run (``rows``, ``lost``: :mod:`.report`'s aggregates)."""
     lines: list[Line] = []
     for db in [t["name"] for t in raw["targets"]]:
@@ -137,7 +137,7 @@ def _interval(row: Row, prefix: str = "") -> Spread:
     return (row.get(f"{prefix}ci_low_ms", math.nan), row.get(f"{prefix}ci_high_ms", math.nan))
 
 
-def _speed(db: str, rows: Sequence[Row]) -> list[Line]:
+def _speed(db: str, rows: Rows) -> list[Line]:
     """Ours against each baseline in the single-outlet scenario: tx/s, with its spread."""
     by = {r["strategy"]: r for r in rows if r["db"] == db and r["scenario"] == "single"}
     ours = by.get(DEFAULT_STRATEGY, {})
@@ -156,7 +156,7 @@ def _speed(db: str, rows: Sequence[Row]) -> list[Line]:
     ]
 
 
-def _lost(db: str, lost: Sequence[Row]) -> list[Line]:
+def _lost(db: str, lost: Rows) -> list[Line]:
     """Pairs ours lost over Airflow's, judged on the counts' noise (about 95 %: n +- 1.96 sqrt(n))."""
     mine = [r["lost_pairs"] for r in lost if r["db"] == db and r["strategy"] == DEFAULT_STRATEGY]
     theirs = [r["lost_pairs"] for r in lost if r["db"] == db and r["strategy"] == STOCK]
@@ -170,7 +170,7 @@ def _lost(db: str, lost: Sequence[Row]) -> list[Line]:
     return [ratio_line(db, LOST, ours, stock, spreads=spreads, shown=f"{shown} ")]
 
 
-def raw_sql(db: str, results: Sequence[Row]) -> Line | None:
+def raw_sql(db: str, results: Rows) -> Line | None:
     """One call at F=1 against the same work in raw SQL (``bench.md``'s ratio table), judged."""
     one = [r for r in results if r["fanout"] == 1]
     if not one:
