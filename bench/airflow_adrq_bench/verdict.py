@@ -172,11 +172,10 @@ def _lost(db: str, lost: Rows) -> list[Line]:
 
 def raw_sql(db: str, results: Rows) -> Line | None:
     """One call at F=1 against the same work in raw SQL (``bench.md``'s ratio table), judged."""
-    one = [r for r in results if r["fanout"] == 1]
-    if not one:
+    if (one := next((r for r in results if r["fanout"] == 1), None)) is None:
         return None
-    spreads = (_interval(one[0], "ours_"), _interval(one[0], "raw_"))
-    return ratio_line(db, RAW_SQL, one[0]["ours_p50_ms"], one[0]["raw_p50_ms"], spreads=spreads)
+    spreads = (_interval(one, "ours_"), _interval(one, "raw_"))
+    return ratio_line(db, RAW_SQL, one["ours_p50_ms"], one["raw_p50_ms"], spreads=spreads)
 
 
 def missed(lines: Sequence[Line]) -> list[Line]:
