@@ -235,8 +235,7 @@ def _unaccounted(row: Row) -> str:
 
 
 def _notes(raw: Row, rows: Rows, db: str = "") -> list[str]:
-    """The notes under a table: why its rows' transactions gave up, counts that do not add up, and
-    (``db``) the strategies skipped there."""
+    """The notes under a table: why its rows' transactions gave up, counts not adding up, skips on ``db``."""
     notes = []
     for row in rows:
         if row.get("gave_up_why"):
