@@ -1,9 +1,8 @@
 """``airflow-adrq bench``: :func:`main`, the ``airflow_adrq.commands`` entry point (:mod:`airflow_adrq.cli`).
 
-The standalone run on scratch databases (``adrq_bench_<random>``, created next to the database a
-``--db`` URL names and dropped after; SQLite: a temporary file). The other modes have options of
-their own, so :func:`route` takes the command line first: ``--faults`` and ``--soak`` (:mod:`.load`)
-on every PostgreSQL and MySQL/MariaDB server, ``--airflow`` (:mod:`.airflow_mode`).
+The standalone run on scratch databases (``adrq_bench_<random>`` next to the database a ``--db`` URL
+names, dropped after; SQLite: a temporary file). Other modes have their own options: ``--faults`` and
+``--soak`` (:mod:`.load`) on every PostgreSQL and MySQL/MariaDB server, ``--airflow`` (:mod:`.airflow_mode`).
 """
 
 from __future__ import annotations
@@ -22,8 +21,6 @@ from airflow_adrq_bench.config import DEFAULT, DEFAULT_STRATEGY, QUICK, SCENARIO
 from airflow_adrq_bench.config import clear_of_deadlock_timeout as clear
 from airflow_adrq_bench.load import FaultSizes, SoakSizes, run_faults, run_soak
 from airflow_adrq_testing import dataset, servers
-
-__all__ = ["MODES", "bench_parser", "main", "route"]
 
 DB_HELP = (
     "benchmark this server (repeatable). The database the URL names must exist and is never written to: "
@@ -59,11 +56,16 @@ MODES = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``airflow-adrq bench ARGS`` (``bench --faults``, ``--soak``, ``--airflow``: :func:`route`)."""
+    """``airflow-adrq bench ARGS``; a mode flag (``--faults``, ``--soak``, ``--airflow``) anywhere in
+    ``ARGS`` runs that mode instead, with its own options."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    routed = route(argv)
-    if routed is not None:
-        return routed
+    if "--airflow" in argv:
+        from airflow_adrq_bench import airflow_mode
+
+        return airflow_mode.main([a for a in argv if a != "--airflow"])
+    for mode in ("faults", "soak"):
+        if f"--{mode}" in argv:
+            return _run(mode, [a for a in argv if a != f"--{mode}"])
     parser = bench_parser()
     args = parser.parse_args(argv)
     return options.guarded(parser, args, lambda: _bench(parser, args), prog="airflow-adrq")
@@ -150,18 +152,6 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     )
 
 
-def route(argv: Sequence[str]) -> int | None:
-    """Run a mode if ``argv`` (after ``bench``) names one; ``None`` for the main benchmark."""
-    if "--airflow" in argv:
-        from airflow_adrq_bench import airflow_mode
-
-        return airflow_mode.main([a for a in argv if a != "--airflow"])
-    for mode in ("faults", "soak"):
-        if f"--{mode}" in argv:
-            return _run(mode, [a for a in argv if a != f"--{mode}"])
-    return None
-
-
 def _pairs(counts: dict[str, int]) -> str:
     """Counts by kind as a cell: ``deadlock 2, lock_timeout 1`` (``none``)."""
     return ", ".join(f"{k} {v}" for k, v in counts.items()) or "none"
@@ -212,10 +202,8 @@ _SPECS: dict[str, dict[str, Any]] = {
             "tx/s": lambda r: f"{r['tx_per_s']:.0f}",
             "deadlocks": "deadlocks",
             "other retries": lambda r: _pairs(
-                {
-                    **{k: v for k, v in r["producer_retries"].items() if k != "deadlock"},
-                    **{f"consumer {k}": v for k, v in r["consumer_retries"].items()},
-                }
+                {k: v for k, v in r["producer_retries"].items() if k != "deadlock"}
+                | {f"consumer {k}": v for k, v in r["consumer_retries"].items()}
             ),
             "rows exact": lambda r: "yes" if r["rows_exact"] else f"NO {r['rows']}",
             "RSS MiB": _series(1),

@@ -1,7 +1,6 @@
 """Progress of long work on ``rich``, on stderr: what is running, how far, how long is left.
 
-Where rich draws nothing live (CI logs, a pipe), :meth:`Task.step` prints a plain line at most
-every 15 s.
+Where rich draws nothing live (CI logs, a pipe), :meth:`Task.step` prints a plain line at most every 15 s.
 """
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ from collections.abc import Iterator
 from rich import progress as rich
 from rich.console import Console
 
-__all__ = ["Task", "console", "task"]
-
 #: stderr: progress and diagnosis never mix with the tables on stdout.
 console = Console(stderr=True, highlight=False)
 _PLAIN_EVERY_S = 15.0
@@ -24,7 +21,7 @@ class Task:
     """One piece of long work: ``total`` steps, each with a note of what runs."""
 
     def __init__(self, progress: rich.Progress, label: str, total: float) -> None:
-        self._progress, self._label = progress, label
+        self._progress = progress
         self._id = progress.add_task(label, total=total, note="")
         self._printed = -_PLAIN_EVERY_S
 
@@ -33,10 +30,8 @@ class Task:
         self._progress.update(self._id, advance=advance, note=note)
         now = time.monotonic()
         if not console.is_terminal and now - self._printed >= _PLAIN_EVERY_S:
-            self._printed, done = now, self._progress.tasks[self._id]
-            console.print(
-                f"{self._label} [{done.completed:g}/{done.total:g}, {done.elapsed or 0:.0f} s]: {note}"
-            )
+            self._printed, t = now, self._progress.tasks[self._id]
+            console.print(f"{t.description} [{t.completed:g}/{t.total:g}, {t.elapsed or 0:.0f} s]: {note}")
 
     def say(self, message: str) -> None:
         """A line that stays (a milestone, a warning), printed above the bar."""

@@ -1,8 +1,7 @@
 """The standalone run's report: raw records into summary rows, Markdown tables, JSON and PNG plots.
 
-Per database: the contention table (per scenario and strategy, where every planned transaction
-went, failures by cause, throughput, latency, ratios against ``airflow_3_3``, the exact-rows
-check), the lost-events table, the fan-out sweep and the raw-SQL ratio, each with its legend.
+Per database: the contention table (per scenario and strategy), the lost-events table, the fan-out sweep
+and the raw-SQL ratio, each with its legend.
 """
 
 from __future__ import annotations
@@ -17,12 +16,12 @@ from airflow_adrq_bench import tables, verdict
 from airflow_adrq_bench.config import DEFAULT_STRATEGY, SCENARIOS, STRATEGIES
 from airflow_adrq_bench.stats import latency, median
 from airflow_adrq_bench.tables import fmt, times
+from airflow_adrq_bench.verdict import Row, Rows
 from airflow_adrq_testing.transactions import NOT_STARTED
 
 SQLITE_NOTE = (
-    "SQLite serialises writers (one BEGIN IMMEDIATE transaction at a time), so it cannot "
-    "deadlock: expect 0 deadlocks for every strategy there. The deadlock comparison needs "
-    "PostgreSQL or MySQL/MariaDB."
+    "SQLite serialises writers (one BEGIN IMMEDIATE transaction at a time), so it cannot deadlock: expect 0 "
+    "deadlocks for every strategy there. The deadlock comparison needs PostgreSQL or MySQL/MariaDB."
 )
 
 LOST_LEGEND = tables.legend("lost", target=verdict.LOST.goal)
@@ -41,15 +40,15 @@ _PRODUCERS = {
 }
 
 
-def _transactions(raw: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
+def _transactions(raw: Row) -> dict[int, list[Row]]:
     """The run's transaction records by cell index."""
-    by_cell: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    by_cell: dict[int, list[Row]] = defaultdict(list)
     for tx in raw["transactions"]:
         by_cell[tx["cell"]].append(tx)
     return by_cell
 
 
-def _outcome(cells: Sequence[dict[str, Any]], txs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def _outcome(cells: Rows, txs: Rows) -> Row:
     """Where the cells' planned transactions went (``accounted``: they add up to ``planned``), their
     failed attempts by cause, retries, latency; a not-started transaction made no attempt."""
     started = [t for t in txs if t.get("outcome") != NOT_STARTED]
@@ -70,42 +69,40 @@ def _outcome(cells: Sequence[dict[str, Any]], txs: Sequence[dict[str, Any]]) -> 
     }
 
 
-def _why(tx: dict[str, Any]) -> str:
+def _why(tx: Row) -> str:
     """Why a transaction gave up, with its last error."""
     reason = tx.get("gave_up") or "gave up"
     last = tx.get("last_failure")
     return f"{reason} (last error: {_FAILURES.get(last, last)})" if last else reason
 
 
-def _baseline(rows: Sequence[dict[str, Any]], row: dict[str, Any], by: str) -> dict[str, Any]:
+def _baseline(rows: Rows, row: Row, by: str) -> Row:
     """``airflow_3_3``'s row on ``row``'s database with the same ``by`` (empty if it did not run)."""
     same = (r for r in rows if (r["db"], r[by], r["strategy"]) == (row["db"], row[by], "airflow_3_3"))
     return next(same, {})
 
 
-def _in_order(raw: dict[str, Any], rows: list[dict[str, Any]], by: Callable[[dict[str, Any]], Any]) -> None:
+def _in_order(raw: Row, rows: list[Row], by: Callable[[Row], Any]) -> None:
     """Sort ``rows`` by database (as run), ``by``, then strategy (as :data:`STRATEGIES` lists them)."""
     dbs = [t["name"] for t in raw["targets"]]
     rows.sort(key=lambda r: (dbs.index(r["db"]), by(r), _ORDER.get(r["strategy"], 99)))
 
 
-def aggregate(raw: dict[str, Any]) -> list[dict[str, Any]]:
+def aggregate(raw: Row) -> list[Row]:
     """One summary row per (database, scenario, strategy), in report order."""
     txs = _transactions(raw)
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    groups: dict[tuple[str, str, str], list[Row]] = defaultdict(list)
     for cell in raw["cells"]:
         if cell["scenario"] != "lost_events":
             groups[(cell["db"], cell["scenario"], cell["strategy"])].append(cell)
     rows = []
-    for (db, scenario, strategy), cells in groups.items():
+    for cells in groups.values():
         outcome = _outcome(cells, [t for c in cells for t in txs[c["index"]]])
         duration = sum(c["duration_s"] for c in cells)
         consumer = [c["consumer"] for c in cells if c["consumer"]]
         rows.append(
             {
-                "db": db,
-                "scenario": scenario,
-                "strategy": strategy,
+                **{key: cells[0][key] for key in ("db", "scenario", "strategy")},
                 "rounds": len(cells),
                 **outcome,
                 "duration_s": duration,
@@ -132,7 +129,7 @@ def aggregate(raw: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def aggregate_lost(raw: dict[str, Any]) -> list[dict[str, Any]]:
+def aggregate_lost(raw: Row) -> list[Row]:
     """One row per (database, hold, strategy) of the ``lost_events`` rounds; ``vs_airflow_shaped``:
     ``lost_pairs`` over ``airflow_3_3``'s at the same hold on the same database."""
     txs = _transactions(raw)
@@ -153,7 +150,7 @@ def strategy_label(strategy: str) -> str:
     return f"{strategy} (default)" if strategy == DEFAULT_STRATEGY else strategy
 
 
-def _spread(row: dict[str, Any], prefix: str = "") -> str:
+def _spread(row: Row, prefix: str = "") -> str:
     """A timed cell: its median and, in brackets, its spread (p25-p75), in ms."""
     p25, p50, p75 = (fmt(row.get(f"{prefix}p{q}_ms", math.nan), 2) for q in (25, 50, 75))
     return f"{p50} [{p25}-{p75}]"
@@ -212,41 +209,33 @@ _RATIO: tables.Columns = {
 
 
 def _by_db(
-    raw: dict[str, Any],
-    title: str,
-    rows_of: Callable[[str], Sequence[dict[str, Any]]],
-    section: Callable[[dict[str, Any], Sequence[dict[str, Any]]], list[str]],
-    legend: str,
+    raw: Row, title: str, rows: Callable[[str], Rows], section: Callable[[Row, Rows], list[str]], legend: str
 ) -> str:
-    """Per database with rows (``rows_of(name)``): a ``### {title}{name} ({version})`` heading and
+    """Per database with rows (``rows(name)``): a ``### {title}{name} ({version})`` heading and
     ``section(target, rows)``; then ``legend``. Nothing where no database has rows."""
     out = []
     for target in raw["targets"]:
-        if mine := rows_of(target["name"]):
+        if mine := rows(target["name"]):
             out += [f"### {title}{target['name']} ({target['version']})\n", *section(target, mine), ""]
     return "\n".join([*out, legend]) if out else ""
 
 
-def _where(row: dict[str, Any]) -> str:
+def _where(row: Row) -> str:
     """How notes and problems name a summary row."""
-    if row["scenario"] == "lost_events":
-        return f"lost_events/{row['strategy']} hold {row['hold_ms']:g} ms"
-    return f"{row['scenario']}/{row['strategy']}"
+    hold = f" hold {row['hold_ms']:g} ms" if row["scenario"] == "lost_events" else ""
+    return f"{row['scenario']}/{row['strategy']}{hold}"
 
 
-def _unaccounted(row: dict[str, Any]) -> str:
+def _unaccounted(row: Row) -> str:
     """Why the row's counts do not add up to its plan; ``""`` where they do."""
     if row.get("accounted", True):
         return ""
-    return (
-        f"{row['committed']} committed + {row['abandoned']} gave up + {row['not_started']} not started "
-        f"!= {row['planned']} planned transactions"
-    )
+    done = f"{row['committed']} committed + {row['abandoned']} gave up + {row['not_started']} not started"
+    return f"{done} != {row['planned']} planned transactions"
 
 
-def _notes(raw: dict[str, Any], rows: Sequence[dict[str, Any]], db: str = "") -> list[str]:
-    """The notes under a table: why its rows' transactions gave up, counts that do not add up, and
-    (``db``) the strategies skipped there."""
+def _notes(raw: Row, rows: Rows, db: str = "") -> list[str]:
+    """The notes under a table: why its rows' transactions gave up, counts not adding up, skips on ``db``."""
     notes = []
     for row in rows:
         if row.get("gave_up_why"):
@@ -257,10 +246,10 @@ def _notes(raw: dict[str, Any], rows: Sequence[dict[str, Any]], db: str = "") ->
     return notes + [f"\n> {s['strategy']}: {s['reason']}." for s in raw.get("skipped", []) if s["db"] == db]
 
 
-def format_table(raw: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+def format_table(raw: Row, rows: Rows) -> str:
     """The comparison table (Markdown), one section per database, then its legend."""
 
-    def section(target: dict[str, Any], mine: Sequence[dict[str, Any]]) -> list[str]:
+    def section(target: Row, mine: Rows) -> list[str]:
         note = [f"> {SQLITE_NOTE}\n"] if target["name"].startswith("sqlite") else []
         return [*note, tables.table(mine, _CONTENTION), *_notes(raw, mine, target["name"])]
 
@@ -268,20 +257,20 @@ def format_table(raw: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     return _by_db(raw, "", lambda db: [r for r in rows if r["db"] == db], section, legend)
 
 
-def format_lost(raw: dict[str, Any], lost: Sequence[dict[str, Any]]) -> str:
+def format_lost(raw: Row, lost: Rows) -> str:
     """The lost-events table (Markdown), one section per database."""
 
-    def section(target: dict[str, Any], mine: Sequence[dict[str, Any]]) -> list[str]:
+    def section(target: Row, mine: Rows) -> list[str]:
         sizes = f"{mine[0]['producers']} producers of one asset, {mine[0]['consumers']} consumer DAGs\n"
         return [sizes, tables.table(mine, _LOST), *_notes(raw, mine)]
 
     return _by_db(raw, "lost events, ", lambda db: [r for r in lost if r["db"] == db], section, LOST_LEGEND)
 
 
-def format_ratio(raw: dict[str, Any]) -> str:
+def format_ratio(raw: Row) -> str:
     """The raw-SQL ratio row: ``register_asset_change`` + COMMIT against hand-written SQL."""
 
-    def section(target: dict[str, Any], results: Sequence[dict[str, Any]]) -> list[str]:
+    def section(target: Row, results: Rows) -> list[str]:
         out = [f"{results[0]['calls']} calls each side per fan-out\n", tables.table(results, _RATIO, 1)]
         if judged := verdict.raw_sql(target["name"], results):
             out.append(f"\nF=1 against its target ({judged.goal}): {judged.measured}, {judged.verdict}")
@@ -292,15 +281,15 @@ def format_ratio(raw: dict[str, Any]) -> str:
     return _by_db(raw, "register_asset_change vs raw SQL, ", lambda db: rows_of(db, []), section, legend)
 
 
-def format_sweep(raw: dict[str, Any]) -> str:
+def format_sweep(raw: Row) -> str:
     """Fan-out sweep: median single-call latency (ms) and statements, per database."""
 
-    def cell(r: dict[str, Any]) -> str:
+    def cell(r: Row) -> str:
         if "skipped" in r:
             return "skipped"
         return f"{_spread(r)} / {r['statements']:,}" + ("" if r["rows_exact"] else " NOT EXACT")
 
-    def section(target: dict[str, Any], results: Sequence[dict[str, Any]]) -> list[str]:
+    def section(target: Row, results: Rows) -> list[str]:
         fanouts = sorted({r["fanout"] for r in results})
         by = {(r["strategy"], r["fanout"]): r for r in results}
         strategies = sorted(dict.fromkeys(r["strategy"] for r in results), key=lambda s: _ORDER.get(s, 99))
@@ -313,9 +302,7 @@ def format_sweep(raw: dict[str, Any]) -> str:
     return _by_db(raw, "fan-out sweep, ", lambda db: raw["sweeps"].get(db, []), section, legend)
 
 
-def problems(
-    raw: dict[str, Any], rows: Sequence[dict[str, Any]], lost: Sequence[dict[str, Any]] = ()
-) -> list[str]:
+def problems(raw: Row, rows: Rows, lost: Rows = ()) -> list[str]:
     """What fails the run: queue rows not exact or left after the drain, counts that do not add up."""
     found = []
     for r in [*rows, *lost]:
@@ -323,10 +310,8 @@ def problems(
         if not r.get("rows_exact", True):
             found.append(f"{where}: queue rows not exact {r['row_check']}")
         if r.get("queue_rows_left") or r.get("consumed_unknown"):
-            found.append(
-                f"{where}: {r['queue_rows_left']} queue rows left after the drain, "
-                f"{r['consumed_unknown']} unknown pairs consumed"
-            )
+            left = f"{r['queue_rows_left']} queue rows left after the drain"
+            found.append(f"{where}: {left}, {r['consumed_unknown']} unknown pairs consumed")
         if unaccounted := _unaccounted(r):
             found.append(f"{where}: {unaccounted}")
     for db, results in raw.get("raw_sql_ratio", {}).items():
@@ -335,9 +320,7 @@ def problems(
     return found
 
 
-def plot(
-    raw: dict[str, Any], rows: Sequence[dict[str, Any]], lost: Sequence[dict[str, Any]], out_dir: Path
-) -> list[Path]:
+def plot(raw: Row, rows: Rows, lost: Rows, out_dir: Path) -> list[Path]:
     """One PNG per database: latency and deadlocks per strategy, latency vs fan-out, lost pairs."""
     import matplotlib  # here: only the plots need it
 
@@ -364,20 +347,15 @@ def plot(
             _bars(ax, strategies, quantiles, legend=8 if i == 0 else 0, rotation=30, ha="right")
             ax.set(yscale="log")
         deadlocks = {sc: [mine.get((sc, s), {}).get("deadlocks", 0) for s in strategies] for sc in scenarios}
-        _bars(
-            fig.add_subplot(grid[1, 0:2], title="deadlocks per strategy (all rounds)"),
-            strategies,
-            deadlocks,
-            "%g",
-        )
-        ax = fig.add_subplot(grid[1, 2])
+        ax = fig.add_subplot(grid[1, 0:2], title="deadlocks per strategy (all rounds)")
+        _bars(ax, strategies, deadlocks, "%g")
+        ax = fig.add_subplot(grid[1, 2], title="one call + COMMIT, no concurrency (ms)")
         sweep = [r for r in raw["sweeps"].get(db, []) if r.get("latency_s") is not None]
         for k, strategy in enumerate(strategies):
             points = [(r["fanout"], r["latency_s"] * 1000) for r in sweep if r["strategy"] == strategy]
             if points:
                 ax.plot(*zip(*points, strict=True), marker="o", label=strategy, color=colors(k))
-        what = "one call + COMMIT, no concurrency (ms)"
-        ax.set(xscale="log", yscale="log", xlabel="fan-out (consumer DAGs)", title=what)
+        ax.set(xscale="log", yscale="log", xlabel="fan-out (consumer DAGs)")
         if ax.get_legend_handles_labels()[0]:  # a run may have drawn no series
             ax.legend(fontsize=7)
         if its_lost:

@@ -7,16 +7,11 @@ import math
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["latency", "median", "median_interval", "percentile"]
-
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile of ``values`` (any order; ``q`` in 0..100); NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return float(ordered[rank - 1])
+    rank = max(1, math.ceil(q / 100 * len(values)))
+    return float(sorted(values)[rank - 1]) if values else math.nan
 
 
 def median(values: Sequence[float]) -> float:
@@ -27,11 +22,9 @@ def median(values: Sequence[float]) -> float:
 def median_interval(values: Sequence[float]) -> tuple[float, float]:
     """About 95 % sure the true median lies between these two of ``values`` (the order statistics
     ``(n - 1.96 sqrt(n)) / 2`` from each end; the extremes for few values); NaN for no values."""
-    if not values:
-        return (math.nan, math.nan)
-    ordered = sorted(values)
-    k = max(0, math.floor((len(ordered) - 1.96 * math.sqrt(len(ordered))) / 2))
-    return (float(ordered[k]), float(ordered[-1 - k]))
+    ordered, n = sorted(values), len(values)
+    k = max(0, math.floor((n - 1.96 * math.sqrt(n)) / 2))
+    return (float(ordered[k]), float(ordered[-1 - k])) if values else (math.nan, math.nan)
 
 
 def latency(values_ms: Sequence[float], prefix: str = "") -> dict[str, float]:

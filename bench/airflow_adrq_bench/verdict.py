@@ -1,12 +1,9 @@
 """The verdict at the end of every ``airflow-adrq bench`` run: what a user runs it for, each with its target.
 
-One short table per run (at most 100 columns) of :class:`Line` rows, built with :func:`line` and
-:func:`ratio_line` by every mode (:func:`standalone` for the main run). A ratio is printed only where
-both sides finished their work (else the row says what did not finish), with the range the two sides'
-spreads allow, and is judged on that range: met, MISSED, or ``unclear`` where the target lies within
-the noise (no winner is claimed either way). ``--check`` turns a miss into exit status 1, for an
-operator's own CI. The raw-SQL ratio (:func:`raw_sql`) is a maintainer's measure, not an operator's
-question: it is judged in ``bench.md`` (:mod:`.report`), not here.
+One short table per run (at most 100 columns) of :class:`Line` rows from :func:`line` and :func:`ratio_line`
+(:func:`standalone` for the main run). A ratio is given only where both sides finished, judged on the range
+their spreads allow: met, MISSED, or ``unclear`` (the target lies within the noise). ``--check`` turns a
+miss into exit status 1. The raw-SQL ratio (:func:`raw_sql`) is judged in ``bench.md`` (:mod:`.report`).
 """
 
 from __future__ import annotations
@@ -23,6 +20,9 @@ from airflow_adrq_bench.tables import markdown
 STOCK, SORTED = "airflow_3_3", "sorted_loop"
 #: How sure a timed side's figure is: (low, high), e.g. its median's 95 % interval.
 Spread = tuple[float, float]
+#: A JSON object of a run: its raw results, one record, a summary row.
+Row = dict[str, Any]
+Rows = Sequence[Row]
 
 
 @dataclass(frozen=True)
@@ -73,12 +73,12 @@ def ratio_line(
 ) -> Line:
     """``ours / base`` judged by ``target``, unless a side did not finish; with the spread of the ratio.
 
-    ``unfinished`` (ours, baseline): what each left undone (``""``: all done). Ours not done: MISSED,
-    saying what; only the baseline not done: met, saying what (a ratio would measure the time budget,
-    not speed). ``spreads`` (ours, baseline), each (low, high) such as :func:`.stats.median_interval`:
-    the ratio can be anywhere from ours low / base high to ours high / base low; met if the target is
-    met over all of it, MISSED if nowhere in it, else ``unclear``; overlapping spreads are said to
-    overlap (neither side is measurably ahead). ``shown``: the measured cell's text before the ratio.
+    ``unfinished`` (ours, baseline): what each left undone (``""``: all done). Ours not done: MISSED; only
+    the baseline not done: met (a ratio would measure the time budget, not speed); either says what.
+    ``spreads`` (ours, baseline), each (low, high) as :func:`.stats.median_interval`: the ratio lies
+    between ours low / base high and ours high / base low; met if the target is met over all of it,
+    MISSED if nowhere, else ``unclear``; overlapping spreads are said to overlap. ``shown``: the measured
+    cell's text before the ratio.
     """
     what = what or target.what
     if unfinished[0]:
@@ -97,33 +97,30 @@ def ratio_line(
     return Line(db, what, target.goal, f"{shown}{value:.2f}x ({said})", verdict)
 
 
-def standalone(
-    raw: dict[str, Any], rows: Sequence[dict[str, Any]], lost: Sequence[dict[str, Any]]
-) -> list[Line]:
+def standalone(raw: Row, rows: Rows, lost: Rows) -> list[Line]:
     """The verdict lines of a standalone run (``rows``, ``lost``: :mod:`.report`'s aggregates)."""
     lines: list[Line] = []
     for db in [t["name"] for t in raw["targets"]]:
-        ours = [r for r in rows if r["db"] == db and r["strategy"] == DEFAULT_STRATEGY]
-        if ours:
+        if ours := [r for r in rows if r["db"] == db and r["strategy"] == DEFAULT_STRATEGY]:
             deadlocks = sum(r["deadlocks"] for r in ours)
-            lines.append(line(db, DEADLOCKS, deadlocks, f"{deadlocks}"))
             unfinished = sum(r["abandoned"] + r["not_started"] for r in ours)
-            planned = sum(r["planned"] for r in ours)
-            lines.append(line(db, NOT_COMMITTED, unfinished, f"{unfinished} of {planned}"))
             exact = all(r["rows_exact"] for r in ours)
-            lines.append(line(db, ROWS_EXACT, 1.0 if exact else 0.0, "all" if exact else "NOT all"))
-        lines += _speed(db, rows)
-        lines += _lost(db, lost)
+            lines += [
+                line(db, DEADLOCKS, deadlocks, f"{deadlocks}"),
+                line(db, NOT_COMMITTED, unfinished, f"{unfinished} of {sum(r['planned'] for r in ours)}"),
+                line(db, ROWS_EXACT, 1.0 if exact else 0.0, "all" if exact else "NOT all"),
+            ]
+        lines += [*_speed(db, rows), *_lost(db, lost)]
     return lines
 
 
-def _not_done(row: dict[str, Any], who: str = "") -> str:
+def _not_done(row: Row, who: str = "") -> str:
     """What ``row`` left undone, as a verdict cell says it; ``""`` if it committed everything."""
     n = row["abandoned"] + row["not_started"]
     return f"{who}{n} of {row['planned']} not committed" if n else ""
 
 
-def rate_spread(row: dict[str, Any]) -> Spread:
+def rate_spread(row: Row) -> Spread:
     """How sure a row's tx/s is: the range of its rounds, or with one round its rate scaled by its
     transactions' median latency interval (rate x p50/high .. rate x p50/low)."""
     rates = row.get("round_tx_per_s", [])
@@ -135,12 +132,12 @@ def rate_spread(row: dict[str, Any]) -> Spread:
     return (row["tx_per_s"] * p50 / high, row["tx_per_s"] * p50 / low)
 
 
-def _interval(row: dict[str, Any], prefix: str = "") -> Spread:
+def _interval(row: Row, prefix: str = "") -> Spread:
     """The row's median latency interval (:func:`.stats.latency`'s ``ci_*_ms``)."""
     return (row.get(f"{prefix}ci_low_ms", math.nan), row.get(f"{prefix}ci_high_ms", math.nan))
 
 
-def _speed(db: str, rows: Sequence[dict[str, Any]]) -> list[Line]:
+def _speed(db: str, rows: Rows) -> list[Line]:
     """Ours against each baseline in the single-outlet scenario: tx/s, with its spread."""
     by = {r["strategy"]: r for r in rows if r["db"] == db and r["scenario"] == "single"}
     ours = by.get(DEFAULT_STRATEGY, {})
@@ -159,7 +156,7 @@ def _speed(db: str, rows: Sequence[dict[str, Any]]) -> list[Line]:
     ]
 
 
-def _lost(db: str, lost: Sequence[dict[str, Any]]) -> list[Line]:
+def _lost(db: str, lost: Rows) -> list[Line]:
     """Pairs ours lost over Airflow's, judged on the counts' noise (about 95 %: n +- 1.96 sqrt(n))."""
     mine = [r["lost_pairs"] for r in lost if r["db"] == db and r["strategy"] == DEFAULT_STRATEGY]
     theirs = [r["lost_pairs"] for r in lost if r["db"] == db and r["strategy"] == STOCK]
@@ -173,13 +170,12 @@ def _lost(db: str, lost: Sequence[dict[str, Any]]) -> list[Line]:
     return [ratio_line(db, LOST, ours, stock, spreads=spreads, shown=f"{shown} ")]
 
 
-def raw_sql(db: str, results: Sequence[dict[str, Any]]) -> Line | None:
+def raw_sql(db: str, results: Rows) -> Line | None:
     """One call at F=1 against the same work in raw SQL (``bench.md``'s ratio table), judged."""
-    one = [r for r in results if r["fanout"] == 1]
-    if not one:
+    if (one := next((r for r in results if r["fanout"] == 1), None)) is None:
         return None
-    spreads = (_interval(one[0], "ours_"), _interval(one[0], "raw_"))
-    return ratio_line(db, RAW_SQL, one[0]["ours_p50_ms"], one[0]["raw_p50_ms"], spreads=spreads)
+    spreads = (_interval(one, "ours_"), _interval(one, "raw_"))
+    return ratio_line(db, RAW_SQL, one["ours_p50_ms"], one["raw_p50_ms"], spreads=spreads)
 
 
 def missed(lines: Sequence[Line]) -> list[Line]:

@@ -1,11 +1,10 @@
 """The pytest-xdist suite of the standalone run: one test per party, one xdist worker per test.
 
-:mod:`airflow_adrq_bench.runner` runs it as ``python -m pytest --pyargs airflow_adrq_bench.suite
--n <producers + 1>`` with ``ADRQ_BENCH_PLAN`` naming the plan JSON. With as many tests as workers,
-xdist's load scheduler deals the tests round robin (fewer than two per worker), so every party is a
-process of its own; the parties then meet at file barriers every round
-(:mod:`airflow_adrq_bench.barrier`). Party 0 coordinates the rounds (and consumes the queue);
-parties 1..N are the producers.
+:mod:`airflow_adrq_bench.runner` runs it as ``python -m pytest --pyargs airflow_adrq_bench.suite -n
+<producers + 1>`` with ``ADRQ_BENCH_PLAN`` naming the plan JSON. With as many tests as workers, xdist's
+load scheduler deals the tests round robin (fewer than two per worker), so every party is a process of
+its own; the parties meet at file barriers (:mod:`airflow_adrq_bench.barrier`) every round. Party 0
+coordinates the rounds (and consumes the queue); parties 1..N are the producers.
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ from airflow_adrq_bench.runner import PLAN_ENV
 
 @functools.cache
 def _plan() -> Plan:
-    path = os.environ.get(PLAN_ENV)
-    if not path:
+    if not (path := os.environ.get(PLAN_ENV)):
         raise pytest.UsageError(
             f"{PLAN_ENV} is not set: run the benchmark with `airflow-adrq bench` "
             "(it writes the plan and starts this suite under pytest-xdist)"
