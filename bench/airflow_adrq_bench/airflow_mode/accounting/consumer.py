@@ -15,6 +15,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from airflow_adrq_bench.airflow_mode.databases import fetch
 from airflow_adrq_bench.airflow_mode.processes import AirflowOrm, Child, airflow_settings
 from airflow_adrq_bench.airflow_mode.worker import asset_uri
 
@@ -129,12 +130,11 @@ def release() -> None:
 
 def drain(dag_ids: list[str], max_passes: int = 500) -> dict[str, Any]:
     """Pass until none of ``dag_ids``' queue rows is left (every committed row became a run)."""
-    sql = sa.text("SELECT count(*) FROM asset_dag_run_queue WHERE target_dag_id IN :dags")
-    sql = sql.bindparams(sa.bindparam("dags", expanding=True))
+    sql = "SELECT count(*) FROM asset_dag_run_queue WHERE target_dag_id IN :dags"
 
     def left() -> int:
         with _consumer.session_factory() as session:
-            return int(session.execute(sql, {"dags": dag_ids}).scalar_one())
+            return int(fetch(session.connection(), sql, dags=dag_ids)[0][0])
 
     failures: Counter[str] = Counter()
     passes = 0
