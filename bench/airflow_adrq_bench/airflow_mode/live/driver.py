@@ -246,8 +246,17 @@ class _Driver:
         result["killed"] = deployment.stop()
         with self.engine.connect() as conn:
             after = deadlock_counter(conn, deployment.database)
-        logs, task_logs = deployment.log_dir.glob("*.log"), (deployment.home / "logs").rglob("*.log")
-        result["deadlocks"] = deadlocks(before, after, logs, task_logs)
+        # The server counter's difference, and the deadlock lines in the components' and the tasks' logs.
+        in_components = deadlock_lines(sorted(deployment.log_dir.glob("*.log")))
+        in_tasks = deadlock_lines(sorted((deployment.home / "logs").rglob("*.log")))
+        result["deadlocks"] = {
+            "server": after["value"] - before["value"],
+            "server_scope": after["scope"],
+            "latest_names_database": after["latest_names_database"],
+            "log_lines_components": sum(in_components.values()),
+            "log_lines_tasks": sum(in_tasks.values()),
+            "log_files": {**in_components, **in_tasks},
+        }
         result |= state_calls(deployment.log_of("api-server"), result["bursts"], run_of)
         result["plugin_start_up"] = plugin_line(deployment.log_of("api-server"))
         result["timeline"] = self.timeline
@@ -376,21 +385,6 @@ def deadlock_counter(conn: sa.Connection, database: str) -> dict[str, Any]:
     section, spellings = latest_deadlock(conn), (f"`{database}`", f" {database}.", f"`{database}/")
     names = None if section is None else any(n in section for n in spellings)
     return {"value": int(row[1]) if row else 0, "scope": "server", "latest_names_database": names}
-
-
-def deadlocks(
-    before: dict[str, Any], after: dict[str, Any], logs: Iterable[Path], task_logs: Iterable[Path]
-) -> dict[str, Any]:
-    """The server counter's difference, and the deadlock lines in the components' and the tasks' logs."""
-    in_components, in_tasks = deadlock_lines(sorted(logs)), deadlock_lines(sorted(task_logs))
-    return {
-        "server": after["value"] - before["value"],
-        "server_scope": after["scope"],
-        "latest_names_database": after["latest_names_database"],
-        "log_lines_components": sum(in_components.values()),
-        "log_lines_tasks": sum(in_tasks.values()),
-        "log_files": {**in_components, **in_tasks},
-    }
 
 
 def deadlock_lines(paths: Iterable[Path]) -> dict[str, int]:
