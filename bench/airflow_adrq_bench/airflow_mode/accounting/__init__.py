@@ -259,17 +259,15 @@ class _Accounting:
     raw: dict[str, Any]
 
     def run(self, targets: Sequence[Target]) -> None:
-        with (
-            tempfile.TemporaryDirectory(prefix="adrq-airflow-accounting-") as home,
-            contextlib.ExitStack() as stack,
-        ):
-            databases = stack.enter_context(migrated(targets, Path(home)))
+        with contextlib.ExitStack() as stack:
+            home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="adrq-airflow-accounting-")))
+            databases = stack.enter_context(migrated(targets, home))
             steps = len(MANAGERS) * self.sizes.producers + 1
             with progress.task("starting the consumer and the producers", steps) as bar:
                 bar.step("each imports Airflow")
-                self.consumer = consumer.Consumer(Path(home))
+                self.consumer = consumer.Consumer(home)
                 stack.callback(close_all, [self.consumer])
-                self.workers = Workers(MANAGERS, self.sizes.producers, Path(home), lambda: bar.step("", 1))
+                self.workers = Workers(MANAGERS, self.sizes.producers, home, lambda: bar.step("", 1))
                 stack.callback(self.workers.close)  # before the scratch databases are dropped
                 self.raw["consumer"] = {"pid": self.consumer.started()}
                 bar.step("", 1)

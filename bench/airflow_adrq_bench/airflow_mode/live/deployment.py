@@ -114,33 +114,31 @@ def check_celery(broker: str, module: str = CELERY_MODULE) -> None:
         ) from None
 
 
+@dataclasses.dataclass(eq=False)
 class Deployment:
     """One manager's Airflow on a scratch database of ``target``'s server, made (with its DAG files) on
     entering. Leaving stops every process, drops the database and removes the scratch ``AIRFLOW_HOME``;
     ``keep_scratch`` keeps both, a failure other than Ctrl-C keeps the home (DAG files, task logs)."""
 
-    def __init__(
-        self,
-        target: Target,
-        manager: str,
-        sizes: LiveSizes,
-        shape: LiveShape,
-        log_dir: Path,
-        manager_kwargs: str | None = None,
-        keep_scratch: bool = False,
-    ) -> None:
-        self.target, self.manager, self.sizes, self.shape = target, manager, sizes, shape
-        self.log_dir, self.manager_kwargs, self.keep_scratch = log_dir, manager_kwargs, keep_scratch
-        self.database = f"adrq_live_{manager}_{secrets.token_hex(3)}"
-        self.home = Path(tempfile.mkdtemp(prefix=f"adrq-live-{log_dir.name}-"))
+    target: Target
+    manager: str
+    sizes: LiveSizes
+    shape: LiveShape
+    log_dir: Path
+    manager_kwargs: str | None = None
+    keep_scratch: bool = False
+
+    def __post_init__(self) -> None:
+        self.database = f"adrq_live_{self.manager}_{secrets.token_hex(3)}"
+        self.home = Path(tempfile.mkdtemp(prefix=f"adrq-live-{self.log_dir.name}-"))
         self.port = servers.free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.id = uuid.uuid4().hex
         self.broker_url = None
-        if shape.celery:
-            self.broker_url = shape.broker_url or f"{DEFAULT_REDIS}/{1 + next(_REDIS_DBS) % 15}"
+        if self.shape.celery:
+            self.broker_url = self.shape.broker_url or f"{DEFAULT_REDIS}/{1 + next(_REDIS_DBS) % 15}"
         # MySQL/MariaDB get one scheduler (HA mode is measured on PostgreSQL).
-        self.schedulers = sizes.schedulers if target.backend == "postgresql" else 1
+        self.schedulers = self.sizes.schedulers if self.target.backend == "postgresql" else 1
         self.components: dict[str, subprocess.Popen[bytes]] = {}  # each a process group leader
         self.url = ""  # made on entering, with the settings
         self.env: dict[str, str] = {}
