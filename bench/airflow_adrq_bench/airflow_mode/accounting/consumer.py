@@ -4,7 +4,6 @@ in a process of its own (:class:`Consumer`); the functions below run there."""
 from __future__ import annotations
 
 import functools
-import multiprocessing
 import operator
 import statistics
 import time
@@ -16,7 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from airflow_adrq_bench.airflow_mode.databases import fetch
-from airflow_adrq_bench.airflow_mode.processes import AirflowOrm, Child, airflow_settings
+from airflow_adrq_bench.airflow_mode.processes import SPAWN, AirflowOrm, Child, airflow_settings
 from airflow_adrq_bench.airflow_mode.worker import asset_uri
 
 #: The DAG bundle of the serialized DAGs.
@@ -169,8 +168,7 @@ class Consumer(Child):
     """The controller's handle on the consumer process (the spawn context's events are its signals)."""
 
     def __init__(self, home: Path) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.started_event, self.stop_event = ctx.Event(), ctx.Event()
+        self.started_event, self.stop_event = SPAWN.Event(), SPAWN.Event()
         settings = airflow_settings(home, f"sqlite:///{home}/unused.db")
         super().__init__("the consumer", settings, setup, self.started_event, self.stop_event)
 
