@@ -89,11 +89,10 @@ def check_celery(broker: str, module: str = CELERY_MODULE) -> None:
     child interpreter with a scratch ``AIRFLOW_HOME``, where importing Airflow writes its configuration,
     and no ``AIRFLOW_*`` settings) and connects to the Celery broker at ``broker``."""
     with tempfile.TemporaryDirectory(prefix="adrq-live-celery-check-") as home:
-        argv, env = [sys.executable, "-c", f"import {module}"], {"AIRFLOW_HOME": home}
+        argv = [sys.executable, "-c", f"import {module}"]
+        env = processes.clean_environ({"AIRFLOW_HOME": home})
         try:
-            result = subprocess.run(
-                argv, env=processes.clean_environ(env), capture_output=True, text=True, timeout=180
-            )
+            result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
         except subprocess.TimeoutExpired:
             raise LiveError(f"importing {module} took over 180 s") from None
     if result.returncode != 0:
@@ -248,12 +247,11 @@ class Deployment:
         Celery workers (with CeleryExecutor), in that order."""
         if self.shape.pgbouncer:
             try:
-                bouncer = sa.make_url(
-                    self._pgbouncer.enter_context(servers.pgbouncer(self.target.server_url))
-                )
+                bouncer = self._pgbouncer.enter_context(servers.pgbouncer(self.target.server_url))
             except servers.ServerNotFoundError as exc:
                 raise LiveError(f"PgBouncer: {exc}") from None
-            pooled = sa.make_url(self.url).set(host=bouncer.host, port=bouncer.port)
+            at = sa.make_url(bouncer)
+            pooled = sa.make_url(self.url).set(host=at.host, port=at.port)
             self.env.update(self._database(pooled.render_as_string(hide_password=False)))
         self._start("api-server", "api-server", "--host", "127.0.0.1", "--port", str(self.port))
         for index in range(self.schedulers):
@@ -286,9 +284,7 @@ class Deployment:
         to every process still carrying the deployment's :data:`MARKER` (the task SDK moves each task
         into a group of its own); the PgBouncer last.
         """
-        names = sorted(
-            self.components, key=lambda n: next(i for i, p in enumerate(_STOP_ORDER) if n.startswith(p))
-        )
+        names = sorted(self.components, key=lambda n: [n.startswith(p) for p in _STOP_ORDER].index(True))
         order = [(name, self.components.pop(name)) for name in names]
         for _, process in order:
             with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -237,9 +237,8 @@ class _Driver:
         if len(ids) < len(names):
             raise LiveError(f"assets {', '.join(sorted(set(names) - set(ids)))} are not in the database")
         body = {"extra": {"adrq_live": "one more event"}}
-        result["extra_event_ids"] = [
-            self.call("POST", "/api/v2/assets/events", {**body, "asset_id": ids[n]})["id"] for n in names
-        ]
+        posted = [self.call("POST", "/api/v2/assets/events", {**body, "asset_id": ids[n]}) for n in names]
+        result["extra_event_ids"] = [event["id"] for event in posted]
         result["drain_after_extra"] = self.drain("draining after one more event")
         with self.engine.connect() as conn:
             result["after_extra"] = self._after(conn)
