@@ -175,7 +175,7 @@ def classify(
     runs_of: dict[tuple[int, str], set[int]] = defaultdict(set)
     sentinel_dags: set[str] = set()
     unknown = 0
-    for run_id, dag_id, event_id in consumed:
+    for run_id, dag_id, event_id in ((int(r), str(d), int(e)) for r, d, e in consumed):
         if dag_id not in cell_dags:
             continue
         if event_id in known:
@@ -344,9 +344,7 @@ class _Accounting:
         sentinels = [e for e, run_id in rows if run_id == sentinel_run]
         strays = len(rows) - len(events) - len(sentinels)
         sentinel_id = sentinels[0] if len(sentinels) == 1 else None
-        found = classify(
-            events, dags, [(int(r), str(d), int(e)) for r, d, e in consumed], cutoff, sentinel_id
-        )
+        found = classify(events, dags, consumed, cutoff, sentinel_id)
         left = passes["drain"]["queue_rows_left"] + drained["queue_rows_left"]
         bad_types = [t for _, t in runs if t != "asset_triggered"]
         problems = []

@@ -286,9 +286,9 @@ DEADLOCK_LINE: Final = re.compile(r"deadlock detected|Deadlock found|40P01|\(121
 TERMINAL_RUN_STATES: Final = ("success", "failed")
 
 # ``SELECT key, count(*) ... GROUP BY key`` of the runs, task instances and events :func:`counts` reads.
-_WHERE = "WHERE dag_id IN :dag_ids AND run_id IN :run_ids GROUP BY"
-RUN_STATES: Final = f"SELECT state, count(*) FROM dag_run {_WHERE} state"
-TASK_STATES: Final = f"SELECT state, count(*) FROM task_instance {_WHERE} state"
+_WHERE = "WHERE dag_id IN :dag_ids AND run_id IN :run_ids"
+RUN_STATES: Final = f"SELECT state, count(*) FROM dag_run {_WHERE} GROUP BY state"
+TASK_STATES: Final = f"SELECT state, count(*) FROM task_instance {_WHERE} GROUP BY state"
 EVENTS: Final = (
     "SELECT source_run_id, count(*) FROM asset_event "
     "WHERE source_dag_id IN :dag_ids AND source_run_id IN :run_ids GROUP BY source_run_id"
@@ -320,13 +320,8 @@ def producer_tasks(
 ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, str]]:
     """The producer task instances of the burst runs: failed / retried / succeeded overall; the same per
     burst, with its tasks' last ``end_date`` and their spread; and each one's burst by its id."""
-    rows = fetch(
-        conn,
-        "SELECT id, run_id, state, try_number, end_date FROM task_instance "
-        "WHERE dag_id IN :dag_ids AND run_id IN :run_ids",
-        dag_ids=list(dag_ids),
-        run_ids=list(run_ids),
-    )
+    sql = f"SELECT id, run_id, state, try_number, end_date FROM task_instance {_WHERE}"
+    rows = fetch(conn, sql, dag_ids=list(dag_ids), run_ids=list(run_ids))
 
     def tally(mine: Sequence[tuple[Any, ...]]) -> dict[str, int]:
         retried = sum((tries or 0) > 1 for *_, tries, _ in mine)
