@@ -409,9 +409,8 @@ def verdict(cells: Sequence[dict[str, Any]]) -> list[Line]:
     lines = []
     for (db, hold, shape), managers in by_key.items():
         where = f"{hold:g} ms" + (", fan-in" if shape == "fan_in" else "")
-        if "plugin" not in managers:
+        if (plugin := managers.get("plugin")) is None:
             continue
-        plugin = managers["plugin"]
         if "stock" in managers:
             mine, theirs = plugin["unconsumed"], managers["stock"]["unconsumed"]
             what = f"{UNCONSUMED.what}, {where}"
