@@ -272,10 +272,9 @@ class Deployment:
         """Raise :class:`LiveError` naming the component and its log if one has exited."""
         for name, process in self.components.items():
             if process.poll() is not None:
-                tail = self.log_of(name).read_text(errors="replace")[-1500:]
-                raise LiveError(
-                    f"{name} exited with status {process.returncode} ({self.log_of(name)}):\n{tail}"
-                )
+                log = self.log_of(name)
+                tail = log.read_text(errors="replace")[-1500:]
+                raise LiveError(f"{name} exited with status {process.returncode} ({log}):\n{tail}")
 
     def stop(self) -> list[str]:
         """Stop everything this deployment started (once); returns what needed SIGKILL.
