@@ -1,6 +1,6 @@
 """``airflow-adrq bench --airflow --accounting``: events no run consumes, stock vs plug-in, through Airflow.
 
-One bounded run of :func:`airflow_adrq_bench.airflow_mode.accounting.controller.run` on
+One bounded run of :func:`airflow_adrq_bench.airflow_mode.accounting.run` on
 SQLite and PostgreSQL (one set of processes for both, one test per database:
 without a PostgreSQL server its test skips, and fails under CI; 3 producers per manager
 x 12 transactions, 3 consumer DAGs, a 30 ms hold; fan-out cells and fan-in cells, where each
@@ -33,7 +33,7 @@ import pytest
 
 from airflow_adrq_bench.airflow_mode import accounting
 from airflow_adrq_bench.airflow_mode import main as airflow_mode_main
-from airflow_adrq_bench.airflow_mode.accounting.controller import classify, run, verdict
+from airflow_adrq_bench.airflow_mode.accounting import classify, run, verdict
 from airflow_adrq_bench.airflow_mode.config import STOCK_AND_PLUGIN, AccountingSizes
 from airflow_adrq_bench.airflow_mode.databases import describe
 from airflow_adrq_testing import servers

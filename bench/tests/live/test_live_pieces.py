@@ -17,15 +17,7 @@ from airflow_adrq_bench import verdict
 from airflow_adrq_bench.airflow_mode.config import LIVE_DEFAULT as DEFAULT
 from airflow_adrq_bench.airflow_mode.config import LIVE_SMALL as SMALL
 from airflow_adrq_bench.airflow_mode.config import LiveError, LiveShape, LiveSizes, default_time_limit
-from airflow_adrq_bench.airflow_mode.live import (
-    build_parser,
-    dags,
-    deployment,
-    main,
-    measure,
-    report,
-    shape_from,
-)
+from airflow_adrq_bench.airflow_mode.live import build_parser, deployment, driver, main, report, shape_from
 from airflow_adrq_testing import servers
 from airflow_adrq_testing.dataset import Target
 from airflow_adrq_testing.pytest_plugin import skip_or_fail
@@ -211,8 +203,8 @@ def _settings(path):
 
 def test_dag_files_compile_and_name_the_configured_dags(tmp_path):
     sizes = LiveSizes(instances=3, outlets=2, consumers=5, producer_dags=2)
-    paths = dags.write_dag_files(tmp_path / "dags", tmp_path / "barrier", sizes)
-    assert [p.name for p in paths] == [dags.PRODUCERS_FILE, dags.CONSUMERS_FILE]
+    paths = deployment.write_dag_files(tmp_path / "dags", tmp_path / "barrier", sizes)
+    assert [p.name for p in paths] == [deployment.PRODUCERS_FILE, deployment.CONSUMERS_FILE]
     for path in paths:
         compile(path.read_text(), str(path), "exec")
     producers, consumers = map(_settings, paths)
@@ -225,7 +217,9 @@ def test_own_assets_give_each_producer_its_outlets_and_half_the_consumers_the_an
     sizes = LiveSizes(instances=3, outlets=2, consumers=4, producer_dags=2, own_assets=True)
     assert sizes.assets == ["p0a0", "p0a1", "p1a0", "p1a1"]
     assert sizes.all_of_ids == sizes.consumer_ids[2:]
-    producers, consumers = map(_settings, dags.write_dag_files(tmp_path / "dags", tmp_path / "b", sizes))
+    producers, consumers = map(
+        _settings, deployment.write_dag_files(tmp_path / "dags", tmp_path / "b", sizes)
+    )
     assert producers["outlets"] == {
         "adrq_live_producer_0": ["p0a0", "p0a1"],
         "adrq_live_producer_1": ["p1a0", "p1a1"],
@@ -251,13 +245,13 @@ _ACCESS = (
 def test_access_log_gives_the_state_calls_with_their_durations(tmp_path):
     log = tmp_path / "api-server.log"
     log.write_text(_ACCESS)
-    records = measure.parse_access_log(log)
+    records = driver.parse_access_log(log)
     assert [(r.ti_id, r.status, r.duration_ms) for r in records] == [
         ("01a23099dfb27477a4713b04240cd413", 204, 1228.245),
         ("01a23099dfb37006bbdc96d8d8765c29", 409, 2.0),
     ]
     assert records[0].at.isoformat() == "2026-12-01T07:55:34.464448+00:00"
-    summary = measure.latency_summary(records, ["01a23099dfb27477a4713b04240cd413"])
+    summary = driver.latency_summary(records, ["01a23099dfb27477a4713b04240cd413"])
     assert (summary["calls"], summary["p50_ms"], summary["status"]) == (1, 1228.245, {"204": 1})
 
 
@@ -269,7 +263,7 @@ def test_deadlock_lines_match_both_servers_messages(tmp_path):
         "duration_us=1213 status_code=204\n"
         "all fine\n"
     )
-    assert measure.deadlock_lines([log]) == {str(log): 2}
+    assert driver.deadlock_lines([log]) == {str(log): 2}
 
 
 # --- the verdict and the exit status ----------------------------------------------------------

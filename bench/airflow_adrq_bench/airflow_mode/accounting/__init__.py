@@ -30,19 +30,45 @@ controller never imports Airflow.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import sys
-from collections.abc import Sequence
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from airflow_adrq_bench import options, tables
-from airflow_adrq_bench.airflow_mode import parser_for
-from airflow_adrq_bench.airflow_mode.accounting.controller import run, verdict
+import sqlalchemy as sa
+
+from airflow_adrq_bench import options, progress, tables
+from airflow_adrq_bench.airflow_mode import parser_for, worker
+from airflow_adrq_bench.airflow_mode.accounting import consumer
 from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_DEFAULT as DEFAULT
 from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_QUICK as QUICK
+from airflow_adrq_bench.airflow_mode.config import STOCK_AND_PLUGIN as MANAGERS
 from airflow_adrq_bench.airflow_mode.config import AccountingSizes
-from airflow_adrq_bench.airflow_mode.databases import targets
-from airflow_adrq_bench.airflow_mode.results import conclude, heading
-from airflow_adrq_bench.verdict import missed
+from airflow_adrq_bench.airflow_mode.databases import (
+    Target,
+    analyze,
+    clear_queue,
+    control_engine,
+    each_ready,
+    fetch,
+    latest_deadlock,
+    migrated,
+    rotate,
+    server_settings,
+    targets,
+)
+from airflow_adrq_bench.airflow_mode.processes import close_all
+from airflow_adrq_bench.airflow_mode.results import conclude, heading, raw_finish, raw_opening
+from airflow_adrq_bench.airflow_mode.worker import Workers
+from airflow_adrq_bench.errors import BenchError
+from airflow_adrq_bench.verdict import Line, line, missed
+from airflow_adrq_bench.verdict import Target as Goal
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,3 +125,296 @@ def format_tables(raw: dict[str, Any]) -> str:
     if raw["problems"]:
         lines += ["", "Problems:", *[f"* {p}" for p in raw["problems"]]]
     return "\n".join(lines)
+
+
+# --- the controller: scratch databases, producers and the consumer per cell, and what each cell's
+# events became (imports no Airflow).
+
+WARM_ASSET = "adrq_acct_warm"
+#: From worst to best: an event is in the worst class of its pairs.
+_CLASSES = ("unconsumed", "late", "consumed")
+
+
+@dataclass(frozen=True)
+class PairClasses:
+    """Every (event, consumer DAG) pair and every event of a cell, each in exactly one class."""
+
+    pairs: int
+    consumed_pairs: int
+    late_pairs: int
+    unconsumed_pairs: int
+    duplicate_pairs: int  # consumed by more than one run of the DAG (counted once above)
+    events: int
+    consumed: int  # every pair consumed before the sentinel
+    late: int  # no pair unconsumed, at least one only by the sentinel's runs
+    unconsumed: int  # at least one consumer DAG's runs never consumed it
+    in_no_run: int  # consumed by no run of any consumer DAG
+    unknown: int  # consumed pairs of the cell's DAGs whose event is neither the cell's nor the sentinel
+    sentinel_consumers: int  # consumer DAGs that consumed the sentinel
+
+    @property
+    def classes_add_up(self) -> bool:
+        return (
+            self.consumed_pairs + self.late_pairs + self.unconsumed_pairs == self.pairs
+            and self.consumed + self.late + self.unconsumed == self.events
+        )
+
+
+def classify(
+    events: Iterable[int],
+    dags: Sequence[str],
+    consumed: Iterable[tuple[int, str, int]],
+    cutoff: int,
+    sentinel: int | None,
+) -> PairClasses:
+    """Classify ``events`` x ``dags`` from ``consumed`` rows ``(dag_run id, dag_id, event id)``: a pair is
+    *consumed* if a run created before the sentinel (``id <= cutoff``) consumed it, *late* if only later
+    runs did, *unconsumed* if none did."""
+    event_ids = sorted(set(events))
+    known, cell_dags = set(event_ids), set(dags)
+    runs_of: dict[tuple[int, str], set[int]] = defaultdict(set)
+    sentinel_dags: set[str] = set()
+    unknown = 0
+    for run_id, dag_id, event_id in ((int(r), str(d), int(e)) for r, d, e in consumed):
+        if dag_id not in cell_dags:
+            continue
+        if event_id in known:
+            runs_of[(event_id, dag_id)].add(run_id)
+        elif sentinel is not None and event_id == sentinel:
+            sentinel_dags.add(dag_id)
+        else:
+            unknown += 1
+
+    def pair_class(event: int, dag: str) -> str:
+        runs = runs_of.get((event, dag))
+        return "unconsumed" if not runs else "consumed" if min(runs) <= cutoff else "late"
+
+    per_event = {e: {pair_class(e, d) for d in dags} for e in event_ids}
+    pairs = Counter(pair_class(e, d) for e in event_ids for d in dags)
+    worst = Counter(next(c for c in _CLASSES if c in classes) for classes in per_event.values())
+    return PairClasses(
+        pairs=len(event_ids) * len(dags),
+        consumed_pairs=pairs["consumed"],
+        late_pairs=pairs["late"],
+        unconsumed_pairs=pairs["unconsumed"],
+        duplicate_pairs=sum(1 for runs in runs_of.values() if len(runs) > 1),
+        events=len(event_ids),
+        consumed=worst["consumed"],
+        late=worst["late"],
+        unconsumed=worst["unconsumed"],
+        in_no_run=sum(1 for classes in per_event.values() if classes == {"unconsumed"}),
+        unknown=unknown,
+        sentinel_consumers=len(sentinel_dags),
+    )
+
+
+@dataclass(frozen=True)
+class _Cell:
+    """One cell: a hold, a shape, a manager, and its consumer DAGs. ``fan_out``: every producer emits one
+    asset, ``consumers`` DAGs are scheduled on it; ``fan_in``: producer ``i`` emits ``{name}_p{i}``, one
+    DAG is scheduled on any of them."""
+
+    hold_ms: float
+    shape: str
+    manager: str
+    name: str
+    schedules: dict[str, list[str]]  # consumer DAG -> the assets it is scheduled on (any of them)
+
+
+def _cells(sizes: AccountingSizes) -> list[_Cell]:
+    cells = []
+    for h, hold_ms in enumerate(sizes.holds_ms):  # the managers take turns at going first
+        for shape in ("fan_out", "fan_in") if sizes.fan_in else ("fan_out",):
+            for manager in rotate(MANAGERS, h):
+                name = f"adrq_acct_h{h}_{shape}_{manager}"
+                if shape == "fan_out":
+                    schedules = {f"{name}_c{k}": [name] for k in range(sizes.consumers)}
+                else:
+                    schedules = {f"{name}_c": [f"{name}_p{i}" for i in range(sizes.producers)]}
+                cells.append(_Cell(hold_ms, shape, manager, name, schedules))
+    return cells
+
+
+def run(targets: Sequence[Target], sizes: AccountingSizes) -> dict[str, Any]:
+    """Stock and the plug-in in every cell on every target; returns the raw results (``cells``, the cells'
+    ``problems`` ...)."""
+    started = time.monotonic()
+    raw: dict[str, Any] = {
+        **raw_opening("airflow-adrq bench --airflow --accounting", sizes, MANAGERS),
+        "targets": [],
+        "cells": [],
+        "problems": [],
+    }
+    _Accounting(sizes, _cells(sizes), raw).run(targets)
+    raw_finish(raw, started)
+    return raw
+
+
+@dataclass
+class _Accounting:
+    """The cells, on the producers and the consumer; then, per target, its set-up and every cell."""
+
+    sizes: AccountingSizes
+    cells: list[_Cell]
+    raw: dict[str, Any]
+
+    def run(self, targets: Sequence[Target]) -> None:
+        with contextlib.ExitStack() as stack:
+            home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="adrq-airflow-accounting-")))
+            databases = stack.enter_context(migrated(targets, home))
+            steps = len(MANAGERS) * self.sizes.producers + 1
+            with progress.task("starting the consumer and the producers", steps) as bar:
+                bar.step("each imports Airflow")
+                self.consumer = consumer.Consumer(home)
+                stack.callback(close_all, [self.consumer])
+                self.workers = Workers(MANAGERS, self.sizes.producers, home, lambda: bar.step("", 1))
+                stack.callback(self.workers.close)  # before the scratch databases are dropped
+                self.raw["consumer"] = {"pid": self.consumer.started()}
+                bar.step("", 1)
+            self.raw["workers"] = self.workers.info
+            self.raw["airflow_version"] = self.workers.info[0]["airflow"]
+            for target, url, bar in each_ready(databases, len(self.cells) + 1):
+                self.raw["targets"].append(self.measure(target, url, bar))
+
+    def measure(self, target: Target, url: str, bar: progress.Task) -> dict[str, Any]:
+        began, every = time.monotonic(), list(self.workers.procs.values())
+        self.engine = control_engine(url)
+        try:
+            self.workers.broadcast(every, worker.target, url=url)
+            dialect = self.consumer.call(consumer.target, url)
+            schedules = {f"{WARM_ASSET}_c{k}": [WARM_ASSET] for k in range(self.sizes.consumers)}
+            schedules |= {dag: assets for cell in self.cells for dag, assets in cell.schedules.items()}
+            self.asset_ids: dict[str, int] = self.consumer.call(consumer.seed, schedules, worker.PRODUCER_DAG)
+            analyze(self.engine)
+            bar.step("warming up every producer (one transaction each)", 1)
+            for (manager, index), proc in self.workers.procs.items():
+                if not proc.call(worker.warmup, assets=[WARM_ASSET], run_id=f"warmup-{manager}-{index}"):
+                    raise BenchError(f"{target.version}: warm-up of {manager}/{index} failed")
+            clear_queue(self.engine)
+            for cell in self.cells:
+                where = f"hold {cell.hold_ms:g} ms {cell.shape} {cell.manager}"
+                bar.step(where, 1)
+                found = {"db": target.name, "version": target.version} | self.cell(cell)
+                self.raw["cells"].append(found)
+                self.raw["problems"] += [f"{target.name} {where}: {p}" for p in found["problems"]]
+            self.workers.broadcast(every, worker.release)
+            self.consumer.call(consumer.release)
+            settings = server_settings(self.engine)
+        finally:
+            self.engine.dispose()
+        described = {"name": target.name, "backend": target.backend, "version": target.version}
+        return described | {"dialect": dialect, "settings": settings, "duration_s": time.monotonic() - began}
+
+    def cell(self, cell: _Cell) -> dict[str, Any]:
+        """One cell: the producers' round while the consumer passes, the sentinel, the drain; the counts."""
+        sizes, dags, producers = self.sizes, list(cell.schedules), self.workers.group(cell.manager)
+        assets = sorted({a for names in cell.schedules.values() for a in names})
+        prefix, sentinel_run = f"acct-{cell.name}-", f"sentinel-{cell.name}"
+        round_of = dict(assets=[cell.name], run_prefix=prefix, transactions=sizes.transactions)
+        round_of |= dict(
+            hold_s=cell.hold_ms / 1000, budget_s=sizes.budget_s, own_asset=cell.shape == "fan_in"
+        )
+        start = time.monotonic()
+        results, passes = self.consumer.consume_during(
+            dags,
+            sizes.consumer_pause_ms / 1000,
+            lambda: self.workers.broadcast(producers, worker.round_of, sizes.budget_s + 600, **round_of),
+        )
+        duration = time.monotonic() - start
+        with self.engine.connect() as conn:
+            cutoff = int(conn.execute(sa.text("SELECT coalesce(max(id), 0) FROM dag_run")).scalar_one())
+        sentinel = producers[0].call(worker.warmup, assets=assets[:1], run_id=sentinel_run)
+        drained = self.consumer.call(consumer.drain, dags)
+
+        txs = [tx for r in results for tx in r["transactions"]]
+        committed = sum(1 for tx in txs if tx["ok"])
+        not_started = sum(1 for tx in txs if not tx["ok"] and tx["attempts"] == 0)
+        with self.engine.connect() as conn:
+            ids = [self.asset_ids[a] for a in assets]
+            rows = fetch(conn, "SELECT id, source_run_id FROM asset_event WHERE asset_id IN :ids", ids=ids)
+            consumed = fetch(
+                conn,
+                "SELECT r.id, r.dag_id, e.event_id FROM dag_run r "
+                "JOIN dagrun_asset_event e ON e.dag_run_id = r.id WHERE r.dag_id IN :dags",
+                dags=dags,
+            )
+            runs = fetch(conn, "SELECT id, run_type FROM dag_run WHERE dag_id IN :dags", dags=dags)
+            deadlock = latest_deadlock(conn)
+        events = [e for e, run_id in rows if run_id.startswith(prefix)]
+        sentinels = [e for e, run_id in rows if run_id == sentinel_run]
+        strays = len(rows) - len(events) - len(sentinels)
+        sentinel_id = sentinels[0] if len(sentinels) == 1 else None
+        found = classify(events, dags, consumed, cutoff, sentinel_id)
+        left = passes["drain"]["queue_rows_left"] + drained["queue_rows_left"]
+        bad_types = [t for _, t in runs if t != "asset_triggered"]
+        problems = []
+        if len(events) != committed:
+            problems.append(f"{len(events)} events in the database, {committed} committed transactions")
+        if strays:
+            problems.append(f"{strays} events of the cell's assets from neither the round nor the sentinel")
+        if not found.classes_add_up or found.pairs != committed * len(dags):
+            problems.append(
+                f"classes do not add up: {found.consumed} + {found.late} + {found.unconsumed} events "
+                f"of {found.events}; {found.pairs} pairs for {committed} committed x {len(dags)} DAGs"
+            )
+        if found.unknown:
+            problems.append(f"runs of the cell's DAGs consumed {found.unknown} pairs of unknown events")
+        if not sentinel or sentinel_id is None:
+            problems.append(f"the sentinel was not committed exactly once ({len(sentinels)} events)")
+        elif found.sentinel_consumers != len(dags):
+            problems.append(f"{found.sentinel_consumers} of {len(dags)} consumer DAGs consumed the sentinel")
+        if left:
+            problems.append(f"{left} queue rows left after the drains")
+        if bad_types:
+            problems.append(f"{len(bad_types)} runs not asset-triggered: {sorted(set(bad_types))}")
+        failures = [passes["failures"], passes["drain"]["failures"], drained["failures"]]
+        return {
+            "manager": cell.manager,
+            "hold_ms": cell.hold_ms,
+            "shape": cell.shape,
+            "producers": len(producers),
+            "planned": len(txs),
+            "committed": committed,
+            "gave_up": len(txs) - committed - not_started,
+            "not_started": not_started,
+            "producer_failures": dict(sum((Counter(tx["failures"]) for tx in txs), Counter())),
+            "consumers": len(dags),
+            **dataclasses.asdict(found),
+            "runs": len(runs),
+            "runs_before_sentinel": sum(1 for r, _ in runs if r <= cutoff),
+            "duration_s": duration,
+            "consumer_passes": passes["passes"],
+            "pass_p50_ms": passes["pass_p50_ms"],
+            "pass_max_ms": passes["pass_max_ms"],
+            "consumer_failures": dict(sum(map(Counter, failures), Counter())),
+            "consumer_db_errors": passes["db_errors"],
+            "drain_passes": passes["drain"]["passes"] + drained["passes"],
+            "latest_deadlock": deadlock or None,
+            "queue_rows_left": left,
+            "problems": problems,
+        }
+
+
+#: The plug-in leaves no more events unconsumed than stock at the same hold (the value: how many more).
+UNCONSUMED = Goal("events unconsumed, vs stock", "<= stock", lambda more: more <= 0)
+TWICE = Goal("pairs consumed twice", "0", lambda pairs: pairs == 0)
+
+
+def verdict(cells: Sequence[dict[str, Any]]) -> list[Line]:
+    """Per database, hold and shape: the plug-in's unconsumed events against stock's, its pairs consumed
+    twice."""
+    by_key: dict[tuple[str, float, str], dict[str, dict[str, Any]]] = defaultdict(dict)
+    for cell in cells:
+        by_key[(cell["db"], cell["hold_ms"], cell.get("shape", "fan_out"))][cell["manager"]] = cell
+    lines = []
+    for (db, hold, shape), managers in by_key.items():
+        where = f"{hold:g} ms" + (", fan-in" if shape == "fan_in" else "")
+        if (plugin := managers.get("plugin")) is None:
+            continue
+        if "stock" in managers:
+            mine, theirs = plugin["unconsumed"], managers["stock"]["unconsumed"]
+            what = f"{UNCONSUMED.what}, {where}"
+            lines.append(line(db, UNCONSUMED, mine - theirs, f"{mine} vs {theirs}", what))
+        twice = plugin["duplicate_pairs"]
+        lines.append(line(db, TWICE, twice, f"{twice}", f"{TWICE.what}, {where}"))
+    return lines

@@ -4,7 +4,6 @@ in a process of its own (:class:`Consumer`); the functions below run there."""
 from __future__ import annotations
 
 import functools
-import multiprocessing
 import operator
 import statistics
 import time
@@ -15,7 +14,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from airflow_adrq_bench.airflow_mode.processes import AirflowOrm, Child, airflow_settings
+from airflow_adrq_bench.airflow_mode.databases import fetch
+from airflow_adrq_bench.airflow_mode.processes import SPAWN, AirflowOrm, Child, airflow_settings
 from airflow_adrq_bench.airflow_mode.worker import asset_uri
 
 #: The DAG bundle of the serialized DAGs.
@@ -129,12 +129,11 @@ def release() -> None:
 
 def drain(dag_ids: list[str], max_passes: int = 500) -> dict[str, Any]:
     """Pass until none of ``dag_ids``' queue rows is left (every committed row became a run)."""
-    sql = sa.text("SELECT count(*) FROM asset_dag_run_queue WHERE target_dag_id IN :dags")
-    sql = sql.bindparams(sa.bindparam("dags", expanding=True))
+    sql = "SELECT count(*) FROM asset_dag_run_queue WHERE target_dag_id IN :dags"
 
     def left() -> int:
         with _consumer.session_factory() as session:
-            return int(session.execute(sql, {"dags": dag_ids}).scalar_one())
+            return int(fetch(session.connection(), sql, dags=dag_ids)[0][0])
 
     failures: Counter[str] = Counter()
     passes = 0
@@ -169,8 +168,7 @@ class Consumer(Child):
     """The controller's handle on the consumer process (the spawn context's events are its signals)."""
 
     def __init__(self, home: Path) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.started_event, self.stop_event = ctx.Event(), ctx.Event()
+        self.started_event, self.stop_event = SPAWN.Event(), SPAWN.Event()
         settings = airflow_settings(home, f"sqlite:///{home}/unused.db")
         super().__init__("the consumer", settings, setup, self.started_event, self.stop_event)
 

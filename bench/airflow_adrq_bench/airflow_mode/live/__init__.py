@@ -53,30 +53,23 @@ nor stranded pairs anywhere."""
 
 def build_parser() -> argparse.ArgumentParser:
     """The options of the live mode."""
-    parser = parser_for(
-        __doc__ or "", "--live", ("--small", "the live test's size (the --small values below)")
-    )
+    small = ("--small", "the live test's size (the --small values below)")
+    parser = parser_for(__doc__ or "", "--live", small)
     parser.epilog = _EPILOG
     parser.add_argument("--manager", action="append", choices=MANAGERS, help="only these (repeatable)")
-    parser.add_argument(
-        "--runs", type=_positive, default=1, help="repeat the side-by-side K times (default 1)"
-    )
+    runs = "repeat the side-by-side K times (default 1)"
+    parser.add_argument("--runs", type=_positive, default=1, help=runs)
     limit = f"default: sized to the run, {default_time_limit(DEFAULT):.0f} s at the default size"
     parser.add_argument("--time-limit", type=float, metavar="S", help=f"per deployment, in seconds ({limit})")
     keep = "keep the scratch databases and AIRFLOW_HOMEs (see live.json)"
     parser.add_argument("--keep-scratch", action="store_true", help=keep)
-    parser.add_argument(
-        "--plugin-kwargs",
-        metavar="JSON",
-        type=_json_object,
-        help='[core] asset_manager_kwargs of the plug-in\'s deployments, e.g. \'{"on_conflict": "refresh"}\'',
-    )
+    kwargs = """[core] asset_manager_kwargs of the plug-in's deployments, e.g. '{"on_conflict": "refresh"}'"""
+    parser.add_argument("--plugin-kwargs", metavar="JSON", type=_json_object, help=kwargs)
     parser.add_argument("--check", action="store_true", help="exit 1 also when the speed target is missed")
     worse = "also fail unless stock had failed producer tasks or stranded pairs somewhere (for CI)"
     parser.add_argument("--expect-stock-worse", action="store_true", help=worse)
-    options.add_fields(
-        parser.add_argument_group("deployment shape (every manager gets the same)"), LiveShape()
-    )
+    shape = parser.add_argument_group("deployment shape (every manager gets the same)")
+    options.add_fields(shape, LiveShape())
     options.add_fields(parser.add_argument_group("sizes"), DEFAULT, SMALL, "--small")
     return parser
 

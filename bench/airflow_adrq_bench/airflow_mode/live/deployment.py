@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import importlib
 import itertools
+import json
 import math
 import os
 import secrets
@@ -34,12 +35,12 @@ from airflow_adrq_bench.airflow_mode import processes
 from airflow_adrq_bench.airflow_mode.config import (
     EXECUTORS,
     MANAGER_CLASSES,
+    WARM_DAG,
     LiveError,
     LiveShape,
     LiveSizes,
 )
 from airflow_adrq_bench.airflow_mode.databases import airflow_url
-from airflow_adrq_bench.airflow_mode.live.dags import write_dag_files
 from airflow_adrq_testing import servers
 from airflow_adrq_testing.dataset import Target
 
@@ -88,11 +89,10 @@ def check_celery(broker: str, module: str = CELERY_MODULE) -> None:
     child interpreter with a scratch ``AIRFLOW_HOME``, where importing Airflow writes its configuration,
     and no ``AIRFLOW_*`` settings) and connects to the Celery broker at ``broker``."""
     with tempfile.TemporaryDirectory(prefix="adrq-live-celery-check-") as home:
-        argv, env = [sys.executable, "-c", f"import {module}"], {"AIRFLOW_HOME": home}
+        argv = [sys.executable, "-c", f"import {module}"]
+        env = processes.clean_environ({"AIRFLOW_HOME": home})
         try:
-            result = subprocess.run(
-                argv, env=processes.clean_environ(env), capture_output=True, text=True, timeout=180
-            )
+            result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
         except subprocess.TimeoutExpired:
             raise LiveError(f"importing {module} took over 180 s") from None
     if result.returncode != 0:
@@ -113,33 +113,31 @@ def check_celery(broker: str, module: str = CELERY_MODULE) -> None:
         ) from None
 
 
+@dataclasses.dataclass(eq=False)
 class Deployment:
     """One manager's Airflow on a scratch database of ``target``'s server, made (with its DAG files) on
     entering. Leaving stops every process, drops the database and removes the scratch ``AIRFLOW_HOME``;
     ``keep_scratch`` keeps both, a failure other than Ctrl-C keeps the home (DAG files, task logs)."""
 
-    def __init__(
-        self,
-        target: Target,
-        manager: str,
-        sizes: LiveSizes,
-        shape: LiveShape,
-        log_dir: Path,
-        manager_kwargs: str | None = None,
-        keep_scratch: bool = False,
-    ) -> None:
-        self.target, self.manager, self.sizes, self.shape = target, manager, sizes, shape
-        self.log_dir, self.manager_kwargs, self.keep_scratch = log_dir, manager_kwargs, keep_scratch
-        self.database = f"adrq_live_{manager}_{secrets.token_hex(3)}"
-        self.home = Path(tempfile.mkdtemp(prefix=f"adrq-live-{log_dir.name}-"))
+    target: Target
+    manager: str
+    sizes: LiveSizes
+    shape: LiveShape
+    log_dir: Path
+    manager_kwargs: str | None = None
+    keep_scratch: bool = False
+
+    def __post_init__(self) -> None:
+        self.database = f"adrq_live_{self.manager}_{secrets.token_hex(3)}"
+        self.home = Path(tempfile.mkdtemp(prefix=f"adrq-live-{self.log_dir.name}-"))
         self.port = servers.free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.id = uuid.uuid4().hex
         self.broker_url = None
-        if shape.celery:
-            self.broker_url = shape.broker_url or f"{DEFAULT_REDIS}/{1 + next(_REDIS_DBS) % 15}"
+        if self.shape.celery:
+            self.broker_url = self.shape.broker_url or f"{DEFAULT_REDIS}/{1 + next(_REDIS_DBS) % 15}"
         # MySQL/MariaDB get one scheduler (HA mode is measured on PostgreSQL).
-        self.schedulers = sizes.schedulers if target.backend == "postgresql" else 1
+        self.schedulers = self.sizes.schedulers if self.target.backend == "postgresql" else 1
         self.components: dict[str, subprocess.Popen[bytes]] = {}  # each a process group leader
         self.url = ""  # made on entering, with the settings
         self.env: dict[str, str] = {}
@@ -249,12 +247,11 @@ class Deployment:
         Celery workers (with CeleryExecutor), in that order."""
         if self.shape.pgbouncer:
             try:
-                bouncer = sa.make_url(
-                    self._pgbouncer.enter_context(servers.pgbouncer(self.target.server_url))
-                )
+                bouncer = self._pgbouncer.enter_context(servers.pgbouncer(self.target.server_url))
             except servers.ServerNotFoundError as exc:
                 raise LiveError(f"PgBouncer: {exc}") from None
-            pooled = sa.make_url(self.url).set(host=bouncer.host, port=bouncer.port)
+            at = sa.make_url(bouncer)
+            pooled = sa.make_url(self.url).set(host=at.host, port=at.port)
             self.env.update(self._database(pooled.render_as_string(hide_password=False)))
         self._start("api-server", "api-server", "--host", "127.0.0.1", "--port", str(self.port))
         for index in range(self.schedulers):
@@ -275,10 +272,9 @@ class Deployment:
         """Raise :class:`LiveError` naming the component and its log if one has exited."""
         for name, process in self.components.items():
             if process.poll() is not None:
-                tail = self.log_of(name).read_text(errors="replace")[-1500:]
-                raise LiveError(
-                    f"{name} exited with status {process.returncode} ({self.log_of(name)}):\n{tail}"
-                )
+                log = self.log_of(name)
+                tail = log.read_text(errors="replace")[-1500:]
+                raise LiveError(f"{name} exited with status {process.returncode} ({log}):\n{tail}")
 
     def stop(self) -> list[str]:
         """Stop everything this deployment started (once); returns what needed SIGKILL.
@@ -287,9 +283,7 @@ class Deployment:
         to every process still carrying the deployment's :data:`MARKER` (the task SDK moves each task
         into a group of its own); the PgBouncer last.
         """
-        names = sorted(
-            self.components, key=lambda n: next(i for i, p in enumerate(_STOP_ORDER) if n.startswith(p))
-        )
+        names = sorted(self.components, key=lambda n: [n.startswith(p) for p in _STOP_ORDER].index(True))
         order = [(name, self.components.pop(name)) for name in names]
         for _, process in order:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -313,3 +307,136 @@ class Deployment:
             killed.append(f"{len(left) - len(killed)} other process(es) by pid")
         self._pgbouncer.close()
         return killed
+
+
+# The live run's two DAG files (``airflow.sdk`` and the standard provider only; their settings a JSON
+# literal at the top), so that a producer task process, which parses its own DAG's file, does not
+# parse the consumers. Producers: ``producer_dags`` DAGs of one task mapped over ``instances``, whose
+# instances meet at a file-system barrier and finish within ``spread_s`` of each other, so that the
+# burst's task-success calls (the asset events and queue rows) reach the api-server together; and
+# the warm-up DAG. Consumers: ``consumers`` DAGs, each one ``EmptyOperator`` (the scheduler completes
+# it without the executor) on ``a0 | a1 | ...`` (with ``own_assets`` half of them on ``a0 & a1 & ...``).
+PRODUCERS_FILE: Final = "adrq_live_producers.py"
+CONSUMERS_FILE: Final = "adrq_live_consumers.py"
+
+_HEADER = '''\
+"""{title}
+
+Written by `airflow-adrq bench --airflow --live` into its scratch deployment;
+rewritten on every run (edits are lost).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+SETTINGS = json.loads({settings!r})
+START = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
+'''
+
+_PRODUCERS = '''
+import random
+import time
+from pathlib import Path
+
+from airflow.sdk import DAG, Asset, get_current_context, task
+
+
+def wait_for_the_burst(folder: Path, name: str, settings: dict) -> None:
+    """Leave a file in ``folder``; once every instance of the burst left one, sleep until the last
+    one's arrival plus ``lead_s`` (the same moment for all), plus 0..``spread_s``. After
+    ``barrier_timeout_s``, go alone (a retry finds them all there and goes at once)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).touch()
+    give_up = time.monotonic() + settings["barrier_timeout_s"]
+    while len(arrived := [f.stat().st_mtime for f in folder.iterdir()]) < settings["expected"]:
+        if time.monotonic() > give_up:
+            return
+        time.sleep(0.02)
+    finish = max(arrived) + settings["lead_s"] + random.uniform(0.0, settings["spread_s"])
+    time.sleep(max(0.0, finish - time.time()))
+
+
+for dag_id, names in SETTINGS["outlets"].items():
+    with DAG(
+        dag_id=dag_id,
+        schedule=None,
+        start_date=START,
+        catchup=False,
+        max_active_tasks=SETTINGS["instances"],
+        tags=["adrq-live"],
+    ):
+
+        @task(
+            outlets=[Asset(name) for name in names],
+            retries=SETTINGS["retries"],
+            retry_delay=datetime.timedelta(seconds=2),
+        )
+        def produce(i: int) -> None:
+            """Finish together with every other instance of the burst; the success call emits the outlets."""
+            context = get_current_context()
+            burst = str(context["dag_run"].conf.get("burst", context["run_id"]))
+            ti = context["ti"]
+            wait_for_the_burst(Path(SETTINGS["barrier_dir"]) / burst, f"{ti.dag_id}.{ti.map_index}", SETTINGS)
+
+        produce.expand(i=list(range(SETTINGS["instances"])))
+
+with DAG(dag_id=SETTINGS["warm_dag"], schedule=None, start_date=START, catchup=False, tags=["adrq-live"]):
+
+    @task(outlets=[Asset(SETTINGS["warm_asset"])])
+    def warm(i: int) -> None:
+        """Nothing: the run exists to send every execution-API call once before the bursts."""
+
+    warm.expand(i=list(range(SETTINGS["expected"])))
+'''
+
+_CONSUMERS = """
+import functools
+import operator
+
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import DAG, Asset
+
+# Asset("a0") | Asset("a1") | ...: one event of any of them queues every consumer;
+# the DAGs in SETTINGS["all_of"] run on Asset("a0") & Asset("a1") & ...: one event of each.
+ASSETS = [Asset(name) for name in SETTINGS["assets"]]
+ANY_OF = functools.reduce(operator.or_, ASSETS)
+ALL_OF = functools.reduce(operator.and_, ASSETS)
+
+for dag_id in SETTINGS["dag_ids"]:
+    schedule = ALL_OF if dag_id in SETTINGS["all_of"] else ANY_OF
+    with DAG(dag_id=dag_id, schedule=schedule, start_date=START, catchup=False, tags=["adrq-live"]):
+        EmptyOperator(task_id="done")
+"""
+
+
+def write_dag_files(dags_folder: Path, barrier_dir: Path, sizes: LiveSizes) -> list[Path]:
+    """Write the two DAG files for ``sizes`` into ``dags_folder``; returns their paths."""
+    dags_folder.mkdir(parents=True, exist_ok=True)
+    producers = {
+        "outlets": {d: sizes.outlets_of(p) for p, d in enumerate(sizes.producer_ids)},
+        "instances": sizes.instances,
+        "expected": sizes.tasks_per_burst,
+        "retries": sizes.retries,
+        "barrier_dir": str(barrier_dir),
+        "barrier_timeout_s": sizes.barrier_s,
+        "lead_s": sizes.lead_s,
+        "spread_s": sizes.spread_s,
+        "warm_dag": WARM_DAG,
+        "warm_asset": "adrq_live_warm",
+    }
+    consumers = {"dag_ids": sizes.consumer_ids, "assets": sizes.assets, "all_of": sizes.all_of_ids}
+    producers_title = (
+        "Producer DAGs (one mapped task each, every instance of a DAG with the same outlets) and the "
+        "warm-up DAG (every execution-API call once)."
+    )
+    consumers_title = "Consumer DAGs: each one EmptyOperator on a0 | a1 | ... (or a0 & a1 & ...)"
+    files = {
+        PRODUCERS_FILE: (producers_title, producers, _PRODUCERS),
+        CONSUMERS_FILE: (consumers_title, consumers, _CONSUMERS),
+    }
+    for name, (title, settings, body) in files.items():
+        header = _HEADER.format(title=title, settings=json.dumps(settings, sort_keys=True))
+        (dags_folder / name).write_text(header + body)
+    return [dags_folder / name for name in files]

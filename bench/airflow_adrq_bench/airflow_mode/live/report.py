@@ -73,10 +73,6 @@ def _our_deadlocks(c: Cell) -> int:
     return int(server + d["log_lines_components"] + d["log_lines_tasks"])
 
 
-def _seconds(value: float | None) -> str:
-    return "?" if value is None else f"{value:.0f}"
-
-
 def _written(c: Cell) -> int:
     return sum(c["events"]["written"].values())
 
@@ -109,7 +105,9 @@ ROWS: list[tuple[str, str | Callable[[Cell], str]]] = [
     ),
     (
         "trigger to done, s (per burst)",
-        lambda c: ", ".join(_seconds(b["trigger_to_done_s"]) for b in c["bursts"]),
+        lambda c: ", ".join(
+            "?" if (s := b["trigger_to_done_s"]) is None else f"{s:.0f}" for b in c["bursts"]
+        ),
     ),
     ("PATCH .../state p50 / p99 ms", _latency),
     ("deployment, s", "{duration_s:.0f}"),
@@ -119,11 +117,8 @@ ROWS: list[tuple[str, str | Callable[[Cell], str]]] = [
 def format_tables(raw: dict[str, Any]) -> str:
     """Markdown: the run's sizes and plug-in, per database a table (rows x managers), the legend."""
     sizes, cells = raw["sizes"], raw["cells"]
-    on = (
-        "each producer DAG's own outlets (half on the OR of all, half on the AND)"
-        if sizes["own_assets"]
-        else "the OR of the outlets"
-    )
+    own = "each producer DAG's own outlets (half on the OR of all, half on the AND)"
+    on = own if sizes["own_assets"] else "the OR of the outlets"
     start_up = "; ".join(sorted({str(c.get("plugin_start_up")) for c in cells if c["manager"] == "plugin"}))
     lines = [
         heading("Live Airflow, stock AssetManager vs airflow-adrq's plug-in", raw),
@@ -207,25 +202,23 @@ def verdict_lines(cells: Sequence[Cell]) -> list[Line]:
 
 
 def _judged(db: str, plugin: Sequence[Cell], stock: Sequence[Cell]) -> list[Line]:
-    def line(target: Target, of: Callable[[Cell], int], whole: str = "", beyond: int = 0) -> Line:
-        n = sum(map(of, plugin))
-        beside = f" (stock {sum(map(of, stock))})" if stock else ""
-        return verdict.line(db, target, n - beyond, f"{n}{whole}{beside}")
+    def total(of: Callable[[Cell], int], cells: Sequence[Cell] = plugin) -> int:
+        return sum(map(of, cells))
 
-    def total(of: Callable[[Cell], int]) -> int:
-        return sum(map(of, plugin))
+    def line(target: Target, of: Callable[[Cell], int], whole: str = "", beyond: int = 0) -> Line:
+        beside = f" (stock {total(of, stock)})" if stock else ""
+        return verdict.line(db, target, total(of) - beyond, f"{total(of)}{whole}{beside}")
 
     written, expected = total(_written), total(_at("events", "expected"))
     left = total(lambda c: c["after_bursts"]["queue_rows"] + c["after_extra"]["queue_rows"])
     allowed, pairs = total(stranded_allowed), f" of {total(_at('after_bursts', 'pairs'))}"
-    # The goal printed is the number allowed here.
-    stranded = line(STRANDED, _at("after_bursts", "stranded"), pairs, beyond=allowed)
+    stranded = dataclasses.replace(STRANDED, goal=f"<= {allowed}")  # the goal printed: the number allowed
     return [
         line(FAILED, _at("tasks", "failed"), f" of {total(_at('tasks', 'tasks'))}"),
         line(SERVER_ERRORS, _server_errors),
         line(DEADLOCKS, _our_deadlocks),
         verdict.line(db, EXACT, written == expected and not left, f"{written} of {expected}; {left}"),
-        dataclasses.replace(stranded, goal=f"<= {allowed}"),
+        line(stranded, _at("after_bursts", "stranded"), pairs, beyond=allowed),
         line(LOST, _at("after_extra", "stranded")),
         line(TWICE, _at("after_extra", "consumed_twice")),
         _speed(db, plugin, stock),
