@@ -25,8 +25,8 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 
 from airflow_adrq.doctor import backends, compatibility, exposure
-from airflow_adrq.doctor.airflow_revisions import schema_version
 from airflow_adrq.doctor.backends import read_only_connection
+from airflow_adrq.doctor.compatibility import schema_version
 from airflow_adrq.doctor.report import (
     CONFIG_LINE,
     ENABLE,
