@@ -49,29 +49,24 @@ DAG_ID_COLUMNS = (
 )
 
 
-def _connect_timeout(url: URL) -> tuple[URL, dict[str, Any]]:
-    drivers = ("psycopg2", "psycopg", "mysqldb", "pymysql")  # the DBAPIs that take connect_timeout
-    return url, ({"connect_timeout": CONNECT_TIMEOUT} if url.get_driver_name() in drivers else {})
-
-
 @dataclass(frozen=True)
 class Probe:
     """How doctor reads one backend; ``name`` is the report's backend (``"mysql"`` for MariaDB too).
 
     ``begin_read_only`` makes the transaction read-only before its first
-    query; ``engine_args(url)``: the URL and ``connect_args`` to open;
-    ``search_path`` puts schema ``:schema`` first for this transaction only
-    (``None``: not checked here). ``compatibility`` and ``stats`` fill the
-    backend's own fields and return warnings. ``cannot_deadlock``: why the
-    verdict is "not needed" whatever the exposure; ``deadlock_counter``: who
-    counts this database's own deadlocks (``None``: nobody, or server-wide).
+    query; ``read_only_url``: the URL to open; ``search_path`` puts schema
+    ``:schema`` first for this transaction only (``None``: not checked here).
+    ``compatibility`` and ``stats`` fill the backend's own fields and return
+    warnings. ``cannot_deadlock``: why the verdict is "not needed" whatever the
+    exposure; ``deadlock_counter``: who counts this database's own deadlocks
+    (``None``: nobody, or server-wide).
     """
 
     name: str
     begin_read_only: tuple[str, ...]
     server: Callable[[Connection], str]
     collations: Callable[[Connection], dict[str, str]]
-    engine_args: Callable[[URL], tuple[URL, dict[str, Any]]] = field(default=_connect_timeout)
+    read_only_url: Callable[[URL], URL] = field(default=lambda url: url)
     search_path: str | None = None
     compatibility: Callable[[Connection, Compatibility], list[str]] = field(default=lambda conn, c: [])
     stats: Callable[[Connection, Exposure], list[str]] = field(default=lambda conn, e: [])
@@ -89,7 +84,9 @@ def read_only_connection(url: str | URL, schema: str | None = None) -> Iterator[
     """
     url = sa.make_url(url)
     probe = get(url)
-    url, connect_args = probe.engine_args(url)
+    url = probe.read_only_url(url)
+    drivers = ("psycopg2", "psycopg", "mysqldb", "pymysql")  # the DBAPIs that take connect_timeout
+    connect_args = {"connect_timeout": CONNECT_TIMEOUT} if url.get_driver_name() in drivers else {}
     engine = sa.create_engine(url, poolclass=NullPool, connect_args=connect_args)
     try:
         with engine.connect() as conn:
@@ -159,7 +156,7 @@ def _pgbouncer(conn: Connection) -> PgBouncer:
     ours = _socket_ports(conn)
     row = conn.execute(sa.text("SELECT inet_client_port(), inet_server_port()")).one()
     theirs = (row[0], row[1]) if row[0] is not None else None
-    if ours is not None and theirs is not None and ours == theirs:
+    if ours is not None and ours == theirs:
         return PgBouncer(
             False, f"no: the server sees this connection's own TCP ports ({ours[0]} -> {ours[1]})"
         )
@@ -170,13 +167,10 @@ def _pgbouncer(conn: Connection) -> PgBouncer:
     else:
         between = f"ports {ours[0]} -> {ours[1]} here, {theirs[0]} -> {theirs[1]} at the server"
     detected, how, mode = _admin_console(conn.engine)
-    how = f"{between}; {how}"
-    if detected is False:
-        return PgBouncer(False, how)
     mode_how = "SHOW DATABASES / SHOW CONFIG" if mode else None
     if detected and mode is None:
         mode, mode_how = _pool_mode_by_behaviour(conn.engine)
-    return PgBouncer(detected, how, mode, mode_how)
+    return PgBouncer(detected, f"{between}; {how}", mode, mode_how)
 
 
 def _socket_ports(conn: Connection) -> tuple[int, int] | None:
@@ -367,25 +361,25 @@ MYSQL = Probe(
 # SQLite
 
 
-def _sqlite_read_only(url: URL) -> tuple[URL, dict[str, Any]]:
+def _sqlite_read_only(url: URL) -> URL:
     database = url.database or ""
     if url.query.get("uri") in ("true", "1") or database.startswith("file:"):
         query = {"uri": "true", **url.query}
         if "mode=" not in database and "mode" not in query:
             query["mode"] = "ro"
-        return url.set(query=query), {}
+        return url.set(query=query)
     if database in ("", ":memory:"):
         raise DoctorError("an in-memory SQLite database holds no Airflow schema: pass the database file")
     path = Path(database).expanduser().resolve()
     if not path.is_file():
         raise DoctorError(f"no SQLite database file at {path}")
     file = f"file:{urllib.parse.quote(str(path))}"
-    return url.set(database=file, query={**url.query, "mode": "ro", "uri": "true"}), {}
+    return url.set(database=file, query={**url.query, "mode": "ro", "uri": "true"})
 
 
 SQLITE = Probe(
     name="sqlite",
-    engine_args=_sqlite_read_only,
+    read_only_url=_sqlite_read_only,
     begin_read_only=("PRAGMA query_only = ON", "BEGIN"),
     server=lambda conn: f"SQLite {scalar(conn, 'SELECT sqlite_version()')}",
     # SQLite's default collation, not read from the schema.
