@@ -156,7 +156,7 @@ def _pgbouncer(conn: Connection) -> PgBouncer:
     ours = _socket_ports(conn)
     row = conn.execute(sa.text("SELECT inet_client_port(), inet_server_port()")).one()
     theirs = (row[0], row[1]) if row[0] is not None else None
-    if ours is not None and ours == theirs:
+    if ours is not None and theirs is not None and ours == theirs:
         return PgBouncer(
             False, f"no: the server sees this connection's own TCP ports ({ours[0]} -> {ours[1]})"
         )
@@ -206,9 +206,8 @@ def _admin_console(engine: Engine) -> tuple[bool | None, str, str | None]:
         cursor.execute("SHOW DATABASES")
         names = [d[0] for d in cursor.description]
         records = [dict(zip(names, row, strict=False)) for row in cursor.fetchall()]
-        modes = [
-            r["pool_mode"] for r in records if r.get("name") == engine.url.database and r.get("pool_mode")
-        ]
+        ours = [r for r in records if r.get("name") == engine.url.database]
+        modes = [r["pool_mode"] for r in ours if r.get("pool_mode")]
         if not modes:
             cursor.execute("SHOW CONFIG")
             modes = [row[1] for row in cursor.fetchall() if row[0] == "pool_mode"]
@@ -308,11 +307,8 @@ def _mysql_server(conn: Connection) -> str:
 
 
 def _mysql_compatibility(conn: Connection, compatibility: Compatibility) -> list[str]:
-    variables: dict[str, str] = dict(
-        conn.execute(
-            sa.text("SHOW GLOBAL VARIABLES WHERE Variable_name IN ('transaction_isolation', 'tx_isolation')")
-        ).all()
-    )
+    sql = "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('transaction_isolation', 'tx_isolation')"
+    variables: dict[str, str] = dict(conn.execute(sa.text(sql)).all())
     level = str(variables.get("transaction_isolation") or variables.get("tx_isolation") or "unknown")
     warnings = []
     drivername = conn.engine.url.drivername
