@@ -3,14 +3,12 @@
 Each backend is a :class:`Probe`: no other module compares backend names.
 
 * PostgreSQL: every setting transaction-scoped, so nothing stays on a server
-  connection PgBouncer hands to someone else. Its deadlock counter is this
-  database's own: the verdict cites it. PgBouncer: see :func:`_pgbouncer`.
+  connection PgBouncer hands to someone else (PgBouncer: :func:`_pgbouncer`).
+  Its deadlock counter is this database's own: the verdict cites it.
 * MySQL/MariaDB: the plug-in refuses to write above READ COMMITTED, which
   Airflow sets only for URLs starting with ``mysql``: the server's default and
-  the URL's scheme are both reported. ``Innodb_deadlocks`` counts the whole
-  server's, so the verdict does not cite it.
-* SQLite: the file opened ``mode=ro`` (a missing file is an error, never
-  created). One writer at a time: "not needed" whatever the exposure.
+  the URL's scheme are both reported. ``Innodb_deadlocks`` is server-wide: not cited.
+* SQLite: the file opened ``mode=ro`` (a missing file is an error, never created).
 """
 
 from __future__ import annotations
@@ -53,13 +51,12 @@ DAG_ID_COLUMNS = (
 class Probe:
     """How doctor reads one backend; ``name`` is the report's backend (``"mysql"`` for MariaDB too).
 
-    ``begin_read_only`` makes the transaction read-only before its first
-    query; ``read_only_url``: the URL to open; ``search_path`` puts schema
-    ``:schema`` first for this transaction only (``None``: not checked here).
-    ``compatibility`` and ``stats`` fill the backend's own fields and return
-    warnings. ``cannot_deadlock``: why the verdict is "not needed" whatever the
-    exposure; ``deadlock_counter``: who counts this database's own deadlocks
-    (``None``: nobody, or server-wide).
+    ``begin_read_only`` makes the transaction read-only before its first query;
+    ``read_only_url``: the URL to open; ``search_path`` puts schema ``:schema``
+    first for this transaction only (``None``: not checked here). ``compatibility``
+    and ``stats`` fill the backend's own fields and return warnings.
+    ``cannot_deadlock``: why the verdict is "not needed" whatever the exposure;
+    ``deadlock_counter``: who counts this database's own deadlocks.
     """
 
     name: str

@@ -34,8 +34,7 @@ __all__ = ["KNOWN_UP_TO", "REVISIONS", "detect", "read", "schema_version"]
 #: The newest release :data:`REVISIONS` was read from.
 KNOWN_UP_TO = "3.4.0b2"
 
-# One release a line (indented lines continue it), its revisions in file
-# order: 0000 first, 0147 last.
+# One release a line (indented lines continue it), its revisions in file order: 0000 first, 0147 last.
 _BY_RELEASE = """
 2.6.2   4bc4d934e2bc
 2.7.0   937cbd173ca1 788397e78828 405de8318b3a
@@ -129,9 +128,7 @@ def read(
             f"alembic_version {version.revision} is not the last migration of Airflow "
             f"{version.airflow_version}: was `airflow db migrate` interrupted?"
         )
-    queue_key = None
-    if "asset_dag_run_queue" in tables:
-        queue_key = _primary_key(inspector, schema)
+    queue_key = _primary_key(inspector, schema) if "asset_dag_run_queue" in tables else None
     found: shapes.QueueShape | None = None
     try:
         found = detect(conn, schema=schema)
@@ -150,9 +147,8 @@ def read(
         supported=supported,
         support=why,
         tested=tested,
+        dag_id_collations=probe.collations(conn) if "dag" in tables else {},
     )
-    if "dag" in tables:
-        compatibility.dag_id_collations = probe.collations(conn)
     warnings.extend(probe.compatibility(conn, compatibility))
     return compatibility, found, warnings
 
@@ -190,31 +186,29 @@ def _support(
     schema: SchemaVersion, found: shapes.QueueShape | None, shape_error: str | None
 ) -> tuple[bool, str, str | None]:
     """``(supported, why, tested release)`` for this schema."""
-    if schema.airflow_version is None:
-        return (
-            False,
-            f"alembic revision {schema.revision} is unknown to this airflow-adrq (it knows Airflow up to "
-            f"{KNOWN_UP_TO}): a newer Airflow? Upgrade airflow-adrq",
-            None,
-        )
     line = schema.line
     name = f"{line[0]}.{line[1]}" if line else schema.airflow_version
-    if line in compat.REFUSED:
-        return False, f"Airflow {name} is refused: {compat.REFUSED[line]}", None
     adapter = compat.ADAPTERS.get(line) if line else None
-    if adapter is None:
-        supported_lines = ", ".join(f"{a}.{b}" for a, b in compat.SUPPORTED)
-        return False, f"Airflow {name} is not supported (supported: {supported_lines})", None
-    if found is None:
-        return False, f"the queue table is not a shape airflow-adrq writes: {shape_error}", adapter.tested
-    if found != adapter.shape:
-        return (
-            False,
-            f"Airflow {name} makes the {adapter.shape.name} queue, this database has the {found.name} one "
-            "(migrated by another Airflow?)",
-            adapter.tested,
+    if schema.airflow_version is None:
+        why = (
+            f"alembic revision {schema.revision} is unknown to this airflow-adrq (it knows Airflow up to "
+            f"{KNOWN_UP_TO}): a newer Airflow? Upgrade airflow-adrq"
         )
-    return True, f"Airflow {name}, tested with {adapter.tested}", adapter.tested
+    elif line in compat.REFUSED:
+        why = f"Airflow {name} is refused: {compat.REFUSED[line]}"
+    elif adapter is None:
+        supported_lines = ", ".join(f"{a}.{b}" for a, b in compat.SUPPORTED)
+        why = f"Airflow {name} is not supported (supported: {supported_lines})"
+    elif found is None:
+        why = f"the queue table is not a shape airflow-adrq writes: {shape_error}"
+    elif found != adapter.shape:
+        why = (
+            f"Airflow {name} makes the {adapter.shape.name} queue, this database has the {found.name} one "
+            "(migrated by another Airflow?)"
+        )
+    else:
+        return True, f"Airflow {name}, tested with {adapter.tested}", adapter.tested
+    return False, why, adapter.tested if adapter else None
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -224,8 +218,7 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 def _below_minimum(schema: SchemaVersion) -> list[str]:
     """A warning when releases of this schema predate the first one of its line the plug-in supports.
 
-    The schema is the same from its release up to the next release that adds a
-    migration, so it cannot tell which of those runs.
+    A schema is the same from its release up to the next one adding a migration: which runs is unknown.
     """
     version, line = schema.airflow_version, schema.line
     if version is None or line not in compat.ADAPTERS:
@@ -251,11 +244,10 @@ def _primary_key(inspector: Inspector, schema: str | None) -> tuple[str, ...]:
 def detect(connection: Connection, schema: str | None = None) -> shapes.QueueShape:
     """The :class:`~airflow_adrq.shapes.QueueShape` of the database behind ``connection``.
 
-    Reads the catalog (columns of ``dag`` and ``asset_event``, the primary
-    key of ``asset_dag_run_queue``, in ``schema`` if given) through the
-    connection, inside the caller's transaction; takes no row locks. Raises
-    :class:`~airflow_adrq.errors.UnsupportedSchemaError` for a queue keyed in
-    any other way, or a combination no Airflow release has.
+    Reads the catalog (columns of ``dag`` and ``asset_event``, the primary key of
+    ``asset_dag_run_queue``, in ``schema`` if given) in the caller's transaction;
+    takes no row locks. :class:`~airflow_adrq.errors.UnsupportedSchemaError`: a
+    queue keyed in any other way, or a combination no Airflow release has.
     """
     inspector = sa.inspect(connection)
 
