@@ -56,7 +56,7 @@ class Probe:
     first for this transaction only (``None``: not checked here). ``compatibility``
     and ``stats`` fill the backend's own fields and return warnings.
     ``cannot_deadlock``: why the verdict is "not needed" whatever the exposure;
-    ``deadlock_counter``: who counts this database's own deadlocks.
+    ``deadlock_counter``: who counts this database's own deadlocks (``None``: nobody, or server-wide).
     """
 
     name: str
