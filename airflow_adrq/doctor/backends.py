@@ -174,8 +174,7 @@ def _socket_ports(conn: Connection) -> tuple[int, int] | None:
     """``(local port, remote port)`` of the connection's socket; ``None`` for a Unix socket or no access."""
     raw: Any = conn.connection.dbapi_connection
     try:
-        fd = int(raw.fileno())
-        with socket.socket(fileno=os.dup(fd)) as sock:
+        with socket.socket(fileno=os.dup(int(raw.fileno()))) as sock:
             if sock.family not in (socket.AF_INET, socket.AF_INET6):
                 return None
             return int(sock.getsockname()[1]), int(sock.getpeername()[1])
