@@ -1,17 +1,16 @@
 """``airflow-adrq doctor``: should this Airflow deployment enable the plug-in? A read-only check.
 
-:func:`check` reads an Airflow metadata database's compatibility
-(:mod:`.compatibility`) and exposure (:mod:`.exposure`) into a :mod:`.report`
-(which also renders it) and decides: enable when a transaction can write two
-queue rows that another locks in the other order; not needed when none
-writes two, the queue is keyed by event, or the backend runs one writer at a
-time. The exit status is the verdict's (:data:`EXIT_CODES`; :data:`EXIT_NO_REPORT`
-for no report). What each line means: the README's "Should I enable it?".
+:func:`check` reads a metadata database's compatibility (:mod:`.compatibility`)
+and exposure (:mod:`.exposure`) into a :mod:`.report` and decides: enable when a
+transaction can write two queue rows that another locks in the other order; not
+needed when none writes two, the queue is keyed by event, or the backend runs one
+writer at a time. Exit status: :data:`EXIT_CODES`, :data:`EXIT_NO_REPORT`. What
+each line means: the README's "Should I enable it?".
 
-Read-only by construction, and tested so: one transaction, read-only before
-the first query and rolled back at the end; only ``SELECT``, ``SHOW`` and
-catalog reads, from one snapshot (:mod:`.backends`, where each backend's
-differences live). PgBouncer detection opens at most three more connections.
+Read-only by construction, and tested so: one transaction, read-only before the
+first query and rolled back at the end; only ``SELECT``, ``SHOW`` and catalog
+reads, from one snapshot (:mod:`.backends`: each backend's differences).
+PgBouncer detection opens at most three more connections.
 """
 
 from __future__ import annotations
@@ -25,8 +24,8 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 
 from airflow_adrq.doctor import backends, compatibility, exposure
-from airflow_adrq.doctor.airflow_revisions import schema_version
 from airflow_adrq.doctor.backends import read_only_connection
+from airflow_adrq.doctor.compatibility import schema_version
 from airflow_adrq.doctor.report import (
     CONFIG_LINE,
     ENABLE,
@@ -93,14 +92,13 @@ def check(url: str | URL, schema: str | None = None) -> Report:
     if exposed is None and compat.supported:
         # Supported schemas always have these tables.
         raise DoctorError("the asset and schedule-reference tables are missing: not an Airflow 3 database")
-    return Report(safe, compat, exposed, *_decide(compat, exposed), warnings)
+    return Report(safe, compat, exposed, *_decide(compat, exposed, probe), warnings)
 
 
-def _decide(compat: Compatibility, exposed: Exposure | None) -> tuple[str, list[str]]:
+def _decide(compat: Compatibility, exposed: Exposure | None, probe: backends.Probe) -> tuple[str, list[str]]:
     """``(verdict, reasons)``; ``exposed`` is ``None`` only for a schema that is not supported."""
     if not compat.supported:
         return NOT_SUPPORTED, [compat.support]
-    probe = backends.get(compat.backend)
     if probe.cannot_deadlock:
         return NOT_NEEDED, [probe.cannot_deadlock]
     assert exposed is not None  # check() refuses a supported schema without the exposure's tables
@@ -188,9 +186,8 @@ def _run(args: argparse.Namespace) -> int:
                 "no --url, and Airflow is not importable here to read [database] sql_alchemy_conn: "
                 "pass --url with Airflow's metadata database URL"
             )
-        report = check(
-            url, args.schema if args.schema is not None else _airflow_setting("sql_alchemy_schema")
-        )
+        schema = args.schema if args.schema is not None else _airflow_setting("sql_alchemy_schema")
+        report = check(url, schema)
     except DoctorError as exc:
         print(f"airflow-adrq doctor: {exc}", file=sys.stderr)
         return EXIT_NO_REPORT

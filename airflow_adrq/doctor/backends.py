@@ -3,14 +3,12 @@
 Each backend is a :class:`Probe`: no other module compares backend names.
 
 * PostgreSQL: every setting transaction-scoped, so nothing stays on a server
-  connection PgBouncer hands to someone else. Its deadlock counter is this
-  database's own: the verdict cites it. PgBouncer: see :func:`_pgbouncer`.
+  connection PgBouncer hands to someone else (PgBouncer: :func:`_pgbouncer`).
+  Its deadlock counter is this database's own: the verdict cites it.
 * MySQL/MariaDB: the plug-in refuses to write above READ COMMITTED, which
   Airflow sets only for URLs starting with ``mysql``: the server's default and
-  the URL's scheme are both reported. ``Innodb_deadlocks`` counts the whole
-  server's, so the verdict does not cite it.
-* SQLite: the file opened ``mode=ro`` (a missing file is an error, never
-  created). One writer at a time: "not needed" whatever the exposure.
+  the URL's scheme are both reported. ``Innodb_deadlocks`` is server-wide: not cited.
+* SQLite: the file opened ``mode=ro`` (a missing file is an error, never created).
 """
 
 from __future__ import annotations
@@ -49,29 +47,23 @@ DAG_ID_COLUMNS = (
 )
 
 
-def _connect_timeout(url: URL) -> tuple[URL, dict[str, Any]]:
-    drivers = ("psycopg2", "psycopg", "mysqldb", "pymysql")  # the DBAPIs that take connect_timeout
-    return url, ({"connect_timeout": CONNECT_TIMEOUT} if url.get_driver_name() in drivers else {})
-
-
 @dataclass(frozen=True)
 class Probe:
     """How doctor reads one backend; ``name`` is the report's backend (``"mysql"`` for MariaDB too).
 
-    ``begin_read_only`` makes the transaction read-only before its first
-    query; ``engine_args(url)``: the URL and ``connect_args`` to open;
-    ``search_path`` puts schema ``:schema`` first for this transaction only
-    (``None``: not checked here). ``compatibility`` and ``stats`` fill the
-    backend's own fields and return warnings. ``cannot_deadlock``: why the
-    verdict is "not needed" whatever the exposure; ``deadlock_counter``: who
-    counts this database's own deadlocks (``None``: nobody, or server-wide).
+    ``begin_read_only`` makes the transaction read-only before its first query;
+    ``read_only_url``: the URL to open; ``search_path`` puts schema ``:schema``
+    first for this transaction only (``None``: not checked here). ``compatibility``
+    and ``stats`` fill the backend's own fields and return warnings.
+    ``cannot_deadlock``: why the verdict is "not needed" whatever the exposure;
+    ``deadlock_counter``: who counts this database's own deadlocks (``None``: nobody, or server-wide).
     """
 
     name: str
     begin_read_only: tuple[str, ...]
     server: Callable[[Connection], str]
     collations: Callable[[Connection], dict[str, str]]
-    engine_args: Callable[[URL], tuple[URL, dict[str, Any]]] = field(default=_connect_timeout)
+    read_only_url: Callable[[URL], URL] = field(default=lambda url: url)
     search_path: str | None = None
     compatibility: Callable[[Connection, Compatibility], list[str]] = field(default=lambda conn, c: [])
     stats: Callable[[Connection, Exposure], list[str]] = field(default=lambda conn, e: [])
@@ -89,7 +81,9 @@ def read_only_connection(url: str | URL, schema: str | None = None) -> Iterator[
     """
     url = sa.make_url(url)
     probe = get(url)
-    url, connect_args = probe.engine_args(url)
+    url = probe.read_only_url(url)
+    drivers = ("psycopg2", "psycopg", "mysqldb", "pymysql")  # the DBAPIs that take connect_timeout
+    connect_args = {"connect_timeout": CONNECT_TIMEOUT} if url.get_driver_name() in drivers else {}
     engine = sa.create_engine(url, poolclass=NullPool, connect_args=connect_args)
     try:
         with engine.connect() as conn:
@@ -170,21 +164,17 @@ def _pgbouncer(conn: Connection) -> PgBouncer:
     else:
         between = f"ports {ours[0]} -> {ours[1]} here, {theirs[0]} -> {theirs[1]} at the server"
     detected, how, mode = _admin_console(conn.engine)
-    how = f"{between}; {how}"
-    if detected is False:
-        return PgBouncer(False, how)
     mode_how = "SHOW DATABASES / SHOW CONFIG" if mode else None
     if detected and mode is None:
         mode, mode_how = _pool_mode_by_behaviour(conn.engine)
-    return PgBouncer(detected, how, mode, mode_how)
+    return PgBouncer(detected, f"{between}; {how}", mode, mode_how)
 
 
 def _socket_ports(conn: Connection) -> tuple[int, int] | None:
     """``(local port, remote port)`` of the connection's socket; ``None`` for a Unix socket or no access."""
     raw: Any = conn.connection.dbapi_connection
     try:
-        fd = int(raw.fileno())
-        with socket.socket(fileno=os.dup(fd)) as sock:
+        with socket.socket(fileno=os.dup(int(raw.fileno()))) as sock:
             if sock.family not in (socket.AF_INET, socket.AF_INET6):
                 return None
             return int(sock.getsockname()[1]), int(sock.getpeername()[1])
@@ -212,9 +202,8 @@ def _admin_console(engine: Engine) -> tuple[bool | None, str, str | None]:
         cursor.execute("SHOW DATABASES")
         names = [d[0] for d in cursor.description]
         records = [dict(zip(names, row, strict=False)) for row in cursor.fetchall()]
-        modes = [
-            r["pool_mode"] for r in records if r.get("name") == engine.url.database and r.get("pool_mode")
-        ]
+        ours = [r for r in records if r.get("name") == engine.url.database]
+        modes = [r["pool_mode"] for r in ours if r.get("pool_mode")]
         if not modes:
             cursor.execute("SHOW CONFIG")
             modes = [row[1] for row in cursor.fetchall() if row[0] == "pool_mode"]
@@ -314,11 +303,8 @@ def _mysql_server(conn: Connection) -> str:
 
 
 def _mysql_compatibility(conn: Connection, compatibility: Compatibility) -> list[str]:
-    variables: dict[str, str] = dict(
-        conn.execute(
-            sa.text("SHOW GLOBAL VARIABLES WHERE Variable_name IN ('transaction_isolation', 'tx_isolation')")
-        ).all()
-    )
+    sql = "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('transaction_isolation', 'tx_isolation')"
+    variables: dict[str, str] = dict(conn.execute(sa.text(sql)).all())
     level = str(variables.get("transaction_isolation") or variables.get("tx_isolation") or "unknown")
     warnings = []
     drivername = conn.engine.url.drivername
@@ -367,25 +353,25 @@ MYSQL = Probe(
 # SQLite
 
 
-def _sqlite_read_only(url: URL) -> tuple[URL, dict[str, Any]]:
+def _sqlite_read_only(url: URL) -> URL:
     database = url.database or ""
     if url.query.get("uri") in ("true", "1") or database.startswith("file:"):
         query = {"uri": "true", **url.query}
         if "mode=" not in database and "mode" not in query:
             query["mode"] = "ro"
-        return url.set(query=query), {}
+        return url.set(query=query)
     if database in ("", ":memory:"):
         raise DoctorError("an in-memory SQLite database holds no Airflow schema: pass the database file")
     path = Path(database).expanduser().resolve()
     if not path.is_file():
         raise DoctorError(f"no SQLite database file at {path}")
     file = f"file:{urllib.parse.quote(str(path))}"
-    return url.set(database=file, query={**url.query, "mode": "ro", "uri": "true"}), {}
+    return url.set(database=file, query={**url.query, "mode": "ro", "uri": "true"})
 
 
 SQLITE = Probe(
     name="sqlite",
-    engine_args=_sqlite_read_only,
+    read_only_url=_sqlite_read_only,
     begin_read_only=("PRAGMA query_only = ON", "BEGIN"),
     server=lambda conn: f"SQLite {scalar(conn, 'SELECT sqlite_version()')}",
     # SQLite's default collation, not read from the schema.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import sqlalchemy as sa
@@ -31,26 +31,15 @@ def queued_pairs(shape: shapes.QueueShape = shapes.PARTITIONED) -> sa.Select[Any
     """``SELECT asset_id, dag_id``: every (asset, consumer) pair an event of the asset would queue.
 
     The statement's direct, name and URI references and ``dag`` filter over
-    every asset (aliases: :func:`_alias_consumers`). Locks nothing; for
-    ``doctor``.
+    every asset (aliases: :func:`read`). Locks nothing; for ``doctor``.
     """
     src = statement.consumers(sa.select(tables.asset.c.id.label("asset_id")).cte("ev"), with_aliases=False)
-    return (
-        sa.select(src.c.asset_id, src.c.dag_id)
-        .join(tables.dag, tables.dag.c.dag_id == src.c.dag_id)
-        .where(*shape.consumer_filter(tables.dag.c))
-    )
+    return _filtered(sa.select(src.c.asset_id, src.c.dag_id), src.c.dag_id, shape)
 
 
-@functools.cache
-def _alias_consumers(shape: shapes.QueueShape) -> sa.Select[Any]:
-    """``SELECT alias_id, dag_id``: the consumers an event emitted through an alias queues, per alias."""
-    by_alias = tables.dag_schedule_asset_alias_reference
-    return (
-        sa.select(by_alias.c.alias_id, by_alias.c.dag_id)
-        .join(tables.dag, tables.dag.c.dag_id == by_alias.c.dag_id)
-        .where(*shape.consumer_filter(tables.dag.c))
-    )
+def _filtered(query: sa.Select[Any], dag_id: Any, shape: shapes.QueueShape) -> sa.Select[Any]:
+    """``query`` joined to ``dag`` on ``dag_id``: only the consumer DAGs ``shape`` queues for."""
+    return query.join(tables.dag, tables.dag.c.dag_id == dag_id).where(*shape.consumer_filter(tables.dag.c))
 
 
 def fallback_shape(inspector: Inspector, schema: str | None) -> shapes.QueueShape:
@@ -70,18 +59,17 @@ def read(conn: Connection, names: set[str], shape: shapes.QueueShape) -> Exposur
     consumers = _grouped((a, d) for a, d in conn.execute(queued_pairs(shape)) if a in assets)
     counts = sorted(len(d) for d in consumers.values())
 
-    outlet_rows: Sequence[Any] = ()
-    if "task_outlet_asset_reference" in names:
-        outlet_rows = conn.execute(
-            sa.text("SELECT asset_id, dag_id, task_id FROM task_outlet_asset_reference")
-        ).all()
+    outlets = "SELECT asset_id, dag_id, task_id FROM task_outlet_asset_reference"
+    outlet_rows = conn.execute(sa.text(outlets)).all() if "task_outlet_asset_reference" in names else []
     producers = _grouped((a, (d, t)) for a, d, t in outlet_rows)
     several = {a for a, p in producers.items() if len(p) > 1}
     multi_outlet = [s for s in _grouped(((d, t), a) for a, d, t in outlet_rows).values() if len(s) > 1]
     # The queue rows one success of each multi-outlet task writes: a consumer once per outlet it is under.
     per_success = [[d for a in assets_of for d in consumers.get(a, ())] for assets_of in multi_outlet]
 
-    by_alias = _grouped(conn.execute(_alias_consumers(shape)))
+    # The consumers an event emitted through an alias queues, per alias.
+    ref = tables.dag_schedule_asset_alias_reference
+    by_alias = _grouped(conn.execute(_filtered(sa.select(ref.c.alias_id, ref.c.dag_id), ref.c.dag_id, shape)))
     links = conn.execute(sa.text("SELECT alias_id, asset_id FROM asset_alias_asset")).all()
     alias_assets = _grouped(links)
     # An event emitted through an alias queues the alias's consumers and its asset's.
