@@ -1,28 +1,23 @@
 """airflow-adrq: deadlock-free, set-based ``asset_dag_run_queue`` writes for Apache Airflow.
 
-Guarantee, in one paragraph: every transaction queues all the downstream DAGs
-of all the asset events it registered with ONE ``INSERT ... SELECT ... ORDER
-BY asset_id, dag_id`` statement driven by its own ``asset_event`` rows, run
-just before its COMMIT, so concurrent producers lock queue rows in the same
-global order and cannot deadlock on them; the rows appear when the
-transaction commits and never if it rolls back, and the events' ``timestamp``
-and the rows' ``created_at`` get one value of the database's clock once the
-rows are locked, just before COMMIT.
-Deadlocks through other tables remain possible: run producer transactions
-under :func:`run_in_transaction`, which retries them from BEGIN.
+Guarantee, in one paragraph: every transaction queues all the downstream DAGs of all the asset events it
+registered with ONE ``INSERT ... SELECT ... ORDER BY asset_id, dag_id`` statement driven by its own
+``asset_event`` rows, run just before its COMMIT, so concurrent producers lock queue rows in the same
+global order and cannot deadlock on them; the rows appear when the transaction commits and never if it
+rolls back, and the events' ``timestamp`` and the rows' ``created_at`` get one value of the database's
+clock once the rows are locked, just before COMMIT. Deadlocks through other tables remain possible: run
+producer transactions under :func:`run_in_transaction`, which retries them from BEGIN.
 
 Public API (every name in ``__all__``; anything else is internal):
 
-* :func:`register_asset_change`, :func:`register_asset_changes`,
-  :class:`AssetChange` — Airflow 3.3's ``AssetManager.register_asset_change``,
-  standalone.
-* :func:`defer_events` (at COMMIT), :func:`queue_events` (now),
-  :func:`flush_queue`, :func:`queue_dagruns` (by asset id, without events),
-  :func:`build_queue_statement` — the queueing statement.
+* :func:`register_asset_change`, :func:`register_asset_changes`, :class:`AssetChange` — Airflow 3.3's
+  ``AssetManager.register_asset_change``, standalone.
+* :func:`defer_events` (at COMMIT), :func:`queue_events` (now), :func:`flush_queue`,
+  :func:`queue_dagruns` (by asset id, without events), :func:`build_queue_statement` — the queueing
+  statement.
 * :func:`run_in_transaction`, :func:`classify` — whole-transaction retry.
 * :func:`create_engine` — an engine with the settings the guarantees assume.
-* :func:`add_listener`, :func:`remove_listener`, :class:`AssetEventInfo` —
-  post-commit listeners.
+* :func:`add_listener`, :func:`remove_listener`, :class:`AssetEventInfo` — post-commit listeners.
 * The exceptions, all subclasses of :class:`AdrqError`.
 """
 

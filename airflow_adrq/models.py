@@ -1,14 +1,12 @@
 """Airflow-identical tables for the asset-queueing path (Airflow 3.3's, as 3.2's).
 
-Every table, column, key, foreign key (with its ON DELETE) and index name
-matches ``apache-airflow-core==3.3.2``, with the same types, lengths and MySQL
-collations, so the SQL this package builds runs unchanged against an Airflow
-metadata database. ``dag`` and ``dag_bundle`` are subsets: the columns the
-queueing path reads, or that are NOT NULL without a default. Types come from
-the annotations (:attr:`Base.type_annotation_map`), nullability from ``| None``.
-Unlike Airflow, with the same DDL: ``StringID`` always carries ``utf8mb3_bin``
-on MySQL/MariaDB (a dialect variant; Airflow decides at import time from
-``[database] sql_alchemy_conn``); no ORM relationships.
+Every table, column, key, foreign key (with its ON DELETE) and index name matches
+``apache-airflow-core==3.3.2``, with the same types, lengths and MySQL collations, so the SQL this
+package builds runs unchanged against an Airflow metadata database. ``dag`` and ``dag_bundle`` are
+subsets: the columns the queueing path reads, or that are NOT NULL without a default. Types come from
+the annotations (:attr:`Base.type_annotation_map`), nullability from ``| None``. Unlike Airflow, with
+the same DDL: ``StringID`` always carries ``utf8mb3_bin`` on MySQL/MariaDB (a dialect variant; Airflow
+decides at import time from ``[database] sql_alchemy_conn``); no ORM relationships.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Queue downstream DAG runs with ONE ordered, set-based statement per transaction: execute and stamp.
 
 The SQL is built in :mod:`airflow_adrq.statement`; :mod:`airflow_adrq.deferral` calls
-:func:`queue_events` once per transaction, just before COMMIT. Each queue row is written once, with
-the stamp, while the consumers' ``dag`` rows are held ``FOR SHARE``: a scheduler skips such a DAG
-(its ``FOR NO KEY UPDATE SKIP LOCKED``), so no run is made over a window holding an event stamped
-and not yet visible. Where the scheduler takes no row locks a ``dag`` lock orders nothing: there
+:func:`queue_events` once per transaction, just before COMMIT. Each queue row is written once, with the
+stamp, while the consumers' ``dag`` rows are held ``FOR SHARE``: a scheduler skips such a DAG (its
+``FOR NO KEY UPDATE SKIP LOCKED``), so no run is made over a window holding an event stamped and not yet
+visible. Where the scheduler takes no row locks a ``dag`` lock orders nothing: there
 :mod:`airflow_adrq.refresh` (loaded only then) writes the rows and the stamp.
 """
 
@@ -48,9 +48,9 @@ def _write_once_without_waiting_while_holding(
 ) -> tuple[dt.datetime, int]:
     r"""The one-statement write, ``NOWAIT``: while a consumer's ``dag`` row is busy, wait for it holding none.
 
-    Airflow's writers of ``dag`` lock rows in orders of their own (the DAG processor's ``SELECT ...
-    FOR NO KEY UPDATE`` and bulk ``UPDATE``\ s in plan order, its ORM flushes in Python's), so no
-    order of ours matches them all. On 55P03 it rolls back to the SAVEPOINT (PostgreSQL then
+    Airflow's writers of ``dag`` lock rows in orders of their own (the DAG processor's
+    ``SELECT ... FOR NO KEY UPDATE`` and bulk ``UPDATE``\ s in plan order, its ORM flushes in Python's),
+    so no order of ours matches them all. On 55P03 it rolls back to the SAVEPOINT (PostgreSQL then
     releases the row locks taken after it), waits for each busy row alone, and tries again; after
     :data:`WAITS_WITHOUT_HOLDING` rounds it waits in order.
     """
@@ -147,50 +147,48 @@ def queue_events(
 ) -> dt.datetime | None:
     """Queue the consumers of ``events`` now and stamp them; return the stamp (no events: ``None``).
 
-    In the caller's transaction, without committing. Pass only the caller's own uncommitted events,
-    and COMMIT next, as the commit-time write does. With ``"refresh"`` or ``"ignore"`` (``"auto"``
-    where the scheduler locks rows):
+    In the caller's transaction, without committing. Pass only the caller's own uncommitted events, and
+    COMMIT next, as the commit-time write does. With ``"refresh"`` or ``"ignore"`` (``"auto"`` where the
+    scheduler locks rows):
 
     1. **Share-lock** every consumer's ``dag`` row (paused or not, every kind of reference; 3.4's
-       per-event queue needs none), in byte order. This is where it may wait: for a scheduler
-       creating those DAGs' runs, the DAG processor saving them, a pause. PostgreSQL never waits
-       while it holds one (``NOWAIT`` under a SAVEPOINT, then a wait for the busy row alone); MySQL
-       8 waits in primary-key order.
+       per-event queue needs none), in byte order. This is where it may wait: for a scheduler creating
+       those DAGs' runs, the DAG processor saving them, a pause. PostgreSQL never waits while it holds
+       one (``NOWAIT`` under a SAVEPOINT, then a wait for the busy row alone); MySQL 8 waits in
+       primary-key order.
     2. **Stamp**: the database's clock (``clock_timestamp()`` once the locks are held,
        ``UTC_TIMESTAMP(6)``; SQLite: Python's, one host).
     3. **Write** the events' ``timestamp`` and the queue rows with it, each row once, by ONE ordered
-       ``INSERT ... SELECT`` (past :data:`~airflow_adrq.stamping.IDS_PER_STATEMENT` events,
-       several); it may wait for producers inserting the same rows. PostgreSQL: steps 1-3 are one
-       statement.
+       ``INSERT ... SELECT`` (past :data:`~airflow_adrq.stamping.IDS_PER_STATEMENT` events, several); it
+       may wait for producers inserting the same rows. PostgreSQL: steps 1-3 are one statement.
 
     With ``"refresh_after_commit"`` (``"auto"`` where the scheduler takes no row locks) there is no
     ``dag`` lock to order by: the rows are written at :data:`~airflow_adrq.refresh.PENDING`, then
-    stamped once all are locked, so producers sharing a row are stamped in commit order
-    (GUARANTEES.md, "Timing").
+    stamped once all are locked, so producers sharing a row are stamped in commit order (GUARANTEES.md,
+    "Timing").
 
     ``on_conflict``: ``"refresh"`` gives an existing row the stamp, ``"ignore"`` leaves it,
-    ``"refresh_after_commit"`` moves it forwards without waiting for it: now if no one holds it,
-    else after the Session's COMMIT (:mod:`airflow_adrq.refresh`; a bare Connection: ``"ignore"``),
-    ``"auto"``: :func:`airflow_adrq.dialects.resolve`. ``allowed``: event id -> the only DAG ids it
-    may queue (multi-team). ``shape``: :mod:`airflow_adrq.shapes`; ``schema``:
+    ``"refresh_after_commit"`` moves it forwards without waiting for it: now if no one holds it, else
+    after the Session's COMMIT (:mod:`airflow_adrq.refresh`; a bare Connection: ``"ignore"``),
+    ``"auto"``: :func:`airflow_adrq.dialects.resolve`. ``allowed``: event id -> the only DAG ids it may
+    queue (multi-team). ``shape``: :mod:`airflow_adrq.shapes`; ``schema``:
     ``[database] sql_alchemy_schema``. Counts the queue rows inserted or moved forwards as
-    :mod:`~airflow_adrq.metrics` ``queue_write.rows`` (MySQL/MariaDB: affected rows, where a row
-    moved forwards counts 2).
+    :mod:`~airflow_adrq.metrics` ``queue_write.rows`` (MySQL/MariaDB: affected rows, where a row moved
+    forwards counts 2).
 
     Locks, until the transaction ends: the consumers' ``dag`` rows ``FOR SHARE`` (not with
-    ``"refresh_after_commit"``); the queue rows it inserts and, with ``"refresh"``, the existing
-    ones, in ``(asset_id, target_dag_id)`` order (3.4: ``(target_dag_id, asset_event_id)``;
-    MySQL/MariaDB skip existing rows that need no write by a lock-free ``NOT EXISTS`` probe); the
-    given ``asset_event`` rows. FK checks share-lock the ``asset`` and ``dag`` parents (PostgreSQL
-    ``FOR KEY SHARE``). Reads the reference tables, ``asset`` and ``asset_alias_asset_event``
-    without locks (READ COMMITTED; MySQL/MariaDB refuse other levels:
-    :mod:`airflow_adrq.dialects.mysql`).
+    ``"refresh_after_commit"``); the queue rows it inserts and, with ``"refresh"``, the existing ones,
+    in ``(asset_id, target_dag_id)`` order (3.4: ``(target_dag_id, asset_event_id)``; MySQL/MariaDB skip
+    existing rows that need no write by a lock-free ``NOT EXISTS`` probe); the given ``asset_event``
+    rows. FK checks share-lock the ``asset`` and ``dag`` parents (PostgreSQL ``FOR KEY SHARE``). Reads
+    the reference tables, ``asset`` and ``asset_alias_asset_event`` without locks (READ COMMITTED;
+    MySQL/MariaDB refuse other levels: :mod:`airflow_adrq.dialects.mysql`).
 
-    Does not promise: no deadlock with earlier statements of the same transaction that locked queue
-    or ``dag`` rows (use :func:`defer_events`), or, on MySQL 8, with a ``dag`` writer locking
-    several of these rows against primary-key order (retry the whole transaction:
-    :func:`airflow_adrq.retry.run_in_transaction`). A popular consumer is skipped by the scheduler
-    while any producer holds its lock.
+    Does not promise: no deadlock with earlier statements of the same transaction that locked queue or
+    ``dag`` rows (use :func:`defer_events`), or, on MySQL 8, with a ``dag`` writer locking several of
+    these rows against primary-key order (retry the whole transaction:
+    :func:`airflow_adrq.retry.run_in_transaction`). A popular consumer is skipped by the scheduler while
+    any producer holds its lock.
     """
     events = list(events)
     chunks = list(_chunks(events))

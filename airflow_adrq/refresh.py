@@ -1,12 +1,12 @@
 """Where the scheduler takes no row locks: the write without a ``dag`` lock, and the refresh.
 
-Such a scheduler (MariaDB, whose dialect has no ``FOR UPDATE OF``; any backend with ``[scheduler]
-use_row_level_locking = False``) reads a DAG's queue rows plainly and deletes them, DAG by DAG in
-Python-set order, in one transaction. A producer refreshing existing rows by waiting for their locks
-would lock them in key order across DAGs, and the two deadlock. So there the statement leaves
-existing rows alone (Airflow's ``DO NOTHING``; ``on_conflict="refresh_after_commit"``) and this
-module moves the rows its events should have refreshed to the transaction's stamp, taking only rows
-no one holds::
+Such a scheduler (MariaDB, whose dialect has no ``FOR UPDATE OF``; any backend with
+``[scheduler] use_row_level_locking = False``) reads a DAG's queue rows plainly and deletes them, DAG by
+DAG in Python-set order, in one transaction. A producer refreshing existing rows by waiting for their
+locks would lock them in key order across DAGs, and the two deadlock. So there the statement leaves
+existing rows alone (Airflow's ``DO NOTHING``; ``on_conflict="refresh_after_commit"``) and this module
+moves the rows its events should have refreshed to the transaction's stamp, taking only rows no one
+holds::
 
     -- in the producer's transaction, once it is stamped, as its last statements before COMMIT:
     SELECT target_dag_id, asset_id FROM asset_dag_run_queue JOIN (<the statement's pairs>) ...
@@ -20,33 +20,33 @@ no one holds::
     -- only if it skipped rows: which of them are still older (no locks), and
     -- after COMMIT, ONE short transaction doing the same for those
 
-and, for rows skipped again, the same a few milliseconds later, up to :data:`ROUNDS` times. Rows
-moved before COMMIT become visible with the events, as a refresh inside the statement would make
-them; the usual event, whose rows are all new, costs the one lock-free SELECT. It finds every row of
-the statement's pairs that is not the producer's own: it exists, committed, once the statement ran
-(that waited for any producer inserting the same pair), and what happens to it later is guarded by
+and, for rows skipped again, the same a few milliseconds later, up to :data:`ROUNDS` times. Rows moved
+before COMMIT become visible with the events, as a refresh inside the statement would make them; the
+usual event, whose rows are all new, costs the one lock-free SELECT. It finds every row of the
+statement's pairs that is not the producer's own: it exists, committed, once the statement ran (that
+waited for any producer inserting the same pair), and what happens to it later is guarded by
 ``created_at < :stamp``.
 
 Why this cannot deadlock the producer, lose or double an event:
 
-* It never waits for a row lock: ``SKIP LOCKED`` leaves out the rows a scheduler is deleting or
-  another producer is refreshing, and the UPDATE touches only rows it holds (a primary-key range:
-  ``asset_id`` and a ``dag_id`` list). Before COMMIT these are the transaction's last statements,
-  after it a transaction of their own: waiting for nothing once it holds these rows, it closes no
-  cycle through them. A row the scheduler held is gone once it commits (consumed); one another
-  producer held is tried again after COMMIT. (InnoDB was once seen to pick the after-COMMIT read as
-  a deadlock victim under a scheduler taking no row locks, about 1 in 500 commits in
-  ``tests/concurrency/test_scheduler_deletes.py``: the producer had committed; the failure is logged
-  and counted, as below.)
-* Forwards only, never an INSERT: a row the scheduler deleted in between was consumed, and
-  re-creating it would make a second run over the same window.
-* A refresh that does not happen (locked for every round, the connection broken after COMMIT) leaves
-  the event waiting for its asset's next event, as Airflow's ``DO NOTHING`` would. Nothing after
-  COMMIT raises: failures are logged and counted.
+* It never waits for a row lock: ``SKIP LOCKED`` leaves out the rows a scheduler is deleting or another
+  producer is refreshing, and the UPDATE touches only rows it holds (a primary-key range: ``asset_id``
+  and a ``dag_id`` list). Before COMMIT these are the transaction's last statements, after it a
+  transaction of their own: waiting for nothing once it holds these rows, it closes no cycle through
+  them. A row the scheduler held is gone once it commits (consumed); one another producer held is tried
+  again after COMMIT. (InnoDB was once seen to pick the after-COMMIT read as a deadlock victim under a
+  scheduler taking no row locks, about 1 in 500 commits in
+  ``tests/concurrency/test_scheduler_deletes.py``: the producer had committed; the failure is logged and
+  counted, as below.)
+* Forwards only, never an INSERT: a row the scheduler deleted in between was consumed, and re-creating
+  it would make a second run over the same window.
+* A refresh that does not happen (locked for every round, the connection broken after COMMIT) leaves the
+  event waiting for its asset's next event, as Airflow's ``DO NOTHING`` would. Nothing after COMMIT
+  raises: failures are logged and counted.
 
 The part after COMMIT runs on the session's own connection before the session returns it to its pool
-(SQLAlchemy's ``after_commit``): no second connection per transaction. It needs ``SKIP LOCKED``
-(MariaDB 10.6, MySQL 8.0, PostgreSQL).
+(SQLAlchemy's ``after_commit``): no second connection per transaction. It needs ``SKIP LOCKED`` (MariaDB
+10.6, MySQL 8.0, PostgreSQL).
 """
 
 from __future__ import annotations
@@ -145,15 +145,13 @@ def write_then_stamp(
 ) -> tuple[dt.datetime, int]:
     """Without the ``dag`` lock: the rows at :data:`PENDING`, then one stamp on them and the events.
 
-    Stamped once the queue rows are locked, so that producers sharing a row are
-    stamped in the order they commit. Then, in a ``Session``, the older rows of
-    the statement's pairs are moved forwards as the module docstring says: now
-    those no one holds (locked ``FOR UPDATE SKIP LOCKED`` until the COMMIT that
-    comes next: no cycle), the others after the outermost COMMIT, on ``conn``
-    (dropped on rollback, as the events are; skipped if ``conn`` is then still
-    in a transaction, a session joined to an outer one). Does not promise the
-    refresh of a held row: it is best effort by design. Returns the stamp and the
-    rows the statement wrote (the refresh's rows are counted as ``refresh.rows``).
+    Stamped once the queue rows are locked, so that producers sharing a row are stamped in the order
+    they commit. Then, in a ``Session``, the older rows of the statement's pairs are moved forwards as
+    the module docstring says: now those no one holds (locked ``FOR UPDATE SKIP LOCKED`` until the
+    COMMIT that comes next: no cycle), the others after the outermost COMMIT, on ``conn`` (dropped on
+    rollback, as the events are; skipped if ``conn`` is then still in a transaction, a session joined to
+    an outer one). Does not promise the refresh of a held row: it is best effort by design. Returns the
+    stamp and the rows the statement wrote (the refresh's rows are counted as ``refresh.rows``).
     """
     support = dialects.get(conn)
     stmt = statement.insert_statement(support.name, form)

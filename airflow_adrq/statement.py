@@ -1,8 +1,8 @@
 """The statements that queue downstream DAG runs: built once per dialect and shape, executed by :mod:`.queue`.
 
-Driven by the transaction's own ``asset_event`` rows. Where the scheduler locks the consumers'
-``dag`` rows before it makes their runs, the whole queue write is one statement on PostgreSQL
-(MySQL 8 sends its parts separately, in the same order; the conflict clause is per dialect)::
+Driven by the transaction's own ``asset_event`` rows. Where the scheduler locks the consumers' ``dag``
+rows before it makes their runs, the whole queue write is one statement on PostgreSQL (MySQL 8 sends its
+parts separately, in the same order; the conflict clause is per dialect)::
 
     WITH ev AS (                    -- this transaction's events
         SELECT e.id AS event_id, e.asset_id FROM asset_event e
@@ -38,20 +38,19 @@ Why this shape:
 
 * **Lock order.** Rows are inserted, and so locked, in primary-key order as the database collates it
   (never a Python sort: collations differ from code-point order), so two transactions queueing
-  overlapping rows wait in one order and cannot form a cycle on this table. ``ORDER BY`` is at the
-  top level because MariaDB may ignore it in a derived table. Neither PostgreSQL nor MySQL documents
-  that ``INSERT ... SELECT ... ORDER BY`` inserts in order, though both do; the concurrency tests
-  fail if that changes.
-* **One statement per transaction.** One statement per asset would still lock ``(A, d)`` and
-  ``(B, d)`` in opposite orders in two tasks with several outlets: :func:`defer_events` queues all
-  of a transaction's events at once.
+  overlapping rows wait in one order and cannot form a cycle on this table. ``ORDER BY`` is at the top
+  level because MariaDB may ignore it in a derived table. Neither PostgreSQL nor MySQL documents that
+  ``INSERT ... SELECT ... ORDER BY`` inserts in order, though both do; the concurrency tests fail if
+  that changes.
+* **One statement per transaction.** One statement per asset would still lock ``(A, d)`` and ``(B, d)``
+  in opposite orders in two tasks with several outlets: :func:`defer_events` queues all of a
+  transaction's events at once.
 * **Constant shape.** The only parameters are the event ids (aliases come from the
   ``asset_alias_asset_event`` rows): built and compiled once.
-* **Timing.** The events' ``timestamp`` and their rows' ``created_at`` are one value of the
-  database's clock, read once the consumers' ``dag`` rows are share-locked (GUARANTEES.md,
-  "Timing").
-* **Same rows as Airflow 3.3.** Direct, alias, name and URI references; unpaused DAGs only; each
-  (asset, DAG) once; partitioned DAGs and events with a ``partition_key`` go to Airflow's
+* **Timing.** The events' ``timestamp`` and their rows' ``created_at`` are one value of the database's
+  clock, read once the consumers' ``dag`` rows are share-locked (GUARANTEES.md, "Timing").
+* **Same rows as Airflow 3.3.** Direct, alias, name and URI references; unpaused DAGs only; each (asset,
+  DAG) once; partitioned DAGs and events with a ``partition_key`` go to Airflow's
   ``asset_partition_dag_run`` instead. Like Airflow, stale DAGs are queued and the scheduler filters
   them.
 """
@@ -222,8 +221,8 @@ def _insert(
 def consumers_of_events() -> Select[Any]:
     """``SELECT asset_id, dag_id`` of every DAG referencing the ``:event_ids`` events' assets; locks nothing.
 
-    The four kinds of reference without the ``dag`` filter: for callers that route some consumers
-    in Python (Airflow's partitioned DAGs, its multi-team filter) and add their own filters.
+    The four kinds of reference without the ``dag`` filter: for callers that route some consumers in
+    Python (Airflow's partitioned DAGs, its multi-team filter) and add their own filters.
     """
     src = consumers(_events_cte("event_ids"), with_aliases=True)
     return select(src.c.asset_id, src.c.dag_id)
@@ -249,8 +248,9 @@ def referencing_dags(form: Form) -> Select[Any]:
 def share_lock(dialect_name: str, form: Form, wait: _Wait = "wait") -> Select[Any]:
     """``SELECT dag_id FROM dag WHERE <in consumers> ORDER BY <lock order> FOR SHARE``.
 
-    ``<in consumers>``: ``IN (:dag_ids)`` where the backend locks by id list, else ``= ANY(<array of
-    the consumers>)``. ``wait``: block, fail at once (``NOWAIT``) or leave the row out (``SKIP LOCKED``).
+    ``<in consumers>``: ``IN (:dag_ids)`` where the backend locks by id list, else
+    ``= ANY(<array of the consumers>)``. ``wait``: block, fail at once (``NOWAIT``) or leave the row out
+    (``SKIP LOCKED``).
     """
     in_consumers: ColumnElement[bool]
     if dialects.get(dialect_name).lock_by_id_list:
@@ -263,11 +263,10 @@ def share_lock(dialect_name: str, form: Form, wait: _Wait = "wait") -> Select[An
 def _in_consumers(src: Any) -> ColumnElement[bool]:
     """``dag.dag_id = ANY((SELECT array_agg(dag_id) FROM src))`` (PostgreSQL).
 
-    One array, so PostgreSQL probes ``dag``'s primary key once per consumer.
-    ``dag_id IN (<subquery>)`` is planned as a join, and the planner, which
-    cannot know the events' assets, estimates the average fan-out: with a
-    few thousand DAGs it hashes all of ``dag`` (a sequential scan) for an
-    event with one consumer.
+    One array, so PostgreSQL probes ``dag``'s primary key once per consumer. ``dag_id IN (<subquery>)``
+    is planned as a join, and the planner, which cannot know the events' assets, estimates the average
+    fan-out: with a few thousand DAGs it hashes all of ``dag`` (a sequential scan) for an event with one
+    consumer.
     """
     # The CAST makes the subquery one value (an array), not ANY's row source.
     consumers = sql_cast(select(func.array_agg(src.c.dag_id)).scalar_subquery(), ARRAY(String))
@@ -296,13 +295,11 @@ ONE_DAG_SHARE_LOCK = (
 def write_once(dialect_name: str, form: Form) -> Update:
     """The whole queue write as ONE statement (PostgreSQL; the SQL is in the module docstring).
 
-    ``stamp`` is read only after ``count(*)`` has read (so locked) every
-    consumer row. The INSERT reads the consumers' ``dag`` columns by the same
-    primary-key probe as the lock (``= ANY(<array>)``), never by joining the
-    two CTEs: PostgreSQL has no statistics for a CTE and plans that join from
-    the average fan-out, and with a small average a popular asset's join
-    became a nested loop over both (1,024 consumers: a million comparisons,
-    230 ms of a 290 ms statement).
+    ``stamp`` is read only after ``count(*)`` has read (so locked) every consumer row. The INSERT reads
+    the consumers' ``dag`` columns by the same primary-key probe as the lock (``= ANY(<array>)``), never
+    by joining the two CTEs: PostgreSQL has no statistics for a CTE and plans that join from the average
+    fan-out, and with a small average a popular asset's join became a nested loop over both (1,024
+    consumers: a million comparisons, 230 ms of a 290 ms statement).
     """
     clock_after_locks = dialects.get(dialect_name).clock_after_locks
     assert clock_after_locks is not None

@@ -1,16 +1,14 @@
 """``airflow-adrq doctor``: should this Airflow deployment enable the plug-in? A read-only check.
 
-:func:`check` reads a metadata database's compatibility (:mod:`.compatibility`)
-and exposure (:mod:`.exposure`) into a :mod:`.report` and decides: enable when a
-transaction can write two queue rows that another locks in the other order; not
-needed when none writes two, the queue is keyed by event, or the backend runs one
-writer at a time. Exit status: :data:`EXIT_CODES`, :data:`EXIT_NO_REPORT`. What
+:func:`check` reads a metadata database's compatibility (:mod:`.compatibility`) and exposure
+(:mod:`.exposure`) into a :mod:`.report` and decides: enable when a transaction can write two queue rows
+that another locks in the other order; not needed when none writes two, the queue is keyed by event, or
+the backend runs one writer at a time. Exit status: :data:`EXIT_CODES`, :data:`EXIT_NO_REPORT`. What
 each line means: the README's "Should I enable it?".
 
-Read-only by construction, and tested so: one transaction, read-only before the
-first query and rolled back at the end; only ``SELECT``, ``SHOW`` and catalog
-reads, from one snapshot (:mod:`.backends`: each backend's differences).
-PgBouncer detection opens at most three more connections.
+Read-only by construction, and tested so: one transaction, read-only before the first query and rolled
+back at the end; only ``SELECT``, ``SHOW`` and catalog reads, from one snapshot (:mod:`.backends`: each
+backend's differences). PgBouncer detection opens at most three more connections.
 """
 
 from __future__ import annotations
@@ -68,8 +66,8 @@ def check(url: str | URL, schema: str | None = None) -> Report:
     """Read the Airflow metadata database at ``url`` (read-only) and return the report.
 
     ``schema``: where Airflow's tables are, if not in the default schema
-    (``[database] sql_alchemy_schema``; PostgreSQL). Raises
-    :class:`DoctorError` when it is no Airflow metadata database or cannot be read.
+    (``[database] sql_alchemy_schema``; PostgreSQL). Raises :class:`DoctorError` when it is no Airflow
+    metadata database or cannot be read.
     """
     url = sa.make_url(url)
     safe = url.render_as_string(hide_password=True)
