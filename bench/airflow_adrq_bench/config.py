@@ -161,5 +161,7 @@ class Plan:
     def load(cls, path: Path) -> Plan:
         """The plan :meth:`dump` wrote (JSON lists back to the sizes' tuples)."""
         raw = json.loads(path.read_text())
-        sizes = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.pop("sizes").items()}
+        sizes: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in raw.pop("sizes").items()
+        }
         return cls(sizes=Sizes(**sizes), cells=tuple(Cell(**c) for c in raw.pop("cells")), **raw)
