@@ -1,8 +1,8 @@
 """What every ``airflow-adrq bench`` mode's command line shares: the modes differ only in what they run.
 
-A mode's sizes are a frozen :class:`Checked` dataclass of :func:`size` fields; :func:`add_common` and
-:func:`add_fields` make its options, :func:`sizes_from` its sizes; :func:`guarded` and :func:`publish`
-are what every mode does around its measurement.
+A mode's sizes are a frozen :class:`Checked` dataclass of :func:`size` fields (:func:`count` and the
+like: with their bound); :func:`add_common` and :func:`add_fields` make its options, :func:`sizes_from`
+its sizes; :func:`guarded` and :func:`publish` are what every mode does around its measurement.
 """
 
 from __future__ import annotations
@@ -40,6 +40,21 @@ def size(
     ``minimum`` or greater than ``above``) and any ``choices``, the only values its option takes."""
     metadata |= {"help": text, "minimum": minimum, "above": above}
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def count(default: _T, text: str = "") -> _T:
+    """A :func:`size` of at least 1 (every value, for a tuple)."""
+    return size(default, text, minimum=1)
+
+
+def nonnegative(default: _T, text: str = "") -> _T:
+    """A :func:`size` of at least 0 (every value, for a tuple)."""
+    return size(default, text, minimum=0)
+
+
+def positive(default: _T, text: str = "") -> _T:
+    """A :func:`size` above 0."""
+    return size(default, text, above=0)
 
 
 def _check(field: dataclasses.Field[Any], value: Any) -> None:
