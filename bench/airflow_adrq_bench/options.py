@@ -42,19 +42,10 @@ def size(
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def count(default: _T, text: str = "") -> _T:
-    """A :func:`size` of at least 1 (every value, for a tuple)."""
-    return size(default, text, minimum=1)
-
-
-def nonnegative(default: _T, text: str = "") -> _T:
-    """A :func:`size` of at least 0 (every value, for a tuple)."""
-    return size(default, text, minimum=0)
-
-
-def positive(default: _T, text: str = "") -> _T:
-    """A :func:`size` above 0."""
-    return size(default, text, above=0)
+#: :func:`size` with its bound: at least 1, at least 0, above 0 (every value, for a tuple).
+count = functools.partial(size, minimum=1)
+nonnegative = functools.partial(size, minimum=0)
+positive = functools.partial(size, above=0)
 
 
 def _check(field: dataclasses.Field[Any], value: Any) -> None:
