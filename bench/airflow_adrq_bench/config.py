@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from airflow_adrq_bench.options import Checked, size
+from airflow_adrq_bench.options import Checked, count, nonnegative, positive, size
 from airflow_adrq_testing.strategies import STRATEGIES as STRATEGIES
 
 #: What :func:`airflow_adrq.register_asset_change` does when not told otherwise
@@ -25,52 +25,42 @@ _DEADLOCK = "raised to {} x PostgreSQL's deadlock_timeout when that is more, unl
 class Sizes(Checked):
     """How big a run is. Defaults take a few minutes on 2 cores per server."""
 
-    producers: int = size(
-        8, "producer processes in the single, multi_outlet and with_consumer rounds", minimum=1
-    )
-    fanout: int = size(32, "unpaused consumer DAGs of every asset the rounds emit", minimum=1)
-    outlets: int = size(
-        3, "assets each multi_outlet / with_consumer transaction emits, in random order", minimum=1
-    )
+    producers: int = count(8, "producer processes in the single, multi_outlet and with_consumer rounds")
+    fanout: int = count(32, "unpaused consumer DAGs of every asset the rounds emit")
+    outlets: int = count(3, "assets each multi_outlet / with_consumer transaction emits, in random order")
     paused: int = size(2, "paused consumer DAGs of every asset, never to be queued (the rows check says so)")
-    transactions: int = size(4, "transactions each producer runs per round", minimum=1)
-    hold_ms: float = size(
-        5.0, "milliseconds a producer transaction stays open after queueing, before COMMIT", minimum=0
+    transactions: int = count(4, "transactions each producer runs per round")
+    hold_ms: float = nonnegative(
+        5.0, "milliseconds a producer transaction stays open after queueing, before COMMIT"
     )
     # From an empty queue each (as after the scheduler consumed it): on PostgreSQL only inserts of
     # absent rows can deadlock.
-    rounds: int = size(3, "rounds of every (scenario, strategy), each from an empty queue", minimum=1)
-    round_timeout_s: float = size(
+    rounds: int = count(3, "rounds of every (scenario, strategy), each from an empty queue")
+    round_timeout_s: float = positive(
         8.0,
         "seconds after a round's start when producers stop starting transactions (and retries); "
         + _DEADLOCK.format(5),
-        above=0,
     )
-    max_attempts: int = size(
-        50, "attempts per transaction (the first and its retries) before it gives up", minimum=1
-    )
-    lock_timeout_s: float = size(
+    max_attempts: int = count(50, "attempts per transaction (the first and its retries) before it gives up")
+    lock_timeout_s: float = positive(
         5.0,
         "seconds a statement waits for a lock before failing (PostgreSQL lock_timeout, InnoDB "
         "innodb_lock_wait_timeout); " + _DEADLOCK.format(3),
-        above=0,
     )
-    sweep: tuple[int, ...] = size((1, 16, 256, 1024, 10000), "fan-outs of the single-call sweep", minimum=1)
+    sweep: tuple[int, ...] = count((1, 16, 256, 1024, 10000), "fan-outs of the single-call sweep")
     sweep_repeats: int = size(
         7, "timed calls per strategy and fan-out in the sweep (median and spread are shown)", minimum=5
     )
-    ratio_fanouts: tuple[int, ...] = size((1, 1024), "fan-outs of the raw-SQL ratio rows", minimum=1)
+    ratio_fanouts: tuple[int, ...] = count((1, 1024), "fan-outs of the raw-SQL ratio rows")
     ratio_calls: int = size(40, "timed calls per side and fan-out in the raw-SQL ratio", minimum=5)
-    lost_producers: int = size(6, "producer processes in the lost_events rounds", minimum=1)
-    lost_consumers: int = size(3, "consumer DAGs of the lost_events asset", minimum=1)
-    lost_events: int = size(
-        240, "events (one per transaction) per lost_events round, split over its producers", minimum=1
+    lost_producers: int = count(6, "producer processes in the lost_events rounds")
+    lost_consumers: int = count(3, "consumer DAGs of the lost_events asset")
+    lost_events: int = count(
+        240, "events (one per transaction) per lost_events round, split over its producers"
     )
-    lost_holds_ms: tuple[float, ...] = size(
-        (5.0, 30.0), "holds before COMMIT compared by lost_events", minimum=0
-    )
-    lost_timeout_s: float = size(
-        60.0, "seconds after a lost_events round's start when producers stop starting transactions", above=0
+    lost_holds_ms: tuple[float, ...] = nonnegative((5.0, 30.0), "holds before COMMIT compared by lost_events")
+    lost_timeout_s: float = positive(
+        60.0, "seconds after a lost_events round's start when producers stop starting transactions"
     )
 
 

@@ -1,8 +1,8 @@
 """What every ``airflow-adrq bench`` mode's command line shares: the modes differ only in what they run.
 
-A mode's sizes are a frozen :class:`Checked` dataclass of :func:`size` fields; :func:`add_common` and
-:func:`add_fields` make its options, :func:`sizes_from` its sizes; :func:`guarded` and :func:`publish`
-are what every mode does around its measurement.
+A mode's sizes are a frozen :class:`Checked` dataclass of :func:`size` fields (:func:`count` and the
+like: with their bound); :func:`add_common` and :func:`add_fields` make its options, :func:`sizes_from`
+its sizes; :func:`guarded` and :func:`publish` are what every mode does around its measurement.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import importlib.metadata
+import operator
 import sys
 import typing
 from collections.abc import Callable, Sequence
@@ -32,32 +34,27 @@ _SizesT = TypeVar("_SizesT", bound="DataclassInstance")
 
 
 def size(
-    default: _T,
-    text: str = "",
-    check: str = "",
-    *,
-    minimum: float | None = None,
-    above: float | None = None,
-    **metadata: Any,
+    default: _T, text: str = "", minimum: float | None = None, *, above: float | None = None, **metadata: Any
 ) -> _T:
-    """A sizes field: its default, its ``--help`` text, and the bound every value must meet: at least
-    ``minimum`` or greater than ``above`` (``check``, the older spelling: ``">=1"``, ``">0"``).
-    ``metadata`` may add ``choices``, the only values its option takes."""
-    if check:
-        bound = float(check.lstrip(">="))
-        minimum, above = (bound, above) if check.startswith(">=") else (minimum, bound)
+    """A sizes field: its default, its ``--help`` text, the bound every value must meet (at least
+    ``minimum`` or greater than ``above``) and any ``choices``, the only values its option takes."""
     metadata |= {"help": text, "minimum": minimum, "above": above}
     return dataclasses.field(default=default, metadata=metadata)
+
+
+#: :func:`size` with its bound: at least 1, at least 0, above 0 (every value, for a tuple).
+count = functools.partial(size, minimum=1)
+nonnegative = functools.partial(size, minimum=0)
+positive = functools.partial(size, above=0)
 
 
 def _check(field: dataclasses.Field[Any], value: Any) -> None:
     """Raise ``ValueError`` when ``value`` (each value, for a tuple) misses ``field``'s bound."""
     values = value if isinstance(value, tuple) else (value,)
-    low, above = field.metadata.get("minimum"), field.metadata.get("above")
-    if low is not None and not (values and all(v >= low for v in values)):
-        raise ValueError(f"{field.name} must be at least {low:g}, not {show(value) or 'nothing'}")
-    if above is not None and not (values and all(v > above for v in values)):
-        raise ValueError(f"{field.name} must be above {above:g}, not {show(value) or 'nothing'}")
+    for key, word, meets in (("minimum", "at least", operator.ge), ("above", "above", operator.gt)):
+        bound = field.metadata.get(key)
+        if bound is not None and not (values and all(meets(v, bound) for v in values)):
+            raise ValueError(f"{field.name} must be {word} {bound:g}, not {show(value) or 'nothing'}")
 
 
 class Checked:
@@ -83,49 +80,43 @@ def add_fields(
 ) -> None:
     """One option per field of ``default``'s dataclass: its help text, then its default and ``flag``'s
     (``preset``'s; a ``bool`` field is a flag, with neither). Every option defaults to ``None``
-    (:func:`given` tells what was given) and is parsed and checked against its bound by argparse."""
+    (:func:`given` tells what was given); argparse parses it and checks its bound (:func:`_parse`).
+    Metavars: ``N,N,...`` (a tuple), ``S`` / ``MS`` (seconds, milliseconds), ``N`` (an integer), ``X``."""
     hints = typing.get_type_hints(type(default))
     for field in dataclasses.fields(default):
-        value, hint = getattr(default, field.name), hints[field.name]
+        value, hint, name = getattr(default, field.name), hints[field.name], field.name
         shown = [] if value is None or isinstance(value, bool) else [f"default {show(value)}"]
         if preset is not None and not isinstance(value, bool):
-            shown.append(f"{flag} {show(getattr(preset, field.name))}")
+            shown.append(f"{flag} {show(getattr(preset, name))}")
         text = " ".join([field.metadata.get("help", ""), f"({'; '.join(shown)})" if shown else ""]).strip()
-        option, dest = f"--{field.name.replace('_', '-')}", field.name
+        option = f"--{name.replace('_', '-')}"
         if hint is bool:
-            group.add_argument(option, action="store_true", default=None, dest=dest, help=text)
+            group.add_argument(option, action="store_true", default=None, dest=name, help=text)
             continue
+        many = typing.get_origin(hint) is tuple
+        kind = next(a for a in (*typing.get_args(hint), hint) if a not in (type(None), Ellipsis))
+        metavar = (
+            "S" if name.endswith("_s") else "MS" if name.endswith("_ms") else "N" if hint is int else "X"
+        )
         choices = field.metadata.get("choices")
-        how = {"choices": choices} if choices else {"metavar": _metavar(field.name, hint)}
-        group.add_argument(option, type=_option_type(field, hint), dest=dest, help=text, **how)
+        how = {"choices": choices} if choices else {"metavar": "N,N,..." if many else metavar}
+        parse = functools.partial(_parse, field, kind, many)
+        group.add_argument(option, type=parse, dest=name, help=text, **how)
 
 
-def _option_type(field: dataclasses.Field[Any], hint: Any) -> Callable[[str], Any]:
-    """The argparse ``type=`` of ``field`` (type ``hint``): a value, or comma-separated values for a
-    tuple, parsed and checked against its bound."""
-    args = [a for a in typing.get_args(hint) if a is not type(None) and a is not Ellipsis]
-    kind, many = args[0] if args else hint, typing.get_origin(hint) is tuple
-
-    def parse(text: str) -> Any:
-        try:
-            value = tuple(kind(x) for x in text.split(",") if x.strip()) if many else kind(text)
-        except ValueError:
-            what = "comma-separated numbers" if many else "an integer" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(f"expected {what}, not {text!r}") from None
-        try:
-            _check(field, value)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        return value
-
-    return parse
-
-
-def _metavar(name: str, hint: Any) -> str:
-    """The option's metavar: ``N,N,...`` (a tuple), ``S`` / ``MS`` (seconds, milliseconds), ``N``, ``X``."""
-    if typing.get_origin(hint) is tuple:
-        return "N,N,..."
-    return "S" if name.endswith("_s") else "MS" if name.endswith("_ms") else "N" if hint is int else "X"
+def _parse(field: dataclasses.Field[Any], kind: Callable[[str], Any], many: bool, text: str) -> Any:
+    """An option's value (comma-separated values for a tuple: ``many``), parsed and checked against
+    ``field``'s bound; ``ArgumentTypeError`` if it is not one or misses it."""
+    try:
+        value = tuple(kind(x) for x in text.split(",") if x.strip()) if many else kind(text)
+    except ValueError:
+        what = "comma-separated numbers" if many else "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"expected {what}, not {text!r}") from None
+    try:
+        _check(field, value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def given(args: argparse.Namespace, sizes: type[DataclassInstance]) -> dict[str, Any]:

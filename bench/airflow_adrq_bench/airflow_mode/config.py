@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from airflow_adrq_bench.errors import BenchError
-from airflow_adrq_bench.options import Checked, size
+from airflow_adrq_bench.options import Checked, count, nonnegative, positive, size
 
 
 class LiveError(BenchError):
@@ -38,27 +38,26 @@ SCENARIOS: Final = ("single", "multi_outlet")
 class Sizes(Checked):
     """How big a run is. The defaults take a few minutes per database on 2 cores."""
 
-    fanouts: tuple[int, ...] = size(
-        (1, 64, 1024), "fan-outs (consumer DAGs of the asset) of the one-caller sweep", ">=1"
+    fanouts: tuple[int, ...] = count(
+        (1, 64, 1024), "fan-outs (consumer DAGs of the asset) of the one-caller sweep"
     )
-    sweep_calls: int = size(21, "measured calls per manager and fan-out (after one warm-up call) ...", ">=1")
-    sweep_budget_s: float = size(45.0, "... unless this many seconds went by at one fan-out", ">0")
-    sweep_min_calls: int = size(5, "... and every manager has at least this many calls", ">=1")
-    producers: int = size(8, "producer processes per manager in the contention runs", ">=1")
-    fanout: int = size(64, "consumer DAGs of every asset in the contention runs", ">=1")
-    outlets: int = size(3, "assets per transaction in multi_outlet", ">=1")
-    hold_ms: float = size(
-        5.0, "milliseconds a transaction stays open after registering (the rest of task success)", ">=0"
+    sweep_calls: int = count(21, "measured calls per manager and fan-out (after one warm-up call) ...")
+    sweep_budget_s: float = positive(45.0, "... unless this many seconds went by at one fan-out")
+    sweep_min_calls: int = count(5, "... and every manager has at least this many calls")
+    producers: int = count(8, "producer processes per manager in the contention runs")
+    fanout: int = count(64, "consumer DAGs of every asset in the contention runs")
+    outlets: int = count(3, "assets per transaction in multi_outlet")
+    hold_ms: float = nonnegative(
+        5.0, "milliseconds a transaction stays open after registering (the rest of task success)"
     )
-    transactions: int = size(
-        10, "transactions per producer per round; every round starts from an empty queue", ">=1"
+    transactions: int = count(
+        10, "transactions per producer per round; every round starts from an empty queue"
     )
-    rounds: int = size(3, "rounds of every (scenario, manager)", ">=1")
-    round_budget_s: float = size(
+    rounds: int = count(3, "rounds of every (scenario, manager)")
+    round_budget_s: float = positive(
         20.0,
         "seconds of a round after which a producer starts no new attempt; a manager whose round ran out "
         "of time runs no further rounds of that scenario",
-        ">0",
     )
 
 
@@ -73,12 +72,12 @@ QUICK: Final = Sizes(
 class AccountingSizes(Checked):
     """How big an accounting run is (per database: ``len(holds_ms) * 2`` cells, twice with ``fan_in``)."""
 
-    producers: int = size(6, "producer processes per manager", ">=1")
-    transactions: int = size(40, "transactions (one event each) per producer and cell", ">=1")
-    consumers: int = size(3, "consumer DAGs of each cell's asset", ">=1")
-    holds_ms: tuple[float, ...] = size((5.0, 30.0), "holds before COMMIT in ms, comma-separated", ">=0")
-    budget_s: float = size(60.0, "seconds into a cell after which producers start no transactions", ">0")
-    consumer_pause_ms: float = size(1.0, "the consumer's pause between scheduler passes", ">=0")
+    producers: int = count(6, "producer processes per manager")
+    transactions: int = count(40, "transactions (one event each) per producer and cell")
+    consumers: int = count(3, "consumer DAGs of each cell's asset")
+    holds_ms: tuple[float, ...] = nonnegative((5.0, 30.0), "holds before COMMIT in ms, comma-separated")
+    budget_s: float = positive(60.0, "seconds into a cell after which producers start no transactions")
+    consumer_pause_ms: float = nonnegative(1.0, "the consumer's pause between scheduler passes")
     fan_in: bool = size(
         False,
         "also fan-in cells: each producer emits an asset of its own, one consumer DAG is scheduled on any "
@@ -103,25 +102,25 @@ WARM_DAG: Final = "adrq_live_warmup"
 class LiveSizes(Checked):
     """How big one deployment's run is; every manager and backend gets the same."""
 
-    instances: int = size(16, "mapped instances of each producer DAG's task (N)", ">=1")
-    outlets: int = size(3, "outlet assets of every producer instance, a0, a1 ... (shared by all)", ">=1")
-    consumers: int = size(64, "consumer DAGs (F), each scheduled on a0 | a1 | ...", ">=1")
-    bursts: int = size(4, "bursts: every producer DAG triggered once, then waited for", ">=1")
-    producer_dags: int = size(1, "producer DAGs (stock deadlocks on MySQL/MariaDB with several)", ">=1")
+    instances: int = count(16, "mapped instances of each producer DAG's task (N)")
+    outlets: int = count(3, "outlet assets of every producer instance, a0, a1 ... (shared by all)")
+    consumers: int = count(64, "consumer DAGs (F), each scheduled on a0 | a1 | ...")
+    bursts: int = count(4, "bursts: every producer DAG triggered once, then waited for")
+    producer_dags: int = count(1, "producer DAGs (stock deadlocks on MySQL/MariaDB with several)")
     own_assets: bool = size(
         False,
         "each producer DAG emits assets of its own (p0a0 ..., p1a0 ...) instead of the shared a0, a1 ...; "
         "half the consumers are scheduled on any of them (|), half on all of them (&)",
     )
-    schedulers: int = size(1, "schedulers: 2 runs Airflow's HA mode (PostgreSQL only)", ">=1")
+    schedulers: int = count(1, "schedulers: 2 runs Airflow's HA mode (PostgreSQL only)")
     # Airflow marks a task whose success call deadlocked FAILED directly, whatever this says.
-    retries: int = size(1, "retries of the producer task", ">=0")
-    settle_s: float = size(5.0, "seconds without queue rows or new consumer runs that count as drained", ">0")
-    drain_timeout_s: float = size(180.0, "longest wait for a drain (the queue left is then reported)", ">0")
-    barrier_timeout_s: float = size(0.0, "seconds an instance waits for its whole burst (0: sized)", ">=0")
-    lead_s: float = size(0.5, "seconds from the last instance's arrival to the common finish", ">=0")
+    retries: int = nonnegative(1, "retries of the producer task")
+    settle_s: float = positive(5.0, "seconds without queue rows or new consumer runs that count as drained")
+    drain_timeout_s: float = positive(180.0, "longest wait for a drain (the queue left is then reported)")
+    barrier_timeout_s: float = nonnegative(0.0, "seconds an instance waits for its whole burst (0: sized)")
+    lead_s: float = nonnegative(0.5, "seconds from the last instance's arrival to the common finish")
     # 0: all at once; process scheduling alone then spreads them by ~30 ms.
-    spread_s: float = size(0.3, "instances finish a random 0 to this many s after the common finish", ">=0")
+    spread_s: float = nonnegative(0.3, "instances finish a random 0 to this many s after the common finish")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -190,7 +189,7 @@ class LiveShape(Checked):
         "processes, results in the scratch database (needs apache-airflow-providers-celery, celery[redis])",
         choices=tuple(EXECUTORS),
     )
-    celery_workers: int = size(2, "Celery workers, each running a share of a burst at once", ">=1")
+    celery_workers: int = count(2, "Celery workers, each running a share of a burst at once")
     broker_url: str | None = size(
         None,
         "the Celery broker (default: the Redis on 127.0.0.1:6379, a database number per deployment; "
@@ -201,12 +200,11 @@ class LiveShape(Checked):
         "every component (not airflow db migrate) reaches PostgreSQL through a throwaway PgBouncer in "
         "transaction pooling mode, one per deployment (Debian package pgbouncer; PostgreSQL only)",
     )
-    api_workers: int = size(1, "[api] workers of the api-server", ">=1")
-    reparse_s: int = size(
+    api_workers: int = count(1, "[api] workers of the api-server")
+    reparse_s: int = nonnegative(
         0,
         "[dag_processor] min_file_process_interval: the DAG processor re-parses (and re-locks the dag rows "
         "of) every DAG file this often, bursts included (0: Airflow's default, 30 s)",
-        ">=0",
     )
 
     def __post_init__(self) -> None:

@@ -63,8 +63,7 @@ def refuse_airflow_database(url: str) -> None:
         not parsed.database or parsed.database == ":memory:" or not Path(parsed.database).exists()
     ):
         return
-    engine = sa.create_engine(url, poolclass=NullPool)
-    with engine.connect() as conn:
+    with sa.create_engine(url, poolclass=NullPool).connect() as conn:
         names = set(sa.inspect(conn).get_table_names())
     found = [name for name in AIRFLOW_TABLES if name in names]
     if found:

@@ -14,7 +14,6 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 from airflow_adrq_bench.errors import BenchError
 
@@ -131,8 +130,13 @@ class Child:
         self.pool = cf.ProcessPoolExecutor(
             1, mp_context=SPAWN, initializer=_start, initargs=(settings, setup, args)
         )
-        with mock.patch.dict(os.environ, spawn_env or {}):
+        controller_env = dict(os.environ)
+        os.environ.update(spawn_env or {})
+        try:
             self._first = self.pool.submit(os.getpid)  # spawns the process now, with spawn_env
+        finally:
+            os.environ.clear()
+            os.environ.update(controller_env)
         self._pending = [self._first]
 
     def submit(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> cf.Future[Any]:

@@ -1,16 +1,14 @@
-"""Run the Airflow mode end to end. The controller (this process) never imports Airflow.
+"""Run the Airflow mode end to end; the controller (this process) never imports Airflow.
 
-It starts ``producers`` worker processes per manager (:class:`.worker.Workers`) while ``airflow db
-migrate`` makes every database's scratch database (:func:`.databases.migrated`); then per database:
+The workers (:class:`.worker.Workers`) start while ``airflow db migrate`` makes each scratch database
+(:func:`.databases.migrated`); then per database the workers' ORM is pointed at it, DAGs, assets and
+schedule references are seeded through Airflow's models, ``ANALYZE`` runs, and it measures:
 
-1. points every worker's Airflow ORM at it, seeds DAGs, assets and schedule references through Airflow's
-   models, and runs ``ANALYZE``;
-2. the sweep: for each fan-out, one warm-up call per manager, then calls interleaved between the managers
-   (the order rotates every repetition), each from an empty queue, each followed by an exact-rows check;
-3. contention: per scenario and round (managers interleaved), the queue is emptied, the manager's producers
-   start together and each runs ``transactions`` transactions; afterwards the queue must hold exactly the
-   expected rows and ``asset_event`` exactly one row per committed outlet, and any transaction still open
-   is ended before the next round starts.
+1. the sweep: per fan-out one warm-up call per manager, then calls interleaved between the managers
+   (the order rotating), each from an empty queue and followed by an exact-rows check;
+2. contention: per scenario and round (managers interleaved), the manager's producers start together on
+   an empty queue, each running ``transactions`` transactions; then the queue must hold exactly the
+   expected rows and ``asset_event`` one row per committed outlet; transactions still open are ended.
 """
 
 from __future__ import annotations
