@@ -67,6 +67,9 @@ class FaultSizes:
     hold_ms: float = 5.0
     kill_every_s: float = 0.15
     max_attempts: int = 8
+    #: Spare a producer once killed until its transaction ends: kills then follow the producers'
+    #: progress, not the clock, so a slow (loaded) machine cannot chain them into an exhausted budget.
+    one_kill_per_transaction: bool = False
 
 
 @dataclass
@@ -110,13 +113,15 @@ _KILL = {"postgresql": "SELECT pg_terminate_backend({})", "mysql": "KILL CONNECT
 class _Killer(threading.Thread):
     """Terminates one producer connection at random, every ``every_s`` (jittered), until stopped."""
 
-    def __init__(self, url: str, backend: str, every_s: float, rng: random.Random) -> None:
+    def __init__(self, url: str, backend: str, every_s: float, rng: random.Random, *, once: bool) -> None:
         super().__init__(name="adrq-fault-killer", daemon=True)
         self.engine = sa.create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
-        self.backend, self.every_s, self.rng = backend, every_s, rng
+        self.backend, self.every_s, self.rng, self.once = backend, every_s, rng, once
         self.stop, self.lock = threading.Event(), threading.Lock()
-        #: The producers' connections, recorded as they connect (:meth:`watch`).
-        self.producer_ids: set[int] = set()
+        #: The producers' connections, recorded as they connect (:meth:`watch`): id -> its engine.
+        self.producer_ids: dict[int, Engine] = {}
+        #: With ``once``: the engines whose producer was killed in its current transaction.
+        self.spared: set[Engine] = set()
         self.kills = 0
 
     def watch(self, engine: Engine) -> Engine:
@@ -129,7 +134,7 @@ class _Killer(threading.Thread):
             (own_id,) = cursor.fetchone()
             cursor.close()
             with self.lock:
-                self.producer_ids.add(int(own_id))
+                self.producer_ids[int(own_id)] = engine
 
         return engine
 
@@ -138,12 +143,16 @@ class _Killer(threading.Thread):
         with self.engine.connect() as conn:
             while not self.stop.wait(self.rng.uniform(0.5, 1.5) * self.every_s):
                 with self.lock:
-                    known = sorted(self.producer_ids)
+                    known = sorted(i for i, engine in self.producer_ids.items() if engine not in self.spared)
                 with contextlib.suppress(sa.exc.DBAPIError):  # the victim left in between
                     victims = [int(r[0]) for r in conn.execute(alive, {"ids": known})] if known else []
                     if victims:
-                        conn.exec_driver_sql(_KILL[self.backend].format(self.rng.choice(victims)))
+                        victim = self.rng.choice(victims)
+                        conn.exec_driver_sql(_KILL[self.backend].format(victim))
                         self.kills += 1
+                        if self.once:
+                            with self.lock:
+                                self.spared.add(self.producer_ids[victim])
         self.engine.dispose()
 
 
@@ -159,7 +168,9 @@ def run_faults(
     result = FaultRun(backend=backend, sizes=asdict(sizes))
     outcomes: dict[str, str] = {}
     lock = threading.Lock()
-    killer = _Killer(url, backend, sizes.kill_every_s, random.Random(rng.random()))
+    killer = _Killer(
+        url, backend, sizes.kill_every_s, random.Random(rng.random()), once=sizes.one_kill_per_transaction
+    )
 
     def work(session: Session, sink: list[Callable[[], object]], order: list[Any], ti: BenchTask) -> None:
         for asset in order:
@@ -189,6 +200,8 @@ def run_faults(
                 outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
             with lock:
                 outcomes[run_id] = outcome
+            with killer.lock:
+                killer.spared.discard(engine)
         engine.dispose()
 
     killer.start()
