@@ -44,7 +44,8 @@ _STOCK_BLIND = "--expect-stock-worse"
 
 def _live_run(server_url, out, *extra, control=True):
     """One ``--live --small`` run (``--expect-stock-worse`` with ``control``): its exit status and raw
-    results (None: the run did not start; the reason is on stderr)."""
+    results (None: the run did not start; the reason is on stderr). ``server_url`` names an empty
+    database (``fresh_db_url``): the server's default one may hold Airflow tables, which the run refuses."""
     argv = ["--airflow", "--live", "--small", "--db", server_url, "--out", str(out), "--time-limit", "600"]
     status = airflow_mode_main([*argv, *(["--expect-stock-worse"] if control else []), *extra])
     path = out / "live.json"
@@ -76,9 +77,9 @@ def _assert_plugin_clean(plugin, sizes, raw):
 
 @pytest.mark.slow
 @pytest.mark.backends("postgresql", "mysql")
-def test_small_live_run_plugin_is_clean(backend, server_info, broker, tmp_path, capsys):
+def test_small_live_run_plugin_is_clean(backend, fresh_db_url, broker, tmp_path, capsys):
     shape = (*SHAPES[backend], *broker)
-    status, raw = _live_run(server_info.url, tmp_path / "live", *shape)
+    status, raw = _live_run(fresh_db_url, tmp_path / "live", *shape)
     captured = capsys.readouterr()
     print(captured.out)  # the verdict, shown with -s or on failure
     assert raw is not None, f"the live run did not start (exit {status}): {captured.err[-3000:]}"
@@ -89,7 +90,7 @@ def test_small_live_run_plugin_is_clean(backend, server_info, broker, tmp_path, 
     while blind and attempts < STOCK_ATTEMPTS:
         attempts += 1
         again, again_raw = _live_run(
-            server_info.url, tmp_path / f"stock-{attempts}", *shape, "--manager", "stock"
+            fresh_db_url, tmp_path / f"stock-{attempts}", *shape, "--manager", "stock"
         )
         blind = again != 0
         print(f"stock deployment {attempts} of {STOCK_ATTEMPTS}: problems {again_raw['problems']}")
@@ -112,13 +113,13 @@ def test_small_live_run_plugin_is_clean(backend, server_info, broker, tmp_path, 
 
 @pytest.mark.slow
 @pytest.mark.backends("postgresql")
-def test_small_live_run_producers_of_different_assets_plugin_is_clean(server_info, broker, tmp_path, capsys):
+def test_small_live_run_producers_of_different_assets_plugin_is_clean(fresh_db_url, broker, tmp_path, capsys):
     """The shape that found the race the ``dag`` share lock closes: each producer DAG emits assets of
     its own into the same consumers (half on the OR of every asset, half on the AND), two
     schedulers, CeleryExecutor, PgBouncer. The plug-in only: the control that loses events in this
     shape is the forced interleaving of tests/concurrency/test_dag_share_lock.py."""
     extra = (*SHAPES["postgresql"], *broker, "--own-assets", "--manager", "plugin")
-    status, raw = _live_run(server_info.url, tmp_path / "live", *extra, control=False)
+    status, raw = _live_run(fresh_db_url, tmp_path / "live", *extra, control=False)
     captured = capsys.readouterr()
     print(captured.out)
     assert raw is not None, f"the live run did not start (exit {status}): {captured.err[-3000:]}"
