@@ -38,11 +38,9 @@ from airflow_adrq.retry import RetryableKind, classify
 from airflow_adrq_bench import options
 from airflow_adrq_bench.options import Checked, size
 from airflow_adrq_bench.stats import median, percentile
-from airflow_adrq_testing import dataset, scheduler
+from airflow_adrq_testing import dataset
 from airflow_adrq_testing.protocols import events, landed, stamp_first
-from airflow_adrq_testing.scheduler import Run, scheduler_pass
-
-_EVENT = scheduler.EVENT
+from airflow_adrq_testing.scheduler import EVENT, Run, scheduler_pass
 
 
 class _Event(NamedTuple):
@@ -147,7 +145,7 @@ def measure(url: str, protocol: str, given: Options) -> Outcome:
                     committed_at[event_id] = done
             seen = clock()
             with lock, Session(engine) as s:
-                latest = sa.select(sa.func.max(_EVENT.c.timestamp)).where(_EVENT.c.asset_id == asset_id)
+                latest = sa.select(sa.func.max(EVENT.c.timestamp)).where(EVENT.c.asset_id == asset_id)
                 stamp = s.scalar(latest)
                 if stamp is not None:
                     out.windows.append((seen - stamp).total_seconds())
@@ -171,7 +169,7 @@ def measure(url: str, protocol: str, given: Options) -> Outcome:
         pass
     counts = Counter(event_id for _, events in runs for event_id in events)
     with engine.connect() as conn:
-        every = list(conn.execute(sa.select(_EVENT.c.id)).scalars())
+        every = list(conn.execute(sa.select(EVENT.c.id)).scalars())
     out.events, out.runs = len(every), len(runs)
     out.lost = sum(1 for e in every if counts[e] == 0)
     out.twice = sum(1 for e in every if counts[e] > 1)
@@ -193,8 +191,7 @@ def _clock(engine: sa.Engine) -> Callable[[], dt.datetime]:
 
     def now() -> dt.datetime:
         with engine.connect() as conn:
-            value: dt.datetime = conn.execute(sa.select(expression())).scalar_one()
-            return value
+            return conn.execute(sa.select(expression())).scalar_one()
 
     return now
 
