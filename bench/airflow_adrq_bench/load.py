@@ -16,16 +16,15 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-import os
 import random
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar, cast
 
+import psutil
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -276,15 +275,6 @@ class SoakRun:
         return {**asdict(self), "deadlocks": self.deadlocks, "rows_exact": self.rows_exact, "tx_per_s": rate}
 
 
-def _rss_mib() -> float:
-    # Current (not peak) resident set size, from /proc (Linux).
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, IndexError, ValueError):
-        return float("nan")
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 _SERVER_CONNECTIONS = {
     "postgresql": "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()",
     "mysql": "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE()",
@@ -315,8 +305,9 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Log = print) -> S
     def sample(progress: int) -> None:
         with engine.connect() as conn:
             server = int(conn.exec_driver_sql(_SERVER_CONNECTIONS[result.backend]).scalar_one())
+        rss_mib = psutil.Process().memory_info().rss / 2**20  # current, not peak
         pool = cast(QueuePool, engine.pool)
-        result.samples.append((progress, round(_rss_mib(), 1), pool.checkedout(), server))
+        result.samples.append((progress, round(rss_mib, 1), pool.checkedout(), server))
 
     def transact(work: Callable[..., T], retries: dict[str, int], who: str) -> T | None:
         """``work`` through ``run_in_transaction``, retries counted; None, counted as failed, if it raised."""

@@ -80,8 +80,7 @@ def add_fields(
 ) -> None:
     """One option per field of ``default``'s dataclass: its help text, then its default and ``flag``'s
     (``preset``'s; a ``bool`` field is a flag, with neither). Every option defaults to ``None``
-    (:func:`given` tells what was given); argparse parses it and checks its bound (:func:`_parse`).
-    Metavars: ``N,N,...`` (a tuple), ``S`` / ``MS`` (seconds, milliseconds), ``N`` (an integer), ``X``."""
+    (:func:`given` tells what was given); argparse parses it and checks its bound (:func:`_parse`)."""
     hints = typing.get_type_hints(type(default))
     for field in dataclasses.fields(default):
         value, hint, name = getattr(default, field.name), hints[field.name], field.name
@@ -105,8 +104,7 @@ def add_fields(
 
 
 def _parse(field: dataclasses.Field[Any], kind: Callable[[str], Any], many: bool, text: str) -> Any:
-    """An option's value (comma-separated values for a tuple: ``many``), parsed and checked against
-    ``field``'s bound; ``ArgumentTypeError`` if it is not one or misses it."""
+    """``text`` parsed (comma-separated values if ``many``) and checked against ``field``'s bound."""
     try:
         value = tuple(kind(x) for x in text.split(",") if x.strip()) if many else kind(text)
     except ValueError:

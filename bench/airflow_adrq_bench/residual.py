@@ -4,22 +4,20 @@
 
     python -m airflow_adrq_bench.residual --db postgresql://root@127.0.0.1/postgres [--seconds 20]
 
-Producers sharing a queue row are stamped in commit order. Producers of different assets feeding
-one DAG share no row: one can be stamped, another stamped later and committed, and a scheduler
-read between them, all before the first one's COMMIT is visible. How often: ``--producers``
-threads, each emitting its own asset in a loop, one consumer DAG scheduled on all of them, and
-Airflow 3.3.2's scheduler step (:func:`airflow_adrq_testing.scheduler.scheduler_pass`) in a loop,
-with ``FOR UPDATE SKIP LOCKED`` or without row locks (``--no-row-locks``: MariaDB's); then the
-queue is drained and every event's runs counted. Side by side, each on its own scratch database:
-airflow-adrq's protocol and the ones before it (:mod:`airflow_adrq_testing.protocols`). Also the
-window (stamp to commit visible to another connection) and the time from an event's COMMIT to the
-run that consumes it.
+Producers sharing a queue row are stamped in commit order. Producers of different assets feeding one DAG share
+no row: one can be stamped, another stamped later and committed, and a scheduler read between them, all before
+the first one's COMMIT is visible. How often: ``--producers`` threads, each emitting its own asset in a loop,
+one consumer DAG scheduled on all of them, and Airflow 3.3.2's scheduler step
+(:func:`airflow_adrq_testing.scheduler.scheduler_pass`) in a loop, with ``FOR UPDATE SKIP LOCKED`` or without
+row locks (``--no-row-locks``: MariaDB's); then the queue is drained and every event's runs counted. Side by
+side, each on its own scratch database: airflow-adrq's protocol and the ones before it
+(:mod:`airflow_adrq_testing.protocols`). Also the window (stamp to commit visible to another connection) and
+the time from an event's COMMIT to the run that consumes it.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import threading
 import time
 from collections import Counter
@@ -38,11 +36,9 @@ from airflow_adrq.retry import RetryableKind, classify
 from airflow_adrq_bench import options
 from airflow_adrq_bench.options import Checked, size
 from airflow_adrq_bench.stats import median, percentile
-from airflow_adrq_testing import dataset, scheduler
+from airflow_adrq_testing import dataset
 from airflow_adrq_testing.protocols import events, landed, stamp_first
-from airflow_adrq_testing.scheduler import Run, scheduler_pass
-
-_EVENT = scheduler.EVENT
+from airflow_adrq_testing.scheduler import EVENT, Run, scheduler_pass
 
 
 class _Event(NamedTuple):
@@ -110,7 +106,7 @@ def measure(url: str, protocol: str, given: Options) -> Outcome:
     #: event id -> time.monotonic() at its producer's COMMIT; at its run's COMMIT.
     committed_at: dict[int, float] = {}
     consumed_at: dict[int, float] = {}
-    stop, lock, clock = threading.Event(), threading.Lock(), _clock(engine)
+    stop, lock, clock = threading.Event(), threading.Lock(), dialects.get(engine).clock
     write = _protocol(protocol, locks=locks)
 
     def deadlocked(exc: sa.exc.DBAPIError) -> None:
@@ -145,9 +141,14 @@ def measure(url: str, protocol: str, given: Options) -> Outcome:
             with lock:
                 for event_id in ids:
                     committed_at[event_id] = done
-            seen = clock()
+            # What the runtime stamps with: the database's clock (on a connection of its own), else Python's.
+            if clock is None:
+                seen = utcnow()
+            else:
+                with engine.connect() as conn:
+                    seen = conn.execute(sa.select(clock())).scalar_one()
             with lock, Session(engine) as s:
-                latest = sa.select(sa.func.max(_EVENT.c.timestamp)).where(_EVENT.c.asset_id == asset_id)
+                latest = sa.select(sa.func.max(EVENT.c.timestamp)).where(EVENT.c.asset_id == asset_id)
                 stamp = s.scalar(latest)
                 if stamp is not None:
                     out.windows.append((seen - stamp).total_seconds())
@@ -171,7 +172,7 @@ def measure(url: str, protocol: str, given: Options) -> Outcome:
         pass
     counts = Counter(event_id for _, events in runs for event_id in events)
     with engine.connect() as conn:
-        every = list(conn.execute(sa.select(_EVENT.c.id)).scalars())
+        every = list(conn.execute(sa.select(EVENT.c.id)).scalars())
     out.events, out.runs = len(every), len(runs)
     out.lost = sum(1 for e in every if counts[e] == 0)
     out.twice = sum(1 for e in every if counts[e] > 1)
@@ -183,20 +184,6 @@ def measure(url: str, protocol: str, given: Options) -> Outcome:
     ]
     engine.dispose()
     return out
-
-
-def _clock(engine: sa.Engine) -> Callable[[], dt.datetime]:
-    """What the runtime stamps with: the database's clock (read on a connection of its own), else Python's."""
-    expression = dialects.get(engine).clock
-    if expression is None:
-        return utcnow
-
-    def now() -> dt.datetime:
-        with engine.connect() as conn:
-            value: dt.datetime = conn.execute(sa.select(expression())).scalar_one()
-            return value
-
-    return now
 
 
 @dataclass(frozen=True)

@@ -74,11 +74,9 @@ def ratio_line(
     """``ours / base`` judged by ``target``, unless a side did not finish; with the spread of the ratio.
 
     ``unfinished`` (ours, baseline): what each left undone (``""``: all done). Ours not done: MISSED; only
-    the baseline not done: met (a ratio would measure the time budget, not speed); either says what.
-    ``spreads`` (ours, baseline), each (low, high) as :func:`.stats.median_interval`: the ratio lies
-    between ours low / base high and ours high / base low; met if the target is met over all of it,
-    MISSED if nowhere, else ``unclear``; overlapping spreads are said to overlap. ``shown``: the measured
-    cell's text before the ratio.
+    the baseline not done: met (a ratio would measure the time budget, not speed). ``spreads`` (ours,
+    baseline), each (low, high) as :func:`.stats.median_interval`: met if the target is met over the whole
+    range of ratios they allow, MISSED if nowhere, else ``unclear``. ``shown``: the cell's text before it.
     """
     what = what or target.what
     if unfinished[0]:
