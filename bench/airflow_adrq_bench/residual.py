@@ -59,7 +59,7 @@ def _protocol(name: str, *, locks: bool) -> Callable[[Session, Sequence[int]], l
         session.commit()
         return ids
 
-    return {"stamp_first": stamp_first, "landed": landed}.get(name, ours)
+    return {"stamp_first": stamp_first, "landed": landed, "ours": ours}[name]
 
 
 @dataclass
@@ -213,6 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     options.add_fields(parser, Options())
     args = parser.parse_args(argv)
     given = options.sizes_from(parser, args, Options())
+    if unknown := set(given.protocols.split(",")) - {"landed", "stamp_first", "ours"}:
+        parser.error(f"argument --protocols: not landed, stamp_first or ours: {', '.join(sorted(unknown))}")
     print(Outcome.HEADER)
     for protocol in given.protocols.split(","):
         with dataset.scratch_database(args.db) as url:
