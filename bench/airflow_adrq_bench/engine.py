@@ -1,11 +1,10 @@
 """The parties' loops of the concurrent rounds, the fan-out sweep and the raw-SQL ratio.
 
-Party 0, the coordinator, empties the queue before every round, is the scheduler of
-``with_consumer`` and ``lost_events`` rounds and checks the rows after; parties 1..N, the
-producers, run the round's transactions (what task success does: the strategy's
-``register_asset_change`` per emitted asset, ``hold_ms`` open, COMMIT; retried as a whole) and
-append a JSON line per transaction to ``tx-<party>.jsonl``. A round: one untimed warm-up
-transaction per producer on its own assets; barriers ``warm``, ``start``, ``done``, ``end``.
+Party 0, the coordinator, empties the queue before every round, is the scheduler of ``with_consumer`` and
+``lost_events`` rounds and checks the rows after; parties 1..N, the producers, run the round's transactions
+(what task success does: the strategy's ``register_asset_change`` per emitted asset, ``hold_ms`` open,
+COMMIT; retried as a whole) and append a JSON line per transaction to ``tx-<party>.jsonl``. A round: one
+untimed warm-up transaction per producer on its own assets; barriers ``warm``, ``start``, ``done``, ``end``.
 """
 
 from __future__ import annotations
@@ -136,8 +135,9 @@ def run_coordinator(plan: Plan) -> None:
             dataset.reset(engine)
             _wait(plan, "start", cell, 0)
             current = _Round(plan, engine, cell, rng, time.perf_counter())
-            record = (_lost_events_round if cell.scenario == "lost_events" else _contention_round)(current)
+            measured = (_lost_events_round if cell.scenario == "lost_events" else _contention_round)(current)
             _wait(plan, "end", cell, 0)
+            record = {**asdict(cell), "duration_s": current.duration_s, **measured}
             record["planned"] = cell.planned(plan.sizes)
             sink.write(json.dumps(record) + "\n")
             sink.flush()
@@ -165,6 +165,8 @@ class _Round:
     cell: Cell
     rng: random.Random
     started: float
+    #: Until every producer was done (:meth:`wait_done`).
+    duration_s: float = 0.0
     #: What the committed consumer transactions took: (asset, DAG) claims or (event, DAG) runs.
     consumed: set[dataset.Pair] = field(default_factory=set)
     #: Claims or runs the committed consumer transactions made.
@@ -172,10 +174,10 @@ class _Round:
     #: Failed consumer attempts, by kind.
     failures: Counter[str] = field(default_factory=Counter)
 
-    def wait_done(self, between: Callable[[], object] = lambda: None, *, pause_s: float = 0.001) -> float:
-        """Call ``between`` (a consumer's step) until every producer is done; the round's duration."""
+    def wait_done(self, between: Callable[[], object] = lambda: None, *, pause_s: float = 0.001) -> None:
+        """Call ``between`` (a consumer's step) until every producer is done; set :attr:`duration_s`."""
         _wait(self.plan, "done", self.cell, 0, between=between, pause_s=pause_s)
-        return time.perf_counter() - self.started
+        self.duration_s = time.perf_counter() - self.started
 
     def consume(self, work: Callable[[Session, list[dataset.Pair]], int], *, deadline: float) -> TxResult:
         """One consumer transaction, retried like a producer's, no hold. ``work`` appends the pairs it
@@ -213,10 +215,10 @@ def _contention_round(current: _Round) -> dict[str, Any]:
             if time.monotonic() < deadline:
                 current.consume(functools.partial(_claim, next(turns)), deadline=deadline)
 
-        duration = current.wait_done(claim_next, pause_s=0.002)
+        current.wait_done(claim_next, pause_s=0.002)
         consumer = {"claims": current.made, "failures": dict(current.failures)}
     else:
-        duration = current.wait_done()
+        current.wait_done()
     # Every producer has written its transactions before arriving at "done".
     emitted: set[dataset.Pair] = set()
     for party in range(1, current.plan.parties):
@@ -227,8 +229,6 @@ def _contention_round(current: _Round) -> dict[str, Any]:
         queued = dataset.queued_pairs(conn)
     check = dataset.check_rows(queued, emitted, current.consumed)
     return {
-        **asdict(current.cell),
-        "duration_s": duration,
         "queued_rows": len(queued),
         "emitted_pairs": len(emitted),
         "consumed_pairs": len(current.consumed),
@@ -271,16 +271,15 @@ def _lost_events_round(current: _Round) -> dict[str, Any]:
         pass_ms.append(result.latency_s * 1000)
         return current.made - before
 
-    duration = current.wait_done(one_pass)
+    current.wait_done(one_pass)
     # Drain: every committed queue row becomes a run.
     while one_pass():
         pass
     consumed, consumed_in_round = current.consumed, set(current.consumed)
-    # A queue row that already existed kept its created_at (Airflow's ON
-    # CONFLICT DO NOTHING / merge), so events after it wait for the next run
-    # of that DAG: they are late, not lost. A sentinel event, committed with
-    # its queue rows after everything else, triggers that next run; only the
-    # pairs it does not pick up either were consumed by no run, ever.
+    # A queue row that already existed kept its created_at (Airflow's ON CONFLICT DO NOTHING / merge), so
+    # events after it wait for the next run of that DAG: they are late, not lost. A sentinel event, committed
+    # with its queue rows after everything else, triggers that next run; only the pairs it does not pick up
+    # either were consumed by no run, ever.
     now, event = utcnow(), scheduler.EVENT
     with current.engine.begin() as conn:
         row = {"asset_id": asset.id, "extra": {}, "timestamp": now, "source_dag_id": "bench_sentinel"}
@@ -298,8 +297,6 @@ def _lost_events_round(current: _Round) -> dict[str, Any]:
     pairs = {(e, d) for e in events for d in dags}
     lost = pairs - consumed
     return {
-        **asdict(current.cell),
-        "duration_s": duration,
         "events": len(events),
         "consumers": len(dags),
         "pairs": len(pairs),
@@ -419,6 +416,7 @@ def run_raw_ratio(url: str, sizes: Sizes, *, step: Step) -> list[dict[str, Any]]
         contextlib.closing(engine.raw_connection()) as raw_connection,
     ):
         raw = rawsql.raw_sql(engine.dialect)
+        hand_written = functools.partial(raw.register, raw_connection, source=asdict(task))
 
         def ours(session: Session, assets: Sequence[Any], _rng: random.Random) -> None:
             airflow_adrq.register_asset_change(asset=assets[0], task_instance=task, session=session)
@@ -426,12 +424,9 @@ def run_raw_ratio(url: str, sizes: Sizes, *, step: Step) -> list[dict[str, Any]]
         for fanout in sorted(sizes.ratio_fanouts):
             step(f"F={fanout}", 0)
             asset = asset_of[fanout]
-            hand_written = functools.partial(
-                raw.register, raw_connection, name=asset.name, uri=asset.uri, source=asdict(task)
-            )
             calls: dict[str, Callable[[], object]] = {
                 "ours_": functools.partial(_commit, engine, ours, asset, rng),
-                "raw_": hand_written,
+                "raw_": functools.partial(hand_written, name=asset.name, uri=asset.uri),
             }
             row: dict[str, Any] = {"fanout": fanout, "calls": sizes.ratio_calls}
             row.update(_measure(engine, calls, fanout, sizes.ratio_calls, rng))

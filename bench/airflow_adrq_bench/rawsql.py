@@ -1,14 +1,10 @@
 """The raw-SQL reference: one asset event and its queue rows, hand-written, through the DB-API.
 
-What :func:`airflow_adrq.register_asset_change` + COMMIT does for one event of an asset with only
-direct consumers, with the same guarantees, as the least a hand-written implementation sends on
-``engine.raw_connection()`` (the library's driver), bound parameters: look the asset up, insert
-the event, write the queue rows and the stamp as :func:`airflow_adrq.queue.queue_events` does on
-that backend (PostgreSQL: one statement that share-locks the consumers' ``dag`` rows, reads
-``clock_timestamp()``, inserts the rows in key order and stamps the event; MySQL/MariaDB: the
-ordered ``INSERT ... SELECT`` at PENDING, the database's clock, two UPDATEs; SQLite: Python's
-clock, then the ordered ``INSERT ... SELECT``), COMMIT. Timed against the library by
-:func:`airflow_adrq_bench.engine.run_raw_ratio`.
+What :func:`airflow_adrq.register_asset_change` + COMMIT does for one event of an asset with only direct
+consumers, with the same guarantees, as the least a hand-written implementation sends on
+``engine.raw_connection()`` (the library's driver), bound parameters: look the asset up, insert the event,
+write the queue rows and the stamp as :func:`airflow_adrq.queue.queue_events` does on that backend (the steps
+of :func:`raw_sql`), COMMIT. Timed against the library by :func:`airflow_adrq_bench.engine.run_raw_ratio`.
 """
 
 from __future__ import annotations

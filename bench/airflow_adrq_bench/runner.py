@@ -1,9 +1,8 @@
 """Run the benchmark end to end: scratch databases, the concurrent rounds, the sweep, the ratio.
 
-The concurrent rounds are the pytest-xdist suite :mod:`.suite` in a subprocess of its own session,
-one party of :mod:`.engine` per worker; the parties meet and report through scratch files in the
-output directory, read into the result and removed at the end (``pytest.log`` stays after a
-failure) unless ``keep_scratch``.
+The concurrent rounds are the pytest-xdist suite :mod:`.suite` in a subprocess of its own session, one party
+of :mod:`.engine` per worker; the parties meet and report through scratch files in the output directory, read
+into the result and removed at the end (``pytest.log`` stays after a failure) unless ``keep_scratch``.
 """
 
 from __future__ import annotations
