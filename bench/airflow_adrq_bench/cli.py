@@ -14,6 +14,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sqlalchemy import make_url
+
 from airflow_adrq_bench import options, progress, report, runner, tables, verdict
 from airflow_adrq_bench.config import DEFAULT, DEFAULT_STRATEGY, QUICK, SCENARIOS, STRATEGIES, Sizes
 from airflow_adrq_bench.config import clear_of_deadlock_timeout as clear
@@ -105,6 +107,11 @@ def bench_parser() -> argparse.ArgumentParser:
 
 
 def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    for url in args.db or ():
+        if make_url(url).get_backend_name() not in ("sqlite", "postgresql", "mysql", "mariadb"):
+            raise runner.BenchError(
+                f"--db {url!r}: the benchmark runs on SQLite, PostgreSQL and MySQL/MariaDB"
+            )
     sizes = options.sizes_from(parser, args, QUICK if args.preset else DEFAULT)
     out = options.out_dir(args)
     with contextlib.ExitStack() as stack:
