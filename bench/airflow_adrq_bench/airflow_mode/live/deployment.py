@@ -333,7 +333,7 @@ import json
 
 SETTINGS = json.loads({settings!r})
 START = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
-DAG_ARGS = {"start_date": START, "catchup": False, "tags": ["adrq-live"]}
+DAG_ARGS = {{"start_date": START, "catchup": False, "tags": ["adrq-live"]}}
 '''
 
 _PRODUCERS = '''

@@ -13,7 +13,7 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -248,9 +248,8 @@ class _Driver:
         in_components = deadlock_lines(sorted(deployment.log_dir.glob("*.log")))
         in_tasks = deadlock_lines(sorted((deployment.home / "logs").rglob("*.log")))
         result["deadlocks"] = {
-            "server": after["value"] - before["value"],
-            "server_scope": after["scope"],
-            "latest_names_database": after["latest_names_database"],
+            **after,
+            "server": after["server"] - before["server"],
             "log_lines_components": sum(in_components.values()),
             "log_lines_tasks": sum(in_tasks.values()),
             "log_files": {**in_components, **in_tasks},
@@ -361,11 +360,11 @@ def deadlock_counter(conn: sa.Connection, database: str) -> dict[str, Any]:
         # A fresh snapshot: the statistics are cached per transaction by default.
         conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
         value = fetch(conn, "SELECT deadlocks FROM pg_stat_database WHERE datname = :name", name=database)
-        return {"value": int(value[0][0] or 0), "scope": "database", "latest_names_database": None}
+        return {"server": int(value[0][0] or 0), "server_scope": "database", "latest_names_database": None}
     row = conn.execute(sa.text("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")).first()
     section, spellings = latest_deadlock(conn), (f"`{database}`", f" {database}.", f"`{database}/")
     names = None if section is None else any(n in section for n in spellings)
-    return {"value": int(row[1]) if row else 0, "scope": "server", "latest_names_database": names}
+    return {"server": int(row[1]) if row else 0, "server_scope": "server", "latest_names_database": names}
 
 
 def deadlock_lines(paths: Iterable[Path]) -> dict[str, int]:
@@ -430,10 +429,9 @@ def state_calls(
     return {"patch_state": latency_summary(records, run_of), "patch_state_all_calls": len(records)}
 
 
-def latency_summary(records: Sequence[AccessRecord], ti_ids: Iterable[str]) -> dict[str, Any]:
+def latency_summary(records: Sequence[AccessRecord], ti_ids: Collection[str]) -> dict[str, Any]:
     """p25 / p50 / p75 / p99 / max (ms, nearest rank) and the status codes of these task instances' calls."""
-    wanted = set(ti_ids)
-    mine = [r for r in records if r.ti_id in wanted]
+    mine = [r for r in records if r.ti_id in ti_ids]
     durations = sorted(r.duration_ms for r in mine)
     return {
         "calls": len(mine),
