@@ -40,7 +40,6 @@ from airflow_adrq_bench.airflow_mode.config import STOCK_AND_PLUGIN as MANAGERS
 from airflow_adrq_bench.airflow_mode.config import LiveShape, LiveSizes, default_time_limit
 from airflow_adrq_bench.airflow_mode.databases import targets
 from airflow_adrq_bench.airflow_mode.live import deployment, report
-from airflow_adrq_bench.airflow_mode.live.deployment import Deployment
 from airflow_adrq_bench.airflow_mode.live.driver import run_cell, steps
 from airflow_adrq_bench.airflow_mode.results import conclude, raw_finish, raw_opening
 
@@ -139,7 +138,7 @@ def _measure(args: argparse.Namespace, sizes: LiveSizes, shape: LiveShape) -> in
                 bar.say(f"--- {target.version}: {manager}, run {run}/{args.runs} (limit {limit:.0f} s)")
                 logs = out / "logs" / f"{target.name}-{manager}-run{run}"
                 kwargs = args.plugin_kwargs if manager == "plugin" else None
-                made = Deployment(target, manager, sizes, shape, logs, kwargs, args.keep_scratch)
+                made = deployment.Deployment(target, manager, sizes, shape, logs, kwargs, args.keep_scratch)
                 raw["cells"].append(run_cell(made, run, bar, limit))
     raw_finish(raw, started)
     lines = report.verdict_lines(raw["cells"])

@@ -333,6 +333,7 @@ import json
 
 SETTINGS = json.loads({settings!r})
 START = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
+DAG_ARGS = {{"start_date": START, "catchup": False, "tags": ["adrq-live"]}}
 '''
 
 _PRODUCERS = '''
@@ -359,14 +360,7 @@ def wait_for_the_burst(folder: Path, name: str, settings: dict) -> None:
 
 
 for dag_id, names in SETTINGS["outlets"].items():
-    with DAG(
-        dag_id=dag_id,
-        schedule=None,
-        start_date=START,
-        catchup=False,
-        max_active_tasks=SETTINGS["instances"],
-        tags=["adrq-live"],
-    ):
+    with DAG(dag_id=dag_id, schedule=None, max_active_tasks=SETTINGS["instances"], **DAG_ARGS):
 
         @task(
             outlets=[Asset(name) for name in names],
@@ -382,7 +376,7 @@ for dag_id, names in SETTINGS["outlets"].items():
 
         produce.expand(i=list(range(SETTINGS["instances"])))
 
-with DAG(dag_id=SETTINGS["warm_dag"], schedule=None, start_date=START, catchup=False, tags=["adrq-live"]):
+with DAG(dag_id=SETTINGS["warm_dag"], schedule=None, **DAG_ARGS):
 
     @task(outlets=[Asset(SETTINGS["warm_asset"])])
     def warm(i: int) -> None:
@@ -406,7 +400,7 @@ ALL_OF = functools.reduce(operator.and_, ASSETS)
 
 for dag_id in SETTINGS["dag_ids"]:
     schedule = ALL_OF if dag_id in SETTINGS["all_of"] else ANY_OF
-    with DAG(dag_id=dag_id, schedule=schedule, start_date=START, catchup=False, tags=["adrq-live"]):
+    with DAG(dag_id=dag_id, schedule=schedule, **DAG_ARGS):
         EmptyOperator(task_id="done")
 """
 

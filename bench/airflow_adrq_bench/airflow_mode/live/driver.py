@@ -1,9 +1,8 @@
-"""One cell of the live run: one manager's deployment on one database server, driven and measured
-through its public interfaces, as an operator's tooling would: the REST API for what Airflow does,
-read-only SQL for what it waits for and counts (plain SQL on the scratch database: the controller
-never imports Airflow), plus the server's deadlock counter and the components' logs. What each count
-means is the live legend's (``legends.md``). A cell that fails records its error and the next cell
-still runs."""
+"""One cell of the live run: one manager's deployment on one database server, driven and measured through its
+public interfaces, as an operator's tooling would: the REST API for what Airflow does, read-only SQL for what
+it waits for and counts (plain SQL on the scratch database: the controller never imports Airflow), plus the
+server's deadlock counter and the components' logs. What each count means is the live legend's
+(``legends.md``). A cell that fails records its error and the next cell still runs."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -164,7 +163,7 @@ class _Driver:
                 runs = counts(conn, RUN_STATES, **where)
                 tasks = counts(conn, TASK_STATES, **where)
                 queue, consumer_runs = queue_rows(conn), run_count(conn, self.consumers)
-            done = sum(n for s, n in runs.items() if s in TERMINAL_RUN_STATES)
+            done = sum(n for s, n in runs.items() if s in ("success", "failed"))
             status = (
                 f"runs {done}/{len(dag_ids)} done; tasks {tasks.get('success', 0)}/{sum(tasks.values())} "
                 f"succeeded, {tasks.get('failed', 0)} failed, {tasks.get('up_for_retry', 0)} up for retry; "
@@ -249,9 +248,8 @@ class _Driver:
         in_components = deadlock_lines(sorted(deployment.log_dir.glob("*.log")))
         in_tasks = deadlock_lines(sorted((deployment.home / "logs").rglob("*.log")))
         result["deadlocks"] = {
-            "server": after["value"] - before["value"],
-            "server_scope": after["scope"],
-            "latest_names_database": after["latest_names_database"],
+            **after,
+            "server": after["server"] - before["server"],
             "log_lines_components": sum(in_components.values()),
             "log_lines_tasks": sum(in_tasks.values()),
             "log_files": {**in_components, **in_tasks},
@@ -274,16 +272,30 @@ class _Driver:
         return frozenset((a, d) for d, assets in per_dag.items() if len(assets) < need for a in assets)
 
     def _after(self, conn: sa.Connection) -> dict[str, Any]:
-        """The pairs, the consumer runs and the queue rows (but those waiting) after a drain."""
+        """After a drain: the (event, consumer) pairs of the burst runs' events, how many no run consumed
+        (``stranded``; also of the last burst alone), how many two or more runs of the DAG did, how many
+        are ``waiting`` (unconsumed, of the queue rows of all-of consumers missing an asset); the consumer
+        runs and the queue rows (but those waiting)."""
         waiting = self._waiting_rows(conn)
-        out = count_pairs(conn, self.producers, self.consumers, self.run_ids, waiting)
+        keys = ("pairs", "stranded", "consumed_twice", "last_burst_pairs", "last_burst_stranded", "waiting")
+        out = dict.fromkeys(keys, 0)
+        params = {"producers": self.producers, "consumers": self.consumers, "run_ids": self.run_ids}
+        for asset_id, run_id, dag_id, runs in fetch(conn, _PAIRS, **params):
+            out["pairs"] += 1
+            if runs == 0 and (int(asset_id), str(dag_id)) in waiting:
+                out["waiting"] += 1
+                continue
+            out["stranded"] += runs == 0
+            out["consumed_twice"] += runs > 1
+            if run_id == self.run_ids[-1]:
+                out["last_burst_pairs"] += 1
+                out["last_burst_stranded"] += runs == 0
         out["consumer_runs"] = run_count(conn, self.consumers)
         return {**out, "queue_rows": queue_rows(conn) - len(waiting), "queue_rows_waiting": len(waiting)}
 
 
 #: A line that reports a deadlock: PostgreSQL's message and SQLSTATE, MySQL/MariaDB's message and errno.
 DEADLOCK_LINE: Final = re.compile(r"deadlock detected|Deadlock found|40P01|\(1213,", re.IGNORECASE)
-TERMINAL_RUN_STATES: Final = ("success", "failed")
 
 # ``SELECT key, count(*) ... GROUP BY key`` of the runs, task instances and events :func:`counts` reads.
 _WHERE = "WHERE dag_id IN :dag_ids AND run_id IN :run_ids"
@@ -341,32 +353,6 @@ def producer_tasks(
     return overall, bursts, {_uuid_hex(ti_id): str(run_id) for ti_id, run_id, *_ in rows}
 
 
-def count_pairs(
-    conn: sa.Connection,
-    producers: Sequence[str],
-    consumers: Sequence[str],
-    run_ids: Sequence[str],
-    waiting: frozenset[tuple[int, str]],
-) -> dict[str, int]:
-    """The (event, consumer) pairs of the burst runs' events: how many, how many no run consumed
-    (``stranded``; also of the last burst alone), how many two or more runs of the DAG did, and how
-    many are ``waiting``: unconsumed, of the queue rows ``waiting`` (all-of consumers missing an asset)."""
-    params = {"producers": list(producers), "consumers": list(consumers), "run_ids": list(run_ids)}
-    keys = ("pairs", "stranded", "consumed_twice", "last_burst_pairs", "last_burst_stranded", "waiting")
-    out = dict.fromkeys(keys, 0)
-    for asset_id, run_id, dag_id, runs in fetch(conn, _PAIRS, **params):
-        out["pairs"] += 1
-        if runs == 0 and (int(asset_id), str(dag_id)) in waiting:
-            out["waiting"] += 1
-            continue
-        out["stranded"] += runs == 0
-        out["consumed_twice"] += runs > 1
-        if run_id == run_ids[-1]:
-            out["last_burst_pairs"] += 1
-            out["last_burst_stranded"] += runs == 0
-    return out
-
-
 def deadlock_counter(conn: sa.Connection, database: str) -> dict[str, Any]:
     """The server's deadlock counter now: PostgreSQL's of ``database``; MySQL/MariaDB's of the whole
     server, with whether InnoDB's latest detected deadlock names ``database`` (None: unreadable)."""
@@ -374,11 +360,11 @@ def deadlock_counter(conn: sa.Connection, database: str) -> dict[str, Any]:
         # A fresh snapshot: the statistics are cached per transaction by default.
         conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
         value = fetch(conn, "SELECT deadlocks FROM pg_stat_database WHERE datname = :name", name=database)
-        return {"value": int(value[0][0] or 0), "scope": "database", "latest_names_database": None}
+        return {"server": int(value[0][0] or 0), "server_scope": "database", "latest_names_database": None}
     row = conn.execute(sa.text("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")).first()
     section, spellings = latest_deadlock(conn), (f"`{database}`", f" {database}.", f"`{database}/")
     names = None if section is None else any(n in section for n in spellings)
-    return {"value": int(row[1]) if row else 0, "scope": "server", "latest_names_database": names}
+    return {"server": int(row[1]) if row else 0, "server_scope": "server", "latest_names_database": names}
 
 
 def deadlock_lines(paths: Iterable[Path]) -> dict[str, int]:
@@ -443,10 +429,9 @@ def state_calls(
     return {"patch_state": latency_summary(records, run_of), "patch_state_all_calls": len(records)}
 
 
-def latency_summary(records: Sequence[AccessRecord], ti_ids: Iterable[str]) -> dict[str, Any]:
+def latency_summary(records: Sequence[AccessRecord], ti_ids: Collection[str]) -> dict[str, Any]:
     """p25 / p50 / p75 / p99 / max (ms, nearest rank) and the status codes of these task instances' calls."""
-    wanted = set(ti_ids)
-    mine = [r for r in records if r.ti_id in wanted]
+    mine = [r for r in records if r.ti_id in ti_ids]
     durations = sorted(r.duration_ms for r in mine)
     return {
         "calls": len(mine),

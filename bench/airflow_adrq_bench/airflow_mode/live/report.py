@@ -1,7 +1,6 @@
-"""The live run's report: the detail per database (a row per measured quantity, a column per manager;
-with ``--runs K`` a cell lists the K runs' values separated by ``;``), the verdict (the plug-in
-against the targets defined here, once, with stock's figure beside) and what makes the exit status 1.
-"""
+"""The live run's report: the detail per database (a row per measured quantity, a column per manager; with
+``--runs K`` a cell lists the K runs' values separated by ``;``), the verdict (the plug-in against the targets
+defined here, once, with stock's figure beside) and what makes the exit status 1."""
 
 from __future__ import annotations
 
