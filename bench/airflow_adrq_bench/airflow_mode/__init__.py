@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from airflow_adrq_bench import options
 from airflow_adrq_bench.airflow_mode import databases, report, run
 from airflow_adrq_bench.airflow_mode.config import DEFAULT, MANAGERS, QUICK, SCENARIOS, Sizes
-from airflow_adrq_bench.airflow_mode.results import conclude
 from airflow_adrq_bench.verdict import missed
 from airflow_adrq_testing import servers
 
@@ -110,4 +109,4 @@ def _bench(args: argparse.Namespace, sizes: Sizes) -> int:
     if args.check:
         problems += [f"target missed: {m.db} {m.what}: {m.measured} (target {m.goal})" for m in missed(lines)]
     raw["summary"] = summary
-    return conclude(out / "airflow-bench", raw, report.format_tables(raw, summary), lines, problems)
+    return report.conclude(out / "airflow-bench", raw, report.format_tables(raw, summary), lines, problems)

@@ -27,7 +27,7 @@ from airflow_adrq_bench import progress
 from airflow_adrq_bench.airflow_mode import databases, processes, worker
 from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES, AccountingSizes, Sizes
 from airflow_adrq_bench.airflow_mode.databases import Target
-from airflow_adrq_bench.airflow_mode.results import raw_finish, raw_opening
+from airflow_adrq_bench.airflow_mode.report import raw_finish, raw_opening
 from airflow_adrq_testing import dataset
 
 
@@ -56,7 +56,7 @@ class Controller:
     steps: int
 
     def run(self, targets: Sequence[Target]) -> dict[str, Any]:
-        """Measure on every target; returns ``raw``, finished (:func:`.results.raw_finish`)."""
+        """Measure on every target; returns ``raw``, finished (:func:`.report.raw_finish`)."""
         started = time.monotonic()
         with contextlib.ExitStack() as stack:  # on exit: the workers closed, the scratch databases dropped
             home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="adrq-airflow-")))

@@ -51,7 +51,7 @@ from airflow_adrq_bench.airflow_mode.config import STOCK_AND_PLUGIN as MANAGERS
 from airflow_adrq_bench.airflow_mode.config import AccountingSizes
 from airflow_adrq_bench.airflow_mode.databases import fetch
 from airflow_adrq_bench.airflow_mode.processes import close_all
-from airflow_adrq_bench.airflow_mode.results import conclude, heading, raw_opening
+from airflow_adrq_bench.airflow_mode.report import conclude, heading, raw_opening
 from airflow_adrq_bench.airflow_mode.run import Controller
 from airflow_adrq_bench.errors import BenchError
 from airflow_adrq_bench.verdict import Line, line, missed
