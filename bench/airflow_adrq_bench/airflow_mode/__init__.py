@@ -5,17 +5,15 @@
     airflow-adrq bench --airflow --db postgresql://user@host/postgres --db mysql://root@host/mysql
     python -m airflow_adrq_bench.airflow_mode ...  # the same
 
-Needs apache-airflow-core 3.3 (with asyncpg / aiomysql for `airflow db migrate`) in the same
-environment (tox -e airflow-bench). Three asset managers, each in processes of its own that select
-it through [core] asset_manager_class: Airflow's AssetManager (stock), the same with each event's
-DAGs sorted (sorted_loop), and airflow_adrq.airflow.AdrqAssetManager (plugin): one caller across
-fan-outs, then concurrent producer processes. Each database URL only names a server: a scratch
-database is created there, migrated by `airflow db migrate` and dropped afterwards; a URL whose
-database has Airflow tables is refused. Writes the tables (with a legend) as Markdown and JSON,
-and prints the verdict: the plug-in's targets, met or missed (--check: exit 1 on a miss).
-Also: --accounting (asset events no run consumes, with Airflow's own scheduler method as the
-consumer) and --live (a real deployment); each has its own --help.
-"""
+Needs apache-airflow-core 3.3 (with asyncpg / aiomysql for `airflow db migrate`) in the same environment
+(tox -e airflow-bench). Three asset managers, each in processes of its own that select it through
+[core] asset_manager_class: Airflow's AssetManager (stock), the same with each event's DAGs sorted
+(sorted_loop), and airflow_adrq.airflow.AdrqAssetManager (plugin): one caller across fan-outs, then concurrent
+producer processes. Each database URL only names a server: a scratch database is created there, migrated by
+`airflow db migrate` and dropped afterwards; a URL whose database has Airflow tables is refused. Writes the
+tables (with a legend) as Markdown and JSON, and prints the verdict: the plug-in's targets, met or missed
+(--check: exit 1 on a miss). Also: --accounting (asset events no run consumes, with Airflow's own scheduler
+method as the consumer) and --live (a real deployment); each has its own --help."""
 
 from __future__ import annotations
 

@@ -2,9 +2,8 @@
 detail's heading, the end of a run: the verdict printed, JSON and Markdown written), then ``--airflow``'s
 summaries, verdict and Markdown tables (with their legend).
 
-The verdict's targets are defined here, once (:data:`SPEED_TARGETS`, and the shared :mod:`.verdict`
-targets for deadlocks, transactions not committed and exact rows); :func:`verdict` judges a run by them.
-"""
+The verdict's targets are defined here, once (:data:`SPEED_TARGETS`, and the shared :mod:`.verdict` targets
+for deadlocks, transactions not committed and exact rows); :func:`verdict` judges a run by them."""
 
 from __future__ import annotations
 

@@ -1,15 +1,14 @@
 """Run the Airflow mode end to end; the controller (this process) never imports Airflow.
 
 The workers (:class:`.worker.Workers`) start while ``airflow db migrate`` makes each scratch database
-(:meth:`Controller.run`); then per database the workers' ORM is pointed at it, DAGs, assets and
-schedule references are seeded through Airflow's models, ``ANALYZE`` runs, and it measures:
+(:meth:`Controller.run`); then per database the workers' ORM is pointed at it, DAGs, assets and schedule
+references are seeded through Airflow's models, ``ANALYZE`` runs, and it measures:
 
 1. the sweep: per fan-out one warm-up call per manager, then calls interleaved between the managers
    (the order rotating), each from an empty queue and followed by an exact-rows check;
 2. contention: per scenario and round (managers interleaved), the manager's producers start together on
    an empty queue, each running ``transactions`` transactions; then the queue must hold exactly the
-   expected rows and ``asset_event`` one row per committed outlet; transactions still open are ended.
-"""
+   expected rows and ``asset_event`` one row per committed outlet; transactions still open are ended."""
 
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
 """The producers of the Airflow modes: processes each bound to one asset manager, and their pool.
 
-:class:`Workers` spawns ``producers`` processes per manager (:class:`.processes.Child`), producer ``i``
-of every manager with ``PYTHONHASHSEED`` ``1000 + i`` (Airflow iterates a task's outlets as a ``set``;
-processes differ in that order, as API-server workers do). ``import airflow`` does not import
-``airflow.assets.manager``, where ``[core] asset_manager_class`` is read: each process is given its
-manager's class in its settings first, then checks that ``asset_manager`` is exactly that class
-(:func:`setup`). The functions below run in those processes, on the process's one :class:`_Worker`.
-"""
+:class:`Workers` spawns ``producers`` processes per manager (:class:`.processes.Child`), producer ``i`` of
+every manager with ``PYTHONHASHSEED`` ``1000 + i`` (Airflow iterates a task's outlets as a ``set``; processes
+differ in that order, as API-server workers do). ``import airflow`` does not import
+``airflow.assets.manager``, where ``[core] asset_manager_class`` is read: each process is given its manager's
+class in its settings first, then checks that ``asset_manager`` is exactly that class (:func:`setup`). The
+functions below run in those processes, on the process's one :class:`_Worker`."""
 
 from __future__ import annotations
 

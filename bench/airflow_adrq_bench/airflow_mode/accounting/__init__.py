@@ -3,29 +3,26 @@
     airflow-adrq bench --airflow --accounting                # SQLite + every PostgreSQL/MariaDB server found
     airflow-adrq bench --airflow --accounting --db postgresql://root@127.0.0.1/postgres
 
-The library benchmark's lost_events scenario applies a copy of Airflow 3.3.2's scheduler rule;
-this mode measures the same with Airflow's own code on both sides. Producers: the Airflow mode's
-worker processes, each bound to one asset manager through [core] asset_manager_class (stock:
-Airflow's AssetManager; plugin: airflow_adrq.airflow.AdrqAssetManager), run task-success
-transactions through TaskInstance.register_asset_changes_in_db with one outlet, hold them open
-(the rest of task success) and COMMIT. Consumer: one more Airflow process running the scheduler's
-own SchedulerJobRunner._create_dagruns_for_dags pass after pass while the producers run (runs are
-created QUEUED, nothing executes), on real serialized DAGs scheduled on the cell's asset.
+The library benchmark's lost_events scenario applies a copy of Airflow 3.3.2's scheduler rule; this mode
+measures the same with Airflow's own code on both sides. Producers: the Airflow mode's worker processes, each
+bound to one asset manager through [core] asset_manager_class (stock: Airflow's AssetManager; plugin:
+airflow_adrq.airflow.AdrqAssetManager), run task-success transactions through
+TaskInstance.register_asset_changes_in_db with one outlet, hold them open (the rest of task success) and
+COMMIT. Consumer: one more Airflow process running the scheduler's own
+SchedulerJobRunner._create_dagruns_for_dags pass after pass while the producers run (runs are created QUEUED,
+nothing executes), on real serialized DAGs scheduled on the cell's asset.
 
-Per database, hold and manager (a cell, with an asset and consumer DAGs of its own; with --fan-in
-also cells where each producer emits an asset of its own and one DAG is scheduled on any of them:
-the race between producers of different assets through DagModel.dags_needing_dagruns): the consumer
-passes while every producer commits its transactions; then it drains (passes until no queue row
-of the cell is left); then one producer commits a sentinel event and the consumer drains again.
-An event whose queue row already existed waits for the next run of its DAG: it is late, not
-lost, and the sentinel's runs pick it up. Each (event, consumer DAG) pair is then consumed (by a
-run before the sentinel), late (only by the sentinel's runs) or unconsumed (in no run's
-consumed_asset_events). Checks (exit status 1 when one fails): the events are exactly the
-committed transactions; every event is in one class; no run consumed another asset's event;
-every consumer DAG consumed the sentinel; no queue row is left; the plug-in leaves no more
-events unconsumed than stock in the same cell, and consumes no pair twice (the verdict). The
-controller never imports Airflow.
-"""
+Per database, hold and manager (a cell, with an asset and consumer DAGs of its own; with --fan-in also cells
+where each producer emits an asset of its own and one DAG is scheduled on any of them: the race between
+producers of different assets through DagModel.dags_needing_dagruns): the consumer passes while every producer
+commits its transactions; then it drains (passes until no queue row of the cell is left); then one producer
+commits a sentinel event and the consumer drains again. An event whose queue row already existed waits for the
+next run of its DAG: it is late, not lost, and the sentinel's runs pick it up. Each (event, consumer DAG) pair
+is then consumed (by a run before the sentinel), late (only by the sentinel's runs) or unconsumed (in no run's
+consumed_asset_events). Checks (exit status 1 when one fails): the events are exactly the committed
+transactions; every event is in one class; no run consumed another asset's event; every consumer DAG consumed
+the sentinel; no queue row is left; the plug-in leaves no more events unconsumed than stock in the same cell,
+and consumes no pair twice (the verdict). The controller never imports Airflow."""
 
 from __future__ import annotations
 
