@@ -52,8 +52,12 @@ def parser_for(
     return parser
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The options of the Airflow mode."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the Airflow mode; returns the exit status (1: a failure, rows not exact, or a plug-in deadlock)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for mode in ("accounting", "live"):  # imported only when asked for
+        if f"--{mode}" in argv:
+            return int(importlib.import_module(f"{__name__}.{mode}").main(argv))
     parser = parser_for(__doc__ or "")
     parser.add_argument(
         "--accounting", action="store_true", help="instead: the accounting mode (--accounting --help)"
@@ -73,16 +77,6 @@ def build_parser() -> argparse.ArgumentParser:
     options.add_fields(
         parser.add_argument_group("sizes (defaults: a few minutes per database)"), DEFAULT, QUICK
     )
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the Airflow mode; returns the exit status (1: a failure, rows not exact, or a plug-in deadlock)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    for mode in ("accounting", "live"):  # imported only when asked for
-        if f"--{mode}" in argv:
-            return int(importlib.import_module(f"{__name__}.{mode}").main(argv))
-    parser = build_parser()
     args = parser.parse_args(argv)
     sizes = options.sizes_from(parser, args, QUICK if args.preset else DEFAULT)
     return options.guarded(parser, args, lambda: _bench(args, sizes), airflow="apache-airflow-core 3.3")
