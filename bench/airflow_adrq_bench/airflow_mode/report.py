@@ -72,9 +72,6 @@ def conclude(stem: Path, raw: dict[str, Any], detail: str, lines: Sequence[Line]
     return options.publish(md, f"{detail}\n{shown}", written, problems, took=raw["duration_s"], shown=shown)
 
 
-# --- --airflow
-
-
 def _at_least(factor: float) -> Target:
     return Target("", f">= {factor:g}x", lambda value: value >= factor)
 

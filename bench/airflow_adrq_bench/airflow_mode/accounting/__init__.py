@@ -111,8 +111,7 @@ def format_tables(raw: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# --- the controller: scratch databases, producers and the consumer per cell, and what each cell's
-# events became (imports no Airflow).
+# --- the controller (it imports no Airflow): per cell the producers and the consumer; what its events became.
 
 WARM_ASSET = "adrq_acct_warm"
 #: From worst to best: an event is in the worst class of its pairs.
