@@ -5,17 +5,15 @@
     airflow-adrq bench --airflow --db postgresql://user@host/postgres --db mysql://root@host/mysql
     python -m airflow_adrq_bench.airflow_mode ...  # the same
 
-Needs apache-airflow-core 3.3 (with asyncpg / aiomysql for `airflow db migrate`) in the same
-environment (tox -e airflow-bench). Three asset managers, each in processes of its own that select
-it through [core] asset_manager_class: Airflow's AssetManager (stock), the same with each event's
-DAGs sorted (sorted_loop), and airflow_adrq.airflow.AdrqAssetManager (plugin): one caller across
-fan-outs, then concurrent producer processes. Each database URL only names a server: a scratch
-database is created there, migrated by `airflow db migrate` and dropped afterwards; a URL whose
-database has Airflow tables is refused. Writes the tables (with a legend) as Markdown and JSON,
-and prints the verdict: the plug-in's targets, met or missed (--check: exit 1 on a miss).
-Also: --accounting (asset events no run consumes, with Airflow's own scheduler method as the
-consumer) and --live (a real deployment); each has its own --help.
-"""
+Needs apache-airflow-core 3.3 (with asyncpg / aiomysql for `airflow db migrate`) in the same environment
+(tox -e airflow-bench). Three asset managers, each in processes of its own that select it through
+[core] asset_manager_class: Airflow's AssetManager (stock), the same with each event's DAGs sorted
+(sorted_loop), and airflow_adrq.airflow.AdrqAssetManager (plugin): one caller across fan-outs, then concurrent
+producer processes. Each database URL only names a server: a scratch database is created there, migrated by
+`airflow db migrate` and dropped afterwards; a URL whose database has Airflow tables is refused. Writes the
+tables (with a legend) as Markdown and JSON, and prints the verdict: the plug-in's targets, met or missed
+(--check: exit 1 on a miss). Also: --accounting (asset events no run consumes, with Airflow's own scheduler
+method as the consumer) and --live (a real deployment); each has its own --help."""
 
 from __future__ import annotations
 
@@ -27,7 +25,6 @@ from collections.abc import Sequence
 from airflow_adrq_bench import options
 from airflow_adrq_bench.airflow_mode import databases, report, run
 from airflow_adrq_bench.airflow_mode.config import DEFAULT, MANAGERS, QUICK, SCENARIOS, Sizes
-from airflow_adrq_bench.airflow_mode.results import conclude
 from airflow_adrq_bench.verdict import missed
 from airflow_adrq_testing import servers
 
@@ -55,8 +52,12 @@ def parser_for(
     return parser
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The options of the Airflow mode."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the Airflow mode; returns the exit status (1: a failure, rows not exact, or a plug-in deadlock)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for mode in ("accounting", "live"):  # imported only when asked for
+        if f"--{mode}" in argv:
+            return int(importlib.import_module(f"{__name__}.{mode}").main(argv))
     parser = parser_for(__doc__ or "")
     parser.add_argument(
         "--accounting", action="store_true", help="instead: the accounting mode (--accounting --help)"
@@ -76,16 +77,6 @@ def build_parser() -> argparse.ArgumentParser:
     options.add_fields(
         parser.add_argument_group("sizes (defaults: a few minutes per database)"), DEFAULT, QUICK
     )
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the Airflow mode; returns the exit status (1: a failure, rows not exact, or a plug-in deadlock)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    for mode in ("accounting", "live"):  # imported only when asked for
-        if f"--{mode}" in argv:
-            return int(importlib.import_module(f"{__name__}.{mode}").main(argv))
-    parser = build_parser()
     args = parser.parse_args(argv)
     sizes = options.sizes_from(parser, args, QUICK if args.preset else DEFAULT)
     return options.guarded(parser, args, lambda: _bench(args, sizes), airflow="apache-airflow-core 3.3")
@@ -110,4 +101,4 @@ def _bench(args: argparse.Namespace, sizes: Sizes) -> int:
     if args.check:
         problems += [f"target missed: {m.db} {m.what}: {m.measured} (target {m.goal})" for m in missed(lines)]
     raw["summary"] = summary
-    return conclude(out / "airflow-bench", raw, report.format_tables(raw, summary), lines, problems)
+    return report.conclude(out / "airflow-bench", raw, report.format_tables(raw, summary), lines, problems)

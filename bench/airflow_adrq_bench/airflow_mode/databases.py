@@ -4,16 +4,14 @@ metadata database is refused), and the controller's plain-SQL reads of them (it 
 from __future__ import annotations
 
 import contextlib
-import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-from airflow_adrq_bench import options, progress
-from airflow_adrq_bench.airflow_mode import processes
+from airflow_adrq_bench import options
 from airflow_adrq_bench.errors import BenchError
 from airflow_adrq_testing import dataset
 from airflow_adrq_testing.dataset import Target as Target
@@ -93,38 +91,6 @@ def targets(urls: Sequence[str], backends: Sequence[str] | None, *, sqlite: bool
         if not urls:
             raise BenchError("no database to measure on")
         yield dataset.unique_names([describe(url) for url in urls])
-
-
-#: A database of :func:`migrated`: ``(target, Airflow's URL of its scratch database, wait)``.
-Migrating = tuple[Target, str, Callable[[], None]]
-
-
-@contextlib.contextmanager
-def migrated(targets: Sequence[Target], workdir: Path) -> Iterator[list[Migrating]]:
-    """Per target a scratch database (dropped on exit) and ``airflow db migrate`` started on it in the
-    background (while the caller starts its Airflow processes); ``wait()`` returns once it has finished,
-    or raises :class:`BenchError`."""
-    with contextlib.ExitStack() as stack:
-        out: list[Migrating] = []
-        for n, target in enumerate(targets):
-            url = airflow_url(stack.enter_context(dataset.scratch_database(target.server_url)))
-            log = workdir / f"db-migrate-{n}.log"
-            env = processes.clean_environ(processes.airflow_settings(workdir, url))
-            proc = processes.start_migrate(env, log)
-            stack.callback(proc.kill)
-            wait = functools.partial(processes.wait_migrate, proc, log, label=f"{target.version}: ")
-            out.append((target, url, wait))
-        yield out
-
-
-def each_ready(databases: Sequence[Migrating], steps: int) -> Iterator[tuple[Target, str, progress.Task]]:
-    """Each of :func:`migrated`'s databases once migrated, with a progress bar of ``steps`` (the first:
-    the wait for the migration) open while the caller measures it."""
-    for target, url, wait in databases:
-        with progress.task(target.version, steps) as bar:
-            bar.step("airflow db migrate on a scratch database")
-            wait()
-            yield target, url, bar
 
 
 def control_engine(url: str) -> sa.Engine:

@@ -156,9 +156,9 @@ class Child:
         except Exception as exc:
             raise BenchError(f"{self.label} failed: {exc!r}\n{exc.__cause__ or ''}") from None
 
-    def call(self, function: Callable[..., Any], *args: Any, timeout: float = 600, **kwargs: Any) -> Any:
+    def call(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """:meth:`submit`, then :meth:`result`."""
-        return self.result(self.submit(function, *args, **kwargs), timeout)
+        return self.result(self.submit(function, *args, **kwargs))
 
     def started(self) -> int:
         """Wait until the child has imported what its set-up imports; its pid."""

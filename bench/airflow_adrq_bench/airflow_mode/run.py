@@ -1,15 +1,14 @@
 """Run the Airflow mode end to end; the controller (this process) never imports Airflow.
 
 The workers (:class:`.worker.Workers`) start while ``airflow db migrate`` makes each scratch database
-(:func:`.databases.migrated`); then per database the workers' ORM is pointed at it, DAGs, assets and
-schedule references are seeded through Airflow's models, ``ANALYZE`` runs, and it measures:
+(:meth:`Controller.run`); then per database the workers' ORM is pointed at it, DAGs, assets and schedule
+references are seeded through Airflow's models, ``ANALYZE`` runs, and it measures:
 
 1. the sweep: per fan-out one warm-up call per manager, then calls interleaved between the managers
    (the order rotating), each from an empty queue and followed by an exact-rows check;
 2. contention: per scenario and round (managers interleaved), the manager's producers start together on
    an empty queue, each running ``transactions`` transactions; then the queue must hold exactly the
-   expected rows and ``asset_event`` one row per committed outlet; transactions still open are ended.
-"""
+   expected rows and ``asset_event`` one row per committed outlet; transactions still open are ended."""
 
 from __future__ import annotations
 
@@ -24,10 +23,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from airflow_adrq_bench import progress
-from airflow_adrq_bench.airflow_mode import databases, worker
-from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES, Sizes
+from airflow_adrq_bench.airflow_mode import databases, processes, worker
+from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES, AccountingSizes, Sizes
 from airflow_adrq_bench.airflow_mode.databases import Target
-from airflow_adrq_bench.airflow_mode.results import raw_finish, raw_opening
+from airflow_adrq_bench.airflow_mode.report import raw_finish, raw_opening
 from airflow_adrq_testing import dataset
 
 
@@ -41,8 +40,74 @@ def _row_check(engine: sa.Engine, expected: set[dataset.Pair]) -> dict[str, Any]
     )
 
 
+class Controller:
+    """What the ``--airflow`` and ``--accounting`` controllers share: a temporary ``AIRFLOW_HOME``, the
+    scratch databases migrating while the workers start (:meth:`start`), then per database the workers' ORM
+    pointed at it, :meth:`measure`, and its description in ``raw["targets"]``. A subclass sets ``sizes``,
+    ``managers``, ``raw`` (with ``targets``) and ``steps``, the progress steps per database."""
+
+    sizes: Sizes | AccountingSizes
+    managers: Sequence[str]
+    raw: dict[str, Any]
+    pg_deadlock_timeout_ms: int | None = None
+    #: The start-up's progress title.
+    starting = "starting Airflow worker processes"
+    steps: int
+
+    def run(self, targets: Sequence[Target]) -> dict[str, Any]:
+        """Measure on every target; returns ``raw``, finished (:func:`.report.raw_finish`)."""
+        started = time.monotonic()
+        with contextlib.ExitStack() as stack:  # on exit: the workers closed, the scratch databases dropped
+            home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="adrq-airflow-")))
+            migrating = []
+            for n, target in enumerate(targets):  # migrated in the background while the workers start
+                url = databases.airflow_url(stack.enter_context(dataset.scratch_database(target.server_url)))
+                env = processes.clean_environ(processes.airflow_settings(home, url))
+                log = home / f"db-migrate-{n}.log"
+                proc = processes.start_migrate(env, log)
+                stack.callback(proc.kill)
+                migrating.append((target, url, proc, log))
+            with progress.task(self.starting, len(self.managers) * self.sizes.producers) as bar:
+                bar.step("each imports Airflow: about 3 s of CPU apiece")
+                self.start(stack, home, bar)
+            self.raw |= {"workers": self.workers.info, "airflow_version": self.workers.info[0]["airflow"]}
+            for target, url, proc, log in migrating:
+                with progress.task(target.version, self.steps) as bar:
+                    bar.step("airflow db migrate on a scratch database")
+                    processes.wait_migrate(proc, log, label=f"{target.version}: ")
+                    self.raw["targets"].append(self.measure_on(target, url, bar))
+        raw_finish(self.raw, started)
+        return self.raw
+
+    def start(self, stack: contextlib.ExitStack, home: Path, bar: progress.Task) -> None:
+        """Start the workers (a step of ``bar`` each), closed before the scratch databases are dropped."""
+        self.workers = worker.Workers(self.managers, self.sizes.producers, home, lambda: bar.step("", 1))
+        stack.callback(self.workers.close)
+
+    def measure_on(self, target: Target, url: str, bar: progress.Task) -> dict[str, Any]:
+        """:meth:`measure` on ``target`` (at ``url``), with the workers pointed at it; its description."""
+        self.target, self.bar = target, bar
+        began, every = time.monotonic(), list(self.workers.procs.values())
+        self.engine = databases.control_engine(url)
+        try:
+            self.workers.broadcast(
+                every, worker.target, url=url, pg_deadlock_timeout_ms=self.pg_deadlock_timeout_ms
+            )
+            found = self.measure(url)
+            self.workers.broadcast(every, worker.release)
+            settings = databases.server_settings(self.engine)
+        finally:
+            self.engine.dispose()
+        described = {"name": target.name, "backend": target.backend, "version": target.version}
+        return described | found | {"settings": settings, "duration_s": time.monotonic() - began}
+
+    def measure(self, url: str) -> dict[str, Any]:
+        """Measure on ``self.target`` (progress on ``self.bar``); more of its description."""
+        raise NotImplementedError
+
+
 @dataclass
-class Bench:
+class Bench(Controller):
     """What a run measures; :meth:`run` measures it on every target, returning the raw results."""
 
     sizes: Sizes
@@ -59,55 +124,29 @@ class Bench:
         # Every scenario's assets are seeded, whichever scenarios run.
         multi = [f"adrq_multi_{i}" for i in range(sizes.outlets)]
         self.assets_of = {"single": ["adrq_single"], "multi_outlet": multi}
-        self.raw: dict[str, Any] = {
+        self.raw = {
             **raw_opening("airflow-adrq bench --airflow", sizes, self.managers),
             "manager_classes": {m: MANAGER_CLASSES[m] for m in self.managers},
             "scenarios": self.scenarios,
             **{records: [] for records in ("targets", "sweep", "rounds", "skipped")},
         }
-
-    def run(self, targets: Sequence[Target]) -> dict[str, Any]:
-        sizes, managers, started = self.sizes, self.managers, time.monotonic()
-        with contextlib.ExitStack() as stack:
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="adrq-airflow-bench-")))
-            migrating = stack.enter_context(databases.migrated(targets, tmp))
-            with progress.task("starting Airflow worker processes", len(managers) * sizes.producers) as bar:
-                bar.step("each imports Airflow: about 3 s of CPU apiece")
-                self.workers = worker.Workers(managers, sizes.producers, tmp, lambda: bar.step("", 1))
-            stack.callback(self.workers.close)  # before the scratch databases are dropped
-            self.raw |= {"workers": self.workers.info, "airflow_version": self.workers.info[0]["airflow"]}
-            # Progress steps per database: the set-up, the sweep's calls, the contention rounds.
-            calls = len(sizes.fanouts) * (sizes.sweep_calls + 1) if self.sweep else 0
-            rounds = len(self.scenarios) * sizes.rounds if self.contention else 0
-            steps = 1 + (calls + rounds) * len(managers)
-            for self.target, url, self.bar in databases.each_ready(migrating, steps):
-                self.raw["targets"].append(self.measure(url))
-        raw_finish(self.raw, started)
-        return self.raw
+        # Progress steps per database: the set-up, the sweep's calls, the contention rounds.
+        calls = len(sizes.fanouts) * (sizes.sweep_calls + 1) if self.sweep else 0
+        rounds = len(self.scenarios) * sizes.rounds if self.contention else 0
+        self.steps = 1 + (calls + rounds) * len(self.managers)
 
     def measure(self, url: str) -> dict[str, Any]:
-        began, every = time.monotonic(), list(self.workers.procs.values())
-        self.engine = databases.control_engine(url)
-        try:
-            self.workers.broadcast(
-                every, worker.target, url=url, pg_deadlock_timeout_ms=self.pg_deadlock_timeout_ms
-            )
-            assets = {name: f for f, name in self.sweep_assets.items()}
-            assets |= {a: self.sizes.fanout for names in self.assets_of.values() for a in names}
-            seeder = self.workers.group(self.managers[0])[0]
-            self.asset_ids: dict[str, int] = seeder.call(worker.seed, dag_ids=self.dag_ids, assets=assets)
-            databases.analyze(self.engine)
-            self.bar.step("seeded", 1)
-            if self.sweep:
-                self.one_caller()
-            if self.contention:
-                self.contend()
-            self.workers.broadcast(every, worker.release)
-            settings = databases.server_settings(self.engine)
-        finally:
-            self.engine.dispose()
-        described = {"name": self.target.name, "backend": self.target.backend, "version": self.target.version}
-        return described | {"settings": settings, "duration_s": time.monotonic() - began}
+        assets = {name: f for f, name in self.sweep_assets.items()}
+        assets |= {a: self.sizes.fanout for names in self.assets_of.values() for a in names}
+        seeder = self.workers.group(self.managers[0])[0]
+        self.asset_ids: dict[str, int] = seeder.call(worker.seed, dag_ids=self.dag_ids, assets=assets)
+        databases.analyze(self.engine)
+        self.bar.step("seeded", 1)
+        if self.sweep:
+            self.one_caller()
+        if self.contention:
+            self.contend()
+        return {}
 
     def one_caller(self) -> None:
         sizes, managers = self.sizes, self.managers

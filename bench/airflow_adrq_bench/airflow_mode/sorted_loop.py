@@ -1,13 +1,12 @@
 """``sorted_loop``: Airflow 3.3.2's ``AssetManager`` with each event's DAGs sorted by ``dag_id``.
 
-apache/airflow PR #70128 (closed unmerged) sorted the DAGs before writing their ``asset_dag_run_queue``
-rows, so that two producers of one asset lock ``(asset, dag_a)`` and ``(asset, dag_b)`` in the same
-order: here, 3.3.2's two non-partitioned writers, given the DAGs sorted (Python order, as the PR did).
-It removes the cycles between producers of one asset, not those between transactions that register
-several assets (each asset is still its own statement or loop, in the process's ``set`` order of the
-outlets). Selected like any asset manager (``[core] asset_manager_class =
-airflow_adrq_bench.airflow_mode.sorted_loop.SortedLoopAssetManager``); it imports Airflow 3.3.
-"""
+apache/airflow PR #70128 (closed unmerged) sorted the DAGs before writing their ``asset_dag_run_queue`` rows,
+so that two producers of one asset lock ``(asset, dag_a)`` and ``(asset, dag_b)`` in the same order: here,
+3.3.2's two non-partitioned writers, given the DAGs sorted (Python order, as the PR did). It removes the
+cycles between producers of one asset, not those between transactions that register several assets (each asset
+is still its own statement or loop, in the process's ``set`` order of the outlets). Selected like any asset
+manager (``[core] asset_manager_class = airflow_adrq_bench.airflow_mode.sorted_loop.SortedLoopAssetManager``);
+it imports Airflow 3.3."""
 
 from __future__ import annotations
 

@@ -1,19 +1,18 @@
 """The producers of the Airflow modes: processes each bound to one asset manager, and their pool.
 
-:class:`Workers` spawns ``producers`` processes per manager (:class:`.processes.Child`), producer ``i``
-of every manager with ``PYTHONHASHSEED`` ``1000 + i`` (Airflow iterates a task's outlets as a ``set``;
-processes differ in that order, as API-server workers do). ``import airflow`` does not import
-``airflow.assets.manager``, where ``[core] asset_manager_class`` is read: each process is given its
-manager's class in its settings first, then checks that ``asset_manager`` is exactly that class
-(:func:`setup`). The functions below run in those processes, on the process's one :class:`_Worker`.
-"""
+:class:`Workers` spawns ``producers`` processes per manager (:class:`.processes.Child`), producer ``i`` of
+every manager with ``PYTHONHASHSEED`` ``1000 + i`` (Airflow iterates a task's outlets as a ``set``; processes
+differ in that order, as API-server workers do). ``import airflow`` does not import
+``airflow.assets.manager``, where ``[core] asset_manager_class`` is read: each process is given its manager's
+class in its settings first, then checks that ``asset_manager`` is exactly that class (:func:`setup`). The
+functions below run in those processes, on the process's one :class:`_Worker`."""
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import logging
 import os
+import pkgutil
 import time
 import uuid
 from collections import Counter
@@ -100,8 +99,7 @@ def setup(manager: str, index: int, barrier: Any) -> None:
     from airflow.assets import manager as airflow_manager
 
     global _worker
-    module, _, class_name = MANAGER_CLASSES[manager].rpartition(".")
-    resolved, expected = airflow_manager.asset_manager, getattr(importlib.import_module(module), class_name)
+    resolved, expected = airflow_manager.asset_manager, pkgutil.resolve_name(MANAGER_CLASSES[manager])
     name = f"{type(resolved).__module__}.{type(resolved).__qualname__}"
     # The same instance must be the one TaskInstance.register_asset_changes_in_db calls.
     if type(resolved) is not expected or vars(taskinstance_module)["asset_manager"] is not resolved:
@@ -220,7 +218,7 @@ class Workers:
     """The worker processes: ``producers`` per manager, each bound to its manager for life."""
 
     def __init__(
-        self, managers: Sequence[str], producers: int, home: Path, started: Callable[[], None] = lambda: None
+        self, managers: Sequence[str], producers: int, home: Path, started: Callable[[], None]
     ) -> None:
         """Start them (``started()`` after each has imported Airflow); :class:`BenchError` if one fails."""
         # A barrier per manager, inherited by its producers at their start.

@@ -3,29 +3,26 @@
     airflow-adrq bench --airflow --accounting                # SQLite + every PostgreSQL/MariaDB server found
     airflow-adrq bench --airflow --accounting --db postgresql://root@127.0.0.1/postgres
 
-The library benchmark's lost_events scenario applies a copy of Airflow 3.3.2's scheduler rule;
-this mode measures the same with Airflow's own code on both sides. Producers: the Airflow mode's
-worker processes, each bound to one asset manager through [core] asset_manager_class (stock:
-Airflow's AssetManager; plugin: airflow_adrq.airflow.AdrqAssetManager), run task-success
-transactions through TaskInstance.register_asset_changes_in_db with one outlet, hold them open
-(the rest of task success) and COMMIT. Consumer: one more Airflow process running the scheduler's
-own SchedulerJobRunner._create_dagruns_for_dags pass after pass while the producers run (runs are
-created QUEUED, nothing executes), on real serialized DAGs scheduled on the cell's asset.
+The library benchmark's lost_events scenario applies a copy of Airflow 3.3.2's scheduler rule; this mode
+measures the same with Airflow's own code on both sides. Producers: the Airflow mode's worker processes, each
+bound to one asset manager through [core] asset_manager_class (stock: Airflow's AssetManager; plugin:
+airflow_adrq.airflow.AdrqAssetManager), run task-success transactions through
+TaskInstance.register_asset_changes_in_db with one outlet, hold them open (the rest of task success) and
+COMMIT. Consumer: one more Airflow process running the scheduler's own
+SchedulerJobRunner._create_dagruns_for_dags pass after pass while the producers run (runs are created QUEUED,
+nothing executes), on real serialized DAGs scheduled on the cell's asset.
 
-Per database, hold and manager (a cell, with an asset and consumer DAGs of its own; with --fan-in
-also cells where each producer emits an asset of its own and one DAG is scheduled on any of them:
-the race between producers of different assets through DagModel.dags_needing_dagruns): the consumer
-passes while every producer commits its transactions; then it drains (passes until no queue row
-of the cell is left); then one producer commits a sentinel event and the consumer drains again.
-An event whose queue row already existed waits for the next run of its DAG: it is late, not
-lost, and the sentinel's runs pick it up. Each (event, consumer DAG) pair is then consumed (by a
-run before the sentinel), late (only by the sentinel's runs) or unconsumed (in no run's
-consumed_asset_events). Checks (exit status 1 when one fails): the events are exactly the
-committed transactions; every event is in one class; no run consumed another asset's event;
-every consumer DAG consumed the sentinel; no queue row is left; the plug-in leaves no more
-events unconsumed than stock in the same cell, and consumes no pair twice (the verdict). The
-controller never imports Airflow.
-"""
+Per database, hold and manager (a cell, with an asset and consumer DAGs of its own; with --fan-in also cells
+where each producer emits an asset of its own and one DAG is scheduled on any of them: the race between
+producers of different assets through DagModel.dags_needing_dagruns): the consumer passes while every producer
+commits its transactions; then it drains (passes until no queue row of the cell is left); then one producer
+commits a sentinel event and the consumer drains again. An event whose queue row already existed waits for the
+next run of its DAG: it is late, not lost, and the sentinel's runs pick it up. Each (event, consumer DAG) pair
+is then consumed (by a run before the sentinel), late (only by the sentinel's runs) or unconsumed (in no run's
+consumed_asset_events). Checks (exit status 1 when one fails): the events are exactly the committed
+transactions; every event is in one class; no run consumed another asset's event; every consumer DAG consumed
+the sentinel; no queue row is left; the plug-in leaves no more events unconsumed than stock in the same cell,
+and consumes no pair twice (the verdict). The controller never imports Airflow."""
 
 from __future__ import annotations
 
@@ -33,7 +30,6 @@ import argparse
 import contextlib
 import dataclasses
 import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -44,28 +40,16 @@ from typing import Any
 import sqlalchemy as sa
 
 from airflow_adrq_bench import options, progress, tables
-from airflow_adrq_bench.airflow_mode import parser_for, worker
+from airflow_adrq_bench.airflow_mode import databases, parser_for, worker
 from airflow_adrq_bench.airflow_mode.accounting import consumer
 from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_DEFAULT as DEFAULT
 from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_QUICK as QUICK
 from airflow_adrq_bench.airflow_mode.config import STOCK_AND_PLUGIN as MANAGERS
 from airflow_adrq_bench.airflow_mode.config import AccountingSizes
-from airflow_adrq_bench.airflow_mode.databases import (
-    Target,
-    analyze,
-    clear_queue,
-    control_engine,
-    each_ready,
-    fetch,
-    latest_deadlock,
-    migrated,
-    rotate,
-    server_settings,
-    targets,
-)
+from airflow_adrq_bench.airflow_mode.databases import fetch
 from airflow_adrq_bench.airflow_mode.processes import close_all
-from airflow_adrq_bench.airflow_mode.results import conclude, heading, raw_finish, raw_opening
-from airflow_adrq_bench.airflow_mode.worker import Workers
+from airflow_adrq_bench.airflow_mode.report import conclude, heading, raw_opening
+from airflow_adrq_bench.airflow_mode.run import Controller
 from airflow_adrq_bench.errors import BenchError
 from airflow_adrq_bench.verdict import Line, line, missed
 from airflow_adrq_bench.verdict import Target as Goal
@@ -82,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _measure(args: argparse.Namespace, sizes: AccountingSizes) -> int:
     out = options.out_dir(args)
-    with targets(args.db or [], args.backend, sqlite=True) as found:
+    with databases.targets(args.db or [], args.backend, sqlite=True) as found:
         raw = run(found, sizes)
     lines = verdict(raw["cells"])
     problems = raw["problems"] + [f"{m.db} {m.what}: {m.measured}" for m in missed(lines)]
@@ -127,8 +111,7 @@ def format_tables(raw: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# --- the controller: scratch databases, producers and the consumer per cell, and what each cell's
-# events became (imports no Airflow).
+# --- the controller (it imports no Airflow): per cell the producers and the consumer; what its events became.
 
 WARM_ASSET = "adrq_acct_warm"
 #: From worst to best: an event is in the worst class of its pairs.
@@ -221,89 +204,61 @@ class _Cell:
     schedules: dict[str, list[str]]  # consumer DAG -> the assets it is scheduled on (any of them)
 
 
-def _cells(sizes: AccountingSizes) -> list[_Cell]:
-    cells = []
-    for h, hold_ms in enumerate(sizes.holds_ms):  # the managers take turns at going first
-        for shape in ("fan_out", "fan_in") if sizes.fan_in else ("fan_out",):
-            for manager in rotate(MANAGERS, h):
-                name = f"adrq_acct_h{h}_{shape}_{manager}"
-                if shape == "fan_out":
-                    schedules = {f"{name}_c{k}": [name] for k in range(sizes.consumers)}
-                else:
-                    schedules = {f"{name}_c": [f"{name}_p{i}" for i in range(sizes.producers)]}
-                cells.append(_Cell(hold_ms, shape, manager, name, schedules))
-    return cells
-
-
-def run(targets: Sequence[Target], sizes: AccountingSizes) -> dict[str, Any]:
+def run(targets: Sequence[databases.Target], sizes: AccountingSizes) -> dict[str, Any]:
     """Stock and the plug-in in every cell on every target; returns the raw results (``cells``, the cells'
     ``problems`` ...)."""
-    started = time.monotonic()
-    raw: dict[str, Any] = {
-        **raw_opening("airflow-adrq bench --airflow --accounting", sizes, MANAGERS),
-        "targets": [],
-        "cells": [],
-        "problems": [],
-    }
-    _Accounting(sizes, _cells(sizes), raw).run(targets)
-    raw_finish(raw, started)
-    return raw
+    return _Accounting(sizes).run(targets)
 
 
 @dataclass
-class _Accounting:
+class _Accounting(Controller):
     """The cells, on the producers and the consumer; then, per target, its set-up and every cell."""
 
     sizes: AccountingSizes
-    cells: list[_Cell]
-    raw: dict[str, Any]
+    managers = MANAGERS
+    starting = "starting the consumer and the producers"
 
-    def run(self, targets: Sequence[Target]) -> None:
-        with contextlib.ExitStack() as stack:
-            home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="adrq-airflow-accounting-")))
-            databases = stack.enter_context(migrated(targets, home))
-            steps = len(MANAGERS) * self.sizes.producers + 1
-            with progress.task("starting the consumer and the producers", steps) as bar:
-                bar.step("each imports Airflow")
-                self.consumer = consumer.Consumer(home)
-                stack.callback(close_all, [self.consumer])
-                self.workers = Workers(MANAGERS, self.sizes.producers, home, lambda: bar.step("", 1))
-                stack.callback(self.workers.close)  # before the scratch databases are dropped
-                self.raw["consumer"] = {"pid": self.consumer.started()}
-                bar.step("", 1)
-            self.raw["workers"] = self.workers.info
-            self.raw["airflow_version"] = self.workers.info[0]["airflow"]
-            for target, url, bar in each_ready(databases, len(self.cells) + 1):
-                self.raw["targets"].append(self.measure(target, url, bar))
+    def __post_init__(self) -> None:
+        sizes = self.sizes
+        opening = raw_opening("airflow-adrq bench --airflow --accounting", sizes, MANAGERS)
+        self.raw = opening | {records: [] for records in ("targets", "cells", "problems")}
+        self.cells: list[_Cell] = []
+        for h, hold_ms in enumerate(sizes.holds_ms):  # the managers take turns at going first
+            for shape in ("fan_out", "fan_in") if sizes.fan_in else ("fan_out",):
+                for manager in databases.rotate(MANAGERS, h):
+                    name = f"adrq_acct_h{h}_{shape}_{manager}"
+                    if shape == "fan_out":
+                        schedules = {f"{name}_c{k}": [name] for k in range(sizes.consumers)}
+                    else:
+                        schedules = {f"{name}_c": [f"{name}_p{i}" for i in range(sizes.producers)]}
+                    self.cells.append(_Cell(hold_ms, shape, manager, name, schedules))
+        self.steps = len(self.cells) + 1  # and the warm-up
 
-    def measure(self, target: Target, url: str, bar: progress.Task) -> dict[str, Any]:
-        began, every = time.monotonic(), list(self.workers.procs.values())
-        self.engine = control_engine(url)
-        try:
-            self.workers.broadcast(every, worker.target, url=url)
-            dialect = self.consumer.call(consumer.target, url)
-            schedules = {f"{WARM_ASSET}_c{k}": [WARM_ASSET] for k in range(self.sizes.consumers)}
-            schedules |= {dag: assets for cell in self.cells for dag, assets in cell.schedules.items()}
-            self.asset_ids: dict[str, int] = self.consumer.call(consumer.seed, schedules, worker.PRODUCER_DAG)
-            analyze(self.engine)
-            bar.step("warming up every producer (one transaction each)", 1)
-            for (manager, index), proc in self.workers.procs.items():
-                if not proc.call(worker.warmup, assets=[WARM_ASSET], run_id=f"warmup-{manager}-{index}"):
-                    raise BenchError(f"{target.version}: warm-up of {manager}/{index} failed")
-            clear_queue(self.engine)
-            for cell in self.cells:
-                where = f"hold {cell.hold_ms:g} ms {cell.shape} {cell.manager}"
-                bar.step(where, 1)
-                found = {"db": target.name, "version": target.version} | self.cell(cell)
-                self.raw["cells"].append(found)
-                self.raw["problems"] += [f"{target.name} {where}: {p}" for p in found["problems"]]
-            self.workers.broadcast(every, worker.release)
-            self.consumer.call(consumer.release)
-            settings = server_settings(self.engine)
-        finally:
-            self.engine.dispose()
-        described = {"name": target.name, "backend": target.backend, "version": target.version}
-        return described | {"dialect": dialect, "settings": settings, "duration_s": time.monotonic() - began}
+    def start(self, stack: contextlib.ExitStack, home: Path, bar: progress.Task) -> None:
+        self.consumer = consumer.Consumer(home)
+        stack.callback(close_all, [self.consumer])
+        super().start(stack, home, bar)
+        self.raw["consumer"] = {"pid": self.consumer.started()}
+
+    def measure(self, url: str) -> dict[str, Any]:
+        dialect = self.consumer.call(consumer.target, url)
+        schedules = {f"{WARM_ASSET}_c{k}": [WARM_ASSET] for k in range(self.sizes.consumers)}
+        schedules |= {dag: assets for cell in self.cells for dag, assets in cell.schedules.items()}
+        self.asset_ids: dict[str, int] = self.consumer.call(consumer.seed, schedules, worker.PRODUCER_DAG)
+        databases.analyze(self.engine)
+        self.bar.step("warming up every producer (one transaction each)", 1)
+        for (manager, index), proc in self.workers.procs.items():
+            if not proc.call(worker.warmup, assets=[WARM_ASSET], run_id=f"warmup-{manager}-{index}"):
+                raise BenchError(f"{self.target.version}: warm-up of {manager}/{index} failed")
+        databases.clear_queue(self.engine)
+        for cell in self.cells:
+            where = f"hold {cell.hold_ms:g} ms {cell.shape} {cell.manager}"
+            self.bar.step(where, 1)
+            found = {"db": self.target.name, "version": self.target.version} | self.cell(cell)
+            self.raw["cells"].append(found)
+            self.raw["problems"] += [f"{self.target.name} {where}: {p}" for p in found["problems"]]
+        self.consumer.call(consumer.release)
+        return {"dialect": dialect}
 
     def cell(self, cell: _Cell) -> dict[str, Any]:
         """One cell: the producers' round while the consumer passes, the sentinel, the drain; the counts."""
@@ -339,7 +294,7 @@ class _Accounting:
                 dags=dags,
             )
             runs = fetch(conn, "SELECT id, run_type FROM dag_run WHERE dag_id IN :dags", dags=dags)
-            deadlock = latest_deadlock(conn)
+            deadlock = databases.latest_deadlock(conn)
         events = [e for e, run_id in rows if run_id.startswith(prefix)]
         sentinels = [e for e, run_id in rows if run_id == sentinel_run]
         strays = len(rows) - len(events) - len(sentinels)

@@ -63,11 +63,10 @@ def target(url: str) -> str:
 
 
 def seed(schedules: dict[str, list[str]], producer_dag: str) -> dict[str, int]:
-    """Serialize and write, with Airflow's DAG-processing code, the consumer DAGs ``{dag_id: the assets it
-    is scheduled on (any of them)}`` and ``producer_dag`` (unscheduled); returns the asset ids.
+    """Serialize and write, with Airflow's DAG-processing code, the consumer DAGs ``{dag_id: the assets it is
+    scheduled on (any of them)}`` and ``producer_dag`` (unscheduled); returns the asset ids.
 
-    The DAGs are unpaused; ``max_active_runs`` is high, since the runs stay QUEUED.
-    """
+    The DAGs are unpaused; ``max_active_runs`` is high, since the runs stay QUEUED."""
     from airflow.dag_processing.collection import update_dag_parsing_results_in_db
     from airflow.models.asset import AssetActive, AssetModel
     from airflow.models.dag import DagModel

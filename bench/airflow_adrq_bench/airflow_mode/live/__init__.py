@@ -41,7 +41,7 @@ from airflow_adrq_bench.airflow_mode.config import LiveShape, LiveSizes, default
 from airflow_adrq_bench.airflow_mode.databases import targets
 from airflow_adrq_bench.airflow_mode.live import deployment, report
 from airflow_adrq_bench.airflow_mode.live.driver import run_cell, steps
-from airflow_adrq_bench.airflow_mode.results import conclude, raw_finish, raw_opening
+from airflow_adrq_bench.airflow_mode.report import conclude, raw_finish, raw_opening
 
 _EPILOG = """\
 Exit status 1 when a deployment did not complete or the plug-in missed a target of correctness in

@@ -11,7 +11,7 @@ from typing import Any
 
 from airflow_adrq_bench import tables, verdict
 from airflow_adrq_bench.airflow_mode.config import STOCK_AND_PLUGIN as MANAGERS
-from airflow_adrq_bench.airflow_mode.results import heading
+from airflow_adrq_bench.airflow_mode.report import heading
 from airflow_adrq_bench.verdict import Line, Target
 
 Cell = dict[str, Any]
