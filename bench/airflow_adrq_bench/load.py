@@ -196,7 +196,8 @@ def run_faults(
             except (CommitOutcomeUnknownError, RetriesExhaustedError) as exc:
                 outcome = type(exc).__name__
             except Exception as exc:  # reported, never hidden
-                outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+                first_line = (str(exc).splitlines() or [""])[0]
+                outcome = f"{type(exc).__name__}: {first_line[:120]}"
             with lock:
                 outcomes[run_id] = outcome
             with killer.lock:
