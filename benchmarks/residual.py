@@ -1,8 +1,8 @@
 """What is left of the timing race: producers of *disjoint* rows feeding one DAG, a scheduler running.
 
-::
+Run it where the benchmark is installed (``pip install . ./testing ./bench``)::
 
-    python -m airflow_adrq_bench.residual --db postgresql://root@127.0.0.1/postgres [--seconds 20]
+    python benchmarks/residual.py --db postgresql://root@127.0.0.1/postgres [--seconds 20]
 
 Producers sharing a queue row are stamped in commit order. Producers of different assets feeding one DAG share
 no row: one can be stamped, another stamped later and committed, and a scheduler read between them, all before
@@ -13,6 +13,11 @@ row locks (``--no-row-locks``: MariaDB's); then the queue is drained and every e
 side, each on its own scratch database: airflow-adrq's protocol and the ones before it
 (:mod:`airflow_adrq_testing.protocols`). Also the window (stamp to commit visible to another connection) and
 the time from an event's COMMIT to the run that consumes it.
+
+Not part of any distribution: a maintainer's tool for the design question GUARANTEES.md ("Timing") and
+BENCHMARKS.md's residual section answer (what the present protocol costs against the one before it).
+``airflow-adrq bench --airflow --accounting --fan-in`` measures the same race, stock against the plug-in,
+through Airflow's own scheduler.
 """
 
 from __future__ import annotations
@@ -205,7 +210,7 @@ class Options(Checked):
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        allow_abbrev=False, prog="python -m airflow_adrq_bench.residual", description=__doc__
+        allow_abbrev=False, prog="python benchmarks/residual.py", description=__doc__
     )
     parser.add_argument(
         "--db", required=True, help="server URL: scratch databases are created on it, then dropped"
