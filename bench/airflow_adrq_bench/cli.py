@@ -19,6 +19,7 @@ from sqlalchemy import make_url
 from airflow_adrq_bench import options, progress, report, runner, tables, verdict
 from airflow_adrq_bench.config import DEFAULT, DEFAULT_STRATEGY, QUICK, SCENARIOS, STRATEGIES, Sizes
 from airflow_adrq_bench.config import clear_of_deadlock_timeout as clear
+from airflow_adrq_bench.errors import BenchError
 from airflow_adrq_bench.load import FaultSizes, SoakSizes, run_faults, run_soak
 from airflow_adrq_testing import dataset, servers
 
@@ -86,9 +87,8 @@ def bench_parser() -> argparse.ArgumentParser:
             "gave up (and why) or not started (the round timeout had passed)."
         ),
     )
-    options.add_common(
-        parser, db_help=DB_HELP, preset=("--quick", "small sizes (the --quick values below)"), out=""
-    )
+    quick = ("--quick", "small sizes (the --quick values below)")
+    options.add_common(parser, db_help=DB_HELP, preset=quick, out="")
     check = "exit 1 when a target of the verdict (printed last) is missed, for an operator's own CI"
     parser.add_argument("--check", action="store_true", help=check)
     scratch = "keep the scratch files in --out (barrier files, per-process records)"
@@ -100,18 +100,15 @@ def bench_parser() -> argparse.ArgumentParser:
         group.add_argument(flag, action="store_true", help=text)
     parser.add_argument("--strategy", action="append", choices=STRATEGIES, help=STRATEGY_HELP)
     parser.add_argument("--scenario", action="append", choices=SCENARIOS, help=SCENARIO_HELP)
-    options.add_fields(
-        parser.add_argument_group("sizes (defaults: a few minutes per database)"), DEFAULT, QUICK
-    )
+    group = parser.add_argument_group("sizes (defaults: a few minutes per database)")
+    options.add_fields(group, DEFAULT, QUICK)
     return parser
 
 
 def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     for url in args.db or ():
         if make_url(url).get_backend_name() not in ("sqlite", "postgresql", "mysql", "mariadb"):
-            raise runner.BenchError(
-                f"--db {url!r}: the benchmark runs on SQLite, PostgreSQL and MySQL/MariaDB"
-            )
+            raise BenchError(f"--db {url!r}: the benchmark runs on SQLite, PostgreSQL and MySQL/MariaDB")
     sizes = options.sizes_from(parser, args, QUICK if args.preset else DEFAULT)
     out = options.out_dir(args)
     with contextlib.ExitStack() as stack:
@@ -141,15 +138,11 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     detail = [report.format_table(raw, rows), report.format_lost(raw, lost), report.format_sweep(raw)]
     text = "\n".join(part for part in (*detail, report.format_ratio(raw), board) if part)
     tables.write_json(out / "bench.json", {"summary": rows, "lost_events": lost, **raw})
-    pngs = report.plot(raw, rows, lost, out)
+    written = [out / "bench.json", *report.plot(raw, rows, lost, out)]
+    missed = verdict.missed(lines) if args.check else []
     errors = report.problems(raw, rows, lost)
-    if args.check:
-        errors += [
-            f"target missed: {m.db} {m.what}: {m.measured} (target {m.goal})" for m in verdict.missed(lines)
-        ]
-    return options.publish(
-        out / "bench.md", text, [out / "bench.json", *pngs], errors, took=raw["duration_s"], shown=board
-    )
+    errors += [f"target missed: {m.db} {m.what}: {m.measured} (target {m.goal})" for m in missed]
+    return options.publish(out / "bench.md", text, written, errors, took=raw["duration_s"], shown=board)
 
 
 def _pairs(counts: dict[str, int]) -> str:
@@ -231,17 +224,15 @@ def _run(mode: str, argv: list[str]) -> int:
     options.add_fields(parser.add_argument_group("sizes"), spec["sizes"](), spec["quick"])
     args = parser.parse_args(argv)
     sizes = options.sizes_from(parser, args, spec["quick"] if args.preset else spec["sizes"]())
-    return options.guarded(parser, args, lambda: _measure(mode, parser.prog, args, sizes))
+    return options.guarded(parser, args, lambda: _measure(mode, spec, args, sizes))
 
 
-def _measure(mode: str, prog: str, args: argparse.Namespace, sizes: Any) -> int:
-    spec = _SPECS[mode]
+def _measure(mode: str, spec: dict[str, Any], args: argparse.Namespace, sizes: Any) -> int:
     out, results = options.out_dir(args), []
     with contextlib.ExitStack() as stack:
         urls = args.db or options.servers_found(stack)
         if not urls:
-            options.say(f"{prog}: error: no PostgreSQL or MySQL/MariaDB server")
-            return 1
+            raise BenchError("no PostgreSQL or MySQL/MariaDB server")
         with progress.task(f"--{mode}", len(urls)) as task:
             for url in urls:
                 version = servers.server_version(url)

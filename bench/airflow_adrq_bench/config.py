@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -21,7 +20,7 @@ LOST_EVENT_STRATEGIES: Final = ("airflow_3_3", "commit_time")
 _DEADLOCK = "raised to {} x PostgreSQL's deadlock_timeout when that is more, unless given"
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Sizes(Checked):
     """How big a run is. Defaults take a few minutes on 2 cores per server."""
 
@@ -102,7 +101,7 @@ def clear_of_deadlock_timeout(
     return dataclasses.replace(sizes, **changes), notes
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Cell:
     """One round of one strategy in one scenario on one database, with its hold before COMMIT and its
     producer parties (the others only pass the round's barriers)."""
@@ -128,7 +127,7 @@ class Cell:
         return f"{self.db} {self.scenario}/{self.strategy} (round {self.round + 1})"
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """Everything a party's process needs; written by the runner as JSON for the suite's workers."""
 
@@ -143,13 +142,9 @@ class Plan:
         """The most producers any cell has, plus the coordinator."""
         return max((c.producers for c in self.cells), default=self.sizes.producers) + 1
 
-    def dump(self, path: Path) -> None:
-        """Write the plan as JSON for :meth:`load`."""
-        path.write_text(json.dumps(dataclasses.asdict(self), indent=2))
-
     @classmethod
     def load(cls, path: Path) -> Plan:
-        """The plan :meth:`dump` wrote (JSON lists back to the sizes' tuples)."""
+        """The plan the runner wrote (JSON lists back to the sizes' tuples)."""
         raw = json.loads(path.read_text())
         sizes: dict[str, Any] = {
             k: tuple(v) if isinstance(v, list) else v for k, v in raw.pop("sizes").items()

@@ -48,13 +48,13 @@ nonnegative = functools.partial(size, minimum=0)
 positive = functools.partial(size, above=0)
 
 
-def _check(field: dataclasses.Field[Any], value: Any) -> None:
-    """Raise ``ValueError`` when ``value`` (each value, for a tuple) misses ``field``'s bound."""
+def _check(field: dataclasses.Field[Any], value: Any, error: type[Exception] = ValueError) -> None:
+    """Raise ``error`` when ``value`` (each value, for a tuple) misses ``field``'s bound."""
     values = value if isinstance(value, tuple) else (value,)
     for key, word, meets in (("minimum", "at least", operator.ge), ("above", "above", operator.gt)):
         bound = field.metadata.get(key)
         if bound is not None and not (values and all(meets(v, bound) for v in values)):
-            raise ValueError(f"{field.name} must be {word} {bound:g}, not {show(value) or 'nothing'}")
+            raise error(f"{field.name} must be {word} {bound:g}, not {show(value) or 'nothing'}")
 
 
 class Checked:
@@ -88,19 +88,15 @@ def add_fields(
         if preset is not None and not isinstance(value, bool):
             shown.append(f"{flag} {show(getattr(preset, name))}")
         text = " ".join([field.metadata.get("help", ""), f"({'; '.join(shown)})" if shown else ""]).strip()
-        option = f"--{name.replace('_', '-')}"
-        if hint is bool:
-            group.add_argument(option, action="store_true", default=None, dest=name, help=text)
-            continue
-        many = typing.get_origin(hint) is tuple
-        kind = next(a for a in (*typing.get_args(hint), hint) if a not in (type(None), Ellipsis))
-        metavar = (
-            "S" if name.endswith("_s") else "MS" if name.endswith("_ms") else "N" if hint is int else "X"
-        )
-        choices = field.metadata.get("choices")
-        how = {"choices": choices} if choices else {"metavar": "N,N,..." if many else metavar}
-        parse = functools.partial(_parse, field, kind, many)
-        group.add_argument(option, type=parse, dest=name, help=text, **how)
+        how: dict[str, Any] = {"action": "store_true", "default": None}
+        if hint is not bool:
+            many = typing.get_origin(hint) is tuple
+            kind = next(a for a in (*typing.get_args(hint), hint) if a not in (type(None), Ellipsis))
+            metavar = {"s": "S", "ms": "MS"}.get(name.rpartition("_")[2], "N" if hint is int else "X")
+            choices = field.metadata.get("choices")
+            how = {"choices": choices} if choices else {"metavar": "N,N,..." if many else metavar}
+            how["type"] = functools.partial(_parse, field, kind, many)
+        group.add_argument(f"--{name.replace('_', '-')}", dest=name, help=text, **how)
 
 
 def _parse(field: dataclasses.Field[Any], kind: Callable[[str], Any], many: bool, text: str) -> Any:
@@ -110,17 +106,13 @@ def _parse(field: dataclasses.Field[Any], kind: Callable[[str], Any], many: bool
     except ValueError:
         what = "comma-separated numbers" if many else "an integer" if kind is int else "a number"
         raise argparse.ArgumentTypeError(f"expected {what}, not {text!r}") from None
-    try:
-        _check(field, value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    _check(field, value, argparse.ArgumentTypeError)
     return value
 
 
 def given(args: argparse.Namespace, sizes: type[DataclassInstance]) -> dict[str, Any]:
     """The options of ``sizes``'s fields given on the command line: ``{field name: value}``."""
-    fields = dataclasses.fields(sizes)
-    return {f.name: getattr(args, f.name) for f in fields if getattr(args, f.name, None) is not None}
+    return {f.name: v for f in dataclasses.fields(sizes) if (v := getattr(args, f.name, None)) is not None}
 
 
 def sizes_from(parser: argparse.ArgumentParser, args: argparse.Namespace, base: _SizesT) -> _SizesT:

@@ -41,14 +41,7 @@ class Task:
 @contextlib.contextmanager
 def task(label: str, total: float) -> Iterator[Task]:
     """Show progress of ``label`` while the block runs; the bar stays, complete, when it ends."""
-    columns = (
-        rich.TextColumn("[bold]{task.description}"),
-        rich.BarColumn(),
-        rich.MofNCompleteColumn(),
-        rich.TimeElapsedColumn(),
-        rich.TextColumn("left"),
-        rich.TimeRemainingColumn(),
-        rich.TextColumn("{task.fields[note]}"),
-    )
-    with rich.Progress(*columns, console=console, transient=False) as progress:
+    bar = [rich.TextColumn("[bold]{task.description}"), rich.BarColumn(), rich.MofNCompleteColumn()]
+    times = [rich.TimeElapsedColumn(), rich.TextColumn("left"), rich.TimeRemainingColumn()]
+    with rich.Progress(*bar, *times, rich.TextColumn("{task.fields[note]}"), console=console) as progress:
         yield Task(progress, label, total)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import random
 import shutil
@@ -28,10 +29,8 @@ from airflow_adrq_bench.config import LOST_EVENT_STRATEGIES, SCENARIOS, STRATEGI
 from airflow_adrq_bench.errors import BenchError as BenchError
 from airflow_adrq_testing import dataset
 from airflow_adrq_testing import strategies as strategy_registry
-from airflow_adrq_testing.dataset import Target
 from airflow_adrq_testing.dataset import describe as describe
 
-SUITE = "airflow_adrq_bench.suite"
 PLAN_ENV = "ADRQ_BENCH_PLAN"
 #: Scratch in the output directory (``tx-<party>.jsonl`` too); what stays is
 #: ``bench.json``, ``bench.md`` and the PNGs (and ``pytest.log`` after a failure).
@@ -44,9 +43,8 @@ def deadlock_timeout_s(url: str) -> float:
     them at the lock wait timeout the benchmark sets; SQLite serialises writers)."""
     if sa.engine.make_url(url).get_backend_name() != "postgresql":
         return 0.0
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)  # no pool: nothing to dispose
     try:
-        with engine.connect() as conn:
+        with sa.create_engine(url, poolclass=sa.pool.NullPool).connect() as conn:  # no pool to dispose
             ms = conn.scalar(sa.text("SELECT setting FROM pg_settings WHERE name = 'deadlock_timeout'"))
         return float(ms) / 1000
     except (sa.exc.SQLAlchemyError, TypeError, ValueError):
@@ -62,7 +60,7 @@ def _remove_scratch(out_dir: Path, *, failed: bool = False) -> None:
 
 
 def run(
-    targets: Sequence[Target],
+    targets: Sequence[dataset.Target],
     sizes: Sizes,
     out_dir: Path,
     *,
@@ -102,8 +100,7 @@ def run(
             cells, skipped = plan_cells(databases, sizes, strategies, scenarios, random.Random(order_seed))
             plan = Plan(out_dir=str(out_dir), sizes=sizes, cells=cells)
             _run_parties(plan)
-            sweeps: dict[str, list[dict[str, Any]]] = {}
-            ratios: dict[str, list[dict[str, Any]]] = {}
+            sweeps, ratios = {}, {}
             for name, url in databases:
                 backend = sa.engine.make_url(url).get_backend_name()
                 runnable = [s for s in strategies if strategy_registry.applies_to(s, backend)]
@@ -132,7 +129,7 @@ def run(
     return raw
 
 
-#: Why ``values_batch`` is not run on a backend (see :func:`airflow_adrq_testing.baselines.applies_to`).
+#: Why ``values_batch`` is not run on a backend (see :func:`airflow_adrq_testing.strategies.applies_to`).
 VALUES_BATCH_NOTE = (
     "values_batch is apache/airflow PR #69977, which changed the MySQL/MariaDB branch only; "
     "on this backend it is airflow_3_3's code, so it is not run here"
@@ -172,16 +169,15 @@ def plan_cells(
 def _run_parties(plan: Plan) -> None:
     """The suite under pytest-xdist until the last round ends; a step of progress per round."""
     out = Path(plan.out_dir)
-    plan.dump(out / "plan.json")
+    (out / "plan.json").write_text(json.dumps(dataclasses.asdict(plan), indent=2))
     (out / "pytest.ini").write_text("[pytest]\n")
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", SUITE, "-n", str(plan.parties), "-c", "pytest.ini"]
-    cmd += ["--rootdir", str(out), "-p", "xdist", "-p", "no:cacheprovider", "-q", "-x"]
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "airflow_adrq_bench.suite", "-n", str(plan.parties)]
+    cmd += ["-c", "pytest.ini", "--rootdir", str(out), "-p", "xdist", "-p", "no:cacheprovider", "-q", "-x"]
+    # Only xdist: other installed plug-ins (the test support's fixtures, say) cost start-up time.
+    env = {**os.environ, PLAN_ENV: str(out / "plan.json"), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     # The workers must run the code this process runs: its copy of the package first on the path.
     root = str(Path(airflow_adrq_bench.__file__).resolve().parent.parent)
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    # Only xdist: other installed plug-ins (the test support's fixtures, say) cost start-up time.
-    env = {**os.environ, PLAN_ENV: str(out / "plan.json"), "PYTHONPATH": path}
-    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     log_path = out / "pytest.log"
     with progress.task("concurrent rounds", len(plan.cells)) as task, log_path.open("w") as log:
         # A session of its own: on any failure (Ctrl-C included) the suite and its workers are
