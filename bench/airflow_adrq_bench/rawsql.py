@@ -9,6 +9,7 @@ of :func:`raw_sql`), COMMIT. Timed against the library by :func:`airflow_adrq_be
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -78,36 +79,29 @@ class RawSql:
     steps: tuple[str, ...]
     timestamp: Callable[[dt.datetime], Any]
 
-    @property
-    def statements(self) -> int:
-        """Statements sent per call, COMMIT not counted (as ``airflow_adrq_testing.recording`` counts)."""
-        return 2 + len(self.steps)
-
     def register(self, dbapi_connection: Any, *, name: str, uri: str, source: Mapping[str, Any]) -> int:
         """One event of the task ``source`` names (``dag_id``, ``task_id``, ``run_id``, ``map_index``) +
         its queue rows + COMMIT; returns the event id."""
-        cursor = dbapi_connection.cursor()
-        try:
-            if self.begin:
-                cursor.execute(self.begin)
-            cursor.execute(self.lookup, {"name": name, "uri": uri})
-            (asset_id,) = cursor.fetchone()
-            event = {"asset_id": asset_id, "extra": "{}", "timestamp": self.timestamp(utcnow()), **source}
-            cursor.execute(self.insert_event, event)
-            event_id = cursor.fetchone()[0] if self.returning else cursor.lastrowid
-            params = {"now": self.timestamp(utcnow()), "event_id": event_id, "asset_id": asset_id}
-            params["pending"] = self.timestamp(PENDING)
-            for step in self.steps:
-                cursor.execute(step, params)
-                if step == _CLOCK:
-                    (params["now"],) = cursor.fetchone()
-            dbapi_connection.commit()
-            return int(event_id)
-        except BaseException:
-            dbapi_connection.rollback()
-            raise
-        finally:
-            cursor.close()
+        with contextlib.closing(dbapi_connection.cursor()) as cursor:
+            try:
+                if self.begin:
+                    cursor.execute(self.begin)
+                cursor.execute(self.lookup, {"name": name, "uri": uri})
+                (asset_id,) = cursor.fetchone()
+                event = {"asset_id": asset_id, "extra": "{}", "timestamp": self.timestamp(utcnow()), **source}
+                cursor.execute(self.insert_event, event)
+                event_id = cursor.fetchone()[0] if self.returning else cursor.lastrowid
+                params = {"now": self.timestamp(utcnow()), "event_id": event_id, "asset_id": asset_id}
+                params["pending"] = self.timestamp(PENDING)
+                for step in self.steps:
+                    cursor.execute(step, params)
+                    if step == _CLOCK:
+                        (params["now"],) = cursor.fetchone()
+                dbapi_connection.commit()
+            except BaseException:
+                dbapi_connection.rollback()
+                raise
+        return int(event_id)
 
 
 def raw_sql(dialect: Dialect) -> RawSql:
@@ -130,11 +124,7 @@ def raw_sql(dialect: Dialect) -> RawSql:
         "mysql": (queue, _CLOCK, _STAMP_EVENT.format(**p), _STAMP_ROWS.format(**p)),
         "sqlite": (_STAMP_EVENT.format(**p), queue),
     }[name]
-    return RawSql(
-        begin="BEGIN IMMEDIATE" if name == "sqlite" else None,
-        lookup=_LOOKUP.format(**p),
-        insert_event=_INSERT_EVENT.format(**p) + (" RETURNING id" if returning else ""),
-        returning=returning,
-        steps=steps,
-        timestamp=UtcDateTime().dialect_impl(dialect).bind_processor(dialect) or (lambda value: value),
-    )
+    begin = "BEGIN IMMEDIATE" if name == "sqlite" else None
+    insert_event = _INSERT_EVENT.format(**p) + (" RETURNING id" if returning else "")
+    timestamp = UtcDateTime().dialect_impl(dialect).bind_processor(dialect) or (lambda value: value)
+    return RawSql(begin, _LOOKUP.format(**p), insert_event, returning, steps, timestamp)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,17 +40,11 @@ _PRODUCERS = {
 }
 
 
-def _transactions(raw: Row) -> dict[int, list[Row]]:
-    """The run's transaction records by cell index."""
-    by_cell: dict[int, list[Row]] = defaultdict(list)
-    for tx in raw["transactions"]:
-        by_cell[tx["cell"]].append(tx)
-    return by_cell
-
-
-def _outcome(cells: Rows, txs: Rows) -> Row:
-    """Where the cells' planned transactions went (``accounted``: they add up to ``planned``), their
-    failed attempts by cause, retries, latency; a not-started transaction made no attempt."""
+def _outcome(cells: Rows, raw: Row) -> Row:
+    """Where the cells' planned transactions in ``raw`` went (``accounted``: they add up to ``planned``),
+    their failed attempts by cause, retries, latency; a not-started transaction made no attempt."""
+    indexes = {c["index"] for c in cells}
+    txs = [t for t in raw["transactions"] if t["cell"] in indexes]
     started = [t for t in txs if t.get("outcome") != NOT_STARTED]
     ok = [t for t in started if t["ok"]]
     planned = sum(c["planned"] for c in cells) if all("planned" in c for c in cells) else len(txs)
@@ -90,14 +84,13 @@ def _in_order(raw: Row, rows: list[Row], by: Callable[[Row], Any]) -> None:
 
 def aggregate(raw: Row) -> list[Row]:
     """One summary row per (database, scenario, strategy), in report order."""
-    txs = _transactions(raw)
     groups: dict[tuple[str, str, str], list[Row]] = defaultdict(list)
     for cell in raw["cells"]:
         if cell["scenario"] != "lost_events":
             groups[(cell["db"], cell["scenario"], cell["strategy"])].append(cell)
     rows = []
     for cells in groups.values():
-        outcome = _outcome(cells, [t for c in cells for t in txs[c["index"]]])
+        outcome = _outcome(cells, raw)
         duration = sum(c["duration_s"] for c in cells)
         consumer = [c["consumer"] for c in cells if c["consumer"]]
         rows.append(
@@ -109,7 +102,7 @@ def aggregate(raw: Row) -> list[Row]:
                 "tx_per_s": outcome["committed"] / duration if duration else math.nan,
                 # Each round's own, the spread of tx/s the verdict compares.
                 "round_tx_per_s": [
-                    sum(t["ok"] for t in txs[c["index"]]) / c["duration_s"] for c in cells if c["duration_s"]
+                    _outcome([c], raw)["committed"] / c["duration_s"] for c in cells if c["duration_s"]
                 ],
                 "rows_exact": all(c["exact"] for c in cells),
                 "row_check": [c["check"] for c in cells],
@@ -132,15 +125,12 @@ def aggregate(raw: Row) -> list[Row]:
 def aggregate_lost(raw: Row) -> list[Row]:
     """One row per (database, hold, strategy) of the ``lost_events`` rounds; ``vs_airflow_shaped``:
     ``lost_pairs`` over ``airflow_3_3``'s at the same hold on the same database."""
-    txs = _transactions(raw)
-    rows = [{**c, **_outcome([c], txs[c["index"]])} for c in raw["cells"] if c["scenario"] == "lost_events"]
+    rows = [{**c, **_outcome([c], raw)} for c in raw["cells"] if c["scenario"] == "lost_events"]
     for row in rows:
         row["lost_pct"] = 100 * row["lost_pairs"] / row["pairs"] if row["pairs"] else math.nan
-        base = _baseline(rows, row, "hold_ms").get("lost_pairs", math.nan)
+        lost, base = row["lost_pairs"], _baseline(rows, row, "hold_ms").get("lost_pairs", math.nan)
         # 0 lost of Airflow's 0 is as good: 0x, not "not measured".
-        row["vs_airflow_shaped"] = (
-            0.0 if base == row["lost_pairs"] == 0 else tables.ratio(row["lost_pairs"], base)
-        )
+        row["vs_airflow_shaped"] = 0.0 if base == lost == 0 else tables.ratio(lost, base)
     _in_order(raw, rows, lambda r: r["hold_ms"])
     return rows
 
@@ -341,11 +331,10 @@ def plot(raw: Row, rows: Rows, lost: Rows, out_dir: Path) -> list[Path]:
         fig = plt.figure(figsize=(15, 8), dpi=70)
         grid = fig.add_gridspec(2, max(4 if its_lost else 3, len(scenarios)))
         for i, scenario in enumerate(scenarios):
-            ax = fig.add_subplot(grid[0, i], title=f"{scenario}: latency incl. retries (ms)")
+            ax = fig.add_subplot(grid[0, i], title=f"{scenario}: latency incl. retries (ms)", yscale="log")
             cells = [mine.get((scenario, s), {}) for s in strategies]
             quantiles = {q: [c.get(f"{q}_ms", math.nan) for c in cells] for q in ("p50", "p95", "p99")}
             _bars(ax, strategies, quantiles, legend=8 if i == 0 else 0, rotation=30, ha="right")
-            ax.set(yscale="log")
         deadlocks = {sc: [mine.get((sc, s), {}).get("deadlocks", 0) for s in strategies] for sc in scenarios}
         ax = fig.add_subplot(grid[1, 0:2], title="deadlocks per strategy (all rounds)")
         _bars(ax, strategies, deadlocks, "%g")
@@ -374,21 +363,16 @@ def plot(raw: Row, rows: Rows, lost: Rows, out_dir: Path) -> list[Path]:
 
 
 def _bars(
-    ax: Any,
-    groups: Sequence[str],
-    series: dict[str, list[float]],
-    values: str = "",
-    legend: int = 8,
-    **ticks: Any,
+    ax: Any, groups: list[str], series: dict[str, list[float]], shown: str = "", legend: int = 8, **ticks: Any
 ) -> None:
-    """A group of bars per ``groups`` label, one bar per series side by side (``values``: a format to write
+    """A group of bars per ``groups`` label, one bar per series side by side (``shown``: a format to write
     each bar's value on it); the series' legend in font size ``legend`` (0: none) where there are any."""
     width = 0.8 / max(1, len(series))
     for k, (label, heights) in enumerate(series.items()):
         xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(groups))]
         drawn = ax.bar(xs, heights, width, label=label)
-        if values:
-            ax.bar_label(drawn, fmt=values, fontsize=7)
+        if shown:
+            ax.bar_label(drawn, fmt=shown, fontsize=7)
     ax.set_xticks(range(len(groups)), groups, fontsize=8, **ticks)
     if legend and series:
         ax.legend(fontsize=legend)

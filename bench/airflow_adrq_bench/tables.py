@@ -7,7 +7,6 @@ import functools
 import json
 import math
 import re
-import string
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -34,9 +33,7 @@ def fmt(value: Any, digits: int = 1) -> str:
 
 def times(value: float) -> str:
     """A ratio cell: ``1.50x``; ``-`` when either side was not measured."""
-    if math.isnan(value):
-        return "-"
-    return "inf" if math.isinf(value) else f"{value:.2f}x"
+    return "-" if math.isnan(value) else ("inf" if math.isinf(value) else f"{value:.2f}x")
 
 
 def ratio(a: float, b: float) -> float:
@@ -72,17 +69,14 @@ def _legends() -> dict[str, str]:
     return {name: body.rstrip("\n") + "\n" for name, body in zip(parts[1::2], parts[2::2], strict=True)}
 
 
-class _Fields(dict[str, str]):
-    """A legend's ``$field``: the value given, else another legend (``$rule``), else the name quoted."""
-
-    def __missing__(self, key: str) -> str:
-        return _legends()[key].rstrip("\n") if key in _legends() else f"`{key}`"
-
-
 def legend(name: str, **fields: Any) -> str:
-    """The legend ``name`` of ``legends.md``, its ``$fields`` filled in (numbers as ``:g``)."""
-    values = {
-        k: f"{v:g}" if isinstance(v, int | float) and not isinstance(v, bool) else str(v)
-        for k, v in fields.items()
-    }
-    return string.Template(_legends()[name]).substitute(_Fields(values))
+    """The legend ``name`` of ``legends.md``, each ``$field`` filled in: the value given (numbers as
+    ``:g``), else another legend (``$rule``), else the name quoted."""
+
+    def fill(match: re.Match[str]) -> str:
+        if (key := match[1]) not in fields:
+            return _legends()[key].rstrip("\n") if key in _legends() else f"`{key}`"
+        value = fields[key]
+        return f"{value:g}" if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
+
+    return re.sub(r"\$(\w+)", fill, _legends()[name])

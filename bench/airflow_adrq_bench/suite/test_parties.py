@@ -3,8 +3,7 @@
 :mod:`airflow_adrq_bench.runner` runs it as ``python -m pytest --pyargs airflow_adrq_bench.suite -n
 <producers + 1>`` with ``ADRQ_BENCH_PLAN`` naming the plan JSON. With as many tests as workers, xdist's
 load scheduler deals the tests round robin (fewer than two per worker), so every party is a process of
-its own; the parties meet at file barriers (:mod:`airflow_adrq_bench.barrier`) every round. Party 0
-coordinates the rounds (and consumes the queue); parties 1..N are the producers.
+its own: party 0 the coordinator, 1..N the producers (:mod:`airflow_adrq_bench.engine`).
 """
 
 from __future__ import annotations
@@ -32,8 +31,7 @@ def _plan() -> Plan:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """One ``party`` parameter per party of the plan."""
-    parties = _plan().parties
-    metafunc.parametrize("party", range(parties), ids=[f"party{p}" for p in range(parties)])
+    metafunc.parametrize("party", range(_plan().parties), ids="party{}".format)
 
 
 def test_party(party: int) -> None:
