@@ -28,7 +28,6 @@ import time
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import airflow_adrq
@@ -103,16 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = options.sizes_from(parser, args, SMALL if args.preset else DEFAULT)
     shape = shape_from(parser, args)
     needs = "apache-airflow 3.3 (the airflow command, task SDK, standard provider)"
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    # SIGTERM ends the run like Ctrl-C does: the deployments are stopped, the scratch dropped.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return options.guarded(parser, args, lambda: _measure(args, sizes, shape), airflow=needs)
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def _terminate(signum: int, _frame: FrameType | None) -> None:
-    """SIGTERM ends the run like Ctrl-C does: the deployments are stopped, the scratch dropped."""
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _measure(args: argparse.Namespace, sizes: LiveSizes, shape: LiveShape) -> int:
@@ -141,10 +136,8 @@ def _measure(args: argparse.Namespace, sizes: LiveSizes, shape: LiveShape) -> in
                 made = deployment.Deployment(target, manager, sizes, shape, logs, kwargs, args.keep_scratch)
                 raw["cells"].append(run_cell(made, run, bar, limit))
     raw_finish(raw, started)
-    lines = report.verdict_lines(raw["cells"])
-    problems = report.problems(
-        raw["cells"], lines, check=args.check, expect_stock_worse=args.expect_stock_worse
-    )
+    lines, worse = report.verdict_lines(raw["cells"]), args.expect_stock_worse
+    problems = report.problems(raw["cells"], lines, check=args.check, expect_stock_worse=worse)
     return conclude(out / "live", raw, report.format_tables(raw), lines, problems)
 
 

@@ -54,17 +54,11 @@ CELERY_MODULE: Final = "airflow.providers.celery.executors.celery_executor"
 #: The default broker: the local Redis (``--broker-url`` names another).
 DEFAULT_REDIS: Final = "redis://127.0.0.1:6379"
 
-# Seconds the components get between SIGTERM and SIGKILL.
-_GRACE_S: Final = 30.0
 # Stop order: schedulers first (no new task starts), then the Celery workers (their running tasks
 # still report to the api-server), the DAG processor, the api-server last.
 _STOP_ORDER: Final = ("scheduler", "celery-worker", "dag-processor", "api-server")
 # Redis databases 1..15 in turn, one per deployment of this process (0 is left to other users).
 _REDIS_DBS = itertools.count()
-
-
-def _redacted(url: str) -> str:
-    return sa.make_url(url).render_as_string(hide_password=True)
 
 
 def check(shape: LiveShape, targets: Sequence[Target]) -> None:
@@ -107,9 +101,9 @@ def check_celery(broker: str, module: str = CELERY_MODULE) -> None:
             connection.connect()
     except Exception as exc:
         start = "start Redis (Debian package redis-server)" if broker.startswith("redis") else "start it"
-        raise LiveError(
-            f"the Celery broker {_redacted(broker)} does not answer ({type(exc).__name__}: {exc}): {start}, "
-            "or name a running broker with --broker-url"
+        raise LiveError(  # str() of a URL hides its password
+            f"the Celery broker {sa.make_url(broker)!s} does not answer ({type(exc).__name__}: {exc}): "
+            f"{start}, or name a running broker with --broker-url"
         ) from None
 
 
@@ -166,13 +160,13 @@ class Deployment:
 
     @property
     def shape_info(self) -> dict[str, object]:
-        """The deployment's shape as the report names it (its own scheduler count, its broker)."""
+        """The shape as the report names it (this deployment's scheduler count, its broker minus password)."""
         return {
             **dataclasses.asdict(self.shape),
             "executor": EXECUTORS[self.shape.executor],
             "celery_workers": self.shape.celery_workers if self.shape.celery else 0,
             "schedulers": self.schedulers,
-            "broker_url": None if self.broker_url is None else _redacted(self.broker_url),
+            "broker_url": None if self.broker_url is None else str(sa.make_url(self.broker_url)),
         }
 
     def _settings(self, url: str) -> dict[str, str]:
@@ -288,7 +282,7 @@ class Deployment:
         for _, process in order:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + _GRACE_S
+        deadline = time.monotonic() + 30.0  # the grace period: 30 s between SIGTERM and SIGKILL
         for _, process in order:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -322,9 +316,7 @@ CONSUMERS_FILE: Final = "adrq_live_consumers.py"
 _HEADER = '''\
 """{title}
 
-Written by `airflow-adrq bench --airflow --live` into its scratch deployment;
-rewritten on every run (edits are lost).
-"""
+Written by `airflow-adrq bench --airflow --live` into its scratch deployment, on every run."""
 
 from __future__ import annotations
 
@@ -343,22 +335,6 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Asset, get_current_context, task
 
-
-def wait_for_the_burst(folder: Path, name: str, settings: dict) -> None:
-    """Leave a file in ``folder``; once every instance of the burst left one, sleep until the last
-    one's arrival plus ``lead_s`` (the same moment for all), plus 0..``spread_s``. After
-    ``barrier_timeout_s``, go alone (a retry finds them all there and goes at once)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / name).touch()
-    give_up = time.monotonic() + settings["barrier_timeout_s"]
-    while len(arrived := [f.stat().st_mtime for f in folder.iterdir()]) < settings["expected"]:
-        if time.monotonic() > give_up:
-            return
-        time.sleep(0.02)
-    finish = max(arrived) + settings["lead_s"] + random.uniform(0.0, settings["spread_s"])
-    time.sleep(max(0.0, finish - time.time()))
-
-
 for dag_id, names in SETTINGS["outlets"].items():
     with DAG(dag_id=dag_id, schedule=None, max_active_tasks=SETTINGS["instances"], **DAG_ARGS):
 
@@ -368,11 +344,22 @@ for dag_id, names in SETTINGS["outlets"].items():
             retry_delay=datetime.timedelta(seconds=2),
         )
         def produce(i: int) -> None:
-            """Finish together with every other instance of the burst; the success call emits the outlets."""
+            """Leave a file in the burst's barrier folder; once every instance of the burst left one, sleep
+            until the last one's arrival plus lead_s (the same moment for all), plus 0..spread_s, and succeed
+            (the success call emits the outlets). After barrier_timeout_s, go alone (a retry finds them all
+            there and goes at once)."""
             context = get_current_context()
-            burst = str(context["dag_run"].conf.get("burst", context["run_id"]))
-            ti = context["ti"]
-            wait_for_the_burst(Path(SETTINGS["barrier_dir"]) / burst, f"{ti.dag_id}.{ti.map_index}", SETTINGS)
+            burst = context["dag_run"].conf.get("burst", context["run_id"])
+            folder = Path(SETTINGS["barrier_dir"]) / str(burst)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{context['ti'].dag_id}.{context['ti'].map_index}").touch()
+            give_up = time.monotonic() + SETTINGS["barrier_timeout_s"]
+            while len(arrived := [f.stat().st_mtime for f in folder.iterdir()]) < SETTINGS["expected"]:
+                if time.monotonic() > give_up:
+                    return
+                time.sleep(0.02)
+            finish = max(arrived) + SETTINGS["lead_s"] + random.uniform(0.0, SETTINGS["spread_s"])
+            time.sleep(max(0.0, finish - time.time()))
 
         produce.expand(i=list(range(SETTINGS["instances"])))
 
@@ -399,8 +386,7 @@ ANY_OF = functools.reduce(operator.or_, ASSETS)
 ALL_OF = functools.reduce(operator.and_, ASSETS)
 
 for dag_id in SETTINGS["dag_ids"]:
-    schedule = ALL_OF if dag_id in SETTINGS["all_of"] else ANY_OF
-    with DAG(dag_id=dag_id, schedule=schedule, **DAG_ARGS):
+    with DAG(dag_id=dag_id, schedule=ALL_OF if dag_id in SETTINGS["all_of"] else ANY_OF, **DAG_ARGS):
         EmptyOperator(task_id="done")
 """
 
@@ -421,14 +407,9 @@ def write_dag_files(dags_folder: Path, barrier_dir: Path, sizes: LiveSizes) -> l
         "warm_asset": "adrq_live_warm",
     }
     consumers = {"dag_ids": sizes.consumer_ids, "assets": sizes.assets, "all_of": sizes.all_of_ids}
-    producers_title = (
-        "Producer DAGs (one mapped task each, every instance of a DAG with the same outlets) and the "
-        "warm-up DAG (every execution-API call once)."
-    )
-    consumers_title = "Consumer DAGs: each one EmptyOperator on a0 | a1 | ... (or a0 & a1 & ...)"
     files = {
-        PRODUCERS_FILE: (producers_title, producers, _PRODUCERS),
-        CONSUMERS_FILE: (consumers_title, consumers, _CONSUMERS),
+        PRODUCERS_FILE: ("Producer DAGs, one mapped task each, and the warm-up DAG.", producers, _PRODUCERS),
+        CONSUMERS_FILE: ("Consumer DAGs, each one EmptyOperator.", consumers, _CONSUMERS),
     }
     for name, (title, settings, body) in files.items():
         header = _HEADER.format(title=title, settings=json.dumps(settings, sort_keys=True))

@@ -72,6 +72,11 @@ def _our_deadlocks(c: Cell) -> int:
     return int(server + d["log_lines_components"] + d["log_lines_tasks"])
 
 
+def _both(key: str) -> str:
+    """A detail cell ``after the bursts / at the end`` of ``key``."""
+    return f"{{after_bursts[{key}]}} / {{after_extra[{key}]}}"
+
+
 def _written(c: Cell) -> int:
     return sum(c["events"]["written"].values())
 
@@ -87,10 +92,7 @@ ROWS: list[tuple[str, str | Callable[[Cell], str]]] = [
     ),
     ("task-success calls answered 5xx", lambda c: str(_server_errors(c))),
     ("asset events written / expected", lambda c: f"{_written(c)} / {c['events']['expected']}"),
-    (
-        "consumer runs (after the bursts / at the end)",
-        "{after_bursts[consumer_runs]} / {after_extra[consumer_runs]}",
-    ),
+    ("consumer runs (after the bursts / at the end)", _both("consumer_runs")),
     ("(event, consumer) pairs", "{after_bursts[pairs]}"),
     ("stranded after the bursts", _share("after_bursts", "stranded", "pairs")),
     # a0 & a1 & ... consumers (--own-assets) whose condition a burst left incomplete.
@@ -98,10 +100,7 @@ ROWS: list[tuple[str, str | Callable[[Cell], str]]] = [
     ("stranded, of the last burst alone", _share("after_bursts", "last_burst_stranded", "last_burst_pairs")),
     ("still unconsumed after one more event", _share("after_extra", "stranded", "pairs")),
     ("pairs consumed twice", "{after_extra[consumed_twice]}"),
-    (
-        "queue rows left (after the bursts / at the end)",
-        "{after_bursts[queue_rows]} / {after_extra[queue_rows]}",
-    ),
+    ("queue rows left (after the bursts / at the end)", _both("queue_rows")),
     (
         "trigger to done, s (per burst)",
         lambda c: ", ".join(
