@@ -109,52 +109,6 @@ _ALIVE = {
 _KILL = {"postgresql": "SELECT pg_terminate_backend({})", "mysql": "KILL CONNECTION {}"}
 
 
-class _Killer(threading.Thread):
-    """Terminates one producer connection at random, every ``every_s`` (jittered), until stopped."""
-
-    def __init__(self, url: str, backend: str, every_s: float, rng: random.Random, *, once: bool) -> None:
-        super().__init__(name="adrq-fault-killer", daemon=True)
-        self.engine = sa.create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
-        self.backend, self.every_s, self.rng, self.once = backend, every_s, rng, once
-        self.stop, self.lock = threading.Event(), threading.Lock()
-        #: The producers' connections, recorded as they connect (:meth:`watch`): id -> its engine.
-        self.producer_ids: dict[int, Engine] = {}
-        #: With ``once``: the engines whose producer was killed in its current transaction.
-        self.spared: set[Engine] = set()
-        self.kills = 0
-
-    def watch(self, engine: Engine) -> Engine:
-        """Record the server id of every connection ``engine`` opens: those are the killer's victims."""
-
-        @sa.event.listens_for(engine, "connect")
-        def _record(dbapi_connection: Any, _record: Any) -> None:
-            cursor = dbapi_connection.cursor()
-            cursor.execute(_OWN_ID[self.backend])
-            (own_id,) = cursor.fetchone()
-            cursor.close()
-            with self.lock:
-                self.producer_ids[int(own_id)] = engine
-
-        return engine
-
-    def run(self) -> None:
-        alive = sa.text(_ALIVE[self.backend]).bindparams(sa.bindparam("ids", expanding=True))
-        with self.engine.connect() as conn:
-            while not self.stop.wait(self.rng.uniform(0.5, 1.5) * self.every_s):
-                with self.lock:
-                    known = sorted(i for i, engine in self.producer_ids.items() if engine not in self.spared)
-                with contextlib.suppress(sa.exc.DBAPIError):  # the victim left in between
-                    victims = [int(r[0]) for r in conn.execute(alive, {"ids": known})] if known else []
-                    if victims:
-                        victim = self.rng.choice(victims)
-                        conn.exec_driver_sql(_KILL[self.backend].format(victim))
-                        self.kills += 1
-                        if self.once:
-                            with self.lock:
-                                self.spared.add(self.producer_ids[victim])
-        self.engine.dispose()
-
-
 def run_faults(
     url: str, sizes: FaultSizes = FaultSizes(), *, seed: int | None = None, log: Log = print
 ) -> FaultRun:
@@ -166,10 +120,30 @@ def run_faults(
     own.dispose()
     result = FaultRun(backend=backend, sizes=asdict(sizes))
     outcomes: dict[str, str] = {}
-    lock = threading.Lock()
-    killer = _Killer(
-        url, backend, sizes.kill_every_s, random.Random(rng.random()), once=sizes.one_kill_per_transaction
-    )
+    lock, stop, killer_rng = threading.Lock(), threading.Event(), random.Random(rng.random())
+    # The producers' connections, recorded as they connect: server id -> its engine.
+    producer_ids: dict[int, Engine] = {}
+    # With ``one_kill_per_transaction``: the engines whose producer was killed in its current transaction.
+    spared: set[Engine] = set()
+
+    def kill() -> None:
+        """Terminate one producer connection at random, every ``kill_every_s`` (jittered), until stopped."""
+        alive = sa.text(_ALIVE[backend]).bindparams(sa.bindparam("ids", expanding=True))
+        engine = sa.create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+        with engine.connect() as conn:
+            while not stop.wait(killer_rng.uniform(0.5, 1.5) * sizes.kill_every_s):
+                with lock:
+                    known = sorted(i for i, e in producer_ids.items() if e not in spared)
+                with contextlib.suppress(sa.exc.DBAPIError):  # the victim left in between
+                    victims = [int(r[0]) for r in conn.execute(alive, {"ids": known})] if known else []
+                    if victims:
+                        victim = killer_rng.choice(victims)
+                        conn.exec_driver_sql(_KILL[backend].format(victim))
+                        result.kills += 1
+                        if sizes.one_kill_per_transaction:
+                            with lock:
+                                spared.add(producer_ids[victim])
+        engine.dispose()
 
     def work(session: Session, sink: list[Callable[[], object]], order: list[Any], ti: BenchTask) -> None:
         for asset in order:
@@ -177,17 +151,27 @@ def run_faults(
         time.sleep(sizes.hold_ms / 1000)
 
     def producer(index: int) -> None:
-        engine = killer.watch(create_engine(url, pool_size=1, max_overflow=1))
+        engine = create_engine(url, pool_size=1, max_overflow=1)
+
+        @sa.event.listens_for(engine, "connect")
+        def record(dbapi_connection: Any, _record: Any) -> None:
+            """Record the server id of every connection the producer opens: the killer's victims."""
+            cursor = dbapi_connection.cursor()
+            cursor.execute(_OWN_ID[backend])
+            (own_id,) = cursor.fetchone()
+            cursor.close()
+            with lock:
+                producer_ids[int(own_id)] = engine
+
         factory = sessionmaker(engine)
         local = random.Random(rng.random())
         for t in range(sizes.transactions):
             run_id = f"p{index}-t{t}"  # names the transaction: the check counts its events by it
-            task = BenchTask(run_id=run_id)
-            one = functools.partial(work, order=local.sample(assets, len(assets)), ti=task)
+            tx = functools.partial(work, order=local.sample(assets, len(assets)), ti=BenchTask(run_id=run_id))
             try:
                 retry.run_in_transaction(
                     factory,
-                    one,
+                    tx,
                     max_attempts=sizes.max_attempts,
                     on_retry=lambda _n, found: _count(result.retries, found.kind.value, lock),
                     max_wait=0.5,
@@ -200,15 +184,15 @@ def run_faults(
                 outcome = f"{type(exc).__name__}: {first_line[:120]}"
             with lock:
                 outcomes[run_id] = outcome
-            with killer.lock:
-                killer.spared.discard(engine)
+                spared.discard(engine)
         engine.dispose()
 
+    killer = threading.Thread(target=kill, name="adrq-fault-killer", daemon=True)
     killer.start()
     result.seconds = _run_threads(sizes.producers, producer)
-    killer.stop.set()
+    stop.set()
     killer.join()
-    result.kills, result.transactions = killer.kills, len(outcomes)
+    result.transactions = len(outcomes)
     raised = collections.Counter(outcomes.values())
     result.completed, result.raised = raised.pop("completed", 0), dict(raised)
     # Each run id's events against what its caller was told; the queue against the committed events.

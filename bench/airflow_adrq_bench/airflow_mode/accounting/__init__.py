@@ -26,18 +26,15 @@ and consumes no pair twice (the verdict). The controller never imports Airflow."
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import dataclasses
 import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
-
-import sqlalchemy as sa
+from typing import Any, NamedTuple
 
 from airflow_adrq_bench import options, progress, tables
 from airflow_adrq_bench.airflow_mode import databases, parser_for, worker
@@ -61,16 +58,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     options.add_fields(parser.add_argument_group("sizes"), DEFAULT, QUICK)
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     sizes = options.sizes_from(parser, args, QUICK if args.preset else DEFAULT)
-    return options.guarded(parser, args, lambda: _measure(args, sizes), airflow="apache-airflow-core 3.3")
 
+    def measure() -> int:
+        out = options.out_dir(args)
+        with databases.targets(args.db or [], args.backend, sqlite=True) as found:
+            raw = run(found, sizes)
+        lines = verdict(raw["cells"])
+        problems = raw["problems"] + [f"{m.db} {m.what}: {m.measured}" for m in missed(lines)]
+        return conclude(out / "airflow-accounting", raw, format_tables(raw), lines, problems)
 
-def _measure(args: argparse.Namespace, sizes: AccountingSizes) -> int:
-    out = options.out_dir(args)
-    with databases.targets(args.db or [], args.backend, sqlite=True) as found:
-        raw = run(found, sizes)
-    lines = verdict(raw["cells"])
-    problems = raw["problems"] + [f"{m.db} {m.what}: {m.measured}" for m in missed(lines)]
-    return conclude(out / "airflow-accounting", raw, format_tables(raw), lines, problems)
+    return options.guarded(parser, args, measure, airflow="apache-airflow-core 3.3")
 
 
 _COLUMNS: tables.Columns = {
@@ -118,8 +115,7 @@ WARM_ASSET = "adrq_acct_warm"
 _CLASSES = ("unconsumed", "late", "consumed")
 
 
-@dataclass(frozen=True)
-class PairClasses:
+class PairClasses(NamedTuple):
     """Every (event, consumer DAG) pair and every event of a cell, each in exactly one class."""
 
     pairs: int
@@ -191,11 +187,8 @@ def classify(
     )
 
 
-@dataclass(frozen=True)
-class _Cell:
-    """One cell: a hold, a shape, a manager, and its consumer DAGs. ``fan_out``: every producer emits one
-    asset, ``consumers`` DAGs are scheduled on it; ``fan_in``: producer ``i`` emits ``{name}_p{i}``, one
-    DAG is scheduled on any of them."""
+class _Cell(NamedTuple):
+    """One cell: a hold, a shape (``fan_out`` or ``fan_in``), a manager, and its consumer DAGs."""
 
     hold_ms: float
     shape: str
@@ -205,8 +198,7 @@ class _Cell:
 
 
 def run(targets: Sequence[databases.Target], sizes: AccountingSizes) -> dict[str, Any]:
-    """Stock and the plug-in in every cell on every target; returns the raw results (``cells``, the cells'
-    ``problems`` ...)."""
+    """Stock and the plug-in in every cell on every target; the raw results (``cells``, ``problems`` ...)."""
     return _Accounting(sizes).run(targets)
 
 
@@ -265,19 +257,14 @@ class _Accounting(Controller):
         sizes, dags, producers = self.sizes, list(cell.schedules), self.workers.group(cell.manager)
         assets = sorted({a for names in cell.schedules.values() for a in names})
         prefix, sentinel_run = f"acct-{cell.name}-", f"sentinel-{cell.name}"
-        round_of = dict(assets=[cell.name], run_prefix=prefix, transactions=sizes.transactions)
-        round_of |= dict(
-            hold_s=cell.hold_ms / 1000, budget_s=sizes.budget_s, own_asset=cell.shape == "fan_in"
-        )
+        kw = dict(assets=[cell.name], run_prefix=prefix, transactions=sizes.transactions)
+        kw |= dict(hold_s=cell.hold_ms / 1000, budget_s=sizes.budget_s, own_asset=cell.shape == "fan_in")
+        work = partial(self.workers.broadcast, producers, worker.round_of, sizes.budget_s + 600, **kw)
         start = time.monotonic()
-        results, passes = self.consumer.consume_during(
-            dags,
-            sizes.consumer_pause_ms / 1000,
-            lambda: self.workers.broadcast(producers, worker.round_of, sizes.budget_s + 600, **round_of),
-        )
+        results, passes = self.consumer.consume_during(dags, sizes.consumer_pause_ms / 1000, work)
         duration = time.monotonic() - start
         with self.engine.connect() as conn:
-            cutoff = int(conn.execute(sa.text("SELECT coalesce(max(id), 0) FROM dag_run")).scalar_one())
+            cutoff = int(fetch(conn, "SELECT coalesce(max(id), 0) FROM dag_run")[0][0])
         sentinel = producers[0].call(worker.warmup, assets=assets[:1], run_id=sentinel_run)
         drained = self.consumer.call(consumer.drain, dags)
 
@@ -334,7 +321,7 @@ class _Accounting(Controller):
             "not_started": not_started,
             "producer_failures": dict(sum((Counter(tx["failures"]) for tx in txs), Counter())),
             "consumers": len(dags),
-            **dataclasses.asdict(found),
+            **found._asdict(),
             "runs": len(runs),
             "runs_before_sentinel": sum(1 for r, _ in runs if r <= cutoff),
             "duration_s": duration,
@@ -363,13 +350,12 @@ def verdict(cells: Sequence[dict[str, Any]]) -> list[Line]:
         by_key[(cell["db"], cell["hold_ms"], cell.get("shape", "fan_out"))][cell["manager"]] = cell
     lines = []
     for (db, hold, shape), managers in by_key.items():
-        where = f"{hold:g} ms" + (", fan-in" if shape == "fan_in" else "")
+        where = f", {hold:g} ms" + (", fan-in" if shape == "fan_in" else "")
         if (plugin := managers.get("plugin")) is None:
             continue
         if "stock" in managers:
             mine, theirs = plugin["unconsumed"], managers["stock"]["unconsumed"]
-            what = f"{UNCONSUMED.what}, {where}"
-            lines.append(line(db, UNCONSUMED, mine - theirs, f"{mine} vs {theirs}", what))
+            lines.append(line(db, UNCONSUMED, mine - theirs, f"{mine} vs {theirs}", UNCONSUMED.what + where))
         twice = plugin["duplicate_pairs"]
-        lines.append(line(db, TWICE, twice, f"{twice}", f"{TWICE.what}, {where}"))
+        lines.append(line(db, TWICE, twice, f"{twice}", TWICE.what + where))
     return lines

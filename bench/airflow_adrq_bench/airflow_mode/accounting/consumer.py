@@ -14,12 +14,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from airflow_adrq.retry import classify
 from airflow_adrq_bench.airflow_mode.databases import fetch
 from airflow_adrq_bench.airflow_mode.processes import SPAWN, AirflowOrm, Child, airflow_settings
 from airflow_adrq_bench.airflow_mode.worker import asset_uri
-
-#: The DAG bundle of the serialized DAGs.
-BUNDLE = "adrq-accounting-bundle"
 
 
 class _Consumer(AirflowOrm):
@@ -31,8 +29,6 @@ class _Consumer(AirflowOrm):
         self.db_errors: Counter[str] = Counter()
 
     def count_error(self, context: Any) -> None:
-        from airflow_adrq.retry import classify
-
         found = classify(context.sqlalchemy_exception or context.original_exception)
         self.db_errors[found.kind.value if found else type(context.original_exception).__name__] += 1
 
@@ -74,15 +70,16 @@ def seed(schedules: dict[str, list[str]], producer_dag: str) -> dict[str, int]:
     from airflow.sdk import DAG, Asset
     from airflow.serialization.serialized_objects import LazyDeserializedDAG
 
+    bundle = "adrq-accounting-bundle"  # of the serialized DAGs
     dags = [DAG(producer_dag, schedule=None)]
     for dag_id, names in schedules.items():
         schedule = functools.reduce(operator.or_, [Asset(name=n, uri=asset_uri(n)) for n in names])
         dags.append(DAG(dag_id, schedule=schedule, max_active_runs=1_000_000))
     with _consumer.session_factory() as session:
-        session.add(DagBundleModel(name=BUNDLE))
+        session.add(DagBundleModel(name=bundle))
         session.commit()
         serialized = [LazyDeserializedDAG.from_dag(dag) for dag in dags]
-        update_dag_parsing_results_in_db(BUNDLE, None, serialized, {}, None, set(), session=session)
+        update_dag_parsing_results_in_db(bundle, None, serialized, {}, None, set(), session=session)
         session.commit()
         session.execute(sa.update(DagModel).values(is_paused=False))
         ids: dict[str, int] = {}
@@ -102,8 +99,6 @@ def seed(schedules: dict[str, list[str]], producer_dag: str) -> dict[str, int]:
 def _pass(failures: Counter[str]) -> float:
     """One ``_create_dagruns_for_dags`` under ``prohibit_commit``, as the scheduler loop calls it; seconds."""
     from airflow.utils.sqlalchemy import prohibit_commit
-
-    from airflow_adrq.retry import classify
 
     start = time.perf_counter()
     session = _consumer.session_factory()
