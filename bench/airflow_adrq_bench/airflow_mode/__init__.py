@@ -74,9 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="PostgreSQL: SET deadlock_timeout on the producers' connections (needs superuser; "
         "default: the server's setting)",
     )
-    options.add_fields(
-        parser.add_argument_group("sizes (defaults: a few minutes per database)"), DEFAULT, QUICK
-    )
+    sizes_group = parser.add_argument_group("sizes (defaults: a few minutes per database)")
+    options.add_fields(sizes_group, DEFAULT, QUICK)
     args = parser.parse_args(argv)
     sizes = options.sizes_from(parser, args, QUICK if args.preset else DEFAULT)
     return options.guarded(parser, args, lambda: _bench(args, sizes), airflow="apache-airflow-core 3.3")

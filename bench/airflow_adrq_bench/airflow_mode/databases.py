@@ -23,12 +23,10 @@ AIRFLOW_TABLES = ("dag", "dag_run", "task_instance", "asset_dag_run_queue", "ser
 # postgresql:// to psycopg 3, which Airflow 3.3 does not default to).
 _AIRFLOW_DRIVERS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+mysqldb", "mariadb": "mysql+mysqldb"}
 
+# Per dialect: how to read a setting, and the settings read.
 _SETTINGS = {
-    "postgresql": {"deadlock_timeout": "SHOW deadlock_timeout"},
-    "mysql": {
-        "innodb_lock_wait_timeout": "SELECT @@innodb_lock_wait_timeout",
-        "innodb_deadlock_detect": "SELECT @@innodb_deadlock_detect",
-    },
+    "postgresql": ("SHOW {}", ["deadlock_timeout"]),
+    "mysql": ("SELECT @@{}", ["innodb_lock_wait_timeout", "innodb_deadlock_detect"]),
 }
 
 # The transactions still open on this database, other than the reader's own (client sessions only).
@@ -148,10 +146,11 @@ def analyze(engine: sa.Engine) -> None:
 def server_settings(engine: sa.Engine) -> dict[str, str]:
     """The server's deadlock and lock-wait settings the results depend on (those it lets us read)."""
     out = {}
+    sql, keys = _SETTINGS.get(engine.dialect.name, ("", []))
     with engine.connect() as conn:
-        for key, sql in _SETTINGS.get(engine.dialect.name, {}).items():
+        for key in keys:
             with contextlib.suppress(sa.exc.DBAPIError):
-                out[key] = str(conn.exec_driver_sql(sql).scalar())
+                out[key] = str(conn.exec_driver_sql(sql.format(key)).scalar())
     return out
 
 

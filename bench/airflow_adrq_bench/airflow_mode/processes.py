@@ -14,11 +14,10 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from airflow_adrq_bench.errors import BenchError
 
-#: Seconds a child gets to import Airflow and answer (two dozen of them may share 2 cores).
-START_TIMEOUT = 600.0
 #: Every child is spawned: a fresh interpreter, nothing of the controller's state (or its Airflow settings).
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -130,13 +129,8 @@ class Child:
         self.pool = cf.ProcessPoolExecutor(
             1, mp_context=SPAWN, initializer=_start, initargs=(settings, setup, args)
         )
-        controller_env = dict(os.environ)
-        os.environ.update(spawn_env or {})
-        try:
+        with mock.patch.dict(os.environ, spawn_env or {}):  # restored afterwards
             self._first = self.pool.submit(os.getpid)  # spawns the process now, with spawn_env
-        finally:
-            os.environ.clear()
-            os.environ.update(controller_env)
         self._pending = [self._first]
 
     def submit(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> cf.Future[Any]:
@@ -162,7 +156,7 @@ class Child:
 
     def started(self) -> int:
         """Wait until the child has imported what its set-up imports; its pid."""
-        self.pid = self.result(self._first, START_TIMEOUT)
+        self.pid = self.result(self._first, 600.0)  # two dozen of them importing Airflow may share 2 cores
         return self.pid
 
 

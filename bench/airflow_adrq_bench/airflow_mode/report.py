@@ -1,9 +1,7 @@
 """The results of the Airflow modes: what they all share (the raw fields they open and close with, the
 detail's heading, the end of a run: the verdict printed, JSON and Markdown written), then ``--airflow``'s
-summaries, verdict and Markdown tables (with their legend).
-
-The verdict's targets are defined here, once (:data:`SPEED_TARGETS`, and the shared :mod:`.verdict` targets
-for deadlocks, transactions not committed and exact rows); :func:`verdict` judges a run by them."""
+summaries, verdict (judged by :data:`SPEED_TARGETS` and the shared :mod:`.verdict` targets) and Markdown
+tables (with their legend)."""
 
 from __future__ import annotations
 
@@ -164,8 +162,7 @@ def verdict(raw: dict[str, Any], summary: Summary) -> list[Line]:
     at_goal_sizes = (s["producers"], s["fanout"], s["hold_ms"]) == (8, 64, 5.0)
     lines = []
     for db in [t["name"] for t in raw["targets"]]:
-        sweep = [r for r in summary["sweep"] if r["db"] == db]
-        rows = [r for r in summary["contention"] if r["db"] == db]
+        sweep, rows = ([r for r in summary[k] if r["db"] == db] for k in ("sweep", "contention"))
         ours = [r for r in rows if r["manager"] == "plugin"]
         if ours:
             deadlocks, failed = sum(r["deadlocks"] for r in ours), sum(r["abandoned"] for r in ours)
@@ -180,23 +177,20 @@ def verdict(raw: dict[str, Any], summary: Summary) -> list[Line]:
         for fanout in s["fanouts"]:
             mine, stock = (_find(sweep, fanout=fanout, manager=m) for m in ("plugin", "stock"))
             if mine and stock and f"F={fanout}" in goals:
-                (a, a_spread), (b, b_spread) = _calls_per_s(mine), _calls_per_s(stock)
-                what, spreads = f"one caller F={fanout:,} vs stock", (a_spread, b_spread)
+                # Calls per second at the median, and over the median's 95 % interval (its spread).
+                a, b = (1000 / r["p50_ms"] for r in (mine, stock))
+                spreads = [(1000 / r["ci_high_ms"], 1000 / r["ci_low_ms"]) for r in (mine, stock)]
+                what = f"one caller F={fanout:,} vs stock"
                 lines.append(ratio_line(db, goals[f"F={fanout}"], a, b, what=what, spreads=spreads))
         for scenario in raw["scenarios"] if "contention" in goals and at_goal_sizes else []:
             mine, base = (_find(rows, scenario=scenario, manager=m) for m in ("plugin", "sorted_loop"))
             if mine and base:
-                spreads = (rate_spread(mine), rate_spread(base))
+                spreads = [rate_spread(mine), rate_spread(base)]
                 unfinished = (_unfinished(mine), _unfinished(base, "sorted: "))
                 what = f"tx/s {scenario} vs sorted"
                 args = (db, goals["contention"], mine["tx_per_s"], base["tx_per_s"])
                 lines.append(ratio_line(*args, what=what, spreads=spreads, unfinished=unfinished))
     return lines
-
-
-def _calls_per_s(row: Row) -> tuple[float, tuple[float, float]]:
-    """One caller's calls per second at the median, and over the median's 95 % interval (its spread)."""
-    return 1000 / row["p50_ms"], (1000 / row["ci_high_ms"], 1000 / row["ci_low_ms"])
 
 
 def _unfinished(row: Row, who: str = "") -> str:

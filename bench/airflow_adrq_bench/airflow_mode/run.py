@@ -25,7 +25,6 @@ import sqlalchemy as sa
 from airflow_adrq_bench import progress
 from airflow_adrq_bench.airflow_mode import databases, processes, worker
 from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES, AccountingSizes, Sizes
-from airflow_adrq_bench.airflow_mode.databases import Target
 from airflow_adrq_bench.airflow_mode.report import raw_finish, raw_opening
 from airflow_adrq_testing import dataset
 
@@ -41,10 +40,9 @@ def _row_check(engine: sa.Engine, expected: set[dataset.Pair]) -> dict[str, Any]
 
 
 class Controller:
-    """What the ``--airflow`` and ``--accounting`` controllers share: a temporary ``AIRFLOW_HOME``, the
-    scratch databases migrating while the workers start (:meth:`start`), then per database the workers' ORM
-    pointed at it, :meth:`measure`, and its description in ``raw["targets"]``. A subclass sets ``sizes``,
-    ``managers``, ``raw`` (with ``targets``) and ``steps``, the progress steps per database."""
+    """What the ``--airflow`` and ``--accounting`` controllers share: the module docstring's steps but what
+    they seed and measure (:meth:`measure`), then each database's description in ``raw["targets"]``.
+    A subclass sets ``sizes``, ``managers``, ``raw`` (with ``targets``), ``steps`` (progress per database)."""
 
     sizes: Sizes | AccountingSizes
     managers: Sequence[str]
@@ -54,7 +52,7 @@ class Controller:
     starting = "starting Airflow worker processes"
     steps: int
 
-    def run(self, targets: Sequence[Target]) -> dict[str, Any]:
+    def run(self, targets: Sequence[databases.Target]) -> dict[str, Any]:
         """Measure on every target; returns ``raw``, finished (:func:`.report.raw_finish`)."""
         started = time.monotonic()
         with contextlib.ExitStack() as stack:  # on exit: the workers closed, the scratch databases dropped
@@ -82,9 +80,9 @@ class Controller:
     def start(self, stack: contextlib.ExitStack, home: Path, bar: progress.Task) -> None:
         """Start the workers (a step of ``bar`` each), closed before the scratch databases are dropped."""
         self.workers = worker.Workers(self.managers, self.sizes.producers, home, lambda: bar.step("", 1))
-        stack.callback(self.workers.close)
+        stack.callback(processes.close_all, self.workers.procs.values())  # their connections end with them
 
-    def measure_on(self, target: Target, url: str, bar: progress.Task) -> dict[str, Any]:
+    def measure_on(self, target: databases.Target, url: str, bar: progress.Task) -> dict[str, Any]:
         """:meth:`measure` on ``target`` (at ``url``), with the workers pointed at it; its description."""
         self.target, self.bar = target, bar
         began, every = time.monotonic(), list(self.workers.procs.values())
@@ -202,16 +200,10 @@ class Bench(Controller):
         sizes, assets = self.sizes, self.assets_of[scenario]
         databases.clear_queue(self.engine)
         prefix = f"{manager}-{scenario}-r{round_no}-"
-        results = self.workers.broadcast(
-            self.workers.group(manager),
-            worker.round_of,
-            timeout=sizes.round_budget_s + 600,
-            assets=assets,
-            run_prefix=prefix,
-            transactions=sizes.transactions,
-            hold_s=sizes.hold_ms / 1000,
-            budget_s=sizes.round_budget_s,
-        )
+        round_of = dict(assets=assets, run_prefix=prefix, transactions=sizes.transactions)
+        round_of |= dict(hold_s=sizes.hold_ms / 1000, budget_s=sizes.round_budget_s)
+        group, timeout = self.workers.group(manager), sizes.round_budget_s + 600
+        results = self.workers.broadcast(group, worker.round_of, timeout, **round_of)
         ended = databases.end_transactions(self.engine)  # nothing of this round may hold rows into the next
         txs = [tx for r in results for tx in r["transactions"]]
         committed = sum(1 for tx in txs if tx["ok"])
@@ -220,21 +212,12 @@ class Bench(Controller):
         with self.engine.connect() as conn:
             sql = sa.text("SELECT count(*) FROM asset_event WHERE source_run_id LIKE :p")
             events = int(conn.execute(sql, {"p": f"{prefix}%"}).scalar_one())
+        where = {"db": self.target.name, "scenario": scenario, "manager": manager, "round": round_no}
+        duration = max(r["end"] for r in results) - min(r["start"] for r in results)
+        counts = {"duration_s": duration, "committed": committed, "abandoned": len(txs) - committed}
+        found = {"ended_transactions": ended, "events": events, "expected_events": committed * len(assets)}
+        exact = check["exact"] and events == found["expected_events"]
         self.raw["rounds"].append(
-            {
-                "db": self.target.name,
-                "scenario": scenario,
-                "manager": manager,
-                "round": round_no,
-                "duration_s": max(r["end"] for r in results) - min(r["start"] for r in results),
-                "committed": committed,
-                "abandoned": len(txs) - committed,
-                "ended_transactions": ended,
-                "events": events,
-                "expected_events": committed * len(assets),
-                "rows_exact": check["exact"] and events == committed * len(assets),
-                "check": check,
-                "transactions": txs,
-            }
+            where | counts | found | {"rows_exact": exact, "check": check, "transactions": txs}
         )
         return committed == len(txs)

@@ -208,19 +208,16 @@ def _task_instance(task_id: str, run_id: str) -> SimpleNamespace:
     # Airflow 3.4 records the task instance's id on the event and reads its map index off its dynamic
     # region (the sentinel: no region); earlier lines read neither.
     region = {"id": uuid.uuid4(), "region_id": uuid.UUID(int=0), "region_index": -1}
+    dag_run = SimpleNamespace(partition_key=None, partition_date=None)
     log = logging.getLogger("airflow_adrq_bench.airflow_mode.ti")
-    return SimpleNamespace(
-        **ids, **region, log=log, dag_run=SimpleNamespace(partition_key=None, partition_date=None)
-    )
+    return SimpleNamespace(**ids, **region, log=log, dag_run=dag_run)
 
 
 class Workers:
     """The worker processes: ``producers`` per manager, each bound to its manager for life."""
 
-    def __init__(
-        self, managers: Sequence[str], producers: int, home: Path, started: Callable[[], None]
-    ) -> None:
-        """Start them (``started()`` after each has imported Airflow); :class:`BenchError` if one fails."""
+    def __init__(self, managers: Sequence[str], producers: int, home: Path, step: Callable[[], None]) -> None:
+        """Start them (``step()`` after each has imported Airflow); :class:`BenchError` if one fails."""
         # A barrier per manager, inherited by its producers at their start.
         barriers = {manager: SPAWN.Barrier(producers) for manager in managers}
         base = airflow_settings(home, f"sqlite:///{home}/unused.db")
@@ -236,9 +233,9 @@ class Workers:
             for proc in self.procs.values():
                 proc.started()
                 self.info.append(proc.call(info))
-                started()
+                step()
         except BaseException:
-            self.close()
+            close_all(self.procs.values())
             raise
 
     def group(self, manager: str) -> list[Child]:
@@ -250,7 +247,3 @@ class Workers:
         """Start ``function(**kwargs)`` in every one of ``procs`` first, then collect the answers."""
         futures = [proc.submit(function, **kwargs) for proc in procs]
         return [proc.result(future, timeout) for proc, future in zip(procs, futures, strict=True)]
-
-    def close(self) -> None:
-        """Stop every worker (killed if still busy after 30 s); their connections end with them."""
-        close_all(self.procs.values())
