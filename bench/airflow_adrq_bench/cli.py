@@ -233,6 +233,9 @@ def _measure(mode: str, spec: dict[str, Any], args: argparse.Namespace, sizes: A
         urls = args.db or options.servers_found(stack)
         if not urls:
             raise BenchError("no PostgreSQL or MySQL/MariaDB server")
+        for url in urls:
+            if make_url(url).get_backend_name() not in ("postgresql", "mysql", "mariadb"):
+                raise BenchError(f"--db {url!r}: --{mode} runs on PostgreSQL and MySQL/MariaDB")
         with progress.task(f"--{mode}", len(urls)) as task:
             for url in urls:
                 version = servers.server_version(url)

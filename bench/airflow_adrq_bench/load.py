@@ -34,6 +34,7 @@ from airflow_adrq import manager, retry
 from airflow_adrq.engine import create_engine
 from airflow_adrq.errors import CommitOutcomeUnknownError, RetriesExhaustedError
 from airflow_adrq.models import AssetEvent
+from airflow_adrq_bench.options import Checked, count, nonnegative, positive
 from airflow_adrq_testing import dataset, scheduler
 from airflow_adrq_testing.strategies import BenchTask
 
@@ -55,17 +56,17 @@ def _run_threads(producers: int, producer: Callable[[int], None]) -> float:
 
 
 @dataclass(frozen=True)
-class FaultSizes:
+class FaultSizes(Checked):
     """How big a fault run is: about a hundred kills in 200 transactions by default, enough to land in
     each part of a transaction (its work, the commit-time write, the COMMIT) many times."""
 
-    producers: int = 8
-    transactions: int = 25
-    outlets: int = 3
-    fanout: int = 16
-    hold_ms: float = 5.0
-    kill_every_s: float = 0.15
-    max_attempts: int = 8
+    producers: int = count(8)
+    transactions: int = count(25)
+    outlets: int = count(3)
+    fanout: int = count(16)
+    hold_ms: float = nonnegative(5.0)
+    kill_every_s: float = positive(0.15)
+    max_attempts: int = count(8)
     #: Spare a producer once killed until its transaction ends: kills then follow the producers'
     #: progress, not the clock, so a slow (loaded) machine cannot chain them into an exhausted budget.
     one_kill_per_transaction: bool = False
@@ -221,16 +222,16 @@ def run_faults(
 
 
 @dataclass(frozen=True)
-class SoakSizes:
+class SoakSizes(Checked):
     """How big a soak is: by default many more connections busy than the machine has cores, for tens of
     thousands of transactions, long enough for a leak of memory or connections to show between samples."""
 
-    producers: int = 32
-    transactions: int = 1000
-    outlets: int = 3
-    fanout: int = 16
-    hold_ms: float = 2.0
-    samples: int = 5
+    producers: int = count(32)
+    transactions: int = count(1000)
+    outlets: int = count(3)
+    fanout: int = count(16)
+    hold_ms: float = nonnegative(2.0)
+    samples: int = count(5)
 
 
 @dataclass

@@ -364,9 +364,17 @@ def test_help_says_what_db_needs_and_which_strategy_is_the_default():
         (["--hold-ms", "soon"], "argument --hold-ms: expected a number, not 'soon'"),
         (["--soak", "--producers", "2.5"], "argument --producers: expected an integer, not '2.5'"),
         (["--db", "localhost:5432"], "argument --db: not a SQLAlchemy database URL: 'localhost:5432'"),
+        (["--faults", "--producers", "0"], "argument --producers: producers must be at least 1, not 0"),
+        (["--soak", "--hold-ms", "-1"], "argument --hold-ms: hold_ms must be at least 0, not -1"),
     ],
 )
 def test_size_options_are_parsed_and_checked_by_argparse(capsys, argv, said):
     with pytest.raises(SystemExit) as exited:
         cli.main(argv)
     assert exited.value.code == 2 and said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["--faults", "--soak"])
+def test_faults_and_soak_refuse_a_server_they_do_not_run_on(capsys, mode):
+    assert cli.main([mode, "--db", "sqlite://"]) == 1
+    assert f"error: --db 'sqlite://': {mode} runs on PostgreSQL and MySQL/MariaDB" in capsys.readouterr().err
