@@ -190,9 +190,11 @@ def run_faults(
 
     killer = threading.Thread(target=kill, name="adrq-fault-killer", daemon=True)
     killer.start()
-    result.seconds = _run_threads(sizes.producers, producer)
-    stop.set()
-    killer.join()
+    try:
+        result.seconds = _run_threads(sizes.producers, producer)
+    finally:  # a producer that raised must not leave the killer running
+        stop.set()
+        killer.join()
     result.transactions = len(outcomes)
     raised = collections.Counter(outcomes.values())
     result.completed, result.raised = raised.pop("completed", 0), dict(raised)
@@ -339,9 +341,11 @@ def run_soak(url: str, sizes: SoakSizes = SoakSizes(), *, log: Log = print) -> S
     sample(0)
     consumer_thread = threading.Thread(target=consumer)
     consumer_thread.start()
-    result.seconds = _run_threads(sizes.producers, producer)
-    stop.set()
-    consumer_thread.join()
+    try:
+        result.seconds = _run_threads(sizes.producers, producer)
+    finally:  # a producer that raised must not leave the consumer running (the process would hang)
+        stop.set()
+        consumer_thread.join()
     sample(result.committed)
     with engine.connect() as conn:
         result.rows = dataset.check_rows(dataset.queued_pairs(conn), emitted, consumed)
