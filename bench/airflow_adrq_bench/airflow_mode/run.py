@@ -40,8 +40,8 @@ def _row_check(engine: sa.Engine, expected: set[dataset.Pair]) -> dict[str, Any]
 
 
 class Controller:
-    """What the ``--airflow`` and ``--accounting`` controllers share: the module docstring's steps but what
-    they seed and measure (:meth:`measure`), then each database's description in ``raw["targets"]``.
+    """What the ``--airflow`` and ``--accounting`` controllers share: the module docstring's steps, except
+    what is seeded and measured (:meth:`measure`), and each database's description in ``raw["targets"]``.
     A subclass sets ``sizes``, ``managers``, ``raw`` (with ``targets``), ``steps`` (progress per database)."""
 
     sizes: Sizes | AccountingSizes
