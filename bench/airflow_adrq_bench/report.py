@@ -40,11 +40,18 @@ _PRODUCERS = {
 }
 
 
-def _outcome(cells: Rows, raw: Row) -> Row:
-    """Where the cells' planned transactions in ``raw`` went (``accounted``: they add up to ``planned``),
-    their failed attempts by cause, retries, latency; a not-started transaction made no attempt."""
-    indexes = {c["index"] for c in cells}
-    txs = [t for t in raw["transactions"] if t["cell"] in indexes]
+def _by_cell(raw: Row) -> dict[int, list[Row]]:
+    """The run's transaction records by cell index, read once per aggregate."""
+    by_cell: dict[int, list[Row]] = defaultdict(list)
+    for tx in raw["transactions"]:
+        by_cell[tx["cell"]].append(tx)
+    return by_cell
+
+
+def _outcome(cells: Rows, by_cell: dict[int, list[Row]]) -> Row:
+    """Where the cells' planned transactions went (``accounted``: they add up to ``planned``), their
+    failed attempts by cause, retries, latency; a not-started transaction made no attempt."""
+    txs = [t for c in cells for t in by_cell[c["index"]]]
     started = [t for t in txs if t.get("outcome") != NOT_STARTED]
     ok = [t for t in started if t["ok"]]
     planned = sum(c["planned"] for c in cells) if all("planned" in c for c in cells) else len(txs)
@@ -84,13 +91,14 @@ def _in_order(raw: Row, rows: list[Row], by: Callable[[Row], Any]) -> None:
 
 def aggregate(raw: Row) -> list[Row]:
     """One summary row per (database, scenario, strategy), in report order."""
+    by_cell = _by_cell(raw)
     groups: dict[tuple[str, str, str], list[Row]] = defaultdict(list)
     for cell in raw["cells"]:
         if cell["scenario"] != "lost_events":
             groups[(cell["db"], cell["scenario"], cell["strategy"])].append(cell)
     rows = []
     for cells in groups.values():
-        outcome = _outcome(cells, raw)
+        outcome = _outcome(cells, by_cell)
         duration = sum(c["duration_s"] for c in cells)
         consumer = [c["consumer"] for c in cells if c["consumer"]]
         rows.append(
@@ -102,7 +110,9 @@ def aggregate(raw: Row) -> list[Row]:
                 "tx_per_s": outcome["committed"] / duration if duration else math.nan,
                 # Each round's own, the spread of tx/s the verdict compares.
                 "round_tx_per_s": [
-                    _outcome([c], raw)["committed"] / c["duration_s"] for c in cells if c["duration_s"]
+                    sum(t["ok"] for t in by_cell[c["index"]]) / c["duration_s"]
+                    for c in cells
+                    if c["duration_s"]
                 ],
                 "rows_exact": all(c["exact"] for c in cells),
                 "row_check": [c["check"] for c in cells],
@@ -125,7 +135,8 @@ def aggregate(raw: Row) -> list[Row]:
 def aggregate_lost(raw: Row) -> list[Row]:
     """One row per (database, hold, strategy) of the ``lost_events`` rounds; ``vs_airflow_shaped``:
     ``lost_pairs`` over ``airflow_3_3``'s at the same hold on the same database."""
-    rows = [{**c, **_outcome([c], raw)} for c in raw["cells"] if c["scenario"] == "lost_events"]
+    by_cell = _by_cell(raw)
+    rows = [{**c, **_outcome([c], by_cell)} for c in raw["cells"] if c["scenario"] == "lost_events"]
     for row in rows:
         row["lost_pct"] = 100 * row["lost_pairs"] / row["pairs"] if row["pairs"] else math.nan
         lost, base = row["lost_pairs"], _baseline(rows, row, "hold_ms").get("lost_pairs", math.nan)
