@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, SessionTransaction
 from airflow_adrq import dialects, metrics
 from airflow_adrq.dialects import ConflictPolicy
 from airflow_adrq.errors import DeferredTooLateError
+from airflow_adrq.nowait import LOCK_WAIT_S
 from airflow_adrq.queue import EventLike, queue_events, set_loaded_timestamp
 from airflow_adrq.shapes import PARTITIONED, QueueShape
 from airflow_adrq.txscope import TransactionScoped, current_transaction, descends_from
@@ -33,6 +34,7 @@ class _Statement:
     on_conflict: ConflictPolicy
     shape: QueueShape = PARTITIONED
     schema: str | None = None
+    lock_wait_s: float = LOCK_WAIT_S
 
 
 @dataclass
@@ -75,6 +77,7 @@ def _write(session: Session) -> list[_Deferred]:
         allowed={e.id: e.allowed for e in entries if e.allowed is not None} or None,
         shape=settings.shape,
         schema=settings.schema,
+        lock_wait_s=settings.lock_wait_s,
     )
     metrics.report("timing", "queue_write", (time.perf_counter() - start) * 1000)
     metrics.report("incr", "queue_write.events", len({entry.id for entry in entries}))
@@ -119,6 +122,7 @@ def defer_events(
     alias_names: Mapping[int, Sequence[str]] | None = None,
     shape: QueueShape = PARTITIONED,
     schema: str | None = None,
+    lock_wait_s: float = LOCK_WAIT_S,
 ) -> None:
     """Record ``events`` to be stamped and queued by ONE statement just before COMMIT.
 
@@ -127,10 +131,10 @@ def defer_events(
     commit; the stamp is read last, then COMMIT. One statement has one ``on_conflict``, shape and
     schema: those of the first deferral still pending; another raises :class:`ValueError` (deferring
     no events checks that, before any write). ``events``: flushed ``asset_event`` objects, or
-    anything with integer ``id`` and ``asset_id``. ``on_conflict``, ``allowed_dags``, ``shape`` and
-    ``schema`` as in :func:`queue_events`. ``alias_names`` (event id -> the aliases it was emitted
-    through): their alias rows are written at COMMIT too, just before the statement
-    (:func:`airflow_adrq.aliases.write_alias_rows`).
+    anything with integer ``id`` and ``asset_id``. ``on_conflict``, ``allowed_dags``, ``shape``,
+    ``schema`` and ``lock_wait_s`` as in :func:`queue_events`. ``alias_names`` (event id -> the
+    aliases it was emitted through): their alias rows are written at COMMIT too, just before the
+    statement (:func:`airflow_adrq.aliases.write_alias_rows`).
 
     Nothing is visible before the commit (or :func:`flush_queue`); a rollback queues nothing; events
     of a rolled-back SAVEPOINT are dropped, those of a released one queued at the outermost COMMIT.
@@ -148,7 +152,7 @@ def defer_events(
             "(from a before_commit listener registered after airflow-adrq's?). Register it "
             'before committing, or queue it now from that listener (queue_mode="immediate").'
         )
-    wanted = _Statement(dialects.check_policy(on_conflict), shape, schema)
+    wanted = _Statement(dialects.check_policy(on_conflict), shape, schema, lock_wait_s)
     held: _Statement | None = session.info.get(_STATEMENT_KEY)
     if held is not None and held != wanted and _pending(session):
         if held.on_conflict != wanted.on_conflict:

@@ -8,6 +8,7 @@ __all__ = [
     "CommitOutcomeUnknownError",
     "DeferredTooLateError",
     "IsolationLevelError",
+    "LockWaitTimeoutError",
     "RetriesExhaustedError",
     "UnsupportedDialectError",
     "UnsupportedSchemaError",
@@ -58,3 +59,7 @@ class CommitOutcomeUnknownError(AdrqError):
     """
 
     event_ids: tuple[int, ...] = ()
+
+
+class LockWaitTimeoutError(AdrqError):
+    """The queue write waited ``lock_wait_s`` for its consumers' ``dag`` rows, which others kept holding."""

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
-from sqlalchemy.engine import Connection, CursorResult
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session, attributes
 
-from airflow_adrq import dialects, metrics, stamping, statement
+from airflow_adrq import dialects, metrics, nowait, stamping, statement
 from airflow_adrq.dialects import ConflictPolicy
+from airflow_adrq.nowait import LOCK_WAIT_S
 from airflow_adrq.shapes import PARTITIONED, QueueShape
 from airflow_adrq.statement import Form
 
@@ -36,64 +36,12 @@ class EventLike(Protocol):
     def asset_id(self) -> int: ...
 
 
-#: Times :func:`_write_once_without_waiting_while_holding` waits for a busy ``dag`` row
-#: (holding none) before it takes the rest in order, waiting while it holds.
-WAITS_WITHOUT_HOLDING = 20
-
-_SAVEPOINT = "adrq_share_lock"
-
-
-def _write_once_without_waiting_while_holding(
-    conn: Connection, form: Form, params: dict[str, Any], options: Mapping[str, Any]
-) -> tuple[dt.datetime, int]:
-    r"""The one-statement write, ``NOWAIT``: while a consumer's ``dag`` row is busy, wait for it holding none.
-
-    Airflow's writers of ``dag`` lock rows in orders of their own (the DAG processor's
-    ``SELECT ... FOR NO KEY UPDATE`` and bulk ``UPDATE``\ s in plan order, its ORM flushes in Python's),
-    so no order of ours matches them all. On 55P03 it rolls back to the SAVEPOINT (PostgreSQL then
-    releases the row locks taken after it), waits for each busy row alone, and tries again; after
-    :data:`WAITS_WITHOUT_HOLDING` rounds it waits in order.
-    """
-    support = dialects.get(conn)
-    stmt = statement.write_once(support.name, form)
-    conn.exec_driver_sql(f"SAVEPOINT {_SAVEPOINT}")
-    for _ in range(WAITS_WITHOUT_HOLDING):
-        try:
-            return _stamp_and_rows(conn.execute(stmt, params, execution_options=options))
-        except DBAPIError as exc:
-            if not support.lock_not_available(exc):
-                raise
-            metrics.report("incr", "queue_write.lock_waits", 1)
-            conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
-            _wait_for_busy_rows(conn, form, params, options)
-    conn.execute(statement.share_lock(support.name, form), params, execution_options=options)
-    return _stamp_and_rows(conn.execute(stmt, params, execution_options=options))
-
-
-def _stamp_and_rows(result: CursorResult[Any]) -> tuple[dt.datetime, int]:
-    # RETURNING: a row per event, each (the stamp, the queue rows written); at least one event.
-    return cast(tuple[dt.datetime, int], result.first())
-
-
-def _wait_for_busy_rows(
-    conn: Connection, form: Form, params: dict[str, Any], options: Mapping[str, Any]
-) -> None:
-    """Wait, holding no ``dag`` row of ours, until each busy consumer row was released once.
-
-    The last one stays locked: a scheduler's next pass would take it again before the retry.
-    """
-    wanted = set(conn.execute(statement.referencing_dags(form), params, execution_options=options).scalars())
-    lock_free = statement.share_lock(dialects.get(conn).name, form, "skip_locked")
-    busy = sorted(wanted - set(conn.execute(lock_free, params, execution_options=options).scalars()))
-    conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
-    for n, dag_id in enumerate(busy, 1):
-        conn.execute(statement.ONE_DAG_SHARE_LOCK, {"dag_id": dag_id}, execution_options=options)
-        if n < len(busy):
-            conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
-
-
 def _lock_stamp_write(
-    conn: Connection, form: Form, chunk_params: list[dict[str, Any]], options: Mapping[str, Any]
+    conn: Connection,
+    form: Form,
+    chunk_params: list[dict[str, Any]],
+    options: Mapping[str, Any],
+    lock_wait_s: float,
 ) -> tuple[dt.datetime, int]:
     """Share-lock the consumers' ``dag`` rows, read the clock, write with it; the stamp and rows written."""
     support = dialects.get(conn)
@@ -102,7 +50,7 @@ def _lock_stamp_write(
     (one, *more) = chunk_params
     bound = 2 * len(one["ids"]) + len(one.get("restricted_ids", ())) + 2 * len(one.get("allowed", ()))
     if lock and support.clock_after_locks is not None and not more and bound <= stamping.IDS_PER_STATEMENT:
-        return _write_once_without_waiting_while_holding(conn, form, one, options)
+        return nowait.write_once(conn, form, one, options, lock_wait_s)
     if lock:
         for params in chunk_params:
             if support.lock_by_id_list:
@@ -144,6 +92,7 @@ def queue_events(
     allowed: Mapping[int, Iterable[str]] | None = None,
     shape: QueueShape = PARTITIONED,
     schema: str | None = None,
+    lock_wait_s: float = LOCK_WAIT_S,
 ) -> dt.datetime | None:
     """Queue the consumers of ``events`` now and stamp them; return the stamp (no events: ``None``).
 
@@ -154,8 +103,8 @@ def queue_events(
     1. **Share-lock** every consumer's ``dag`` row (paused or not, every kind of reference; 3.4's
        per-event queue needs none), in byte order. This is where it may wait: for a scheduler creating
        those DAGs' runs, the DAG processor saving them, a pause. PostgreSQL never waits while it holds
-       one (``NOWAIT`` under a SAVEPOINT, then a wait for the busy row alone); MySQL 8 waits in
-       primary-key order.
+       one, and a wait ended by others' deadlock is waited again (:mod:`airflow_adrq.nowait`), for at
+       most ``lock_wait_s`` seconds in all; MySQL 8 waits in primary-key order.
     2. **Stamp**: the database's clock (``clock_timestamp()`` once the locks are held,
        ``UTC_TIMESTAMP(6)``; SQLite: Python's, one host).
     3. **Write** the events' ``timestamp`` and the queue rows with it, each row once, by ONE ordered
@@ -172,9 +121,10 @@ def queue_events(
     after the Session's COMMIT (:mod:`airflow_adrq.refresh`; a bare Connection: ``"ignore"``),
     ``"auto"``: :func:`airflow_adrq.dialects.resolve`. ``allowed``: event id -> the only DAG ids it may
     queue (multi-team). ``shape``: :mod:`airflow_adrq.shapes`; ``schema``:
-    ``[database] sql_alchemy_schema``. Counts the queue rows inserted or moved forwards as
-    :mod:`~airflow_adrq.metrics` ``queue_write.rows`` (MySQL/MariaDB: affected rows, where a row moved
-    forwards counts 2).
+    ``[database] sql_alchemy_schema``. ``lock_wait_s``: PostgreSQL's longest wait for busy consumer
+    rows, then :class:`~airflow_adrq.errors.LockWaitTimeoutError`. Counts the queue rows inserted or
+    moved forwards as :mod:`~airflow_adrq.metrics` ``queue_write.rows`` (MySQL/MariaDB: affected rows,
+    where a row moved forwards counts 2).
 
     Locks, until the transaction ends: the consumers' ``dag`` rows ``FOR SHARE`` (not with
     ``"refresh_after_commit"``); the queue rows it inserts and, with ``"refresh"``, the existing ones,
@@ -216,7 +166,7 @@ def queue_events(
         asset_ids = sorted({event.asset_id for event in events})
         stamp, rows = refresh.write_then_stamp(bind, conn, form, chunk_params, asset_ids, options)
     else:
-        stamp, rows = _lock_stamp_write(conn, form, chunk_params, options)
+        stamp, rows = _lock_stamp_write(conn, form, chunk_params, options, lock_wait_s)
     metrics.report("incr", "queue_write.rows", rows)
     for event in events:
         set_loaded_timestamp(event, stamp)

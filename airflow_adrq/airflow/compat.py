@@ -286,17 +286,23 @@ def release_line(version: str) -> tuple[int, int] | None:
     return (int(found[1]), int(found[2])) if found else None
 
 
-MANAGER_KWARGS = ("on_conflict", "slow_write_ms")  # the keys [core] asset_manager_kwargs may hold
+#: The keys [core] asset_manager_kwargs may hold; each but on_conflict a positive number.
+MANAGER_KWARGS = ("on_conflict", "slow_write_ms", "lock_wait_s")
 
 
 def check_manager_kwargs(kwargs: dict[str, Any]) -> ConflictPolicy | None:
     """The ``on_conflict`` of ``[core] asset_manager_kwargs``; :class:`ValueError` naming the fix."""
     unknown = ", ".join(repr(k) for k in sorted(set(kwargs) - set(MANAGER_KWARGS)))
-    slow = kwargs.get("slow_write_ms", 1)
+    not_positive = [
+        f"{key} must be a positive number, not {value!r}"
+        for key, value in kwargs.items()
+        if key in MANAGER_KWARGS[1:]
+        and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0)
+    ]
     if unknown:
         problem = f"unknown key(s) {unknown} (valid: {', '.join(MANAGER_KWARGS)})"
-    elif isinstance(slow, bool) or not isinstance(slow, int | float) or slow <= 0:
-        problem = f"slow_write_ms must be a positive number, not {slow!r}"
+    elif not_positive:
+        problem = not_positive[0]
     else:
         try:
             return None if kwargs.get("on_conflict") is None else check_policy(kwargs["on_conflict"])
@@ -313,19 +319,35 @@ def conflict_policy() -> ConflictPolicy:
     """
     from airflow.configuration import conf
 
-    kwargs = conf.get("core", "asset_manager_kwargs", fallback="") or ""
-    return _policy(kwargs, conf.getboolean("scheduler", "use_row_level_locking", fallback=True))
+    kwargs = _manager_kwargs(conf.get("core", "asset_manager_kwargs", fallback="") or "")
+    row_locking = conf.getboolean("scheduler", "use_row_level_locking", fallback=True)
+    return check_manager_kwargs(kwargs) or ("auto" if row_locking else "refresh_after_commit")
+
+
+def lock_wait_s() -> float:
+    """``lock_wait_s`` of ``[core] asset_manager_kwargs``: PostgreSQL's longest wait for busy consumer rows.
+
+    Unset: :data:`airflow_adrq.nowait.LOCK_WAIT_S`. One config read per call, the rest cached.
+    """
+    from airflow.configuration import conf
+
+    from airflow_adrq.nowait import LOCK_WAIT_S
+
+    kwargs = _manager_kwargs(conf.get("core", "asset_manager_kwargs", fallback="") or "")
+    return float(kwargs.get("lock_wait_s", LOCK_WAIT_S))
 
 
 @functools.lru_cache(maxsize=8)
-def _policy(asset_manager_kwargs: str, row_locking: bool) -> ConflictPolicy:
+def _manager_kwargs(asset_manager_kwargs: str) -> dict[str, Any]:
+    """``[core] asset_manager_kwargs`` parsed and checked (:class:`ValueError` naming the setting)."""
     try:
         kwargs = json.loads(asset_manager_kwargs) if asset_manager_kwargs.strip() else {}
     except json.JSONDecodeError as exc:
         raise ValueError(f"[core] asset_manager_kwargs is not JSON ({exc}): {asset_manager_kwargs}") from None
     if not isinstance(kwargs, dict):
         raise ValueError(f"[core] asset_manager_kwargs must be a JSON object, not {asset_manager_kwargs!r}")
-    return check_manager_kwargs(kwargs) or ("auto" if row_locking else "refresh_after_commit")
+    check_manager_kwargs(kwargs)
+    return kwargs
 
 
 @functools.lru_cache(maxsize=8)

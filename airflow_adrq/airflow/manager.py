@@ -72,7 +72,10 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
     def __init__(
         self, *, on_conflict: ConflictPolicy | None = None, slow_write_ms: float = 1000.0, **kwargs: Any
     ) -> None:
-        """Refuse a bad ``[core] asset_manager_kwargs`` at start-up; keep its ``slow_write_ms``."""
+        """Refuse a bad ``[core] asset_manager_kwargs`` at start-up; keep its ``slow_write_ms``.
+
+        ``lock_wait_s`` (in ``kwargs``) is read where it is used (:func:`compat.lock_wait_s`).
+        """
         compat.check_manager_kwargs({"on_conflict": on_conflict, "slow_write_ms": slow_write_ms, **kwargs})
         _SLOW_MS[0] = slow_write_ms
         super().__init__()  # type: ignore[no-untyped-call,unused-ignore]
@@ -191,6 +194,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
                 on_conflict=compat.conflict_policy(),
                 shape=line.shape,
                 schema=_SCHEMA,
+                lock_wait_s=compat.lock_wait_s(),
             )
             if source_is_api or "timestamp" in kwargs:
                 # Airflow's REST route (POST /api/v2/assets/events; 3.1 and 3.2 pass a timestamp= Airflow

@@ -87,8 +87,6 @@ class DialectSupport:
     #: A clock read when evaluated, not at statement start: the one-statement write reads it once its
     #: share locks are held (:func:`airflow_adrq.queue.queue_events`).
     clock_after_locks: Callable[[], ColumnElement[dt.datetime]] | None = None
-    #: Whether a database error is "lock not available" (a ``NOWAIT`` that met a held row).
-    lock_not_available: Callable[[BaseException], bool] = field(default=lambda error: False)
     #: The rows the queue statement just executed inserted or updated (its ``result``'s rowcount).
     rows_written: Callable[[Connection, CursorResult[Any]], int] = field(
         default=lambda connection, result: result.rowcount

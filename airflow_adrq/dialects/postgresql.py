@@ -18,13 +18,6 @@ from sqlalchemy.dialects import postgresql
 from airflow_adrq.dialects import DialectSupport, on_conflict_insert_from_select
 from airflow_adrq.tables import UtcDateTime
 
-
-def _lock_not_available(error: BaseException) -> bool:
-    # SQLSTATE 55P03 (lock_not_available): psycopg 3 has .sqlstate, psycopg2 .pgcode.
-    orig = getattr(error, "orig", error)
-    return "55P03" in (getattr(orig, "sqlstate", None), getattr(orig, "pgcode", None))
-
-
 SUPPORT = DialectSupport(
     name="postgresql",
     insert_from_select=functools.partial(on_conflict_insert_from_select, postgresql.insert, "greatest"),
@@ -39,6 +32,5 @@ SUPPORT = DialectSupport(
     # The wall clock when it is evaluated: in the one-statement write it is read after the share
     # locks are held (statement_timestamp() is before).
     clock_after_locks=lambda: func.clock_timestamp(type_=UtcDateTime()),
-    lock_not_available=_lock_not_available,
     # PostgreSQL's default READ COMMITTED is what the guarantees assume: no engine settings.
 )
