@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
 from sqlalchemy import text
@@ -100,7 +100,6 @@ def write_once(
                 raise
             metrics.report("incr", "queue_write.lock_waits", 1)
             conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
-            deadline.left_ms()  # none left: raise, however often the rows changed hands
             _wait_for_busy_rows(conn, form, params, options, deadline)
             continue
         # RETURNING: a row per event, each (the stamp, the queue rows written); at least one event.
@@ -122,12 +121,13 @@ def _wait_for_busy_rows(
     lock_free = statement.share_lock("postgresql", form, "skip_locked")
     busy = sorted(wanted - set(conn.execute(lock_free, params, execution_options=options).scalars()))
     conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+    deadline.left_ms(busy)  # none left: raise, however often the rows changed hands
     if not busy:
         return
     previous = conn.execute(_LOCK_TIMEOUT).scalar_one()
     for n, dag_id in enumerate(busy, 1):
         try:
-            conn.execute(_SET_LOCK_TIMEOUT, {"value": f"{deadline.left_ms(dag_id)}ms"})
+            conn.execute(_SET_LOCK_TIMEOUT, {"value": f"{deadline.left_ms([dag_id])}ms"})
             conn.execute(statement.ONE_DAG_SHARE_LOCK, {"dag_id": dag_id}, execution_options=options)
         except DBAPIError as exc:
             if _ended_by(exc) not in _WAIT_ENDED:
@@ -149,14 +149,14 @@ class _Deadline(NamedTuple):
     at: float
     lock_wait_s: float
 
-    def left_ms(self, dag_id: str | None = None) -> int:
-        """Milliseconds left to wait (for ``dag_id``); :class:`LockWaitTimeoutError` if none."""
+    def left_ms(self, busy: Sequence[str]) -> int:
+        """Milliseconds left to wait for the ``busy`` rows; :class:`LockWaitTimeoutError` if none."""
         left_ms = int((self.at - time.monotonic()) * 1000)
         if left_ms <= 0:
-            held = f"{dag_id!r} is" if dag_id else "they are"
             raise LockWaitTimeoutError(
                 f"the queue write waited {self.lock_wait_s:g} s (lock_wait_s) for its consumers' dag rows; "
-                f"{held} still held by other transactions (pg_locks and pg_stat_activity tell which)"
+                f"busy at the end: {', '.join(map(repr, busy)) or 'none'} (pg_locks and pg_stat_activity "
+                "tell who holds them)"
             )
         return left_ms
 
