@@ -520,6 +520,16 @@ def test_asset_manager_kwargs_choose_on_conflict(af_engine, monkeypatch):
     monkeypatch.setenv("AIRFLOW__CORE__ASSET_MANAGER_KWARGS", "{on_conflict: refresh}")
     with pytest.raises(ValueError, match=r"\[core\] asset_manager_kwargs is not JSON"):
         compat.conflict_policy()
+    # lock_wait_s: a positive number of seconds, read by the registrations (default 60).
+    with pytest.raises(ValueError, match=r"lock_wait_s must be a positive number, not 0"):
+        AdrqAssetManager(lock_wait_s=0)
+    monkeypatch.setenv("AIRFLOW__CORE__ASSET_MANAGER_KWARGS", '{"lock_wait_s": "5"}')
+    with pytest.raises(ValueError, match=r"lock_wait_s must be a positive number, not '5'"):
+        compat.lock_wait_s()
+    monkeypatch.setenv("AIRFLOW__CORE__ASSET_MANAGER_KWARGS", '{"lock_wait_s": 5}')
+    assert compat.lock_wait_s() == 5.0
+    monkeypatch.setenv("AIRFLOW__CORE__ASSET_MANAGER_KWARGS", "{}")
+    assert compat.lock_wait_s() == 60.0
     monkeypatch.setenv("AIRFLOW__CORE__ASSET_MANAGER_KWARGS", '{"on_conflict": "refresh"}')
     AdrqAssetManager(on_conflict="refresh")  # what resolve_asset_manager does with the kwargs
     assert compat.conflict_policy() == "refresh"
