@@ -206,6 +206,12 @@ class LiveShape(Checked):
         "[dag_processor] min_file_process_interval: the DAG processor re-parses (and re-locks the dag rows "
         "of) every DAG file this often, bursts included (0: Airflow's default, 30 s)",
     )
+    pause_churn: bool = size(
+        False,
+        "while the bursts run, REST pause churn on the consumers: PATCH /api/v2/dags/{id} pausing and "
+        "unpausing the last consumer of every 8 (left out of the accounting), and the bulk PATCH "
+        "/api/v2/dags is_paused=false over the unpaused consumers (locks their dag rows, changes nothing)",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -22,6 +22,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES, WARM_DAG, LiveError, LiveSizes
 from airflow_adrq_bench.airflow_mode.databases import control_engine, fetch, latest_deadlock, queue_rows
+from airflow_adrq_bench.airflow_mode.live import churn, lock_waits
+from airflow_adrq_bench.airflow_mode.live.churn import Churn
+from airflow_adrq_bench.airflow_mode.live.churn import summarize as summarize_churn
 from airflow_adrq_bench.airflow_mode.live.deployment import Deployment
 from airflow_adrq_bench.errors import BenchError
 from airflow_adrq_bench.progress import Task
@@ -206,12 +209,7 @@ class _Driver:
         self.wait_parsed()
         self.trigger(WARM_DAG, "warmup")  # every execution-API call once: the bursts meet a warm api-server
         self._wait_runs("warming up", [WARM_DAG], "warmup")
-        triggered = []
-        for burst, run_id in enumerate(self.run_ids):
-            triggered.append(dt.datetime.now(dt.timezone.utc).isoformat())
-            for dag_id in self.producers:
-                self.trigger(dag_id, run_id)
-            self._wait_runs(f"burst {burst + 1}/{self.sizes.bursts}", self.producers, run_id)
+        triggered = self._bursts(result)
         result["drain_after_bursts"] = self.drain("draining after the bursts")
         names = self.sizes.assets
         with self.engine.connect() as conn:
@@ -250,6 +248,27 @@ class _Driver:
         result["plugin_start_up"] = plugin_line(deployment.log_of("api-server"))
         result["timeline"] = self.timeline
 
+    def _bursts(self, result: dict[str, Any]) -> list[str]:
+        """Trigger every burst and wait for its producer runs (with ``--pause-churn`` and on PostgreSQL the
+        churn and the lock sampler running meanwhile: their summaries go into ``result``); returns when
+        each burst was triggered."""
+        triggered, churning, sampler = [], None, None
+        with contextlib.ExitStack() as during:
+            if self.deployment.shape.pause_churn:
+                churning = Churn(self.deployment.base_url, self.http.headers, self.consumers)
+                during.enter_context(churning)
+            if self.deployment.target.backend == "postgresql":
+                sampler = during.enter_context(lock_waits.Sampler(self.engine))
+            for burst, run_id in enumerate(self.run_ids):
+                triggered.append(dt.datetime.now(dt.timezone.utc).isoformat())
+                for dag_id in self.producers:
+                    self.trigger(dag_id, run_id)
+                self._wait_runs(f"burst {burst + 1}/{self.sizes.bursts}", self.producers, run_id)
+        calls = None if churning is None else {"toggled": churning.toggled, **summarize_churn(churning.calls)}
+        result["churn"] = calls
+        result["lock_waits"] = None if sampler is None else sampler.summary()
+        return triggered
+
     def _waiting_rows(self, conn: sa.Connection) -> frozenset[tuple[int, str]]:
         """Queue rows of ``a0 & a1 & ...`` consumers still missing an asset: waiting, by design (a burst
         can complete the condition before its last instances commit: their rows wait for the next)."""
@@ -271,7 +290,10 @@ class _Driver:
         waiting = self._waiting_rows(conn)
         keys = ("pairs", "stranded", "consumed_twice", "last_burst_pairs", "last_burst_stranded", "waiting")
         out = dict.fromkeys(keys, 0)
-        params = {"producers": self.producers, "consumers": self.consumers, "run_ids": self.run_ids}
+        # The consumers the pause churn toggles are not accounted: their events are not queued while paused.
+        toggled = churn.toggled(self.consumers) if self.deployment.shape.pause_churn else []
+        consumers = [c for c in self.consumers if c not in toggled]
+        params = {"producers": self.producers, "consumers": consumers, "run_ids": self.run_ids}
         for asset_id, run_id, dag_id, runs in fetch(conn, _PAIRS, **params):
             out["pairs"] += 1
             if runs == 0 and (int(asset_id), str(dag_id)) in waiting:
