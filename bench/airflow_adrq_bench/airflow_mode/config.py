@@ -83,6 +83,14 @@ class AccountingSizes(Checked):
         "also fan-in cells: each producer emits an asset of its own, one consumer DAG is scheduled on any "
         "of them (the race between producers of different assets, through DagModel.dags_needing_dagruns)",
     )
+    fan_in_consumers: int = count(1, "consumer DAGs of the fan-in cells, each on any producer's asset")
+    schedulers: int = count(1, "consumer processes, each a scheduler (a Job of its own) on the same DAGs")
+    dag_writers: bool = size(
+        False,
+        "beside them, Airflow's other writers of the cell's dag rows, each in a process of its own, back to "
+        "back: the DAG processor's sync of the cell's DAGs, PATCH /dags/{id} pausing and unpausing 2 extra "
+        "consumer DAGs (left out of the accounting), and the bulk PATCH /dags statement unpausing them all",
+    )
 
 
 ACCOUNTING_DEFAULT: Final = AccountingSizes()

@@ -46,10 +46,13 @@ class _Worker(AirflowOrm):
         if sql.lstrip()[:5].upper() != "BEGIN":
             self.statements += len(parameters) if many and parameters else 1
 
-    def transaction(self, assets: list[str], run_id: str, hold_s: float, deadline: float) -> dict[str, Any]:
+    def transaction(
+        self, assets: list[str], run_id: str, hold_s: float, deadline: float, keep_going: bool = False
+    ) -> dict[str, Any]:
         """Task success as Airflow's Execution API runs it: register the outlets, hold, COMMIT, then
         Airflow's callbacks (untimed). A retryable failure replays the whole transaction until ``deadline``
-        (:func:`airflow_adrq.retry.run_in_transaction`); anything else is raised."""
+        (:func:`airflow_adrq.retry.run_in_transaction`); anything else is raised (``keep_going``: counted
+        by its class's name, and the transaction given up). ``committed_at``: wall clock after COMMIT."""
         from airflow.api_fastapi.execution_api.datamodels.asset import AssetProfile
         from airflow.models.taskinstance import TaskInstance
 
@@ -81,11 +84,17 @@ class _Worker(AirflowOrm):
             if (final := classify(exc.__cause__ or exc)) is not None:
                 failures[final.kind.value] += 1
             return NOT_STARTED | {"attempts": exc.attempts, "failures": dict(failures)}
+        except Exception as exc:
+            if not keep_going:
+                raise
+            failures[type(exc).__name__] += 1
+            return NOT_STARTED | {"attempts": sum(failures.values()), "failures": dict(failures)}
+        committed_at = time.time()
         latency, statements = time.monotonic() - start, self.statements
         for callback in callbacks:  # Airflow's, after the COMMIT that succeeded
             callback()
         done: dict[str, Any] = {"ok": True, "latency_s": latency, "attempts": sum(failures.values()) + 1}
-        return done | {"failures": dict(failures), "statements": statements}
+        return done | {"failures": dict(failures), "statements": statements, "committed_at": committed_at}
 
 
 #: This process's worker (set by :func:`setup`).
@@ -185,19 +194,25 @@ def round_of(
     hold_s: float,
     budget_s: float,
     own_asset: bool = False,
+    keep_going: bool = False,
 ) -> dict[str, Any]:
     """Wait for the manager's other producers, then run ``transactions`` transactions until ``budget_s``
-    (those not started by then: 0 attempts); with ``own_asset``, producer ``i`` emits ``{asset}_p{i}``."""
+    (those not started by then: 0 attempts); with ``own_asset``, producer ``i`` emits ``{asset}_p{i}``.
+    ``keep_going``: :meth:`_Worker.transaction`'s; each transaction's ``run_id`` is in its result."""
     if own_asset:
         assets = [f"{asset}_p{_worker.index}" for asset in assets]
     _worker.barrier.wait(timeout=120)
     start = time.monotonic()
     deadline = start + budget_s
+    run_ids = [f"{run_prefix}p{_worker.index}-t{n}" for n in range(transactions)]
     txs = [
-        _worker.transaction(assets, f"{run_prefix}p{_worker.index}-t{n}", hold_s, deadline)
-        if time.monotonic() <= deadline
-        else NOT_STARTED
-        for n in range(transactions)
+        (
+            _worker.transaction(assets, run_id, hold_s, deadline, keep_going)
+            if time.monotonic() <= deadline
+            else NOT_STARTED
+        )
+        | {"run_id": run_id}
+        for run_id in run_ids
     ]
     return {"start": start, "end": time.monotonic(), "transactions": txs}
 

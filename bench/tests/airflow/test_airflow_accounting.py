@@ -33,7 +33,7 @@ import pytest
 
 from airflow_adrq_bench.airflow_mode import accounting
 from airflow_adrq_bench.airflow_mode import main as airflow_mode_main
-from airflow_adrq_bench.airflow_mode.accounting import classify, run, verdict
+from airflow_adrq_bench.airflow_mode.accounting import _merged, classify, event_to_run_ms, run, verdict
 from airflow_adrq_bench.airflow_mode.config import STOCK_AND_PLUGIN, AccountingSizes
 from airflow_adrq_bench.airflow_mode.databases import describe
 from airflow_adrq_testing import servers
@@ -109,11 +109,65 @@ def test_verdict_flags_the_plugin_losing_more_than_stock():
     }
 
 
+def test_event_to_run_is_from_commit_to_the_end_of_the_pass_that_made_the_first_run():
+    commits = {10: 100.0, 11: 100.5, 12: 101.0}
+    consumed = [
+        (1, "d0", 10),  # job 7's pass (100.2, 100.3): 300 ms
+        (2, "d0", 10),  # a later run of the same pair: not the first
+        (3, "d1", 11),  # job 8's pass (100.6, 100.9): 400 ms
+        (9, "d0", 12),  # after the cutoff: not counted
+        (4, "d1", 12),  # queued_at in no pass of its job: to queued_at (101.25), placed nowhere
+        (5, "d0", 99),  # not a round's event
+    ]
+    runs = {1: (7, 100.25), 2: (7, 100.7), 3: (8, 100.8), 4: (8, 101.25), 9: (7, 102.0)}
+    passes = {7: [(100.0, 100.1), (100.2, 100.3), (100.6, 100.75)], 8: [(100.6, 100.9), (101.0, 101.2)]}
+    ms, unplaced = event_to_run_ms(commits, consumed, 5, runs, passes)
+    assert [round(m) for m in ms] == [250, 300, 400] and unplaced == 1
+
+
+def test_merged_schedulers_add_their_counts():
+    one = {"passes": 3, "pass_p50_ms": 2.0, "pass_max_ms": 9.0, "failures": {"deadlock": 1}, "db_errors": {}}
+    two = {"passes": 4, "pass_p50_ms": 3.0, "pass_max_ms": 5.0, "failures": {"deadlock": 2}, "db_errors": {}}
+    one["drain"] = {"passes": 1, "failures": {}, "queue_rows_left": 0}
+    two["drain"] = {"passes": 2, "failures": {"x": 1}, "queue_rows_left": 3}
+    merged = _merged([one, two])
+    assert (merged["passes"], merged["pass_max_ms"], merged["failures"]) == (7, 9.0, {"deadlock": 3})
+    assert merged["drain"] == {"passes": 3, "failures": {"x": 1}, "queue_rows_left": 0}
+
+
+def test_verdict_judges_the_plugins_failures_and_its_event_to_run_in_fan_in_to_one_dag():
+    base = {
+        "db": "x",
+        "hold_ms": 5.0,
+        "shape": "fan_in",
+        "consumers": 1,
+        "duplicate_pairs": 0,
+        "unconsumed": 0,
+    }
+    cells = [
+        base | {"manager": "stock", "producer_failures": {"deadlock": 4}, "run_p99_ms": 300.0},
+        base | {"manager": "plugin", "producer_failures": {"deadlock": 1, "OSError": 1}, "run_p99_ms": 600.0},
+    ]
+    lines = {ln.what: (ln.measured, ln.verdict) for ln in verdict(cells)}
+    assert lines["producer transactions failed (any error), 5 ms, fan-in"] == (
+        "OSError 1, deadlock 1",
+        "MISSED",
+    )
+    assert lines["event COMMIT->run p99, 5 ms, fan-in"] == ("600 ms (stock 300 ms)", "MISSED")
+    cells[1] |= {"producer_failures": {}, "run_p99_ms": 500.0, "consumers": 64}
+    lines = {ln.what: (ln.measured, ln.verdict) for ln in verdict(cells)}
+    assert lines["producer transactions failed (any error), 5 ms, fan-in"] == ("0", "met")
+    assert "event COMMIT->run p99, 5 ms, fan-in" not in lines  # not the fan-in to one DAG
+
+
 def test_the_airflow_mode_routes_accounting(capsys):
     with pytest.raises(SystemExit) as exc:
         airflow_mode_main(["--accounting", "--help"])
     assert exc.value.code == 0
-    assert "--holds-ms" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert all(
+        option in out for option in ("--holds-ms", "--schedulers", "--fan-in-consumers", "--dag-writers")
+    )
 
 
 # --- through Airflow -----------------------------------------------------------------------

@@ -22,23 +22,35 @@ is then consumed (by a run before the sentinel), late (only by the sentinel's ru
 consumed_asset_events). Checks (exit status 1 when one fails): the events are exactly the committed
 transactions; every event is in one class; no run consumed another asset's event; every consumer DAG consumed
 the sentinel; no queue row is left; the plug-in leaves no more events unconsumed than stock in the same cell,
-and consumes no pair twice (the verdict). The controller never imports Airflow."""
+and consumes no pair twice; no producer transaction of the plug-in failed, with any error (every failed
+attempt counts, though the bench replays retryable ones); in fan-in cells of one consumer DAG, the plug-in's
+event COMMIT->run p99 is at most 500 ms (the verdict). The controller never imports Airflow.
+
+``--schedulers N`` runs N consumer processes (each its own scheduler Job, as Airflow's HA schedulers; one
+on SQLite);
+``--fan-in-consumers N`` gives fan-in cells N consumer DAGs on any producer's asset; ``--dag-writers``
+runs Airflow's other writers of the cell's ``dag`` rows beside them (:mod:`.writers`: the DAG processor's
+sync back to back, a ``PATCH /dags/{id}`` pause loop on 2 extra consumer DAGs left out of the accounting,
+the bulk ``PATCH /dags`` statement). Event->run: for every pair consumed before the sentinel, from its
+producer's COMMIT (wall clock as COMMIT returned) to the end of the scheduler pass that created the run
+(the run's ``creating_job_id`` and ``queued_at`` place it in that scheduler's pass; its COMMIT ends it)."""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from airflow_adrq_bench import options, progress, tables
+from airflow_adrq_bench import options, progress, stats, tables
 from airflow_adrq_bench.airflow_mode import databases, parser_for, worker
-from airflow_adrq_bench.airflow_mode.accounting import consumer
+from airflow_adrq_bench.airflow_mode.accounting import consumer, writers
 from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_DEFAULT as DEFAULT
 from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_QUICK as QUICK
 from airflow_adrq_bench.airflow_mode.config import STOCK_AND_PLUGIN as MANAGERS
@@ -74,6 +86,7 @@ _COLUMNS: tables.Columns = {
     "database": "db",
     "hold": lambda c: f"{c['hold_ms']:g} ms",
     "shape": "shape",
+    "sched": lambda c: str(c.get("schedulers", 1)),
     "manager": "manager",
     "events": "events",
     "consumed": "consumed",
@@ -84,8 +97,36 @@ _COLUMNS: tables.Columns = {
     "dup": "duplicate_pairs",
     "runs (sentinel)": lambda c: f"{c['runs']} ({c['runs'] - c['runs_before_sentinel']})",
     "errors p/c": lambda c: f"{sum(c['producer_failures'].values())}/{sum(c['consumer_db_errors'].values())}",
+    "producers failed by error": lambda c: _kinds(c["producer_failures"]),
+    "commit ms p50/p99/max": lambda c: _ms(c, "tx"),
+    "event->run ms p50/p99/max": lambda c: _ms(c, "run"),
     "round s": lambda c: f"{c['duration_s']:.1f}",
 }
+_WRITER_COLUMNS: tables.Columns = {
+    "database": "db",
+    "hold": lambda c: f"{c['hold_ms']:g} ms",
+    "shape": "shape",
+    "manager": "manager",
+    **{
+        f"{kind}: writes (p50/max ms); failed; db errors": (
+            lambda c, k=kind: next(
+                f"{w['writes']} ({w['p50_ms']:.0f}/{w['max_ms']:.0f}); {_kinds(w['errors'])}; "
+                f"{_kinds(w['db_errors'])}"
+                for w in c["writers"]
+                if w["kind"] == k
+            )
+        )
+        for kind in writers.KINDS
+    },
+}
+
+
+def _kinds(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items())) or "0"
+
+
+def _ms(cell: Mapping[str, Any], prefix: str) -> str:
+    return "/".join(tables.fmt(cell.get(f"{prefix}_{q}_ms", float("nan")), 0) for q in ("p50", "p99", "max"))
 
 
 def format_tables(raw: dict[str, Any]) -> str:
@@ -96,13 +137,22 @@ def format_tables(raw: dict[str, Any]) -> str:
         heading("Event accounting, stock AssetManager vs airflow-adrq's plug-in", raw),
         "",
         f"{sizes['producers']} producers per manager x {sizes['transactions']} transactions, "
-        f"{sizes['consumers']} consumer DAGs, consumer pass every {sizes['consumer_pause_ms']:g} ms; "
+        f"{sizes['consumers']} consumer DAGs (fan-in: {sizes.get('fan_in_consumers', 1)}), "
+        f"{sizes.get('schedulers', 1)} scheduler(s) passing every {sizes['consumer_pause_ms']:g} ms"
+        f"{', Airflow writers of the dag rows beside them' if sizes.get('dag_writers') else ''}; "
         f"databases: {versions}.",
         "",
         tables.table(raw["cells"], _COLUMNS, left=4),
         "",
         tables.legend("accounting"),
     ]
+    if any(c.get("writers") for c in raw["cells"]):
+        lines += [
+            "",
+            tables.table(raw["cells"], _WRITER_COLUMNS, left=4),
+            "",
+            tables.legend("accounting_writers"),
+        ]
     if raw["problems"]:
         lines += ["", "Problems:", *[f"* {p}" for p in raw["problems"]]]
     return "\n".join(lines)
@@ -187,6 +237,40 @@ def classify(
     )
 
 
+def event_to_run_ms(
+    commits: Mapping[int, float],
+    consumed: Iterable[tuple[int, str, int]],
+    cutoff: int,
+    runs: Mapping[int, tuple[int | None, float | None]],
+    passes: Mapping[int, Sequence[tuple[float, float]]],
+) -> tuple[list[float], int]:
+    """Per (event, DAG) pair of ``commits`` (event id -> wall clock of its COMMIT) consumed by a run created
+    before the sentinel (``id <= cutoff``), the milliseconds from the COMMIT to the end of the pass that
+    created its first such run: ``runs[id] = (creating job, queued_at)``, ``passes[job]`` the job's
+    ``(start, end)`` in order; the pass is the last one started by ``queued_at``. Sorted; and how many runs
+    no pass holds (measured to ``queued_at`` instead: a lower bound)."""
+    first: dict[tuple[int, str], int] = {}
+    for run_id, dag_id, event_id in consumed:
+        if event_id in commits and run_id <= cutoff:
+            key = (event_id, dag_id)
+            first[key] = min(first.get(key, run_id), run_id)
+    starts = {job: [s for s, _ in intervals] for job, intervals in passes.items()}
+    latencies, unplaced = [], 0
+    for (event_id, _), run_id in first.items():
+        job, queued_at = runs.get(run_id, (None, None))
+        if queued_at is None:
+            unplaced += 1
+            continue
+        visible = queued_at
+        index = bisect.bisect_right(starts.get(job, []), queued_at) - 1 if job is not None else -1
+        if index >= 0 and passes[job][index][1] >= queued_at:
+            visible = passes[job][index][1]
+        else:
+            unplaced += 1
+        latencies.append((visible - commits[event_id]) * 1000)
+    return sorted(latencies), unplaced
+
+
 class _Cell(NamedTuple):
     """One cell: a hold, a shape (``fan_out`` or ``fan_in``), a manager, and its consumer DAGs."""
 
@@ -195,6 +279,7 @@ class _Cell(NamedTuple):
     manager: str
     name: str
     schedules: dict[str, list[str]]  # consumer DAG -> the assets it is scheduled on (any of them)
+    extra: dict[str, list[str]]  # --dag-writers: the DAGs paused and unpaused, left out of the accounting
 
 
 def run(targets: Sequence[databases.Target], sizes: AccountingSizes) -> dict[str, Any]:
@@ -220,22 +305,33 @@ class _Accounting(Controller):
                 for manager in databases.rotate(MANAGERS, h):
                     name = f"adrq_acct_h{h}_{shape}_{manager}"
                     if shape == "fan_out":
-                        schedules = {f"{name}_c{k}": [name] for k in range(sizes.consumers)}
+                        assets, count = [name], sizes.consumers
                     else:
-                        schedules = {f"{name}_c": [f"{name}_p{i}" for i in range(sizes.producers)]}
-                    self.cells.append(_Cell(hold_ms, shape, manager, name, schedules))
+                        assets, count = (
+                            [f"{name}_p{i}" for i in range(sizes.producers)],
+                            sizes.fan_in_consumers,
+                        )
+                    schedules = {f"{name}_c{k}": assets for k in range(count)}
+                    extra = {f"{name}_x{k}": assets for k in range(2 if sizes.dag_writers else 0)}
+                    self.cells.append(_Cell(hold_ms, shape, manager, name, schedules, extra))
         self.steps = len(self.cells) + 1  # and the warm-up
 
     def start(self, stack: contextlib.ExitStack, home: Path, bar: progress.Task) -> None:
-        self.consumer = consumer.Consumer(home)
-        stack.callback(close_all, [self.consumer])
+        self.consumers = [consumer.Consumer(home, f"scheduler {n}") for n in range(self.sizes.schedulers)]
+        kinds = writers.KINDS if self.sizes.dag_writers else ()
+        self.writers = {kind: consumer.Consumer(home, f"writer {kind}") for kind in kinds}
+        self.consumer = self.consumers[0]
+        stack.callback(close_all, [*self.consumers, *self.writers.values()])
         super().start(stack, home, bar)
         self.raw["consumer"] = {"pid": self.consumer.started()}
+        self.raw["schedulers"] = [c.started() for c in self.consumers]
+        self.raw["writers"] = {kind: w.started() for kind, w in self.writers.items()}
 
     def measure(self, url: str) -> dict[str, Any]:
-        dialect = self.consumer.call(consumer.target, url)
+        dialects = [c.call(consumer.target, url) for c in [*self.consumers, *self.writers.values()]]
+        dialect = dialects[0]
         schedules = {f"{WARM_ASSET}_c{k}": [WARM_ASSET] for k in range(self.sizes.consumers)}
-        schedules |= {dag: assets for cell in self.cells for dag, assets in cell.schedules.items()}
+        schedules |= {d: a for cell in self.cells for d, a in (cell.schedules | cell.extra).items()}
         self.asset_ids: dict[str, int] = self.consumer.call(consumer.seed, schedules, worker.PRODUCER_DAG)
         databases.analyze(self.engine)
         self.bar.step("warming up every producer (one transaction each)", 1)
@@ -249,7 +345,8 @@ class _Accounting(Controller):
             found = {"db": self.target.name, "version": self.target.version} | self.cell(cell)
             self.raw["cells"].append(found)
             self.raw["problems"] += [f"{self.target.name} {where}: {p}" for p in found["problems"]]
-        self.consumer.call(consumer.release)
+        for proc in [*self.consumers, *self.writers.values()]:
+            proc.call(consumer.release)
         return {"dialect": dialect}
 
     def cell(self, cell: _Cell) -> dict[str, Any]:
@@ -260,9 +357,19 @@ class _Accounting(Controller):
         kw = dict(assets=[cell.name], run_prefix=prefix, transactions=sizes.transactions)
         kw |= dict(hold_s=cell.hold_ms / 1000, budget_s=sizes.budget_s, own_asset=cell.shape == "fan_in")
         work = partial(self.workers.broadcast, producers, worker.round_of, sizes.budget_s + 600, **kw)
+        # Airflow runs one scheduler on SQLite (its row locks are no-ops there).
+        schedulers = self.consumers[:1] if self.engine.dialect.name == "sqlite" else self.consumers
+        loops: list[consumer.Loop] = [
+            (c, consumer.consume, (dags, sizes.consumer_pause_ms / 1000)) for c in schedulers
+        ]
+        every = cell.schedules | cell.extra
+        loops += [
+            (w, writers.loop, (kind, every, list(cell.extra), cell.name)) for kind, w in self.writers.items()
+        ]
         start = time.monotonic()
-        results, passes = self.consumer.consume_during(dags, sizes.consumer_pause_ms / 1000, work)
+        results, looped = consumer.during(loops, partial(work, keep_going=True))
         duration = time.monotonic() - start
+        passes = _merged(looped[: len(schedulers)])
         with self.engine.connect() as conn:
             cutoff = int(fetch(conn, "SELECT coalesce(max(id), 0) FROM dag_run")[0][0])
         sentinel = producers[0].call(worker.warmup, assets=assets[:1], run_id=sentinel_run)
@@ -271,6 +378,7 @@ class _Accounting(Controller):
         txs = [tx for r in results for tx in r["transactions"]]
         committed = sum(1 for tx in txs if tx["ok"])
         not_started = sum(1 for tx in txs if not tx["ok"] and tx["attempts"] == 0)
+        run_rows = self.consumer.call(consumer.runs, dags)
         with self.engine.connect() as conn:
             ids = [self.asset_ids[a] for a in assets]
             rows = fetch(conn, "SELECT id, source_run_id FROM asset_event WHERE asset_id IN :ids", ids=ids)
@@ -287,6 +395,13 @@ class _Accounting(Controller):
         strays = len(rows) - len(events) - len(sentinels)
         sentinel_id = sentinels[0] if len(sentinels) == 1 else None
         found = classify(events, dags, consumed, cutoff, sentinel_id)
+        committed_at = {tx["run_id"]: tx["committed_at"] for tx in txs if tx["ok"]}
+        commits = {e: committed_at[run_id] for e, run_id in rows if run_id in committed_at}
+        jobs = {p["job_id"]: p["intervals"] for p in looped[: len(schedulers)]}
+        run_ms, unplaced = event_to_run_ms(
+            commits, consumed, cutoff, {r: (job, at) for r, job, at in run_rows}, jobs
+        )
+        tx_ms = [tx["latency_s"] * 1000 for tx in txs if tx["ok"]]
         left = passes["drain"]["queue_rows_left"] + drained["queue_rows_left"]
         bad_types = [t for _, t in runs if t != "asset_triggered"]
         problems = []
@@ -310,6 +425,8 @@ class _Accounting(Controller):
         if bad_types:
             problems.append(f"{len(bad_types)} runs not asset-triggered: {sorted(set(bad_types))}")
         failures = [passes["failures"], passes["drain"]["failures"], drained["failures"]]
+        if unplaced:
+            problems.append(f"{unplaced} runs placed in no scheduler pass (event->run to queued_at instead)")
         return {
             "manager": cell.manager,
             "hold_ms": cell.hold_ms,
@@ -320,6 +437,14 @@ class _Accounting(Controller):
             "gave_up": len(txs) - committed - not_started,
             "not_started": not_started,
             "producer_failures": dict(sum((Counter(tx["failures"]) for tx in txs), Counter())),
+            **{f"tx_{k}": v for k, v in stats.latency(tx_ms).items() if k in ("p50_ms", "p99_ms", "max_ms")},
+            **{
+                f"run_{k}": v for k, v in stats.latency(run_ms).items() if k in ("p50_ms", "p99_ms", "max_ms")
+            },
+            "run_pairs": len(run_ms),
+            "runs_unplaced": unplaced,
+            "schedulers": len(schedulers),
+            "writers": [w for w in looped[len(schedulers) :]],
             "consumers": len(dags),
             **found._asdict(),
             "runs": len(runs),
@@ -337,14 +462,38 @@ class _Accounting(Controller):
         }
 
 
+def _merged(passes: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The schedulers' :func:`.consumer.consume` results as one: counts added, the slowest pass."""
+
+    def added(key: str, of: Iterable[dict[str, Any]]) -> dict[str, int]:
+        return dict(sum((Counter(p[key]) for p in of), Counter()))
+
+    drains = [p["drain"] for p in passes]
+    return {
+        "passes": sum(p["passes"] for p in passes),
+        "pass_p50_ms": max(p["pass_p50_ms"] for p in passes),
+        "pass_max_ms": max(p["pass_max_ms"] for p in passes),
+        "failures": added("failures", passes),
+        "db_errors": added("db_errors", passes),
+        "drain": {
+            "passes": sum(d["passes"] for d in drains),
+            "failures": added("failures", drains),
+            "queue_rows_left": min(d["queue_rows_left"] for d in drains),
+        },
+    }
+
+
 #: The plug-in leaves no more events unconsumed than stock at the same hold (the value: how many more).
 UNCONSUMED = Goal("events unconsumed, vs stock", "<= stock", lambda more: more <= 0)
 TWICE = Goal("pairs consumed twice", "0", lambda pairs: pairs == 0)
+FAILED = Goal("producer transactions failed (any error)", "0", lambda failed: failed == 0)
+#: In fan-in cells of one consumer DAG: no consumer starved by its producers.
+EVENT_TO_RUN = Goal("event COMMIT->run p99, fan-in to one DAG", "<= 500 ms", lambda ms: ms <= 500)
 
 
 def verdict(cells: Sequence[dict[str, Any]]) -> list[Line]:
     """Per database, hold and shape: the plug-in's unconsumed events against stock's, its pairs consumed
-    twice."""
+    twice, its producer transactions failed; in fan-in cells of one DAG its event COMMIT->run p99."""
     by_key: dict[tuple[str, float, str], dict[str, dict[str, Any]]] = defaultdict(dict)
     for cell in cells:
         by_key[(cell["db"], cell["hold_ms"], cell.get("shape", "fan_out"))][cell["manager"]] = cell
@@ -358,4 +507,11 @@ def verdict(cells: Sequence[dict[str, Any]]) -> list[Line]:
             lines.append(line(db, UNCONSUMED, mine - theirs, f"{mine} vs {theirs}", UNCONSUMED.what + where))
         twice = plugin["duplicate_pairs"]
         lines.append(line(db, TWICE, twice, f"{twice}", TWICE.what + where))
+        if "producer_failures" in plugin:
+            failed = plugin["producer_failures"]
+            lines.append(line(db, FAILED, sum(failed.values()), _kinds(failed), FAILED.what + where))
+        if shape == "fan_in" and plugin.get("consumers") == 1 and "run_p99_ms" in plugin:
+            p99, stock = plugin["run_p99_ms"], managers.get("stock", {}).get("run_p99_ms", float("nan"))
+            shown = f"{p99:.0f} ms (stock {stock:.0f} ms)"
+            lines.append(line(db, EVENT_TO_RUN, p99, shown, f"event COMMIT->run p99, {hold:g} ms, fan-in"))
     return lines

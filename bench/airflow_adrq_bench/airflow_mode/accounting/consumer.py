@@ -1,5 +1,6 @@
 """The consumer: Airflow's own ``SchedulerJobRunner._create_dagruns_for_dags`` on real serialized DAGs,
-in a process of its own (:class:`Consumer`); the functions below run there."""
+in a process of its own (:class:`Consumer`, one per scheduler); the functions below run there. The same
+process runs one of :mod:`.writers`' loops instead with ``--dag-writers``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +21,17 @@ from airflow_adrq_bench.airflow_mode.databases import fetch
 from airflow_adrq_bench.airflow_mode.processes import SPAWN, AirflowOrm, Child, airflow_settings
 from airflow_adrq_bench.airflow_mode.worker import asset_uri
 
+#: The DAG bundle of the serialized DAGs (what the DAG processor syncs).
+BUNDLE = "adrq-accounting-bundle"
+
 
 class _Consumer(AirflowOrm):
     def __init__(self, started: Any, stop: Any) -> None:
         self.started, self.stop = started, stop
         self.runner: Any = None
+        #: Wall-clock (start, end) of every pass since :func:`consume` began: a run created in a pass is
+        #: visible to others from its end (the pass's COMMIT).
+        self.passes: list[tuple[float, float]] = []
         # Database errors the consumer's connections raised, including those
         # @retry_db_transaction retried inside a pass (never seen otherwise).
         self.db_errors: Counter[str] = Counter()
@@ -58,6 +66,18 @@ def target(url: str) -> str:
     return str(_consumer.engine.dialect.name)
 
 
+def dags(schedules: dict[str, list[str]]) -> list[Any]:
+    """The consumer DAGs ``{dag_id: the assets it is scheduled on (any of them)}``, as :func:`seed` and
+    the DAG processor's loop (:mod:`.writers`) define them (the same file: the same ``fileloc``)."""
+    from airflow.sdk import DAG, Asset
+
+    found = []
+    for dag_id, names in schedules.items():
+        schedule = functools.reduce(operator.or_, [Asset(name=n, uri=asset_uri(n)) for n in names])
+        found.append(DAG(dag_id, schedule=schedule, max_active_runs=1_000_000))
+    return found
+
+
 def seed(schedules: dict[str, list[str]], producer_dag: str) -> dict[str, int]:
     """Serialize and write, with Airflow's DAG-processing code, the consumer DAGs ``{dag_id: the assets it is
     scheduled on (any of them)}`` and ``producer_dag`` (unscheduled); returns the asset ids.
@@ -67,19 +87,15 @@ def seed(schedules: dict[str, list[str]], producer_dag: str) -> dict[str, int]:
     from airflow.models.asset import AssetActive, AssetModel
     from airflow.models.dag import DagModel
     from airflow.models.dagbundle import DagBundleModel
-    from airflow.sdk import DAG, Asset
+    from airflow.sdk import DAG
     from airflow.serialization.serialized_objects import LazyDeserializedDAG
 
-    bundle = "adrq-accounting-bundle"  # of the serialized DAGs
-    dags = [DAG(producer_dag, schedule=None)]
-    for dag_id, names in schedules.items():
-        schedule = functools.reduce(operator.or_, [Asset(name=n, uri=asset_uri(n)) for n in names])
-        dags.append(DAG(dag_id, schedule=schedule, max_active_runs=1_000_000))
     with _consumer.session_factory() as session:
-        session.add(DagBundleModel(name=bundle))
+        session.add(DagBundleModel(name=BUNDLE))
         session.commit()
-        serialized = [LazyDeserializedDAG.from_dag(dag) for dag in dags]
-        update_dag_parsing_results_in_db(bundle, None, serialized, {}, None, set(), session=session)
+        every = [DAG(producer_dag, schedule=None), *dags(schedules)]
+        serialized = [LazyDeserializedDAG.from_dag(dag) for dag in every]
+        update_dag_parsing_results_in_db(BUNDLE, None, serialized, {}, None, set(), session=session)
         session.commit()
         session.execute(sa.update(DagModel).values(is_paused=False))
         ids: dict[str, int] = {}
@@ -100,7 +116,7 @@ def _pass(failures: Counter[str]) -> float:
     """One ``_create_dagruns_for_dags`` under ``prohibit_commit``, as the scheduler loop calls it; seconds."""
     from airflow.utils.sqlalchemy import prohibit_commit
 
-    start = time.perf_counter()
+    start, began = time.perf_counter(), time.time()
     session = _consumer.session_factory()
     try:
         with prohibit_commit(session) as guard:
@@ -114,11 +130,23 @@ def _pass(failures: Counter[str]) -> float:
         failures[found.kind.value] += 1
     finally:
         session.close()
+        _consumer.passes.append((began, time.time()))
     return time.perf_counter() - start
 
 
 def release() -> None:
     _consumer.release()
+
+
+def runs(dag_ids: list[str]) -> list[tuple[int, int | None, float | None]]:
+    """``(id, creating_job_id, queued_at as epoch seconds)`` of every run of ``dag_ids``, through Airflow's
+    model (its ``UtcDateTime`` reads the stamp as UTC on every backend)."""
+    from airflow.models.dagrun import DagRun
+
+    query = sa.select(DagRun.id, DagRun.creating_job_id, DagRun.queued_at).where(DagRun.dag_id.in_(dag_ids))
+    with _consumer.session_factory() as session:
+        rows = session.execute(query).all()
+    return [(int(i), job, None if at is None else at.timestamp()) for i, job, at in rows]
 
 
 def drain(dag_ids: list[str], max_passes: int = 500) -> dict[str, Any]:
@@ -142,6 +170,7 @@ def consume(dag_ids: list[str], pause_s: float) -> dict[str, Any]:
     pass (the producers start with the consumer already running)."""
     failures: Counter[str] = Counter()
     _consumer.db_errors.clear()
+    _consumer.passes.clear()
     pass_s = [_pass(failures)]
     _consumer.started.set()
     while not _consumer.stop.is_set():
@@ -155,29 +184,44 @@ def consume(dag_ids: list[str], pause_s: float) -> dict[str, Any]:
         "failures": dict(failures),
         "db_errors": dict(_consumer.db_errors),
         "drain": drain(dag_ids),
+        "job_id": _consumer.runner.job.id,
+        "intervals": list(_consumer.passes),
     }
 
 
 class Consumer(Child):
-    """The controller's handle on the consumer process (the spawn context's events are its signals)."""
+    """The controller's handle on a consumer process (the spawn context's events are its signals): a
+    scheduler, or one of :mod:`.writers`' loops."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, label: str = "the consumer") -> None:
         self.started_event, self.stop_event = SPAWN.Event(), SPAWN.Event()
         settings = airflow_settings(home, f"sqlite:///{home}/unused.db")
-        super().__init__("the consumer", settings, setup, self.started_event, self.stop_event)
+        super().__init__(label, settings, setup, self.started_event, self.stop_event)
 
-    def consume_during(
-        self, dag_ids: Sequence[str], pause_s: float, work: Callable[[], Any]
-    ) -> tuple[Any, dict[str, Any]]:
-        """``work()``'s result while the consumer passes (from after its first pass), and the passes'."""
+    def begin(self, function: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Start ``function(*args)`` (a loop until ``stop``) and wait until it set ``started``."""
         self.started_event.clear()
         self.stop_event.clear()
-        future = self.submit(consume, list(dag_ids), pause_s)
-        try:
-            while not self.started_event.wait(1.0):
-                if future.done():
-                    self.result(future)  # it failed: raise
-            done = work()
-        finally:
-            self.stop_event.set()
-        return done, self.result(future)
+        future = self.submit(function, *args)
+        while not self.started_event.wait(1.0):
+            if future.done():
+                self.result(future)  # it failed: raise
+        return future
+
+
+#: A loop for :func:`during`: the process, the function (one of this module's or :mod:`.writers`'), its args.
+Loop = tuple[Consumer, Callable[..., Any], tuple[Any, ...]]
+
+
+def during(loops: Sequence[Loop], work: Callable[[], Any]) -> tuple[Any, list[Any]]:
+    """``work()``'s result while every ``(process, loop, args)`` runs (each from after its first pass), and
+    each loop's result, in order."""
+    futures: list[tuple[Consumer, Future[Any]]] = []
+    try:
+        for proc, function, args in loops:
+            futures.append((proc, proc.begin(function, *args)))
+        done = work()
+    finally:
+        for proc, _ in futures:
+            proc.stop_event.set()
+    return done, [proc.result(future) for proc, future in futures]
