@@ -468,6 +468,7 @@ def test_samples_match_each_producer_wait_with_the_transactions_it_waited_for():
         300,
     )
     assert summary["excess_max_ms"] == -150.0 and summary["worst"]["holder"] == bulk
+    assert (summary["writes"], summary["write_wait_max_ms"], summary["write_excess_max_ms"]) == (1, 150, -150)
     # The DAG processor's wait is another backend's: counted, not judged.
     assert (summary["other_waits"], summary["other_wait_max_ms"], summary["other_longest"]) == (
         1,
@@ -482,12 +483,15 @@ def test_a_producer_waiting_beyond_its_holder_shows_the_excess():
         [_row(100, 1, 0, WAIT_SQL, waiting_since=0, blockers=[2]), _row(100, 2, 50, "UPDATE dag")], 0.1
     )
     samples.add([_row(400, 1, 0, WAIT_SQL, waiting_since=0, blockers=[])], 0.4)  # the holder went unseen
-    summary = lock_waits.summarize(samples)
-    assert (summary["producer_wait_max_ms"], summary["holder_max_ms"], summary["excess_max_ms"]) == (
-        400,
-        50,
-        350,
+    # A second wait of the same queue write, for another row, held 100 ms.
+    samples.add(
+        [_row(600, 1, 0, WAIT_SQL, waiting_since=500, blockers=[3]), _row(600, 3, 500, "UPDATE")], 0.6
     )
+    summary = lock_waits.summarize(samples)
+    waits = (summary["producer_wait_max_ms"], summary["holder_max_ms"], summary["excess_max_ms"])
+    assert waits == (400, 100, 350)
+    writes = (summary["writes"], summary["write_wait_max_ms"], summary["write_excess_max_ms"])
+    assert writes == (1, 500, 400)
     # The plug-in's NOWAIT / SKIP LOCKED statements never wait; stock's producers are not matched.
     for query in (WAIT_SQL + " NOWAIT", WAIT_SQL + " SKIP LOCKED", "INSERT INTO asset_dag_run_queue ..."):
         assert not lock_waits.PRODUCER_WAIT.search(query)
@@ -498,7 +502,8 @@ def _sampled(excess, waits=3, holder=800.0):
     return {
         "samples": 100, "interval_ms": {"p50": 51.0, "max": 70.0}, "producer_waits": waits,
         "producer_wait_max_ms": holder + excess, "holder_max_ms": holder, "excess_max_ms": excess,
-        "worst": None, "other_waits": 0, "other_wait_max_ms": None, "other_longest": None, "error": None,
+        "worst": None, "writes": 2, "write_wait_max_ms": None, "write_excess_max_ms": 10.0,
+        "other_waits": 0, "other_wait_max_ms": None, "other_longest": None, "error": None,
     }  # fmt: skip
 
 

@@ -46,10 +46,11 @@ Xact = tuple[int, dt.datetime]
 
 @dataclass
 class Wait:
-    """One statement seen waiting for a lock: its text, when it was last seen waiting, and every
-    transaction it waited for (directly or through a waiter ahead of it)."""
+    """One statement seen waiting for a lock: its text, its transaction's start, when it was last seen
+    waiting, and every transaction it waited for (directly or through a waiter ahead of it)."""
 
     query: str
+    xact_start: dt.datetime
     last_seen: dt.datetime
     blockers: set[Xact] = field(default_factory=set)
 
@@ -73,7 +74,7 @@ class Samples:
             self.xacts[(int(pid), xact_start)] = (at, str(query))
             if not waiting or query_start is None:
                 continue
-            wait = self.waits.setdefault((int(pid), query_start), Wait(str(query), at))
+            wait = self.waits.setdefault((int(pid), query_start), Wait(str(query), xact_start, at))
             wait.last_seen = at
             wait.blockers |= {(p, started[p]) for p in _closure(int(pid), blocking) if p in started}
 
@@ -97,7 +98,9 @@ def _ms(span: dt.timedelta) -> float:
 def summarize(samples: Samples) -> dict[str, Any]:
     """The producers' waits for consumer rows against the transactions they waited for: how many, the
     longest wait, the longest holder, the worst wait minus its own longest holder (with both
-    statements); the other lock waits (count, longest, its statement); the sampling's resolution."""
+    statements); the same per queue write (a producer transaction's waits summed, against the longest
+    transaction any of them waited for); the other lock waits (count, longest, its statement); the
+    sampling's resolution."""
     gaps = [b - a for a, b in zip(samples.taken, samples.taken[1:], strict=False)]
     out: dict[str, Any] = {
         "samples": len(samples.taken),
@@ -110,11 +113,15 @@ def summarize(samples: Samples) -> dict[str, Any]:
         "holder_max_ms": None,
         "excess_max_ms": None,
         "worst": None,
+        "writes": 0,
+        "write_wait_max_ms": None,
+        "write_excess_max_ms": None,
         "other_waits": 0,
         "other_wait_max_ms": None,
         "other_longest": None,
     }
-    for (_, query_start), wait in samples.waits.items():
+    writes: dict[Xact, list[float]] = {}  # per producer transaction: its waits summed, its longest holder
+    for (pid, query_start), wait in samples.waits.items():
         waited = _ms(wait.last_seen - query_start)
         if not PRODUCER_WAIT.search(wait.query):
             out["other_waits"] += 1
@@ -125,6 +132,8 @@ def summarize(samples: Samples) -> dict[str, Any]:
         holder = max(held, key=held.__getitem__, default=None)
         longest = held[holder] if holder is not None else 0.0
         out["producer_waits"] += 1
+        write = writes.setdefault((pid, wait.xact_start), [0.0, 0.0])
+        write[0], write[1] = write[0] + waited, max(write[1], longest)
         out["producer_wait_max_ms"] = max(out["producer_wait_max_ms"] or 0.0, waited)
         out["holder_max_ms"] = max(out["holder_max_ms"] or 0.0, longest)
         if out["excess_max_ms"] is None or waited - longest > out["excess_max_ms"]:
@@ -135,6 +144,10 @@ def summarize(samples: Samples) -> dict[str, Any]:
                 "waiter": wait.query[:120],
                 "holder": samples.xacts[holder][1][:120] if holder is not None else None,
             }
+    if writes:
+        out["writes"] = len(writes)
+        out["write_wait_max_ms"] = round(max(w for w, _ in writes.values()), 1)
+        out["write_excess_max_ms"] = round(max(w - h for w, h in writes.values()), 1)
     return out
 
 

@@ -84,15 +84,15 @@ def _churn(c: Cell) -> str:
     return f"{churn['calls']} ({toggles} / {bulk}), {churn['not_2xx']} not 2xx, {churn['5xx']} 5xx; {times}"
 
 
-def _waits(key: str, count: str = "producer_waits") -> Callable[[Cell], str]:
-    """A detail cell of the lock sampler's ``key`` (ms), with the waits it is over."""
+def _waits(key: str, count: str = "producer_waits", noun: str = "waits") -> Callable[[Cell], str]:
+    """A detail cell of the lock sampler's ``key`` (ms), with how many waits (or ``noun``) it is over."""
 
     def shown(c: Cell) -> str:
         waits = c.get("lock_waits")
         if not waits:
             return "not sampled"
         value = waits[key]
-        return f"{'-' if value is None else f'{value:.0f}'} ({waits[count]} waits)"
+        return f"{'-' if value is None else f'{value:.0f}'} ({waits.get(count, 0)} {noun})"
 
     return shown
 
@@ -163,6 +163,7 @@ ROWS: list[tuple[str, str | Callable[[Cell], str]]] = [
     ("producer waits for a consumer's dag row: longest, ms", _waits("producer_wait_max_ms")),
     ("longest holder a producer waited for, ms", _waits("holder_max_ms")),
     ("worst producer wait beyond its longest holder, ms", _waits("excess_max_ms")),
+    ("the same per queue write, its waits summed, ms", _waits("write_excess_max_ms", "writes", "writes")),
     ("other lock waits: longest, ms", _waits("other_wait_max_ms", "other_waits")),
     ("deployment, s", "{duration_s:.0f}"),
 ]
