@@ -128,7 +128,8 @@ def defer_events(
 
     The session's ``before_commit`` hook (after a final flush) passes every event deferred in the
     transaction to one :func:`queue_events` call: one lock order for all of them, held only for the
-    commit; the stamp is read last, then COMMIT. One statement has one ``on_conflict``, shape and
+    commit; the database's clock is read once, after the consumers' share locks and before the rows
+    are written, then COMMIT. One statement has one ``on_conflict``, shape and
     schema: those of the first deferral still pending; another raises :class:`ValueError` (deferring
     no events checks that, before any write). ``events``: flushed ``asset_event`` objects, or
     anything with integer ``id`` and ``asset_id``. ``on_conflict``, ``allowed_dags``, ``shape``,

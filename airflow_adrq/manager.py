@@ -377,9 +377,12 @@ def queue_dagruns(
     """Queue the consumers of assets (without events) now, with one statement.
 
     Direct, name and URI references only (an alias counts only for events emitted through it);
-    ``created_at`` defaults to now. Runs in the caller's transaction, does not commit. Locks: as
-    :func:`queue_events`, without ``asset_event``. Does not promise: one order with the
-    transaction's other queue writes (this is a statement of its own).
+    ``created_at`` defaults to now. Runs in the caller's transaction, does not commit. Locks: the queue
+    rows it inserts (and, with ``"refresh"``, the existing ones) in ``(asset_id, target_dag_id)`` order;
+    FK checks share-lock the ``asset`` and ``dag`` parents. It takes no ``dag`` share lock and reads
+    no clock of the database's: a scheduler may make a run between this statement and the COMMIT
+    without its rows. Does not promise: one order with the transaction's other queue writes (this is a
+    statement of its own).
     """
     ids = sorted(set(asset_ids))
     if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
@@ -409,8 +412,9 @@ def build_queue_statement(
     ``source="events"``, ``asset`` ids for ``source="assets"`` (no aliases: an alias counts only for
     the events emitted through it). ``on_conflict="refresh"`` moves an existing row's ``created_at``
     forwards, ``"ignore"`` leaves it (Airflow's ``DO NOTHING``). ``shape``: the schema written
-    (:mod:`airflow_adrq.shapes`; default Airflow 3.3's, the models'). Executing it locks as
-    :func:`queue_events`.
+    (:mod:`airflow_adrq.shapes`; default Airflow 3.3's, the models'). Executing it locks the queue rows
+    it inserts (with ``"refresh"``, the existing ones too) in the queue's key order. It is the bare
+    ``INSERT``: not what :func:`queue_events` sends (no ``dag`` share lock, no clock of the database's).
     """
     if source not in ("events", "assets"):
         raise ValueError(f"source must be 'events' or 'assets', not {source!r}")

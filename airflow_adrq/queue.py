@@ -104,7 +104,9 @@ def queue_events(
        per-event queue needs none), in byte order. This is where it may wait: for a scheduler creating
        those DAGs' runs, the DAG processor saving them, a pause. PostgreSQL never waits while it holds
        one, and a wait ended by others' deadlock is waited again (:mod:`airflow_adrq.nowait`), for at
-       most ``lock_wait_s`` seconds in all; MySQL 8 waits in primary-key order.
+       most ``lock_wait_s`` seconds in all, except past the bound-parameter limit (more than
+       :data:`~airflow_adrq.stamping.IDS_PER_STATEMENT` events, or multi-team pairs), where it waits in
+       byte order holding those before; MySQL 8 waits in primary-key order.
     2. **Stamp**: the database's clock (``clock_timestamp()`` once the locks are held,
        ``UTC_TIMESTAMP(6)``; SQLite: Python's, one host).
     3. **Write** the events' ``timestamp`` and the queue rows with it, each row once, by ONE ordered

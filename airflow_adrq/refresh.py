@@ -96,10 +96,10 @@ _MOVE_FORWARDS = (
 )
 
 
-#: The ``created_at`` of a queue row between the two steps of :func:`write_then_stamp`:
-#: later than any real stamp, so that the refresh (``greatest``) takes every
-#: existing row it meets, yet inside every backend's range (MySQL's TIMESTAMP
-#: ends in January 2038). Step 2 replaces it with the stamp in the same
+#: The ``created_at`` of the queue rows this transaction inserted, between the two steps of
+#: :func:`write_then_stamp`: a value no real stamp has, inside every backend's range (MySQL's
+#: TIMESTAMP ends in January 2038), by which step 2 finds its own new rows (the statement leaves
+#: existing rows alone on this path: ``DO NOTHING``). Step 2 replaces it with the stamp in the same
 #: transaction, before COMMIT can be sent: no other transaction ever reads it.
 PENDING: Final = dt.datetime(2038, 1, 1, tzinfo=dt.timezone.utc)
 

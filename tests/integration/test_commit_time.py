@@ -219,3 +219,14 @@ def test_mysql_isolation_is_read_per_connection_option(engine, fan):
         register_asset_change(asset=asset_ref("a"), session=session, queue_mode="immediate")
         session.commit()
     assert queued(engine) == {(ids["a"], "c1")}
+
+
+@pytest.mark.backends("postgresql", "mysql")  # SQLite: one writer, no delete can come in between
+def test_a_consumer_deleted_before_the_commit_is_not_queued_and_the_others_are(engine, fan):
+    ids = fan({"a": ["c1", "c2"]})
+    with Session(engine) as s:
+        register_asset_change(asset=asset_ref("a"), session=s)
+        with engine.begin() as other:
+            other.execute(sa.text("DELETE FROM dag WHERE dag_id = :d"), {"d": "c1"})
+        s.commit()
+    assert queued(engine) == {(ids["a"], "c2")}

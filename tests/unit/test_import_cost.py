@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import airflow_adrq
 
 _PROBE = """
@@ -53,9 +55,19 @@ def test_importing_the_package_loads_its_errors_only_and_installs_nothing(tmp_pa
     }
 
 
-def test_the_public_names_still_resolve():
+def test_the_public_names_resolve_each_from_its_own_module():
+    import importlib
+
     import airflow_adrq
 
+    lazy = airflow_adrq._LAZY
+    # Every lazily loaded name is public, and every public name is lazy, an exception or the version.
+    assert set(lazy) <= set(airflow_adrq.__all__)
     for name in airflow_adrq.__all__:
-        assert getattr(airflow_adrq, name) is not None, name
-    assert sorted(dir(airflow_adrq)) == sorted(airflow_adrq.__all__)
+        value = getattr(airflow_adrq, name)
+        if name in lazy:
+            assert value is getattr(importlib.import_module(lazy[name]), name), name
+        elif name != "__version__":
+            assert issubclass(value, airflow_adrq.AdrqError), name
+    with pytest.raises(AttributeError, match="no attribute 'queue_event'"):
+        _ = airflow_adrq.queue_event

@@ -72,8 +72,31 @@ def test_one_ordered_insert_select_driven_by_events(name):
     assert "dag.is_paused = " in sql and "dag.timetable_partitioned = " in sql
 
 
+def test_what_postgresql_sends_binds_the_event_ids_only_to_read_and_to_stamp_them():
+    from airflow_adrq import statement
+
+    dialect = DIALECTS["postgresql"]
+    stmt = statement.write_once("postgresql", statement.Form("events", "refresh"))
+    compiled = stmt.compile(dialect=dialect)
+    sql = " ".join(str(compiled).split())
+    # No per-DAG parameter: the ids, bound where the events are read (ev) and where they are stamped.
+    assert set(compiled.params) == {"ids"}
+    assert sql.count("POSTCOMPILE_ids") == 2
+    assert "WITH ev AS (SELECT asset_event.id AS event_id" in sql
+    stamped = (
+        "WHERE asset_event.id IN (__[POSTCOMPILE_ids]) RETURNING asset_event.timestamp, (SELECT count(*)"
+    )
+    assert stamped in sql
+    # The share locks in byte order, NOWAIT, then the clock (read after them), then the INSERT.
+    locks = 'ORDER BY dag.dag_id COLLATE "C" FOR SHARE OF dag NOWAIT'
+    assert sql.index(locks) < sql.index("clock_timestamp()")
+    assert sql.index("clock_timestamp()") < sql.index("INSERT INTO asset_dag_run_queue")
+    assert CONFLICT["postgresql"] in sql
+    assert statement.write_once("postgresql", statement.Form("events", "refresh")) is stmt
+
+
 @pytest.mark.parametrize("name", sorted(DIALECTS))
-def test_shape_is_constant_and_the_ids_are_rendered_once(name):
+def test_shape_is_constant_and_the_bare_insert_binds_the_ids_once(name):
     _, compiled = _sql(name)
     # One expanding parameter (the ids), in the CTE only, and the timestamp.
     assert set(compiled.params) == {"ids", "created_at"}
