@@ -17,7 +17,9 @@ fan-out: the p50 and p90 of the call + COMMIT, the statements sent, and the
 p50 time per step, measured around the driver's ``cursor.execute`` (the
 round trip and the server's work) and the DBAPI COMMIT; what is left is
 Python (Airflow's, SQLAlchemy's and ours). ``--pyinstrument`` writes a sampling
-profile of each cell; ``--explain`` prints the server's plan and timing of
+profile of each cell; ``--route`` counts, for one warm call + COMMIT per manager and fan-out, the Python
+calls into ``airflow_adrq`` (``sys.setprofile``: functions, per file) and the statements sent, the number a
+maintainer follows from ``register_asset_change`` to the SQL; ``--explain`` prints the server's plan and timing of
 the plug-in's queue statement (PostgreSQL ``EXPLAIN (ANALYZE, BUFFERS)``,
 MariaDB ``ANALYZE FORMAT=JSON``), in a transaction rolled back afterwards.
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import re
 import statistics
@@ -62,6 +65,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=300, help="timed calls per manager and fan-out")
     parser.add_argument("--pyinstrument", type=Path, help="write a pyinstrument profile per cell here")
     parser.add_argument("--explain", action="store_true", help="print the queue statement's server plan")
+    parser.add_argument("--route", action="store_true", help="count the calls into airflow_adrq of one warm call")
     args = parser.parse_args()
     os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = args.db
     import sqlalchemy as sa
@@ -130,15 +134,16 @@ def main() -> None:
     task_instance = SimpleNamespace(dag_id=f"{tag}_p", task_id="t", run_id="r", map_index=-1, log=None)
     managers = {"stock": AssetManager(), "plug-in": AdrqAssetManager()}
 
-    def call(manager: Any, fanout: int, steps: dict[str, list[float]]) -> float:
+    def call(manager: Any, fanout: int, steps: dict[str, list[float]], route: Any = None) -> float:
         key = SerializedAssetUniqueKey(name=f"{tag}_a{fanout}", uri=f"s3://{tag}/a{fanout}")
         executed.clear()
         commit_sent.clear()
-        with settings.Session() as session:
+        with settings.Session() as session, route or contextlib.nullcontext():
             start = time.perf_counter()
             manager.register_asset_change(task_instance=task_instance, asset=key, session=session)
             session.commit()
             end = time.perf_counter()
+        sent = len(executed)
         per_step: collections.Counter[str] = collections.Counter()
         for step, _, seconds in executed:
             per_step[step] += seconds
@@ -147,12 +152,20 @@ def main() -> None:
         per_step["python"] = (end - start) - sum(per_step.values())
         for step, seconds in per_step.items():
             steps[step].append(seconds)
-        steps["statements"].append(float(len(executed)))
+        steps["statements"].append(float(sent))
         with settings.Session() as session:
             session.execute(sa.delete(AssetDagRunQueue))
             session.commit()
         return end - start
 
+    if args.route:
+        for fanout in fanouts:
+            for name, manager in managers.items():
+                call(manager, fanout, collections.defaultdict(list))  # warm: caches, listeners, imports
+                steps = collections.defaultdict(list)
+                call(manager, fanout, steps, route := _Route())
+                print(f"F={fanout:<5} {name:<8} {route.summary(int(steps['statements'][0]))}")
+        return
     for fanout in fanouts:
         calls = args.calls if fanout < 1024 else max(20, args.calls // 10)
         latencies: dict[str, list[float]] = {name: [] for name in managers}
@@ -195,6 +208,40 @@ def main() -> None:
         sys.stdout.flush()
     if args.explain:
         _explain(engine, *last_queue[0])
+
+
+class _Route:
+    """Python calls into the installed ``airflow_adrq`` while it is entered."""
+
+    def __init__(self) -> None:
+        import airflow_adrq
+
+        self.root = str(Path(airflow_adrq.__file__).resolve().parent)
+        self.calls: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def _profile(self, frame: Any, event: str, _arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(self.root):
+            where = frame.f_code.co_filename[len(self.root) + 1 :]
+            self.calls[(where, frame.f_code.co_qualname)] += 1
+
+    def __enter__(self) -> _Route:
+        sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        sys.setprofile(None)
+
+    def summary(self, statements: int) -> str:
+        files = collections.Counter[str]()
+        for (where, _), n in self.calls.items():
+            files[where] += n
+        per_file = ", ".join(f"{where} {n}" for where, n in files.most_common())
+        if os.environ.get("ROUTE_DETAIL"):
+            per_file += "".join(f"\n    {n:3d} {w}:{f}" for (w, f), n in sorted(self.calls.items()))
+        return (
+            f"{sum(self.calls.values())} calls, {len(self.calls)} functions in {len(files)} files, "
+            f"{statements} statements: {per_file}"
+        )
 
 
 def _explain(engine: Any, statement: str, parameters: Any) -> None:
