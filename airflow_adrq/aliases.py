@@ -51,19 +51,19 @@ def write_alias_rows(conn: Connection, rows: Iterable[tuple[int, int, str]]) -> 
     rows = list(rows)
     if not rows:
         return
-    support = dialects.get(conn)
+    backend = dialects.get(conn)
     names = sorted({name for _, _, name in rows})
     alias_ids = _alias_ids(conn, names)
     missing = [name for name in names if name not in alias_ids]
     if missing:
         _insert_sorted(
-            conn, support.insert_ignore(asset_alias), ("name", "group"), [(n, "") for n in missing]
+            conn, backend.insert_ignore(asset_alias), ("name", "group"), [(n, "") for n in missing]
         )
         alias_ids.update(_alias_ids(conn, missing))
     wanted = {(alias_ids[name], asset_id) for _, asset_id, name in rows}
     links = sorted(wanted - _existing_links(conn, wanted))
     if links:
-        _insert_sorted(conn, support.insert_ignore(asset_alias_asset), ("alias_id", "asset_id"), links)
+        _insert_sorted(conn, backend.insert_ignore(asset_alias_asset), ("alias_id", "asset_id"), links)
     event_rows = sorted({(alias_ids[name], event_id) for event_id, _, name in rows})
     _insert_sorted(conn, insert(asset_alias_asset_event), ("alias_id", "event_id"), event_rows)
 

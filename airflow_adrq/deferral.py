@@ -19,8 +19,7 @@ from sqlalchemy.orm import Session, SessionTransaction
 from airflow_adrq import dialects, metrics
 from airflow_adrq.dialects import ConflictPolicy
 from airflow_adrq.errors import DeferredTooLateError
-from airflow_adrq.nowait import LOCK_WAIT_S
-from airflow_adrq.queue import EventLike, queue_events, set_loaded_timestamp
+from airflow_adrq.queue import LOCK_WAIT_S, EventLike, queue_events, set_loaded_timestamp
 from airflow_adrq.shapes import PARTITIONED, QueueShape
 from airflow_adrq.txscope import TransactionScoped, current_transaction, descends_from
 

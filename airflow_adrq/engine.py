@@ -20,7 +20,7 @@ def create_engine(url: str | URL, **kwargs: Any) -> Engine:
     timeout and ``PRAGMA foreign_keys=ON``. Explicit ``kwargs`` win.
     """
     url = sa.engine.make_url(url)
-    support = dialects.get(url.get_backend_name())
-    engine = sa.create_engine(url, **{**support.engine_kwargs, **kwargs})
-    support.configure_engine(engine)
+    backend = dialects.get(url.get_backend_name())
+    engine = sa.create_engine(url, **{**backend.engine_kwargs, **kwargs})
+    backend.configure_engine(engine)
     return engine

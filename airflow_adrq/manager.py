@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.sql.dml import Insert
 
-from airflow_adrq import dialects, queue, stamping, statement
+from airflow_adrq import dialects, queue, statement
 from airflow_adrq.aliases import write_alias_rows
 from airflow_adrq.deferral import defer_events
 from airflow_adrq.dialects import ConflictMode, ConflictPolicy, check_policy
@@ -394,8 +394,8 @@ def queue_dagruns(
     # Any other policy leaves an existing row in this statement.
     mode: ConflictMode = "refresh" if dialects.resolve(on_conflict, conn) == "refresh" else "ignore"
     stmt = build_queue_statement(conn.dialect, source="assets", on_conflict=mode)
-    for start in range(0, len(ids), stamping.IDS_PER_STATEMENT):
-        chunk = ids[start : start + stamping.IDS_PER_STATEMENT]
+    for start in range(0, len(ids), queue.IDS_PER_STATEMENT):
+        chunk = ids[start : start + queue.IDS_PER_STATEMENT]
         conn.execute(stmt, {"ids": chunk, "created_at": created_at or utcnow()})
 
 

@@ -1,11 +1,17 @@
-"""Queue downstream DAG runs with ONE ordered, set-based statement per transaction: execute and stamp.
+"""Queue downstream DAG runs with ONE ordered, set-based statement per transaction: which writer, with what.
 
-The SQL is built in :mod:`airflow_adrq.statement`; :mod:`airflow_adrq.deferral` calls
-:func:`queue_events` once per transaction, just before COMMIT. Each queue row is written once, with the
-stamp, while the consumers' ``dag`` rows are held ``FOR SHARE``: a scheduler skips such a DAG (its
-``FOR NO KEY UPDATE SKIP LOCKED``), so no run is made over a window holding an event stamped and not yet
-visible. Where the scheduler takes no row locks a ``dag`` lock orders nothing: there
-:mod:`airflow_adrq.refresh` (loaded only then) writes the rows and the stamp.
+:func:`queue_events` checks the events and the connection, resolves ``on_conflict``, cuts the event ids
+into chunks within the bound-parameter limits and hands them to one writer, which sends the SQL:
+
+* the backend's own (:mod:`airflow_adrq.dialects.postgresql`, :mod:`~airflow_adrq.dialects.mysql`,
+  :mod:`~airflow_adrq.dialects.sqlite`) where the scheduler locks rows: each queue row is written once,
+  with the stamp, while the consumers' ``dag`` rows are held ``FOR SHARE`` (a scheduler skips such a DAG,
+  so no run is made over a window holding an event stamped and not yet visible: GUARANTEES.md, "Timing");
+* :mod:`airflow_adrq.refresh` where the scheduler takes no row locks (MariaDB, ``[scheduler]
+  use_row_level_locking = False``), loaded only then: a ``dag`` lock would order nothing there;
+* :func:`stamp_then_insert` for Airflow 3.4's per-event queue, which needs no ``dag`` lock.
+
+:mod:`airflow_adrq.deferral` calls :func:`queue_events` once per transaction, just before COMMIT.
 """
 
 from __future__ import annotations
@@ -14,16 +20,24 @@ import datetime as dt
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
+from sqlalchemy import select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session, attributes
 
-from airflow_adrq import dialects, metrics, nowait, stamping, statement
+from airflow_adrq import dialects, metrics, statement
 from airflow_adrq.dialects import ConflictPolicy
-from airflow_adrq.nowait import LOCK_WAIT_S
 from airflow_adrq.shapes import PARTITIONED, QueueShape
 from airflow_adrq.statement import Form
+from airflow_adrq.tables import utcnow
 
-__all__ = ["EventLike", "in_schema", "queue_events"]
+__all__ = ["IDS_PER_STATEMENT", "LOCK_WAIT_S", "EventLike", "clock_on_events", "in_schema", "queue_events"]
+
+#: Ids bound to one statement, below SQLite's 32,766 and psycopg 3's 65,535
+#: bound-parameter limits. Larger sets: several statements.
+IDS_PER_STATEMENT = 30_000
+#: How long, in all, a queue write may wait for busy consumer ``dag`` rows by default (seconds; PostgreSQL).
+#: Longer than the DAG processor holds a large file's DAGs while it saves them.
+LOCK_WAIT_S = 60.0
 
 
 class EventLike(Protocol):
@@ -36,36 +50,35 @@ class EventLike(Protocol):
     def asset_id(self) -> int: ...
 
 
-def _lock_stamp_write(
-    conn: Connection,
-    form: Form,
-    chunk_params: list[dict[str, Any]],
-    options: Mapping[str, Any],
-    lock_wait_s: float,
+def stamp_then_insert(
+    conn: Connection, form: Form, chunk_params: list[dict[str, Any]], options: Mapping[str, Any]
 ) -> tuple[dt.datetime, int]:
-    """Share-lock the consumers' ``dag`` rows, read the clock, write with it; the stamp and rows written."""
-    support = dialects.get(conn)
-    lock = support.lock_order is not None and not form.shape.event_keyed
-    # One statement binds the ids twice (and the multi-team pairs): within the limits?
-    (one, *more) = chunk_params
-    bound = 2 * len(one["ids"]) + len(one.get("restricted_ids", ())) + 2 * len(one.get("allowed", ()))
-    if lock and support.clock_after_locks is not None and not more and bound <= stamping.IDS_PER_STATEMENT:
-        return nowait.write_once(conn, form, one, options, lock_wait_s)
-    if lock:
-        for params in chunk_params:
-            if support.lock_by_id_list:
-                found = conn.execute(statement.referencing_dags(form), params, execution_options=options)
-                params = {"dag_ids": sorted(set(found.scalars()))}
-                if not params["dag_ids"]:
-                    continue
-            conn.execute(statement.share_lock(support.name, form), params, execution_options=options)
-    stamp = stamping.clock_on_events(conn, [event_id for p in chunk_params for event_id in p["ids"]], options)
-    stmt = statement.insert_statement(support.name, form)
+    """One reading of the clock on the events, then the ordered ``INSERT ... SELECT`` of each chunk.
+
+    Every backend's write past its locks (and the whole of SQLite's and 3.4's per-event queue's).
+    Returns the stamp and the rows written.
+    """
+    backend = dialects.get(conn)
+    stamp = clock_on_events(conn, [event_id for p in chunk_params for event_id in p["ids"]], options)
+    stmt = statement.insert_statement(backend.name, form)
     rows = 0
     for params in chunk_params:
         result = conn.execute(stmt, {**params, "created_at": stamp}, execution_options=options)
-        rows += support.rows_written(conn, result)
+        rows += backend.rows_written(conn, result)
     return stamp, rows
+
+
+def clock_on_events(conn: Connection, ids: list[int], options: Mapping[str, Any]) -> dt.datetime:
+    """One reading of the database's clock (SQLite: Python's), put on the events ``ids``; returns it.
+
+    Locks the given ``asset_event`` rows (the caller's own, uncommitted).
+    """
+    clock = dialects.get(conn).clock
+    stamp = conn.execute(select(clock())).scalar_one() if clock is not None else utcnow()
+    for start in range(0, len(ids), IDS_PER_STATEMENT):
+        chunk = ids[start : start + IDS_PER_STATEMENT]
+        conn.execute(statement.STAMP_EVENTS, {"ids": chunk, "stamp": stamp}, execution_options=options)
+    return stamp
 
 
 def _chunks(events: Iterable[EventLike]) -> Iterator[list[int]]:
@@ -75,7 +88,7 @@ def _chunks(events: Iterable[EventLike]) -> Iterator[list[int]]:
     chunk: list[int] = []
     last_asset: int | None = None
     for asset_id, event_id in sorted({(event.asset_id, event.id) for event in events}):
-        if len(chunk) >= stamping.IDS_PER_STATEMENT and asset_id != last_asset:
+        if len(chunk) >= IDS_PER_STATEMENT and asset_id != last_asset:
             yield chunk
             chunk = []
         chunk.append(event_id)
@@ -103,14 +116,14 @@ def queue_events(
     1. **Share-lock** every consumer's ``dag`` row (paused or not, every kind of reference; 3.4's
        per-event queue needs none), in byte order. This is where it may wait: for a scheduler creating
        those DAGs' runs, the DAG processor saving them, a pause. PostgreSQL never waits while it holds
-       one, and a wait ended by others' deadlock is waited again (:mod:`airflow_adrq.nowait`), for at
-       most ``lock_wait_s`` seconds in all, except past the bound-parameter limit (more than
-       :data:`~airflow_adrq.stamping.IDS_PER_STATEMENT` events, or multi-team pairs), where it waits in
-       byte order holding those before; MySQL 8 waits in primary-key order.
+       one, and a wait ended by others' deadlock is waited again (:mod:`airflow_adrq.dialects.postgresql`),
+       for at most ``lock_wait_s`` seconds in all, except past the bound-parameter limit (more than
+       :data:`IDS_PER_STATEMENT` events, or multi-team pairs), where it waits in byte order holding
+       those before; MySQL 8 waits in primary-key order.
     2. **Stamp**: the database's clock (``clock_timestamp()`` once the locks are held,
        ``UTC_TIMESTAMP(6)``; SQLite: Python's, one host).
     3. **Write** the events' ``timestamp`` and the queue rows with it, each row once, by ONE ordered
-       ``INSERT ... SELECT`` (past :data:`~airflow_adrq.stamping.IDS_PER_STATEMENT` events, several); it
+       ``INSERT ... SELECT`` (past :data:`IDS_PER_STATEMENT` events, several); it
        may wait for producers inserting the same rows. PostgreSQL: steps 1-3 are one statement.
 
     With ``"refresh_after_commit"`` (``"auto"`` where the scheduler takes no row locks) there is no
@@ -167,8 +180,11 @@ def queue_events(
 
         asset_ids = sorted({event.asset_id for event in events})
         stamp, rows = refresh.write_then_stamp(bind, conn, form, chunk_params, asset_ids, options)
+    elif form.shape.event_keyed:
+        # 3.4's per-event queue: a run consumes exactly the events its rows name, no dag lock needed.
+        stamp, rows = stamp_then_insert(conn, form, chunk_params, options)
     else:
-        stamp, rows = _lock_stamp_write(conn, form, chunk_params, options, lock_wait_s)
+        stamp, rows = dialects.get(conn).write(conn, form, chunk_params, options, lock_wait_s)
     metrics.report("incr", "queue_write.rows", rows)
     for event in events:
         set_loaded_timestamp(event, stamp)

@@ -64,7 +64,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Update
 
-from airflow_adrq import dialects, metrics, stamping, statement
+from airflow_adrq import dialects, metrics, queue, statement
 from airflow_adrq.tables import UtcDateTime, asset_dag_run_queue
 from airflow_adrq.txscope import TransactionScoped
 
@@ -153,22 +153,22 @@ def write_then_stamp(
     an outer one). Does not promise the refresh of a held row: it is best effort by design. Returns the
     stamp and the rows the statement wrote (the refresh's rows are counted as ``refresh.rows``).
     """
-    support = dialects.get(conn)
-    stmt = statement.insert_statement(support.name, form)
+    backend = dialects.get(conn)
+    stmt = statement.insert_statement(backend.name, form)
     written = 0
     for params in chunk_params:
         result = conn.execute(stmt, {**params, "created_at": PENDING}, execution_options=options)
-        written += support.rows_written(conn, result)
+        written += backend.rows_written(conn, result)
     ids = [event_id for params in chunk_params for event_id in params["ids"]]
-    if support.stamp_in_one_statement and len(ids) <= stamping.IDS_PER_STATEMENT:
+    if backend.stamp_in_one_statement and len(ids) <= queue.IDS_PER_STATEMENT:
         params = {"ids": ids, "asset_ids": asset_ids, "pending": PENDING}
-        one_statement = _stamp_in_one_statement(support.name)
+        one_statement = _stamp_in_one_statement(backend.name)
         stamp: dt.datetime = conn.execute(one_statement, params, execution_options=options).scalar_one()
     else:
         # One clock reading, then as many statements as the bound-parameter limits need.
-        stamp = stamping.clock_on_events(conn, ids, options)
-        for start in range(0, len(asset_ids), stamping.IDS_PER_STATEMENT):
-            chunk = asset_ids[start : start + stamping.IDS_PER_STATEMENT]
+        stamp = queue.clock_on_events(conn, ids, options)
+        for start in range(0, len(asset_ids), queue.IDS_PER_STATEMENT):
+            chunk = asset_ids[start : start + queue.IDS_PER_STATEMENT]
             params = {"asset_ids": chunk, "stamp": stamp, "pending": PENDING}
             conn.execute(_STAMP_ROWS, params, execution_options=options)
     if form.shape.event_keyed or not isinstance(bind, Session):

@@ -327,11 +327,11 @@ def conflict_policy() -> ConflictPolicy:
 def lock_wait_s() -> float:
     """``lock_wait_s`` of ``[core] asset_manager_kwargs``: PostgreSQL's longest wait for busy consumer rows.
 
-    Unset: :data:`airflow_adrq.nowait.LOCK_WAIT_S`. One config read per call, the rest cached.
+    Unset: :data:`airflow_adrq.queue.LOCK_WAIT_S`. One config read per call, the rest cached.
     """
     from airflow.configuration import conf
 
-    from airflow_adrq.nowait import LOCK_WAIT_S
+    from airflow_adrq.queue import LOCK_WAIT_S
 
     kwargs = _manager_kwargs(conf.get("core", "asset_manager_kwargs", fallback="") or "")
     return float(kwargs.get("lock_wait_s", LOCK_WAIT_S))

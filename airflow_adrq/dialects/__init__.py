@@ -1,8 +1,10 @@
-"""Per-dialect SQL differences: one plain module per backend, looked up by name.
+"""Per-backend SQL and the queue write: one plain module per backend, looked up by name.
 
-Generic code asks :func:`get` for the :class:`DialectSupport` of a bind and never compares dialect
-names itself. Each backend module defines one ``SUPPORT``; adding a backend means adding a module
-and a line in :data:`MODULES`.
+Generic code asks :func:`get` for the backend module of a bind and never compares dialect names
+itself. Each backend module defines the names of :class:`Backend` as plain functions and values, and
+its ``write``, which reads top to bottom in the order its statements are sent: :mod:`.postgresql`,
+:mod:`.mysql` (MySQL 8 and MariaDB), :mod:`.sqlite`. Adding a backend means adding a module and a
+line in :data:`MODULES`.
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ import functools
 import importlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from sqlalchemy import Column, ColumnElement, Select, Table, func
 from sqlalchemy.engine import Connection, CursorResult, Dialect, Engine
@@ -22,12 +23,15 @@ from sqlalchemy.sql.dml import Insert
 
 from airflow_adrq.errors import UnsupportedDialectError
 
+if TYPE_CHECKING:
+    from airflow_adrq.statement import Form
+
 __all__ = [
     "CONFLICT_POLICIES",
     "MODULES",
+    "Backend",
     "ConflictMode",
     "ConflictPolicy",
-    "DialectSupport",
     "ResolvedPolicy",
     "check_policy",
     "get",
@@ -37,7 +41,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: What the statement does with an existing queue row (see DialectSupport).
+#: What the statement does with an existing queue row (see Backend.insert_from_select).
 ConflictMode = Literal["ignore", "refresh"]
 #: What a caller asks for: ``"refresh"`` in the statement, ``"ignore"``, ``"refresh_after_commit"``
 #: (the statement ignores, separate statements refresh after COMMIT: :mod:`airflow_adrq.refresh`),
@@ -48,55 +52,68 @@ ResolvedPolicy = Literal["ignore", "refresh", "refresh_after_commit"]
 CONFLICT_POLICIES: tuple[ConflictPolicy, ...] = ("auto", "ignore", "refresh", "refresh_after_commit")
 
 
-@dataclass(frozen=True)
-class DialectSupport:
-    """What differs between backends on the queueing path (each backend module defines one)."""
+class Backend(Protocol):
+    """What each backend module defines: plain functions and values, the same names in each.
 
+    The queue write itself is :func:`write` (where the scheduler locks rows); what the rest of the
+    package needs from a backend (engine settings, the conflict clause, the clock, DDL) is the rest.
+    """
+
+    #: The backend's name (``"postgresql"``, ``"mysql"`` for MySQL and MariaDB, ``"sqlite"``).
     name: str
-    #: ``(table, columns, select, key, on_conflict, column)``: ``INSERT INTO table (columns) <select>``
-    #: with the conflict clause on the primary key ``key``: ``"ignore"`` leaves an existing row,
-    #: ``"refresh"`` sets its ``column`` to the greater of its value and the new one.
-    insert_from_select: Callable[
-        [Table, Sequence[Column[Any]], Select[Any], Sequence[str], ConflictMode, str], Insert
-    ]
-    #: An ``INSERT`` (add ``.values()``) that leaves an existing row with the same key untouched.
-    insert_ignore: Callable[[Table], Insert]
-    #: The connection settings the guarantees rely on (isolation level, busy handling, FK enforcement),
-    #: applied by :func:`airflow_adrq.engine.create_engine`.
-    engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    configure_engine: Callable[[Engine], None] = field(default=lambda engine: None)
-    #: Runs before every queue write (cheap: cached per DBAPI connection); raises
-    #: :class:`~airflow_adrq.errors.AdrqError` for settings that break the guarantees.
-    check_connection: Callable[[Connection], None] = field(default=lambda connection: None)
+    #: The connection settings the guarantees rely on, applied by :func:`airflow_adrq.engine.create_engine`.
+    engine_kwargs: Mapping[str, Any]
     #: The database's clock, one value per statement (``None``: Python's, a database on this host).
-    clock: Callable[[], ColumnElement[dt.datetime]] | None = None
-    #: Data-modifying CTEs: the stamp goes on the events and the rows in the statement reading it.
-    stamp_in_one_statement: bool = False
-    #: Whether ``"auto"`` is ``"refresh"``: whether Airflow's scheduler locks the queue rows it consumes
-    #: (``FOR UPDATE SKIP LOCKED``), so a refreshing producer only waits for it. Else (MariaDB) it
-    #: deletes DAG by DAG in set order, which a refresh in key order would deadlock with:
-    #: ``"refresh_after_commit"`` (:mod:`airflow_adrq.refresh`).
-    refresh_by_default: Callable[[Connection], bool] = field(default=lambda connection: True)
-    #: The sort key of the consumers' ``dag`` share locks: the order Airflow's other ``dag`` writers
-    #: lock in, Python's ``sorted()`` (byte order, whatever the collation). ``None``: one writer at a
-    #: time, no row locks.
-    lock_order: Callable[[ColumnElement[str]], ColumnElement[Any]] | None = None
-    #: Read the consumers first, lock them by id list (InnoDB locks a locking read's rows in access
-    #: order, not ``ORDER BY`` order; an ``IN`` list on the key is read in key order).
-    lock_by_id_list: bool = False
-    #: A clock read when evaluated, not at statement start: the one-statement write reads it once its
-    #: share locks are held (:func:`airflow_adrq.queue.queue_events`).
-    clock_after_locks: Callable[[], ColumnElement[dt.datetime]] | None = None
-    #: The rows the queue statement just executed inserted or updated (its ``result``'s rowcount).
-    rows_written: Callable[[Connection, CursorResult[Any]], int] = field(
-        default=lambda connection, result: result.rowcount
-    )
+    clock: Callable[[], ColumnElement[dt.datetime]] | None
+    #: Data-modifying CTEs: the refresh path stamps its rows and the events in one statement.
+    stamp_in_one_statement: bool
     #: DDL is transactional: a failed migration's rollback undoes it (not MySQL/MariaDB, where each
     #: DDL statement commits; :mod:`airflow_adrq.migrate` cleans up there).
-    transactional_ddl: bool = True
-    #: Raises :class:`~airflow_adrq.errors.AdrqError` before any DDL of airflow-adrq's migrations on
-    #: a server whose settings would make the tables differ from Airflow's.
-    check_before_ddl: Callable[[Connection], None] = field(default=lambda connection: None)
+    transactional_ddl: bool
+
+    def configure_engine(self, engine: Engine) -> None:
+        """Listeners an engine of :func:`airflow_adrq.engine.create_engine` needs (SQLite's BEGIN)."""
+
+    def check_connection(self, connection: Connection) -> None:
+        """Before every queue write (cached per DBAPI connection): :class:`AdrqError` for bad settings."""
+
+    def check_before_ddl(self, connection: Connection) -> None:
+        """Before airflow-adrq's migrations: :class:`AdrqError` if the tables would differ from Airflow's."""
+
+    def refresh_by_default(self, connection: Connection) -> bool:
+        """Whether ``"auto"`` is ``"refresh"``: whether Airflow's scheduler locks the rows it consumes."""
+
+    def insert_from_select(
+        self,
+        table: Table,
+        columns: Sequence[Column[Any]],
+        select: Select[Any],
+        key: Sequence[str],
+        on_conflict: ConflictMode,
+        refresh: str,
+    ) -> Insert:
+        """``INSERT INTO table (columns) <select>`` with the conflict clause on the primary key ``key``.
+
+        ``"ignore"`` leaves an existing row, ``"refresh"`` sets its ``refresh`` column to the greater of
+        its value and the new one.
+        """
+
+    def insert_ignore(self, table: Table) -> Insert:
+        """An ``INSERT`` (add ``.values()``) that leaves an existing row with the same key untouched."""
+
+    def rows_written(self, connection: Connection, result: CursorResult[Any]) -> int:
+        """The rows the queue statement just executed inserted or updated."""
+
+    def write(
+        self,
+        connection: Connection,
+        form: Form,
+        chunk_params: list[dict[str, Any]],
+        options: Mapping[str, Any],
+        lock_wait_s: float,
+    ) -> tuple[dt.datetime, int]:
+        """The queue write where Airflow's scheduler locks rows: the consumers' ``dag`` rows share-locked,
+        the clock read, the events stamped and the rows written; the stamp and the rows written."""
 
 
 #: SQLAlchemy dialect name -> the module of this package that supports it. Imported on first use,
@@ -104,8 +121,8 @@ class DialectSupport:
 MODULES = {"postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql", "sqlite": "sqlite"}
 
 
-def get(bind: Session | Connection | Engine | Dialect | str) -> DialectSupport:
-    """The :class:`DialectSupport` for a session, connection, engine or dialect (or its name).
+def get(bind: Session | Connection | Engine | Dialect | str) -> Backend:
+    """The backend module for a session, connection, engine or dialect (or its name).
 
     Raises :class:`~airflow_adrq.errors.UnsupportedDialectError` for a backend not in :data:`MODULES`.
     """
@@ -118,7 +135,7 @@ def get(bind: Session | Connection | Engine | Dialect | str) -> DialectSupport:
         raise UnsupportedDialectError(
             f"no airflow-adrq support for dialect {name!r} (supported: {', '.join(sorted(MODULES))})"
         )
-    return cast(DialectSupport, importlib.import_module(f"{__name__}.{module}").SUPPORT)
+    return cast(Backend, importlib.import_module(f"{__name__}.{module}"))
 
 
 def check_policy(policy: object) -> ConflictPolicy:

@@ -1,4 +1,7 @@
-"""MySQL 8 / MariaDB (InnoDB): ``INSERT ... ON DUPLICATE KEY UPDATE`` no-op.
+"""MySQL 8 / MariaDB (InnoDB): the queue write (:func:`write`), ``INSERT ... ON DUPLICATE KEY UPDATE``.
+
+Where Airflow's scheduler takes no row locks (MariaDB, whose dialect has no ``FOR UPDATE OF``) the
+write is :mod:`airflow_adrq.refresh`'s instead (``"auto"`` resolves to ``"refresh_after_commit"``).
 
 Never ``INSERT IGNORE``: it takes a *shared* lock on a duplicate row, which deadlocks against a
 consumer deleting that row (shared-to-exclusive upgrade), and it downgrades FK / NOT NULL errors to
@@ -22,16 +25,19 @@ MySQL 8 and MariaDB accept it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import datetime as dt
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Column, Select, Table, exists, func
+from sqlalchemy import Column, ColumnElement, Select, Table, bindparam, exists, func, select
 from sqlalchemy.dialects import mysql
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, CursorResult, Engine
 from sqlalchemy.sql.dml import Insert
 
-from airflow_adrq.dialects import ConflictMode, DialectSupport
+from airflow_adrq import queue, statement, tables
+from airflow_adrq.dialects import ConflictMode
 from airflow_adrq.errors import AdrqError, IsolationLevelError
+from airflow_adrq.statement import Form
 from airflow_adrq.tables import UtcDateTime
 
 #: Execution option that lets a connection write the queue at any isolation level.
@@ -42,7 +48,7 @@ _LOCK_FREE_READS = frozenset({"READ COMMITTED", "READ UNCOMMITTED", "AUTOCOMMIT"
 _LEVEL_KEY = "airflow_adrq.isolation_level"
 
 
-def _insert_from_select(
+def insert_from_select(
     table: Table,
     columns: Sequence[Column[Any]],
     select: Select[Any],
@@ -50,6 +56,7 @@ def _insert_from_select(
     on_conflict: ConflictMode,
     refresh: str,
 ) -> Insert:
+    """``INSERT ... SELECT ... WHERE NOT EXISTS (<a row needing no write>) ON DUPLICATE KEY UPDATE``."""
     # Skip the rows that need no write instead of "updating" them: the no-op ODKU's exclusive lock on
     # an existing row and Airflow's scheduler deleting rows DAG by DAG in Python-set order lock the
     # same rows in opposite orders (measured: the producer was the victim, 23-42 deadlocks per 240
@@ -67,7 +74,8 @@ def _insert_from_select(
     return stmt.on_duplicate_key_update({refresh: func.greatest(table.c[refresh], stmt.inserted[refresh])})
 
 
-def _check_connection(connection: Connection) -> None:
+def check_connection(connection: Connection) -> None:
+    """:class:`IsolationLevelError` unless READ COMMITTED (or allowed): cached per DBAPI connection."""
     options = connection.get_execution_options()
     if options.get(ALLOW_ISOLATION_OPTION):
         return
@@ -87,12 +95,14 @@ def _check_connection(connection: Connection) -> None:
         )
 
 
-def _insert_ignore(table: Table) -> Insert:
+def insert_ignore(table: Table) -> Insert:
+    """``INSERT ... ON DUPLICATE KEY UPDATE <first key column> = itself``: never ``INSERT IGNORE``."""
     first = next(iter(table.primary_key.columns))
     return mysql.insert(table).on_duplicate_key_update({first.name: first})
 
 
-def _require_explicit_timestamp_defaults(connection: Connection) -> None:
+def check_before_ddl(connection: Connection) -> None:
+    """Refuse a server that would give ``TIMESTAMP NOT NULL`` columns implicit defaults."""
     # Off, the server gives the first TIMESTAMP NOT NULL column of a table DEFAULT CURRENT_TIMESTAMP
     # ON UPDATE CURRENT_TIMESTAMP, so asset_dag_run_queue.created_at would move on every UPDATE of
     # its row (Airflow refuses such servers too). On by default since MySQL 8.0 and MariaDB 10.10.
@@ -105,25 +115,66 @@ def _require_explicit_timestamp_defaults(connection: Connection) -> None:
         )
 
 
-SUPPORT = DialectSupport(
-    name="mysql",
-    insert_from_select=_insert_from_select,
-    insert_ignore=_insert_ignore,
-    # As Airflow forces on MySQL (settings.prepare_engine_args).
-    engine_kwargs={"isolation_level": "READ COMMITTED"},
-    check_connection=_check_connection,
-    # MySQL 8's scheduler locks the rows it consumes: refresh waits for it. MariaDB's does not, and
-    # deletes DAG by DAG: refresh would deadlock. (Airflow's with_row_locks adds FOR UPDATE ... SKIP
-    # LOCKED only where the dialect supports FOR UPDATE OF: MySQL 8; not MariaDB, MDEV-13115.)
-    refresh_by_default=lambda connection: bool(getattr(connection.dialect, "supports_for_update_of", False)),
-    # UTC wall time, as the naive UTC values sent for TIMESTAMP columns (tables.UtcDateTime); per statement.
-    clock=lambda: func.utc_timestamp(6, type_=UtcDateTime()),
-    # MySQL 8's scheduler skips share-locked dag rows (FOR UPDATE SKIP LOCKED). InnoDB locks in
-    # access order: the consumers are locked by their id list, a range scan of the primary key in its
-    # collation's order; Airflow's utf8mb3_bin compares code points, as Python does. SQLAlchemy
-    # renders FOR SHARE (MySQL 8) or LOCK IN SHARE MODE (MariaDB).
-    lock_order=lambda dag_id: dag_id,
-    lock_by_id_list=True,
-    transactional_ddl=False,
-    check_before_ddl=_require_explicit_timestamp_defaults,
+name = "mysql"
+#: As Airflow forces on MySQL (settings.prepare_engine_args).
+engine_kwargs: Mapping[str, Any] = {"isolation_level": "READ COMMITTED"}
+stamp_in_one_statement = False
+transactional_ddl = False
+
+
+def clock() -> ColumnElement[dt.datetime]:
+    """UTC wall time, as the naive UTC values sent for TIMESTAMP columns (``UtcDateTime``); per statement."""
+    return func.utc_timestamp(6, type_=UtcDateTime())
+
+
+def configure_engine(engine: Engine) -> None:
+    """Nothing beyond :data:`engine_kwargs`."""
+
+
+def refresh_by_default(connection: Connection) -> bool:
+    """MySQL 8's scheduler locks the rows it consumes: refresh waits for it. MariaDB's does not, and
+    deletes DAG by DAG: refresh would deadlock. (Airflow's with_row_locks adds FOR UPDATE ... SKIP
+    LOCKED only where the dialect supports FOR UPDATE OF: MySQL 8; not MariaDB, MDEV-13115.)"""
+    return bool(getattr(connection.dialect, "supports_for_update_of", False))
+
+
+def rows_written(connection: Connection, result: CursorResult[Any]) -> int:
+    """The server's affected rows (a row moved forwards counts 2)."""
+    return result.rowcount
+
+
+def write(
+    conn: Connection,
+    form: Form,
+    chunk_params: list[dict[str, Any]],
+    options: Mapping[str, Any],
+    lock_wait_s: float,
+) -> tuple[dt.datetime, int]:
+    """MySQL 8 (MariaDB's ``SKIP LOCKED`` stands in): share-lock the consumers, stamp, INSERT.
+
+    Sends, per chunk of events: ``SELECT dag_id ...`` (every consumer, paused or not, no locks), then
+    ``SELECT dag_id FROM dag WHERE dag_id IN (:dag_ids) ORDER BY dag_id FOR SHARE`` (MariaDB: ``LOCK IN
+    SHARE MODE``); then ``SELECT utc_timestamp(6)``, ``UPDATE asset_event SET timestamp = :stamp WHERE id
+    IN (:ids)`` and the ordered ``INSERT ... SELECT`` of each chunk. InnoDB locks a locking read's rows
+    in access order, not ``ORDER BY`` order: an ``IN`` list on the key is a range scan of the primary
+    key in its collation's order (Airflow's utf8mb3_bin compares code points, as Python does), the
+    order every one of Airflow's writers of ``dag`` locks an ``IN`` list in. So it waits while it holds
+    the rows before, in that order: no cycle with them (``tests/concurrency/test_writer_cycles.py``).
+    MySQL 8's scheduler skips share-locked rows (``FOR UPDATE SKIP LOCKED``). ``lock_wait_s`` is not
+    used: ``innodb_lock_wait_timeout`` bounds each wait (a lock wait timeout rolls back the statement).
+    """
+    for params in chunk_params:
+        found = conn.execute(statement.referencing_dags(form), params, execution_options=options)
+        dag_ids = sorted(set(found.scalars()))
+        if dag_ids:
+            conn.execute(_SHARE_LOCK, {"dag_ids": dag_ids}, execution_options=options)
+    return queue.stamp_then_insert(conn, form, chunk_params, options)
+
+
+_DAG = tables.dag
+_SHARE_LOCK = (
+    select(_DAG.c.dag_id)
+    .where(_DAG.c.dag_id.in_(bindparam("dag_ids", expanding=True)))
+    .order_by(_DAG.c.dag_id)
+    .with_for_update(read=True, of=_DAG)
 )

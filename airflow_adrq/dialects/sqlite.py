@@ -1,4 +1,4 @@
-"""SQLite: ``INSERT ... ON CONFLICT DO NOTHING`` (SQLite >= 3.24).
+"""SQLite: the queue write (:func:`write`), ``INSERT ... ON CONFLICT`` (SQLite >= 3.24).
 
 SQLite has one writer at a time, so row order cannot deadlock; the risk is a DEFERRED
 transaction that reads first and then cannot upgrade to a write lock (``SQLITE_BUSY`` without the
@@ -9,20 +9,25 @@ a WHERE clause, which SQLite's upsert parser needs after ``INSERT ... SELECT``.
 
 from __future__ import annotations
 
-import functools
+import datetime as dt
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from sqlalchemy import event
+from sqlalchemy import Select, event
 from sqlalchemy.dialects import sqlite
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, CursorResult, Engine
 
-from airflow_adrq.dialects import DialectSupport, on_conflict_insert_from_select
+from airflow_adrq import queue
+from airflow_adrq.dialects import ConflictMode, on_conflict_insert_from_select
+from airflow_adrq.statement import Form
 
 #: Seconds a writer waits for the database lock before SQLITE_BUSY.
 BUSY_TIMEOUT_SECONDS = 30
 
 
-def _configure_engine(engine: Engine) -> None:
+def configure_engine(engine: Engine) -> None:
+    """``BEGIN IMMEDIATE``, ``PRAGMA foreign_keys=ON`` and the busy timeout on every connection."""
+
     # SQLAlchemy's documented recipe: take pysqlite's own transaction handling away and emit BEGIN
     # ourselves, so it can be BEGIN IMMEDIATE.
     @event.listens_for(engine, "connect")
@@ -39,17 +44,64 @@ def _configure_engine(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def _rows_written(connection: Connection, _result: Any) -> int:
+def rows_written(connection: Connection, result: CursorResult[Any]) -> int:
+    """``changes()``: the rows the last statement inserted or updated."""
     # pysqlite counts rows only for a statement it sees begin with INSERT, UPDATE, DELETE
     # or REPLACE; the queue statement begins with its WITH: ask SQLite.
     return cast(int, connection.exec_driver_sql("SELECT changes()").scalar_one())
 
 
-SUPPORT = DialectSupport(
-    name="sqlite",
-    # SQLite's two-argument max() is a scalar function, like GREATEST.
-    insert_from_select=functools.partial(on_conflict_insert_from_select, sqlite.insert, "max"),
-    insert_ignore=lambda table: sqlite.insert(table).on_conflict_do_nothing(),
-    configure_engine=_configure_engine,
-    rows_written=_rows_written,
-)
+name = "sqlite"
+#: The engine's settings are listeners (:func:`configure_engine`).
+engine_kwargs: Mapping[str, Any] = {}
+#: Python's clock: SQLite runs on this host.
+clock = None
+stamp_in_one_statement = False
+transactional_ddl = True
+
+
+def check_connection(connection: Connection) -> None:
+    """Nothing to check."""
+
+
+def check_before_ddl(connection: Connection) -> None:
+    """Nothing to check."""
+
+
+def refresh_by_default(connection: Connection) -> bool:
+    """One writer at a time: a refresh in the statement waits for no one."""
+    return True
+
+
+def insert_from_select(
+    table: Any,
+    columns: Sequence[Any],
+    select: Select[Any],
+    key: Sequence[str],
+    on_conflict: ConflictMode,
+    refresh: str,
+) -> Any:
+    """``INSERT ... SELECT ... ON CONFLICT DO NOTHING`` or ``DO UPDATE SET refresh = max(...)`` (SQLite's
+    two-argument ``max()`` is a scalar function, like GREATEST)."""
+    return on_conflict_insert_from_select(
+        sqlite.insert, "max", table, columns, select, key, on_conflict, refresh
+    )
+
+
+def insert_ignore(table: Any) -> Any:
+    """``INSERT ... ON CONFLICT DO NOTHING``."""
+    return sqlite.insert(table).on_conflict_do_nothing()
+
+
+def write(
+    conn: Connection,
+    form: Form,
+    chunk_params: list[dict[str, Any]],
+    options: Mapping[str, Any],
+    lock_wait_s: float,
+) -> tuple[dt.datetime, int]:
+    """Python's clock, ``UPDATE asset_event SET timestamp``, then the ordered ``INSERT ... SELECT``.
+
+    No row locks: the transaction holds the database's write lock from its ``BEGIN IMMEDIATE``.
+    """
+    return queue.stamp_then_insert(conn, form, chunk_params, options)

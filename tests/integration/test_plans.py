@@ -25,6 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from airflow_adrq import register_asset_change, statement
+from airflow_adrq.dialects import postgresql
 from tests.factories import asset_ref
 
 pytestmark = pytest.mark.backends("postgresql")
@@ -59,12 +60,8 @@ def test_an_event_with_one_consumer_does_not_scan_dag(engine, fan):
         event_id = event.id
         form = statement.Form("events", "refresh")
         plans = {
-            "the queue write": _plan(
-                session.connection(), statement.write_once("postgresql", form), event_id
-            ),
-            "the share lock alone": _plan(
-                session.connection(), statement.share_lock("postgresql", form), event_id
-            ),
+            "the queue write": _plan(session.connection(), postgresql.one_statement(form), event_id),
+            "the share lock alone": _plan(session.connection(), postgresql._share_lock(form), event_id),
         }
         session.rollback()
     for name, plan in plans.items():
@@ -82,7 +79,7 @@ def test_a_popular_asset_among_quiet_ones_is_not_a_nested_loop_over_the_consumer
         event = register_asset_change(asset=asset_ref("popular"), session=session, queue_mode="immediate")
         assert event is not None
         form = statement.Form("events", "refresh")
-        plan = _plan(session.connection(), statement.write_once("postgresql", form), event.id)
+        plan = _plan(session.connection(), postgresql.one_statement(form), event.id)
         session.rollback()
     # The locked rows are only counted (for the stamp), never joined to the consumers.
     assert plan.count("CTE Scan on locked") == 1, plan

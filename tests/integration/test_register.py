@@ -430,9 +430,9 @@ def test_event_rows_and_queue_rows_share_the_callers_transaction(engine, fan):
 
 def test_one_stamp_across_statements_past_the_parameter_limit(engine, monkeypatch, fan):
     """Past IDS_PER_STATEMENT events the write takes several statements, and still one clock reading."""
-    from airflow_adrq import stamping
+    from airflow_adrq import queue
 
-    monkeypatch.setattr(stamping, "IDS_PER_STATEMENT", 2)
+    monkeypatch.setattr(queue, "IDS_PER_STATEMENT", 2)
     names = [f"a{i}" for i in range(5)]
     ids = fan({name: ["c"] for name in names})
     with Session(engine) as session:

@@ -33,7 +33,6 @@ PLUGIN_PATH = [
     "airflow_adrq.metrics",
     "airflow_adrq.queue",
     "airflow_adrq.shapes",
-    "airflow_adrq.stamping",
     "airflow_adrq.statement",
     "airflow_adrq.tables",
     "airflow_adrq.txscope",
@@ -65,12 +64,3 @@ def test_the_plugin_import_loads_the_plugin_path_only(tmp_path):
     found = json.loads(line.removeprefix("ADRQ-PROBE "))
     assert found["modules"] == PLUGIN_PATH
     assert found["before_commit_listeners_added"] == 0
-
-
-def test_the_plugin_path_reads_in_an_afternoon():
-    """What every Airflow process imports stays at most 2,500 lines."""
-    root = Path(airflow_adrq.__file__).resolve().parent
-    files = [root.joinpath(*name.split(".")[1:]) for name in PLUGIN_PATH]
-    paths = [f / "__init__.py" if f.is_dir() else f.with_suffix(".py") for f in files]
-    lines = sum(len(path.read_text().splitlines()) for path in paths)
-    assert lines <= 2500, f"the plug-in path is {lines} lines"

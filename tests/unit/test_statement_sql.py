@@ -74,9 +74,10 @@ def test_one_ordered_insert_select_driven_by_events(name):
 
 def test_what_postgresql_sends_binds_the_event_ids_only_to_read_and_to_stamp_them():
     from airflow_adrq import statement
+    from airflow_adrq.dialects import postgresql
 
     dialect = DIALECTS["postgresql"]
-    stmt = statement.write_once("postgresql", statement.Form("events", "refresh"))
+    stmt = postgresql.one_statement(statement.Form("events", "refresh"))
     compiled = stmt.compile(dialect=dialect)
     sql = " ".join(str(compiled).split())
     # No per-DAG parameter: the ids, bound where the events are read (ev) and where they are stamped.
@@ -92,7 +93,7 @@ def test_what_postgresql_sends_binds_the_event_ids_only_to_read_and_to_stamp_the
     assert sql.index(locks) < sql.index("clock_timestamp()")
     assert sql.index("clock_timestamp()") < sql.index("INSERT INTO asset_dag_run_queue")
     assert CONFLICT["postgresql"] in sql
-    assert statement.write_once("postgresql", statement.Form("events", "refresh")) is stmt
+    assert postgresql.one_statement(statement.Form("events", "refresh")) is stmt
 
 
 @pytest.mark.parametrize("name", sorted(DIALECTS))
