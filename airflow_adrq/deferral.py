@@ -1,29 +1,32 @@
 """Commit-time queueing: events recorded on the session, queued by ONE statement just before COMMIT.
 
-:func:`defer_events` records the events in the session's current transaction
-(:class:`airflow_adrq.txscope.TransactionScoped` drops those of a rolled-back SAVEPOINT) and, at the
-first deferral, the :class:`_Statement` settings the transaction is queued with. Just before the
-outermost COMMIT, ``_before_commit`` flushes the session, writes the alias rows and calls
-:func:`airflow_adrq.queue.queue_events` once with every event not written yet.
+:func:`defer_events` records the events in the session's current transaction (a rolled-back SAVEPOINT
+drops its own: :class:`airflow_adrq.txscope.TransactionScoped`) and, at the first deferral, the
+:class:`_Statement` settings the transaction is queued with. The commit step is :func:`write_at_commit`,
+called by a ``before_commit`` listener on the ``Session`` class (installed when a process first defers
+an event) just before every outermost COMMIT of a session with events: it flushes the session, writes
+the alias rows and calls :func:`airflow_adrq.queue.queue_events` once with every event not written yet.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction
 
-from airflow_adrq import dialects, metrics
-from airflow_adrq.dialects import ConflictPolicy
+from airflow_adrq.dialects import ConflictPolicy, check_policy
 from airflow_adrq.errors import DeferredTooLateError
-from airflow_adrq.queue import LOCK_WAIT_S, EventLike, queue_events, set_loaded_timestamp
+from airflow_adrq.metrics import NOWHERE, Metrics
+from airflow_adrq.queue import LOCK_WAIT_S, EventLike, queue_events
 from airflow_adrq.shapes import PARTITIONED, QueueShape
 from airflow_adrq.txscope import TransactionScoped, current_transaction, descends_from
 
-__all__ = ["defer_events", "flush_queue", "pending_events"]
+__all__ = ["check_settings", "defer_events", "flush_queue", "pending_events", "write_at_commit"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class _Statement:
     shape: QueueShape = PARTITIONED
     schema: str | None = None
     lock_wait_s: float = LOCK_WAIT_S
+    metrics: Metrics = NOWHERE
 
 
 @dataclass
@@ -54,46 +58,64 @@ _STATEMENT_KEY = "airflow_adrq.deferral.statement"
 _WRITTEN_KEY = "airflow_adrq.deferral.written_at_commit"
 
 
+def write_at_commit(session: Session) -> None:
+    """The commit step: flush, then queue every event deferred and not written yet, by one statement.
+
+    Called just before the outermost COMMIT of a session that deferred events (and by nothing else);
+    an exception aborts the commit. Locks: as :func:`queue_events`.
+    """
+    session.flush()  # flush hooks may defer more events: they are queued too
+    _write(session)
+    root = session.get_transaction()
+    if root is not None:
+        session.info[_WRITTEN_KEY] = weakref.ref(root)
+
+
 def _write(session: Session) -> list[_Deferred]:
     """Queue the events not written yet with one :func:`queue_events` call; return them."""
     entries = _pending(session)
     if not entries:
         return []
     settings: _Statement = session.info[_STATEMENT_KEY]
-    conn = session.connection()
     if any(entry.alias_names for entry in entries):
         # Only the standalone manager defers alias names (the plug-in writes Airflow's alias rows
         # itself): the plug-in never loads this module.
         from airflow_adrq.aliases import write_alias_rows
 
         # Before the statement, which reads asset_alias_asset_event.
-        write_alias_rows(conn, [(e.id, e.asset_id, name) for e in entries for name in e.alias_names])
+        rows = [(e.id, e.asset_id, name) for e in entries for name in e.alias_names]
+        write_alias_rows(session.connection(), rows)
     start = time.perf_counter()
-    stamp = queue_events(
+    allowed = {}
+    for entry in entries:
+        if entry.allowed is not None:
+            allowed[entry.id] = entry.allowed
+    queue_events(
         session,
-        entries,
+        [entry.obj for entry in entries],
         on_conflict=settings.on_conflict,
-        allowed={e.id: e.allowed for e in entries if e.allowed is not None} or None,
+        allowed=allowed or None,
         shape=settings.shape,
         schema=settings.schema,
         lock_wait_s=settings.lock_wait_s,
+        metrics=settings.metrics,
     )
-    metrics.report("timing", "queue_write", (time.perf_counter() - start) * 1000)
-    metrics.report("incr", "queue_write.events", len({entry.id for entry in entries}))
+    settings.metrics.timing("queue_write", (time.perf_counter() - start) * 1000)
+    settings.metrics.incr("queue_write.events", len({entry.id for entry in entries}))
     current = current_transaction(session)
     for entry in entries:
         entry.written_in = current
-        if stamp is not None:
-            set_loaded_timestamp(entry.obj, stamp)
     return entries
 
 
-def _before_commit(session: Session, _entries: list[_Deferred]) -> None:
-    session.flush()  # flush hooks may defer more events: they are queued too
-    _write(session)
-    root = session.get_transaction()
-    if root is not None:
-        session.info[_WRITTEN_KEY] = weakref.ref(root)
+def _before_commit(session: Session) -> None:
+    # Every Session's commit passes here once a process has deferred: one dict lookup for the others.
+    if _DEFERRED.name_key in session.info and session.get_nested_transaction() is None:
+        write_at_commit(session)
+
+
+_listening = threading.Lock()
+_installed = False
 
 
 def _rolled_back(_session: Session, rolled_back: SessionTransaction, entries: list[_Deferred]) -> None:
@@ -103,9 +125,7 @@ def _rolled_back(_session: Session, rolled_back: SessionTransaction, entries: li
             entry.written_in = None
 
 
-_DEFERRED: TransactionScoped[_Deferred] = TransactionScoped(
-    "deferred_events", before_commit=_before_commit, on_rollback=_rolled_back
-)
+_DEFERRED: TransactionScoped[_Deferred] = TransactionScoped("deferred_events", on_rollback=_rolled_back)
 
 
 def _pending(session: Session) -> list[_Deferred]:
@@ -122,6 +142,7 @@ def defer_events(
     shape: QueueShape = PARTITIONED,
     schema: str | None = None,
     lock_wait_s: float = LOCK_WAIT_S,
+    metrics: Metrics = NOWHERE,
 ) -> None:
     """Record ``events`` to be stamped and queued by ONE statement just before COMMIT.
 
@@ -132,7 +153,7 @@ def defer_events(
     schema: those of the first deferral still pending; another raises :class:`ValueError` (deferring
     no events checks that, before any write). ``events``: flushed ``asset_event`` objects, or
     anything with integer ``id`` and ``asset_id``. ``on_conflict``, ``allowed_dags``, ``shape``,
-    ``schema`` and ``lock_wait_s`` as in :func:`queue_events`. ``alias_names`` (event id -> the
+    ``schema``, ``lock_wait_s`` and ``metrics`` as in :func:`queue_events`. ``alias_names`` (event id -> the
     aliases it was emitted through): their alias rows are written at COMMIT too, just before the
     statement (:func:`airflow_adrq.aliases.write_alias_rows`).
 
@@ -145,6 +166,42 @@ def defer_events(
     the whole transaction. Does not promise anything for a transaction committed other than by
     ``Session.commit()`` (on the raw connection, say).
     """
+    wanted = _Statement(check_policy(on_conflict), shape, schema, lock_wait_s, metrics)
+    _check(session, wanted)
+    session.info[_STATEMENT_KEY] = wanted
+    for deferred in events:
+        event_id, asset_id = deferred.id, deferred.asset_id
+        if not isinstance(event_id, int) or not isinstance(asset_id, int):
+            raise TypeError(f"events need integer id and asset_id (flush them first), got {deferred!r}")
+        only = (allowed_dags or {}).get(event_id)
+        names = tuple((alias_names or {}).get(event_id, ()))
+        allowed = None if only is None else frozenset(only)
+        _DEFERRED.add(session, _Deferred(event_id, asset_id, allowed, names, deferred))
+    global _installed
+    if not _installed:  # the commit step's listener, once per process
+        with _listening:
+            if not event.contains(Session, "before_commit", _before_commit):
+                event.listen(Session, "before_commit", _before_commit)
+            _installed = True
+
+
+def check_settings(
+    session: Session,
+    *,
+    on_conflict: ConflictPolicy = "auto",
+    shape: QueueShape = PARTITIONED,
+    schema: str | None = None,
+    lock_wait_s: float = LOCK_WAIT_S,
+    metrics: Metrics = NOWHERE,
+) -> None:
+    """Raise what :func:`defer_events` would for these settings in the session's transaction; record nothing.
+
+    For callers that check before they write anything (the standalone manager's registrations).
+    """
+    _check(session, _Statement(check_policy(on_conflict), shape, schema, lock_wait_s, metrics))
+
+
+def _check(session: Session, wanted: _Statement) -> None:
     written: weakref.ref[SessionTransaction] | None = session.info.get(_WRITTEN_KEY)
     if written is not None and written() is not None and written() is session.get_transaction():
         raise DeferredTooLateError(
@@ -152,7 +209,6 @@ def defer_events(
             "(from a before_commit listener registered after airflow-adrq's?). Register it "
             'before committing, or queue it now from that listener (queue_mode="immediate").'
         )
-    wanted = _Statement(dialects.check_policy(on_conflict), shape, schema, lock_wait_s)
     held: _Statement | None = session.info.get(_STATEMENT_KEY)
     if held is not None and held != wanted and _pending(session):
         if held.on_conflict != wanted.on_conflict:
@@ -161,15 +217,6 @@ def defer_events(
                 f"{held.on_conflict!r}: one transaction is queued by one statement, with one policy"
             )
         raise ValueError(f"one transaction is queued by one statement: {wanted} differs from {held}")
-    session.info[_STATEMENT_KEY] = wanted
-    for event in events:
-        event_id, asset_id = event.id, event.asset_id
-        if not isinstance(event_id, int) or not isinstance(asset_id, int):
-            raise TypeError(f"events need integer id and asset_id (flush them first), got {event!r}")
-        only = (allowed_dags or {}).get(event_id)
-        names = tuple((alias_names or {}).get(event_id, ()))
-        allowed = None if only is None else frozenset(only)
-        _DEFERRED.add(session, _Deferred(event_id, asset_id, allowed, names, event))
 
 
 def pending_events(session: Session) -> list[int]:

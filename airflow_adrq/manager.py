@@ -32,8 +32,9 @@ from sqlalchemy.sql.dml import Insert
 
 from airflow_adrq import dialects, queue, statement
 from airflow_adrq.aliases import write_alias_rows
-from airflow_adrq.deferral import defer_events
+from airflow_adrq.deferral import check_settings, defer_events
 from airflow_adrq.dialects import ConflictMode, ConflictPolicy, check_policy
+from airflow_adrq.metrics import NOWHERE, Metrics
 from airflow_adrq.models import AssetActive, AssetEvent, AssetModel, utcnow
 from airflow_adrq.retry import Callback, run_callbacks
 from airflow_adrq.shapes import PARTITIONED, QueueShape
@@ -182,6 +183,7 @@ def register_asset_change(
     callback_sink: list[Callback] | None = None,
     queue_mode: QueueMode = "commit",
     on_conflict: ConflictPolicy = "auto",
+    metrics: Metrics = NOWHERE,
     **kwargs: Any,
 ) -> AssetEvent | None:
     """Record an asset event and queue the DAGs scheduled on the asset.
@@ -191,6 +193,8 @@ def register_asset_change(
     from ``task_instance``), links the asset to ``source_alias_names`` (creating missing aliases)
     and queues the unpaused DAGs scheduled on the asset directly, by name, by URI or through those
     aliases, unless ``partition_key`` is given. Unknown keyword arguments are ignored, as in Airflow.
+    The queue write counts and times itself on ``metrics`` (:mod:`airflow_adrq.metrics`; default:
+    nowhere).
 
     Locks: now, only the new ``asset_event`` rows (new keys, no waits). At COMMIT
     (``queue_mode="commit"``, with every other event of the transaction) or now (``"immediate"``):
@@ -213,6 +217,7 @@ def register_asset_change(
         callback_sink=callback_sink,
         queue_mode=queue_mode,
         on_conflict=on_conflict,
+        metrics=metrics,
     )
     return event
 
@@ -225,6 +230,7 @@ def register_asset_changes(
     callback_sink: list[Callback] | None = None,
     queue_mode: QueueMode = "commit",
     on_conflict: ConflictPolicy = "auto",
+    metrics: Metrics = NOWHERE,
 ) -> list[AssetEvent | None]:
     """Register several asset events at once (a task's outlets); one result per change.
 
@@ -234,8 +240,8 @@ def register_asset_changes(
     changes = list(changes)
     if queue_mode not in ("commit", "immediate"):
         raise ValueError(f"queue_mode must be 'commit' or 'immediate', not {queue_mode!r}")
-    if queue_mode == "commit":
-        defer_events(session, (), on_conflict=on_conflict)  # checks before any write: the call fails whole
+    if queue_mode == "commit":  # before any write: the call fails whole
+        check_settings(session, on_conflict=on_conflict, metrics=metrics)
     else:
         check_policy(on_conflict)
     if not changes:
@@ -258,10 +264,10 @@ def register_asset_changes(
     if queue_mode == "immediate":
         rows = [(event.id, event.asset_id, name) for change, event in pairs for name in change._alias_names]
         write_alias_rows(session.connection(), rows)
-        queue.queue_events(session, events, on_conflict=on_conflict)
+        queue.queue_events(session, events, on_conflict=on_conflict, metrics=metrics)
     else:
         aliased = {event.id: change._alias_names for change, event in pairs if change._alias_names}
-        defer_events(session, events, on_conflict=on_conflict, alias_names=aliased)
+        defer_events(session, events, on_conflict=on_conflict, alias_names=aliased, metrics=metrics)
 
     results: list[AssetEvent | None] = [None] * len(changes)
     for position, registered_event in zip(positions, events, strict=True):

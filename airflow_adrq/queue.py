@@ -17,15 +17,16 @@ into chunks within the bound-parameter limits and hands them to one writer, whic
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from sqlalchemy import select
+from sqlalchemy import inspect, select
 from sqlalchemy.engine import Connection
-from sqlalchemy.orm import Session, attributes
+from sqlalchemy.orm import InstanceState, Session, attributes
 
-from airflow_adrq import dialects, metrics, statement
+from airflow_adrq import dialects, statement
 from airflow_adrq.dialects import ConflictPolicy
+from airflow_adrq.metrics import NOWHERE, Metrics
 from airflow_adrq.shapes import PARTITIONED, QueueShape
 from airflow_adrq.statement import Form
 from airflow_adrq.tables import utcnow
@@ -81,20 +82,18 @@ def clock_on_events(conn: Connection, ids: list[int], options: Mapping[str, Any]
     return stamp
 
 
-def _chunks(events: Iterable[EventLike]) -> Iterator[list[int]]:
+def _chunks(events: Iterable[EventLike]) -> list[list[int]]:
     """Event ids in ``(asset_id, id)`` order, cut only between assets (3.3's key leads with the asset)."""
     # (And an asset's rows must come from one statement: which alias rows it
     # reads depends on which events are in it.)
-    chunk: list[int] = []
+    chunks: list[list[int]] = []
     last_asset: int | None = None
     for asset_id, event_id in sorted({(event.asset_id, event.id) for event in events}):
-        if len(chunk) >= IDS_PER_STATEMENT and asset_id != last_asset:
-            yield chunk
-            chunk = []
-        chunk.append(event_id)
+        if not chunks or (len(chunks[-1]) >= IDS_PER_STATEMENT and asset_id != last_asset):
+            chunks.append([])
+        chunks[-1].append(event_id)
         last_asset = asset_id
-    if chunk:
-        yield chunk
+    return chunks
 
 
 def queue_events(
@@ -106,6 +105,7 @@ def queue_events(
     shape: QueueShape = PARTITIONED,
     schema: str | None = None,
     lock_wait_s: float = LOCK_WAIT_S,
+    metrics: Metrics = NOWHERE,
 ) -> dt.datetime | None:
     """Queue the consumers of ``events`` now and stamp them; return the stamp (no events: ``None``).
 
@@ -138,8 +138,8 @@ def queue_events(
     queue (multi-team). ``shape``: :mod:`airflow_adrq.shapes`; ``schema``:
     ``[database] sql_alchemy_schema``. ``lock_wait_s``: PostgreSQL's longest wait for busy consumer
     rows, then :class:`~airflow_adrq.errors.LockWaitTimeoutError`. Counts the queue rows inserted or
-    moved forwards as :mod:`~airflow_adrq.metrics` ``queue_write.rows`` (MySQL/MariaDB: affected rows,
-    where a row moved forwards counts 2).
+    moved forwards on ``metrics`` (:mod:`airflow_adrq.metrics`) as ``queue_write.rows`` (MySQL/MariaDB:
+    affected rows, where a row moved forwards counts 2).
 
     Locks, until the transaction ends: the consumers' ``dag`` rows ``FOR SHARE`` (not with
     ``"refresh_after_commit"``); the queue rows it inserts and, with ``"refresh"``, the existing ones,
@@ -156,11 +156,12 @@ def queue_events(
     any producer holds its lock.
     """
     events = list(events)
-    chunks = list(_chunks(events))
+    chunks = _chunks(events)
     if not chunks:
         return None
     conn = bind.connection() if isinstance(bind, Session) else bind
-    dialects.get(conn).check_connection(conn)
+    backend = dialects.get(conn)
+    backend.check_connection(conn)
     mode = dialects.resolve(on_conflict, conn)
     # The statement itself refreshes only with "refresh" (a refresh after COMMIT leaves the row to it).
     form = Form("events", "refresh" if mode == "refresh" else "ignore", shape, bool(allowed))
@@ -179,13 +180,13 @@ def queue_events(
         from airflow_adrq import refresh
 
         asset_ids = sorted({event.asset_id for event in events})
-        stamp, rows = refresh.write_then_stamp(bind, conn, form, chunk_params, asset_ids, options)
+        stamp, rows = refresh.write_then_stamp(bind, conn, form, chunk_params, asset_ids, options, metrics)
     elif form.shape.event_keyed:
         # 3.4's per-event queue: a run consumes exactly the events its rows name, no dag lock needed.
         stamp, rows = stamp_then_insert(conn, form, chunk_params, options)
     else:
-        stamp, rows = dialects.get(conn).write(conn, form, chunk_params, options, lock_wait_s)
-    metrics.report("incr", "queue_write.rows", rows)
+        stamp, rows = backend.write(conn, form, chunk_params, options, lock_wait_s, metrics)
+    metrics.incr("queue_write.rows", rows)
     for event in events:
         set_loaded_timestamp(event, stamp)
     return stamp
@@ -198,9 +199,6 @@ def in_schema(schema: str | None) -> dict[str, Any]:
 
 def set_loaded_timestamp(obj: object, stamp: dt.datetime) -> None:
     """Give a mapped event its stored ``timestamp`` without a reload; leave anything else alone."""
-    try:
-        state = attributes.instance_state(obj)
-    except Exception:  # sqlalchemy.orm.exc.UnmappedInstanceError and friends
-        return
-    if "timestamp" in state.mapper.attrs:
+    state = inspect(obj, raiseerr=False)
+    if isinstance(state, InstanceState) and "timestamp" in state.mapper.attrs:
         attributes.set_committed_value(obj, "timestamp", stamp)

@@ -64,7 +64,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Update
 
-from airflow_adrq import dialects, metrics, queue, statement
+from airflow_adrq import dialects, queue, statement
+from airflow_adrq.metrics import Metrics
 from airflow_adrq.tables import UtcDateTime, asset_dag_run_queue
 from airflow_adrq.txscope import TransactionScoped
 
@@ -142,6 +143,7 @@ def write_then_stamp(
     chunk_params: list[dict[str, Any]],
     asset_ids: list[int],
     options: Mapping[str, Any],
+    metrics: Metrics,
 ) -> tuple[dt.datetime, int]:
     """Without the ``dag`` lock: the rows at :data:`PENDING`, then one stamp on them and the events.
 
@@ -151,7 +153,8 @@ def write_then_stamp(
     COMMIT that comes next: no cycle), the others after the outermost COMMIT, on ``conn`` (dropped on
     rollback, as the events are; skipped if ``conn`` is then still in a transaction, a session joined to
     an outer one). Does not promise the refresh of a held row: it is best effort by design. Returns the
-    stamp and the rows the statement wrote (the refresh's rows are counted as ``refresh.rows``).
+    stamp and the rows the statement wrote (the refresh's rows are counted on ``metrics`` as
+    ``refresh.rows``).
     """
     backend = dialects.get(conn)
     stmt = statement.insert_statement(backend.name, form)
@@ -180,26 +183,28 @@ def write_then_stamp(
             rows.setdefault(asset_id, []).append(dag_id)
     if rows:
         todo = _move_forwards(conn, rows, stamp, options)
-        metrics.report("incr", "refresh.rows", sum(map(len, rows.values())) - sum(map(len, todo.values())))
+        metrics.incr("refresh.rows", sum(map(len, rows.values())) - sum(map(len, todo.values())))
         if todo:
-            _SCOPE.add(bind, functools.partial(_refresh, conn, todo, stamp, options))
+            _SCOPE.add(bind, (functools.partial(_refresh, conn, todo, stamp, options), metrics))
     return stamp, written
 
 
-def _run(_session: Session, refreshes: list[Callable[[], int]]) -> None:
-    for refresh in refreshes:
-        metrics.report("incr", "refresh_after_commit", 1)
+def _run(_session: Session, refreshes: list[tuple[Callable[[], int], Metrics]]) -> None:
+    for refresh, metrics in refreshes:
+        metrics.incr("refresh_after_commit")
         try:
             moved = refresh()
         except Exception:  # never fail a committed transaction's caller (a task's success call)
-            metrics.report("incr", "refresh_after_commit.failures", 1)
+            metrics.incr("refresh_after_commit.failures")
             log.warning("airflow-adrq: refreshing queue rows after COMMIT failed", exc_info=True)
         else:
-            metrics.report("incr", "refresh_after_commit.rows", moved)
+            metrics.incr("refresh_after_commit.rows", moved)
 
 
-#: The refreshes to run after the session's COMMIT, each returning the rows it moved.
-_SCOPE: TransactionScoped[Callable[[], int]] = TransactionScoped("refresh_after_commit", after_commit=_run)
+#: The refreshes to run after the session's COMMIT, each returning the rows it moved, and where to count.
+_SCOPE: TransactionScoped[tuple[Callable[[], int], Metrics]] = TransactionScoped(
+    "refresh_after_commit", after_commit=_run
+)
 
 
 @functools.cache

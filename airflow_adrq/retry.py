@@ -20,9 +20,10 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_random_exponential
 
-from airflow_adrq import deferral, metrics
+from airflow_adrq import deferral
 from airflow_adrq.errorcodes import Retryable, RetryableKind, classify, is_retryable
 from airflow_adrq.errors import CommitOutcomeUnknownError, RetriesExhaustedError
+from airflow_adrq.metrics import NOWHERE, Metrics
 from airflow_adrq.tables import asset_event
 
 __all__ = [
@@ -64,6 +65,7 @@ def run_in_transaction(
     on_retry: Callable[[int, Retryable], None] | None = None,
     deadline: float | None = None,
     stop: Callable[[], bool] | None = None,
+    metrics: Metrics = NOWHERE,
 ) -> T:
     """Run ``work(session, callback_sink)`` in a fresh transaction; retry it from BEGIN.
 
@@ -73,6 +75,7 @@ def run_in_transaction(
     backoff (``initial_wait`` doubling up to ``max_wait``): at most ``max_attempts`` times, and no
     more once ``time.monotonic()`` has passed ``deadline`` or ``stop()`` is true. What ``work``
     appends to ``callback_sink`` runs once, after the COMMIT that succeeded (:func:`run_callbacks`).
+    Each retry is counted on ``metrics`` as ``transaction_retries``.
 
     A connection lost before COMMIT was sent is retried on a new connection. Lost while COMMIT was
     in flight, the outcome is unknown and it is not retried:
@@ -95,7 +98,7 @@ def run_in_transaction(
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         if exc is not None and (found := classify(exc)) is not None:
-            metrics.report("incr", "transaction_retries", 1)
+            metrics.incr("transaction_retries")
             number = state.attempt_number
             log.info("retrying transaction after %s (%s), attempt %d", found.kind.value, found.code, number)
             if on_retry is not None:

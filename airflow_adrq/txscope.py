@@ -1,16 +1,17 @@
 """Per-transaction bookkeeping on a SQLAlchemy ``Session``, SAVEPOINT-aware.
 
-Commit-time queueing and post-commit callbacks share it: remember an item until the outermost
-COMMIT; forget it if the (nested) transaction it was recorded in is rolled back. SQLAlchemy reports
+Commit-time queueing and post-commit callbacks (the standalone manager's listeners, MariaDB's refresh
+after COMMIT) share it: remember an item until the outermost COMMIT; forget it if the (nested)
+transaction it was recorded in is rolled back. SQLAlchemy reports
 a SAVEPOINT's end (``after_transaction_end``) *before* its rollback (``after_soft_rollback``), so
 there a released and a rolled-back SAVEPOINT look alike: items stay keyed by their transaction
 until the outermost one ends, and a rollback drops those of the rolled-back transaction and of
 every transaction nested inside it.
 
-Four listeners on the ``Session`` class, installed once per process when a scope first records an
-item, not on import nor per session (four per session cost more than the rest of a one-event
-transaction's bookkeeping); a session without scopes returns at once. ``before_commit`` and
-``after_commit`` also fire when a SAVEPOINT is released: only the outermost COMMIT counts.
+Three listeners on the ``Session`` class, installed once per process when a scope first records an
+item, not on import nor per session (listeners per session cost more than the rest of a one-event
+transaction's bookkeeping); a session without scopes returns at once. ``after_commit`` also fires
+when a SAVEPOINT is released: only the outermost COMMIT counts.
 """
 
 from __future__ import annotations
@@ -49,17 +50,21 @@ def descends_from(trans: SessionTransaction | None, ancestor: SessionTransaction
 class TransactionScoped(Generic[T]):
     """Items recorded on a session, each with the transaction it was recorded in.
 
-    Once the scope is used on a session, ``before_commit(session, items)`` runs just before every
-    outermost COMMIT, with or without items (inside the transaction: it may execute SQL; an
-    exception aborts the commit); ``after_commit(session, items)`` after it succeeded, with items
-    only; ``on_rollback(session, rolled_back, items)`` after a rollback dropped the rolled-back
-    transaction's items. All are forgotten when the outermost transaction ends.
+    Once the scope is used on a session, ``after_commit(session, items)`` runs after every outermost
+    COMMIT that succeeded, with items only; ``on_rollback(session, rolled_back, items)`` after a
+    rollback dropped the rolled-back transaction's items. All are forgotten when the outermost
+    transaction ends. (What runs *before* the COMMIT is a listener of its owner's:
+    :func:`airflow_adrq.deferral.write_at_commit`.)
     """
 
     name: str
-    before_commit: Callable[[Session, list[T]], None] | None = None
     after_commit: Callable[[Session, list[T]], None] | None = None
     on_rollback: Callable[[Session, SessionTransaction, list[T]], None] | None = None
+
+    @property
+    def name_key(self) -> str:
+        """The ``session.info`` key of this scope's items: present once the session recorded one."""
+        return f"airflow_adrq.scoped.{self.name}"
 
     def add(self, session: Session, item: T) -> None:
         """Record ``item`` in the session's current (innermost) transaction."""
@@ -73,46 +78,31 @@ class TransactionScoped(Generic[T]):
         scopes: list[TransactionScoped[object]] = session.info.setdefault(_SCOPES_KEY, [])
         if self not in scopes:
             scopes.append(self)  # type: ignore[arg-type]
-        self._map(session).setdefault(current_transaction(session), []).append(item)
+        by_transaction: dict[SessionTransaction, list[T]] = session.info.setdefault(self.name_key, {})
+        by_transaction.setdefault(current_transaction(session), []).append(item)
 
     def items(self, session: Session) -> list[T]:
         """The items still alive in ``session``'s open transaction, in recording order."""
-        return [item for items in self._map(session).values() for item in items]
-
-    def clear(self, session: Session) -> None:
-        """Forget every item in ``session``."""
-        self._map(session).clear()
-
-    def _map(self, session: Session) -> dict[SessionTransaction, list[T]]:
-        return session.info.setdefault(f"airflow_adrq.scoped.{self.name}", {})  # type: ignore[no-any-return]
-
-
-def _scopes(session: Session) -> list[TransactionScoped[object]]:
-    return list(session.info.get(_SCOPES_KEY, ()))
-
-
-def _on_before_commit(session: Session) -> None:
-    if _SCOPES_KEY in session.info and session.get_nested_transaction() is None:
-        for scope in _scopes(session):
-            # Called even without items: an owner may need to know the commit began.
-            if scope.before_commit is not None:
-                scope.before_commit(session, scope.items(session))
+        items: list[T] = []
+        for recorded in session.info.get(self.name_key, {}).values():
+            items += recorded
+        return items
 
 
 def _on_after_commit(session: Session) -> None:
     if _SCOPES_KEY in session.info and session.get_nested_transaction() is None:
-        for scope in _scopes(session):
+        for scope in list(session.info[_SCOPES_KEY]):
             items = scope.items(session)
-            scope.clear(session)
+            session.info[scope.name_key] = {}
             if scope.after_commit is not None and items:
                 scope.after_commit(session, items)
 
 
 def _on_soft_rollback(session: Session, rolled_back: SessionTransaction) -> None:
-    for scope in _scopes(session):
-        mapping = scope._map(session)
-        for trans in [trans for trans in mapping if descends_from(trans, rolled_back)]:
-            del mapping[trans]
+    for scope in list(session.info.get(_SCOPES_KEY, ())):
+        by_transaction = session.info[scope.name_key]
+        for trans in [trans for trans in by_transaction if descends_from(trans, rolled_back)]:
+            del by_transaction[trans]
         if scope.on_rollback is not None:
             scope.on_rollback(session, rolled_back, scope.items(session))
 
@@ -120,12 +110,11 @@ def _on_soft_rollback(session: Session, rolled_back: SessionTransaction) -> None
 def _on_transaction_end(session: Session, transaction: SessionTransaction) -> None:
     if transaction.parent is None and _SCOPES_KEY in session.info:
         # Outermost transaction over: committed (handled) or rolled back.
-        for scope in _scopes(session):
-            scope.clear(session)
+        for scope in session.info[_SCOPES_KEY]:
+            session.info[scope.name_key] = {}
 
 
 _LISTENERS = (
-    ("before_commit", _on_before_commit),
     ("after_commit", _on_after_commit),
     ("after_soft_rollback", _on_soft_rollback),
     ("after_transaction_end", _on_transaction_end),

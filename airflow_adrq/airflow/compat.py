@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from airflow_adrq import shapes
 from airflow_adrq.dialects import ConflictPolicy, check_policy
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from airflow.models.asset import AssetAliasModel, AssetEvent, AssetModel
     from airflow.models.taskinstance import TaskInstance
     from sqlalchemy.orm import Session
+
+log = logging.getLogger("airflow_adrq.airflow.manager")  # where the plug-in logs
 
 _REMEDY = "Remove [core] asset_manager_class to use Airflow's own AssetManager."
 #: The producing task's coordinates an ``AssetEvent`` records as ``source_<key>``.
@@ -311,30 +314,63 @@ def check_manager_kwargs(kwargs: dict[str, Any]) -> ConflictPolicy | None:
     raise ValueError(f"[core] asset_manager_kwargs: {problem}")
 
 
-def conflict_policy() -> ConflictPolicy:
-    """``on_conflict`` of ``[core] asset_manager_kwargs`` (:class:`ValueError` naming the setting).
+class ManagerSettings(NamedTuple):
+    """What ``[core] asset_manager_kwargs`` (and ``[scheduler] use_row_level_locking``) say, checked."""
 
-    Unset: ``"auto"``, or ``"refresh_after_commit"`` with ``[scheduler] use_row_level_locking = False``
-    (the scheduler then locks no queue rows on any backend). Two config reads per call, the rest cached.
+    #: Unset: ``"auto"``, or ``"refresh_after_commit"`` with ``use_row_level_locking = False`` (the
+    #: scheduler then locks no queue rows on any backend).
+    on_conflict: ConflictPolicy
+    #: PostgreSQL's longest wait for busy consumer rows; unset: :data:`airflow_adrq.queue.LOCK_WAIT_S`.
+    lock_wait_s: float
+    #: Where the queue write's counters and timings go: :class:`AirflowStats`.
+    metrics: AirflowStats
+
+
+class AirflowStats:
+    """The plug-in's :class:`~airflow_adrq.metrics.Metrics`: ``adrq.<name>`` through Airflow's own ``Stats``.
+
+    A queue write slower than ``slow_write_ms`` also logs one WARNING.
     """
+
+    def __init__(self, slow_write_ms: float) -> None:
+        self.stats = airflow_stats()
+        self.slow_write_ms = slow_write_ms
+
+    def incr(self, name: str, value: float = 1) -> None:
+        self.stats.incr(f"adrq.{name}", value)
+
+    def timing(self, name: str, ms: float) -> None:
+        self.stats.timing(f"adrq.{name}", ms)
+        if name == "queue_write" and ms > self.slow_write_ms:
+            log.warning("airflow-adrq: the queue write at COMMIT took %.0f ms (slow_write_ms)", ms)
+
+
+def settings() -> ManagerSettings:
+    """The plug-in's settings (:class:`ValueError` naming the setting). Two config reads, the rest cached."""
     from airflow.configuration import conf
 
-    kwargs = _manager_kwargs(conf.get("core", "asset_manager_kwargs", fallback="") or "")
-    row_locking = conf.getboolean("scheduler", "use_row_level_locking", fallback=True)
-    return check_manager_kwargs(kwargs) or ("auto" if row_locking else "refresh_after_commit")
+    kwargs = conf.get("core", "asset_manager_kwargs", fallback="") or ""
+    return _settings(kwargs, conf.getboolean("scheduler", "use_row_level_locking", fallback=True))
+
+
+@functools.lru_cache(maxsize=8)
+def _settings(asset_manager_kwargs: str, row_locking: bool) -> ManagerSettings:
+    from airflow_adrq.queue import LOCK_WAIT_S
+
+    kwargs = _manager_kwargs(asset_manager_kwargs)
+    policy = check_manager_kwargs(kwargs) or ("auto" if row_locking else "refresh_after_commit")
+    stats = AirflowStats(float(kwargs.get("slow_write_ms", 1000.0)))
+    return ManagerSettings(policy, float(kwargs.get("lock_wait_s", LOCK_WAIT_S)), stats)
+
+
+def conflict_policy() -> ConflictPolicy:
+    """``on_conflict`` of :func:`settings`."""
+    return settings().on_conflict
 
 
 def lock_wait_s() -> float:
-    """``lock_wait_s`` of ``[core] asset_manager_kwargs``: PostgreSQL's longest wait for busy consumer rows.
-
-    Unset: :data:`airflow_adrq.queue.LOCK_WAIT_S`. One config read per call, the rest cached.
-    """
-    from airflow.configuration import conf
-
-    from airflow_adrq.queue import LOCK_WAIT_S
-
-    kwargs = _manager_kwargs(conf.get("core", "asset_manager_kwargs", fallback="") or "")
-    return float(kwargs.get("lock_wait_s", LOCK_WAIT_S))
+    """``lock_wait_s`` of :func:`settings`."""
+    return settings().lock_wait_s
 
 
 @functools.lru_cache(maxsize=8)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import String, bindparam, exists, false, insert, or_, select
 from sqlalchemy.orm import joinedload
 
-from airflow_adrq import deferral, metrics, queue, statement, tables
+from airflow_adrq import deferral, queue, statement, tables
 from airflow_adrq.airflow import compat
 from airflow_adrq.deferral import flush_queue
 from airflow_adrq.dialects import ConflictPolicy
@@ -74,10 +74,10 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
     ) -> None:
         """Refuse a bad ``[core] asset_manager_kwargs`` at start-up; keep its ``slow_write_ms``.
 
-        ``lock_wait_s`` (in ``kwargs``) is read where it is used (:func:`compat.lock_wait_s`).
+        Registrations read the same setting through :func:`compat.settings` (a classmethod has no
+        instance to keep it on): nothing is stored here.
         """
         compat.check_manager_kwargs({"on_conflict": on_conflict, "slow_write_ms": slow_write_ms, **kwargs})
-        _SLOW_MS[0] = slow_write_ms
         super().__init__()  # type: ignore[no-untyped-call,unused-ignore]
         # Lets an operator confirm in any component's log that it is used. The policy is the one
         # registrations read (what "auto" means on the backend is logged at the first queue write).
@@ -185,16 +185,18 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         # As Airflow: an event with a partition key queues no non-partitioned
         # DAG (a line without partitions has no such key: Airflow ignores it).
         if (partition_key is None or not line.shape.partitions) and (allowed is None or allowed):
+            settings = compat.settings()
             deferral.defer_events(
                 session,
                 [asset_event],
                 allowed_dags=None if allowed is None else {asset_event.id: allowed},
                 # The row keeps the newest stamp of the events it stands for
                 # where the scheduler locks the rows it consumes (GUARANTEES.md, "Timing").
-                on_conflict=compat.conflict_policy(),
+                on_conflict=settings.on_conflict,
                 shape=line.shape,
                 schema=_SCHEMA,
-                lock_wait_s=compat.lock_wait_s(),
+                lock_wait_s=settings.lock_wait_s,
+                metrics=settings.metrics,
             )
             if source_is_api or "timestamp" in kwargs:
                 # Airflow's REST route (POST /api/v2/assets/events; 3.1 and 3.2 pass a timestamp= Airflow
@@ -204,15 +206,6 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         return asset_event
 
 
-def _to_stats(kind: str, name: str, value: float) -> None:
-    """:func:`airflow_adrq.metrics.report` in Airflow: ``timing`` / ``incr`` of ``adrq.<name>``."""
-    getattr(compat.airflow_stats(), kind)(f"adrq.{name}", value)
-    if name == "queue_write" and value > _SLOW_MS[0]:
-        log.warning("airflow-adrq: the queue write at COMMIT took %.0f ms (slow_write_ms)", value)
-
-
-metrics.report = _to_stats
-_SLOW_MS = [1000.0]  # [core] asset_manager_kwargs' slow_write_ms, set when Airflow builds the manager
 # [database] sql_alchemy_schema or None: read off Airflow's own model, where it writes.
 _SCHEMA: str | None = AssetDagRunQueue.__table__.schema or None
 _IN_SCHEMA = queue.in_schema(_SCHEMA)  # for our Core tables in Airflow's schema

@@ -24,6 +24,7 @@ from sqlalchemy.sql.dml import Insert
 from airflow_adrq.errors import UnsupportedDialectError
 
 if TYPE_CHECKING:
+    from airflow_adrq.metrics import Metrics
     from airflow_adrq.statement import Form
 
 __all__ = [
@@ -111,6 +112,7 @@ class Backend(Protocol):
         chunk_params: list[dict[str, Any]],
         options: Mapping[str, Any],
         lock_wait_s: float,
+        metrics: Metrics,
     ) -> tuple[dt.datetime, int]:
         """The queue write where Airflow's scheduler locks rows: the consumers' ``dag`` rows share-locked,
         the clock read, the events stamped and the rows written; the stamp and the rows written."""

@@ -37,6 +37,7 @@ from sqlalchemy.sql.dml import Insert
 from airflow_adrq import queue, statement, tables
 from airflow_adrq.dialects import ConflictMode
 from airflow_adrq.errors import AdrqError, IsolationLevelError
+from airflow_adrq.metrics import Metrics
 from airflow_adrq.statement import Form
 from airflow_adrq.tables import UtcDateTime
 
@@ -149,6 +150,7 @@ def write(
     chunk_params: list[dict[str, Any]],
     options: Mapping[str, Any],
     lock_wait_s: float,
+    metrics: Metrics,
 ) -> tuple[dt.datetime, int]:
     """MySQL 8 (MariaDB's ``SKIP LOCKED`` stands in): share-lock the consumers, stamp, INSERT.
 

@@ -98,10 +98,11 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Update
 from sqlalchemy.sql.selectable import Select
 
-from airflow_adrq import metrics, queue, statement, tables
+from airflow_adrq import queue, statement, tables
 from airflow_adrq.dialects import ConflictMode, on_conflict_insert_from_select
 from airflow_adrq.errorcodes import RetryableKind, classify
 from airflow_adrq.errors import LockWaitTimeoutError
+from airflow_adrq.metrics import Metrics
 from airflow_adrq.statement import Form
 from airflow_adrq.tables import UtcDateTime
 
@@ -167,20 +168,26 @@ def write(
     chunk_params: list[dict[str, Any]],
     options: Mapping[str, Any],
     lock_wait_s: float,
+    metrics: Metrics,
 ) -> tuple[dt.datetime, int]:
     """The queue write as the module docstring sends it; the stamp and the rows written."""
     (one, *more) = chunk_params
     # The one statement binds the ids twice (and the multi-team pairs): within the limits?
     bound = 2 * len(one["ids"]) + len(one.get("restricted_ids", ())) + 2 * len(one.get("allowed", ()))
     if not more and bound <= queue.IDS_PER_STATEMENT:
-        return _one_statement_never_waiting_while_holding(conn, form, one, options, lock_wait_s)
+        return _one_statement_never_waiting_while_holding(conn, form, one, options, lock_wait_s, metrics)
     for params in chunk_params:
         conn.execute(_share_lock(form), params, execution_options=options)
     return queue.stamp_then_insert(conn, form, chunk_params, options)
 
 
 def _one_statement_never_waiting_while_holding(
-    conn: Connection, form: Form, params: dict[str, Any], options: Mapping[str, Any], lock_wait_s: float
+    conn: Connection,
+    form: Form,
+    params: dict[str, Any],
+    options: Mapping[str, Any],
+    lock_wait_s: float,
+    metrics: Metrics,
 ) -> tuple[dt.datetime, int]:
     stmt = one_statement(form)
     deadline = _Deadline(time.monotonic() + lock_wait_s, lock_wait_s)
@@ -191,9 +198,9 @@ def _one_statement_never_waiting_while_holding(
         except DBAPIError as exc:
             if _ended_by(exc) is not RetryableKind.LOCK_TIMEOUT:
                 raise
-            metrics.report("incr", "queue_write.lock_waits", 1)
+            metrics.incr("queue_write.lock_waits")
             conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
-            _wait_for_busy_rows(conn, form, params, options, deadline)
+            _wait_for_busy_rows(conn, form, params, options, deadline, metrics)
             continue
         # RETURNING: a row per event, each (the stamp, the queue rows written); at least one event.
         return cast(tuple[dt.datetime, int], result.first())
@@ -215,7 +222,12 @@ _WAIT_ENDED = (RetryableKind.DEADLOCK, RetryableKind.LOCK_TIMEOUT)
 
 
 def _wait_for_busy_rows(
-    conn: Connection, form: Form, params: dict[str, Any], options: Mapping[str, Any], deadline: _Deadline
+    conn: Connection,
+    form: Form,
+    params: dict[str, Any],
+    options: Mapping[str, Any],
+    deadline: _Deadline,
+    metrics: Metrics,
 ) -> None:
     """Wait, holding no ``dag`` row of ours, until each busy consumer row was released once.
 
@@ -240,7 +252,7 @@ def _wait_for_busy_rows(
             conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
             if conn.execute(_WAITED_FOR).scalar_one():
                 raise  # a cycle through what the transaction locked before: ours, not someone else's
-            metrics.report("incr", "queue_write.wait_retries", 1)
+            metrics.incr("queue_write.wait_retries")
             return
         if n < len(busy):
             conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")

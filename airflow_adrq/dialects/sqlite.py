@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection, CursorResult, Engine
 
 from airflow_adrq import queue
 from airflow_adrq.dialects import ConflictMode, on_conflict_insert_from_select
+from airflow_adrq.metrics import Metrics
 from airflow_adrq.statement import Form
 
 #: Seconds a writer waits for the database lock before SQLITE_BUSY.
@@ -99,6 +100,7 @@ def write(
     chunk_params: list[dict[str, Any]],
     options: Mapping[str, Any],
     lock_wait_s: float,
+    metrics: Metrics,
 ) -> tuple[dt.datetime, int]:
     """Python's clock, ``UPDATE asset_event SET timestamp``, then the ordered ``INSERT ... SELECT``.
 

@@ -33,14 +33,17 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from airflow_adrq import create_engine, metrics, register_asset_change
+from airflow_adrq import create_engine, register_asset_change
 from airflow_adrq.errorcodes import RetryableKind, classify
+from airflow_adrq.metrics import Recorded
 from airflow_adrq.models import DagModel
 from tests.concurrency.test_dag_share_lock import HeldCommit
 from tests.factories import add_asset, add_dags, asset_ref, queued, schedule_on_asset
 from tests.support.locks import backend_id, blocked_by
 
 _DAG = DagModel.__table__
+#: What the producers' queue writes counted (the operator's metrics).
+SENT = Recorded()
 #: Byte order puts "B" before "a"; en_US and most collations put it after.
 DAGS = ["B", "a"]
 
@@ -77,7 +80,7 @@ def world(db_url):
 
 
 def _ours(session: Session) -> None:
-    register_asset_change(asset=asset_ref("x"), session=session, on_conflict="refresh")
+    register_asset_change(asset=asset_ref("x"), session=session, on_conflict="refresh", metrics=SENT)
     session.commit()
 
 
@@ -174,11 +177,10 @@ def _producer_first(engine: sa.Engine, writer) -> None:
 
 @pytest.mark.backends("postgresql")
 @pytest.mark.parametrize("writer", WRITERS, ids=list(WRITERS))
-def test_postgresql_no_deadlock_in_either_order_the_blocking_control_deadlocks(world, writer, monkeypatch):
+def test_postgresql_no_deadlock_in_either_order_the_blocking_control_deadlocks(world, writer):
     engine, asset_id = world
     write = WRITERS[writer]
-    sent: list[tuple[str, str, float]] = []
-    monkeypatch.setattr(metrics, "report", lambda kind, name, value: sent.append((kind, name, value)))
+    SENT.sent.clear()
     # The control waits holding "B" for "a": the writer, holding "a", then wants "B".
     assert _writer_first(engine, _control, write, ["a", "B"]) != (False, False)
     with engine.begin() as conn:
@@ -187,7 +189,7 @@ def test_postgresql_no_deadlock_in_either_order_the_blocking_control_deadlocks(w
         assert _writer_first(engine, _ours, write, order) == (False, False), order
         assert queued(engine) == {(asset_id, "B"), (asset_id, "a")}
     # Each time ours met the writer's row (NOWAIT), the operator's counter says so.
-    assert sent.count(("incr", "queue_write.lock_waits", 1)) >= 2
+    assert SENT.sent.count(("incr", "queue_write.lock_waits", 1)) >= 2
     _producer_first(engine, write)
     assert queued(engine) == {(asset_id, "B"), (asset_id, "a")}
 

@@ -38,13 +38,16 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from airflow_adrq import create_engine, metrics, register_asset_change
+from airflow_adrq import create_engine, register_asset_change
 from airflow_adrq.errorcodes import RetryableKind, classify
+from airflow_adrq.metrics import Recorded
 from airflow_adrq.models import DagModel
 from tests.factories import add_asset, add_dags, asset_ref, queued, schedule_on_asset
 from tests.support.locks import backend_id, blocked_by
 
 _DAG = DagModel.__table__
+#: What the producers' queue writes counted (the operator's metrics).
+SENT = Recorded()
 CONSUMERS = ["d1", "d3"]  # the producer's; d1 is the busy one
 #: Each party's deadlock_timeout (PostgreSQL): the producer's fires first.
 PRODUCER_TIMEOUT, WRITER_TIMEOUT = "3s", "4500ms"
@@ -63,7 +66,7 @@ def world(db_url):
 
 
 def _ours(session: Session) -> None:
-    register_asset_change(asset=asset_ref("x"), session=session, on_conflict="refresh")
+    register_asset_change(asset=asset_ref("x"), session=session, on_conflict="refresh", metrics=SENT)
     session.commit()
 
 
@@ -175,21 +178,20 @@ def _postgresql_cycle(engine: sa.Engine, produce: Callable[[Session], None]) -> 
 
 
 @pytest.mark.backends("postgresql")
-def test_postgresql_producer_survives_a_cycle_between_the_dag_processor_and_a_bulk_patch(world, monkeypatch):
+def test_postgresql_producer_survives_a_cycle_between_the_dag_processor_and_a_bulk_patch(world):
     engine, asset_id = world
-    sent: list[tuple[str, str, float]] = []
-    monkeypatch.setattr(metrics, "report", lambda kind, name, value: sent.append((kind, name, value)))
+    SENT.sent.clear()
     # The control: queued on the row, it is the cycle's victim.
     producer, processor, patch = _postgresql_cycle(engine, _control)
     assert producer, "the control producer was not the victim: the interleaving was not forced"
     assert queued(engine) == set()
     # Ours: back to its SAVEPOINT, waits again, commits; the cycle is the two writers' own.
-    sent.clear()
+    SENT.sent.clear()
     producer, processor, patch = _postgresql_cycle(engine, _ours)
     assert not producer
     assert processor or patch, "the writers' own cycle was not resolved by a deadlock"
     assert queued(engine) == {(asset_id, "d1"), (asset_id, "d3")}
-    assert ("incr", "queue_write.wait_retries", 1) in sent
+    assert ("incr", "queue_write.wait_retries", 1) in SENT.sent
 
 
 def _mysql_three_parties(engine: sa.Engine, patch_order: list[str]) -> list[BaseException]:

@@ -14,11 +14,11 @@ from airflow_adrq import (
     IsolationLevelError,
     create_engine,
     dialects,
-    metrics,
     register_asset_change,
     register_asset_changes,
 )
 from airflow_adrq.deferral import defer_events
+from airflow_adrq.metrics import Recorded
 from airflow_adrq.models import AssetDagRunQueue, AssetEvent
 from airflow_adrq.shapes import UNPARTITIONED
 from tests.factories import asset_ref, queued
@@ -110,17 +110,18 @@ def test_deferral_after_the_commit_time_write_raises(engine, fan):
 
 
 @pytest.mark.parametrize("on_conflict", ["refresh", "ignore", "auto"])
-def test_the_rows_written_are_counted(engine, fan, monkeypatch, on_conflict):
+def test_the_rows_written_are_counted(engine, fan, on_conflict):
     """``queue_write.rows``: the queue rows the statement inserted or moved forwards, per commit."""
-    sent: list[tuple[str, str, float]] = []
-    monkeypatch.setattr(metrics, "report", lambda kind, name, value: sent.append((kind, name, value)))
+    sent = Recorded()
     fan({"a": ["c1", "c2"], "b": ["c2", "c3"]})
     for assets in (["a", "b"], ["a"]):
         with Session(engine) as session:
             for name in assets:
-                register_asset_change(asset=asset_ref(name), session=session, on_conflict=on_conflict)
+                register_asset_change(
+                    asset=asset_ref(name), session=session, on_conflict=on_conflict, metrics=sent
+                )
             session.commit()
-    counted = [value for _, name, value in sent if name == "queue_write.rows"]
+    counted = sent.values("queue_write.rows")
     with engine.connect() as conn:
         mode = dialects.resolve(on_conflict, conn)
     # The second commit finds a's two rows: the statement moves them forwards only with
@@ -128,7 +129,7 @@ def test_the_rows_written_are_counted(engine, fan, monkeypatch, on_conflict):
     # (MariaDB's "auto") moves them after the statement, counted as refresh.rows.
     moved = {"refresh": 4 if engine.dialect.name == "mysql" else 2}.get(mode, 0)
     assert counted == [4, moved]
-    refreshed = [value for _, name, value in sent if name == "refresh.rows"]
+    refreshed = sent.values("refresh.rows")
     assert refreshed == ([2] if mode == "refresh_after_commit" else [])
 
 

@@ -14,11 +14,11 @@ from airflow_adrq import (
     add_listener,
     classify,
     create_engine,
-    metrics,
     register_asset_change,
     remove_listener,
     run_in_transaction,
 )
+from airflow_adrq.metrics import Recorded
 from airflow_adrq.models import DagModel
 from airflow_adrq.retry import RetryableKind
 from tests.factories import add_asset, add_dags, asset_ref, events, queued, schedule_on_asset
@@ -134,9 +134,8 @@ def test_sqlite_busy_is_retried(backend, db_url):
 
 
 @pytest.mark.backends("sqlite")  # a held write lock is the simplest retryable error to provoke
-def test_retries_are_bounded_and_callbacks_dropped(backend, db_url, monkeypatch):
-    sent: list[tuple[str, str, float]] = []
-    monkeypatch.setattr(metrics, "report", lambda kind, name, value: sent.append((kind, name, value)))
+def test_retries_are_bounded_and_callbacks_dropped(backend, db_url):
+    sent = Recorded()
     holder = create_engine(db_url)
     waiter = create_engine(db_url)
 
@@ -155,12 +154,13 @@ def test_retries_are_bounded_and_callbacks_dropped(backend, db_url, monkeypatch)
                 max_attempts=3,
                 initial_wait=0.01,
                 max_wait=0.02,
+                metrics=sent,
             )
         conn.rollback()
     assert time.monotonic() - started < 5
     assert classify(caught.value).kind is RetryableKind.BUSY
     assert ran == []
-    assert sent == [("incr", "transaction_retries", 1)] * 2  # three attempts, two retries
+    assert sent.sent == [("incr", "transaction_retries", 1)] * 2  # three attempts, two retries
     holder.dispose()
     waiter.dispose()
 
