@@ -24,7 +24,7 @@ from airflow_adrq.errors import DeferredTooLateError
 from airflow_adrq.metrics import NOWHERE, Metrics
 from airflow_adrq.queue import LOCK_WAIT_S, EventLike, queue_events
 from airflow_adrq.shapes import PARTITIONED, QueueShape
-from airflow_adrq.txscope import TransactionScoped, current_transaction, descends_from
+from airflow_adrq.txscope import TransactionScoped, descends_from
 
 __all__ = ["check_settings", "defer_events", "flush_queue", "pending_events", "write_at_commit"]
 
@@ -77,22 +77,27 @@ def _write(session: Session) -> list[_Deferred]:
     if not entries:
         return []
     settings: _Statement = session.info[_STATEMENT_KEY]
-    if any(entry.alias_names for entry in entries):
+    events: list[object] = []
+    ids: set[int] = set()
+    allowed: dict[int, frozenset[str]] = {}
+    aliased: list[tuple[int, int, str]] = []
+    for entry in entries:
+        events.append(entry.obj)
+        ids.add(entry.id)
+        if entry.allowed is not None:
+            allowed[entry.id] = entry.allowed
+        for name in entry.alias_names:
+            aliased.append((entry.id, entry.asset_id, name))
+    if aliased:
         # Only the standalone manager defers alias names (the plug-in writes Airflow's alias rows
         # itself): the plug-in never loads this module.
         from airflow_adrq.aliases import write_alias_rows
 
-        # Before the statement, which reads asset_alias_asset_event.
-        rows = [(e.id, e.asset_id, name) for e in entries for name in e.alias_names]
-        write_alias_rows(session.connection(), rows)
+        write_alias_rows(session.connection(), aliased)  # before the statement, which reads them
     start = time.perf_counter()
-    allowed = {}
-    for entry in entries:
-        if entry.allowed is not None:
-            allowed[entry.id] = entry.allowed
     queue_events(
         session,
-        [entry.obj for entry in entries],
+        events,
         on_conflict=settings.on_conflict,
         allowed=allowed or None,
         shape=settings.shape,
@@ -101,8 +106,8 @@ def _write(session: Session) -> list[_Deferred]:
         metrics=settings.metrics,
     )
     settings.metrics.timing("queue_write", (time.perf_counter() - start) * 1000)
-    settings.metrics.incr("queue_write.events", len({entry.id for entry in entries}))
-    current = current_transaction(session)
+    settings.metrics.incr("queue_write.events", len(ids))
+    current = session.get_nested_transaction() or session.get_transaction()
     for entry in entries:
         entry.written_in = current
     return entries
@@ -129,7 +134,11 @@ _DEFERRED: TransactionScoped[_Deferred] = TransactionScoped("deferred_events", o
 
 
 def _pending(session: Session) -> list[_Deferred]:
-    return [entry for entry in _DEFERRED.items(session) if entry.written_in is None]
+    pending = []
+    for entry in _DEFERRED.items(session):
+        if entry.written_in is None:
+            pending.append(entry)
+    return pending
 
 
 def defer_events(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from sqlalchemy import event
@@ -61,10 +61,11 @@ class TransactionScoped(Generic[T]):
     after_commit: Callable[[Session, list[T]], None] | None = None
     on_rollback: Callable[[Session, SessionTransaction, list[T]], None] | None = None
 
-    @property
-    def name_key(self) -> str:
-        """The ``session.info`` key of this scope's items: present once the session recorded one."""
-        return f"airflow_adrq.scoped.{self.name}"
+    #: The ``session.info`` key of this scope's items: present once the session recorded one.
+    name_key: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.name_key = f"airflow_adrq.scoped.{self.name}"
 
     def add(self, session: Session, item: T) -> None:
         """Record ``item`` in the session's current (innermost) transaction."""
@@ -92,9 +93,11 @@ class TransactionScoped(Generic[T]):
 def _on_after_commit(session: Session) -> None:
     if _SCOPES_KEY in session.info and session.get_nested_transaction() is None:
         for scope in list(session.info[_SCOPES_KEY]):
+            if scope.after_commit is None:
+                continue  # its items go at the transaction's end
             items = scope.items(session)
             session.info[scope.name_key] = {}
-            if scope.after_commit is not None and items:
+            if items:
                 scope.after_commit(session, items)
 
 

@@ -154,10 +154,12 @@ def resolve(policy: ConflictPolicy, connection: Connection) -> ResolvedPolicy:
 
     Logs the value in force once per process for each policy and backend.
     """
-    if (policy := check_policy(policy)) != "auto":
-        resolved: ResolvedPolicy = policy
+    if policy != "auto":
+        resolved: ResolvedPolicy = check_policy(policy)  # type: ignore[assignment]
+    elif get(connection).refresh_by_default(connection):
+        resolved = "refresh"
     else:
-        resolved = "refresh" if get(connection).refresh_by_default(connection) else "refresh_after_commit"
+        resolved = "refresh_after_commit"
     _log_in_force(policy, resolved, connection.dialect.name)
     return resolved
 
