@@ -49,7 +49,7 @@ class _Deferred:
     allowed: frozenset[str] | None  # the DAG ids this event may queue (None: every consumer)
     alias_names: tuple[str, ...]  # aliases whose rows (alias, asset link, event link) are written at COMMIT
     # The caller's event: an ORM one gets the stamp as ``timestamp``, kept by expire_on_commit=False sessions.
-    obj: object
+    obj: EventLike
     # The transaction whose statement wrote it (flush_queue or the commit); None until then.
     written_in: SessionTransaction | None = None
 
@@ -77,7 +77,7 @@ def _write(session: Session) -> list[_Deferred]:
     if not entries:
         return []
     settings: _Statement = session.info[_STATEMENT_KEY]
-    events: list[object] = []
+    events: list[EventLike] = []
     ids: set[int] = set()
     allowed: dict[int, frozenset[str]] = {}
     aliased: list[tuple[int, int, str]] = []

@@ -1,38 +1,16 @@
 """PostgreSQL: the queue write, in the order its statements are sent.
 
-**What it sends** for a transaction's events (:func:`write`; the SQL is :func:`one_statement`'s, as
-``tests/unit/test_statement_sql.py`` compiles it)::
+**What it sends**, in order (compiled, as a DBA reads them: ``docs/sql/postgresql.sql``, which
+``tests/unit/test_sql_docs.py`` compares with these statements)::
 
     SAVEPOINT adrq_share_lock
-    WITH ev AS (                    -- this transaction's events
-        SELECT id AS event_id, asset_id FROM asset_event
-         WHERE id IN (:ids) AND partition_key IS NULL
-    ), src AS MATERIALIZED (        -- their consumers, read once: DAGs scheduled on the event's
-        SELECT ev.asset_id, r.dag_id FROM ev     -- asset directly, by Asset.ref(name=...) and
-          JOIN dag_schedule_asset_reference r    -- (uri=...), or on an alias it was emitted through
-            ON r.asset_id = ev.asset_id
-        UNION ... dag_schedule_asset_name_reference / _uri_reference (JOIN asset)
-        UNION ... asset_alias_asset_event JOIN dag_schedule_asset_alias_reference
-    ), locked AS MATERIALIZED (     -- every consumer's dag row, FOR SHARE, in byte order
-        SELECT dag_id FROM dag
-         WHERE dag_id = ANY (CAST((SELECT array_agg(dag_id) FROM src) AS VARCHAR[]))
-         ORDER BY dag_id COLLATE "C" FOR SHARE OF dag NOWAIT
-    ), stamp AS MATERIALIZED (      -- the database's clock, read once the locks are held
-        SELECT clock_timestamp() AS stamp FROM (SELECT count(*) FROM locked) AS held
-    ), queued AS (
-        INSERT INTO asset_dag_run_queue (asset_id, target_dag_id, created_at)
-        SELECT src.asset_id, src.dag_id, (SELECT stamp FROM stamp)
-        FROM src JOIN dag ON dag.dag_id = src.dag_id      -- the same primary-key probe
-        WHERE dag.dag_id = ANY (CAST((SELECT array_agg(dag_id) FROM src) AS VARCHAR[]))
-          AND dag.is_paused = false AND dag.timetable_partitioned = false
-        ORDER BY src.asset_id, src.dag_id
-        ON CONFLICT (asset_id, target_dag_id) DO UPDATE
-            SET created_at = greatest(asset_dag_run_queue.created_at, excluded.created_at)
-            WHERE asset_dag_run_queue.created_at < excluded.created_at
-        RETURNING asset_id
-    )
+    WITH ev       -- this transaction's events: asset_event WHERE id IN (:ids)
+         src      -- their consumers, read once (MATERIALIZED): the four kinds of reference
+         locked   -- every consumer's dag row FOR SHARE OF dag NOWAIT, ORDER BY dag_id COLLATE "C"
+         stamp    -- clock_timestamp(), read once the locks are held
+         queued   -- INSERT INTO asset_dag_run_queue ... ORDER BY asset_id, dag_id ON CONFLICT ...
     UPDATE asset_event SET timestamp = (SELECT stamp FROM stamp) WHERE id IN (:ids)
-    RETURNING timestamp, (SELECT count(*) FROM queued)   -- rows inserted or moved forwards
+    RETURNING timestamp, (SELECT count(*) FROM queued)    -- (:func:`one_statement`)
 
     -- only if a consumer's dag row was busy (55P03):
     ROLLBACK TO SAVEPOINT adrq_share_lock
