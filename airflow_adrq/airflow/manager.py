@@ -59,10 +59,10 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
     Locks: while registering, what Airflow's code locks (the new event and alias rows; the partitioned
     path's ``asset`` row). Just before the session's outermost COMMIT, as
     :func:`airflow_adrq.queue.queue_events`: where the scheduler locks rows (and not for 3.4's per-event
-    queue), every consumer's ``dag`` row ``FOR SHARE`` (PostgreSQL: waiting for a busy one holding none,
-    at most ``lock_wait_s``: :mod:`airflow_adrq.nowait`), then the queue rows of all its events by one
-    statement in the queue's key order (``(asset_id, target_dag_id)``; 3.4: ``(target_dag_id,
-    asset_event_id)``), and the transaction's ``asset_event`` rows, stamped.
+    queue), every consumer's ``dag`` row ``FOR SHARE`` (PostgreSQL: waiting for a busy one holding
+    none, at most ``lock_wait_s``: :mod:`airflow_adrq.dialects.postgresql`), then the queue rows of all
+    its events by one statement in the queue's key order (``(asset_id, target_dag_id)``; 3.4:
+    ``(target_dag_id, asset_event_id)``), and the transaction's ``asset_event`` rows, stamped.
 
     Does not promise: queue rows visible before COMMIT in the producing transaction (:func:`flush_queue`),
     or written at all when the caller commits other than by ``Session.commit()``. A failing queue write
