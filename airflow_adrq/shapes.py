@@ -32,19 +32,19 @@ class QueueShape:
     def queue_key(self) -> tuple[str, str]:
         return ("target_dag_id", "asset_event_id") if self.event_keyed else ("asset_id", "target_dag_id")
 
-    def consumer_filter(self, dag: Any, *, partitioned: bool = False) -> list[ColumnElement[bool]]:
+    def consumer_filter(self, dag: Any, *, include_partitioned: bool = False) -> list[ColumnElement[bool]]:
         """The conditions on ``dag``'s columns (``table.c``) of a consumer Airflow queues.
 
         Unpaused (and, where the column exists, not draining), as Airflow's
         ``register_asset_change`` filters them; only the non-partitioned ones get
         a queue row (the others go to ``asset_partition_dag_run``):
-        ``partitioned=True`` keeps them in, for callers that route them themselves.
+        ``include_partitioned=True`` keeps them in, for callers that route them themselves.
         The one definition the statement, the plug-in and ``doctor`` use.
         """
         conditions = [dag.is_paused == false()]
         if self.draining:
             conditions.append(dag.is_draining == false())
-        if self.partitions and not partitioned:
+        if self.partitions and not include_partitioned:
             conditions.append(dag.timetable_partitioned == false())
         return conditions
 

@@ -171,7 +171,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
             partition_dags = [dag for dag in consumers if dag.timetable_partitioned is True]
             allowed = {dag.dag_id for dag in consumers} - {dag.dag_id for dag in partition_dags}
         elif any_partitioned:
-            partition_dags = list(_consumer_dags(session, asset_event.id, partitioned=True))
+            partition_dags = list(_consumer_dags(session, asset_event.id, only_partitioned=True))
 
         if partition_dags:
             cls._queue_partitioned_dags(
@@ -211,28 +211,28 @@ _SCHEMA: str | None = AssetDagRunQueue.__table__.schema or None
 _IN_SCHEMA = queue.in_schema(_SCHEMA)  # for our Core tables in Airflow's schema
 
 
-def _consumer_dags(session: Session, event_id: int, *, partitioned: bool = False) -> set[DagModel]:
+def _consumer_dags(session: Session, event_id: int, *, only_partitioned: bool = False) -> set[DagModel]:
     """Unpaused consumer ``DagModel``s of one event (only the partitioned ones if asked)."""
-    found = session.scalars(_consumers(partitioned), {"event_ids": [event_id]}, execution_options=_IN_SCHEMA)
+    found = session.scalars(_consumers(only_partitioned), {"event_ids": [event_id]}, execution_options=_IN_SCHEMA)
     return set(found)
 
 
 @functools.cache
-def _consumers(partitioned: bool) -> Any:
+def _consumers(only_partitioned: bool) -> Any:
     """``SELECT dag`` (as ``DagModel``) of an event's unpaused consumers (partitioned ones only if asked)."""
     # Imported here, as Airflow does: airflow.models.dag imports airflow.assets.manager (loading us).
     from airflow.models.dag import DagModel
 
     dag = DagModel.__table__
     consumers = statement.consumers_of_events().subquery()
-    conditions = _consumer_filter(dag, partitioned_only=partitioned)
+    conditions = _consumer_filter(dag, only_partitioned=only_partitioned)
     return select(DagModel).where(dag.c.dag_id.in_(select(consumers.c.dag_id)), *conditions)
 
 
-def _consumer_filter(dag: Any, *, partitioned_only: bool) -> list[Any]:
+def _consumer_filter(dag: Any, *, only_partitioned: bool) -> list[Any]:
     """The conditions on ``dag`` of a consumer Airflow queues, partitioned or not (or only partitioned)."""
-    conditions = compat.current().shape.consumer_filter(dag.c, partitioned=True)
-    return [*conditions, dag.c.timetable_partitioned.is_(True)] if partitioned_only else conditions
+    conditions = compat.current().shape.consumer_filter(dag.c, include_partitioned=True)
+    return [*conditions, dag.c.timetable_partitioned.is_(True)] if only_partitioned else conditions
 
 
 @functools.cache
@@ -258,7 +258,7 @@ def _partitioned_consumer_exists() -> Any:
     direct, by_name = tables.dag_schedule_asset_reference, tables.dag_schedule_asset_name_reference
     by_uri, by_alias = tables.dag_schedule_asset_uri_reference, tables.dag_schedule_asset_alias_reference
     name, uri = bindparam("name", type_=String()), bindparam("uri", type_=String())
-    partitioned = _consumer_filter(dag, partitioned_only=True)
+    partitioned = _consumer_filter(dag, only_partitioned=True)
 
     def scheduled_through(references: Any, dag_id: Any, *conditions: Any) -> Any:
         joined = references.join(dag, dag.c.dag_id == dag_id)
