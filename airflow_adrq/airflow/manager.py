@@ -213,8 +213,8 @@ _IN_SCHEMA = queue.in_schema(_SCHEMA)  # for our Core tables in Airflow's schema
 
 def _consumer_dags(session: Session, event_id: int, *, only_partitioned: bool = False) -> set[DagModel]:
     """Unpaused consumer ``DagModel``s of one event (only the partitioned ones if asked)."""
-    found = session.scalars(_consumers(only_partitioned), {"event_ids": [event_id]}, execution_options=_IN_SCHEMA)
-    return set(found)
+    params = {"event_ids": [event_id]}
+    return set(session.scalars(_consumers(only_partitioned), params, execution_options=_IN_SCHEMA))
 
 
 @functools.cache
