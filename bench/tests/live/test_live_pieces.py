@@ -468,6 +468,7 @@ def test_samples_match_each_producer_wait_with_the_transactions_it_waited_for():
         300,
     )
     assert summary["excess_max_ms"] == -150.0 and summary["worst"]["holder"] == bulk
+    assert summary["by_holder"] == {"pause churn": {"waits": 1, "wait_max_ms": 150, "holder_max_ms": 300}}
     assert (summary["writes"], summary["write_wait_max_ms"], summary["write_excess_max_ms"]) == (1, 150, -150)
     # The DAG processor's wait is another backend's: counted, not judged.
     assert (summary["other_waits"], summary["other_wait_max_ms"], summary["other_longest"]) == (
@@ -492,6 +493,7 @@ def test_a_producer_waiting_beyond_its_holder_shows_the_excess():
     assert waits == (400, 100, 350)
     writes = (summary["writes"], summary["write_wait_max_ms"], summary["write_excess_max_ms"])
     assert writes == (1, 500, 400)
+    assert summary["by_holder"]["other"] == {"waits": 2, "wait_max_ms": 400, "holder_max_ms": 100}
     # The plug-in's NOWAIT / SKIP LOCKED statements never wait; stock's producers are not matched.
     for query in (WAIT_SQL + " NOWAIT", WAIT_SQL + " SKIP LOCKED", "INSERT INTO asset_dag_run_queue ..."):
         assert not lock_waits.PRODUCER_WAIT.search(query)
@@ -535,3 +537,13 @@ def test_p99_target_is_1x_where_stock_deadlocked_else_2x_and_judged_with_check_o
     (p99,) = [ln for ln in report.verdict_lines(stormy) if ln.what == report.P99.what]
     assert (p99.goal, p99.verdict) == ("<= 1x", "MISSED")
     assert _problems(stormy) == [] and len(_problems(stormy, check=True)) == 2  # with the p50's
+
+
+def test_holders_are_named_by_the_statements_seen():
+    assert lock_waits.kind_of(
+        ["SELECT dag.dag_id FROM dag WHERE ... FOR NO KEY UPDATE", "UPDATE dag SET x"]
+    ) == ("DAG processor")
+    assert lock_waits.kind_of(["SELECT 1", "DELETE FROM asset_dag_run_queue WHERE ..."]) == "scheduler"
+    assert lock_waits.kind_of(["UPDATE dag SET is_paused=false WHERE dag.dag_id IN (...)"]) == "pause churn"
+    assert lock_waits.kind_of(["INSERT INTO asset_event (asset_id) VALUES (1)"]) == "producer"
+    assert lock_waits.kind_of(["SELECT 1"]) == lock_waits.kind_of([]) == "other"

@@ -24,16 +24,26 @@ import pytest
 from airflow_adrq_bench.airflow_mode import main as airflow_mode_main
 from airflow_adrq_bench.airflow_mode.config import LIVE_SMALL as SMALL
 from airflow_adrq_bench.airflow_mode.config import LiveSizes
-from airflow_adrq_bench.airflow_mode.live import report
+from airflow_adrq_bench.airflow_mode.live import churn, report
 
-#: Each backend's deployment shape (HA schedulers and PgBouncer are PostgreSQL's).
+#: Each backend's deployment shape (HA schedulers and PgBouncer are PostgreSQL's; so is the pause churn
+#: here, whose lock sampler is PostgreSQL's).
 SHAPES = {
-    "postgresql": ("--schedulers", "2", "--pgbouncer", "--executor", "celery", "--celery-workers", "2"),
+    "postgresql": (
+        *("--schedulers", "2", "--pgbouncer", "--executor", "celery", "--celery-workers", "2"),
+        "--pause-churn",
+    ),
     "mysql": (),
 }
 #: What the report names each shape by (its ``shape`` in live.json).
 SHAPE_INFO = {
-    "postgresql": {"executor": "CeleryExecutor", "celery_workers": 2, "pgbouncer": True, "schedulers": 2},
+    "postgresql": {
+        "executor": "CeleryExecutor",
+        "celery_workers": 2,
+        "pgbouncer": True,
+        "schedulers": 2,
+        "pause_churn": True,
+    },
     "mysql": {"executor": "LocalExecutor", "celery_workers": 0, "pgbouncer": False, "schedulers": 1},
 }
 #: Stock deployments the negative control may take (see the module docstring).
@@ -61,7 +71,9 @@ def _assert_plugin_clean(plugin, sizes, raw):
     if deadlocks["server_scope"] == "database":
         assert deadlocks["server"] == 0, deadlocks
     assert sum(plugin["events"]["written"].values()) == sizes.expected_events
-    assert plugin["after_bursts"]["pairs"] == sizes.expected_events * sizes.consumers
+    # The consumers the pause churn toggles are left out of the pairs.
+    toggled = churn.toggled(sizes.consumer_ids) if plugin["shape"]["pause_churn"] else []
+    assert plugin["after_bursts"]["pairs"] == sizes.expected_events * (sizes.consumers - len(toggled))
     assert plugin["after_extra"]["stranded"] == 0, "pairs lost even to the next event"
     assert plugin["after_bursts"]["consumed_twice"] == 0 and plugin["after_extra"]["consumed_twice"] == 0
     assert plugin["after_bursts"]["queue_rows"] == 0 and plugin["after_extra"]["queue_rows"] == 0
@@ -70,9 +82,15 @@ def _assert_plugin_clean(plugin, sizes, raw):
     assert not [code for code in plugin["patch_state"]["status"] if code.startswith("5")], plugin[
         "patch_state"
     ]
-    # The verdict says the same: every target of correctness met (speed: met, MISSED or n/a).
-    correctness = [v for v in raw["verdict"] if v["what"] != report.SPEED.what]
-    assert len(correctness) == 7 and {v["verdict"] for v in correctness} == {"met"}, raw["verdict"]
+    if plugin["churn"] is not None:
+        assert plugin["churn"]["calls"] > 0 and plugin["churn"]["5xx"] == 0, plugin["churn"]
+    if plugin["backend"] == "postgresql":
+        assert plugin["lock_waits"]["samples"] > 0 and plugin["lock_waits"]["error"] is None
+    # The verdict says the same: every target of correctness met (speed: met, MISSED or n/a); on
+    # PostgreSQL also the producers' waits against their holders, with the churn its 5xx answers.
+    correctness = [v for v in raw["verdict"] if v["what"] not in (report.SPEED.what, report.P99.what)]
+    expected = 7 + (plugin["backend"] == "postgresql") + (plugin["churn"] is not None)
+    assert len(correctness) == expected and {v["verdict"] for v in correctness} == {"met"}, raw["verdict"]
 
 
 @pytest.mark.slow

@@ -103,23 +103,12 @@ _COLUMNS: tables.Columns = {
     "event->run ms p50/p99/max": lambda c: _ms(c, "run"),
     "round s": lambda c: f"{c['duration_s']:.1f}",
 }
-_WRITER_COLUMNS: tables.Columns = {
-    "database": "db",
-    "hold": lambda c: f"{c['hold_ms']:g} ms",
-    "shape": "shape",
-    "manager": "manager",
-    **{
-        f"{kind}: writes (p50/max ms); failed; db errors": (
-            lambda c, k=kind: next(
-                f"{w['writes']} ({w['p50_ms']:.0f}/{w['max_ms']:.0f}); {_kinds(w['errors'])}; "
-                f"{_kinds(w['db_errors'])}"
-                for w in c["writers"]
-                if w["kind"] == k
-            )
-        )
-        for kind in writers.KINDS
-    },
-}
+
+
+def _writer(kind: str, cell: Mapping[str, Any]) -> str:
+    w = next(w for w in cell["writers"] if w["kind"] == kind)
+    done = f"{w['writes']} ({w['p50_ms']:.0f}/{w['max_ms']:.0f})"
+    return f"{done}; {_kinds(w['errors'])}; {_kinds(w['db_errors'])}"
 
 
 def _kinds(counts: Mapping[str, int]) -> str:
@@ -128,6 +117,15 @@ def _kinds(counts: Mapping[str, int]) -> str:
 
 def _ms(cell: Mapping[str, Any], prefix: str) -> str:
     return "/".join(tables.fmt(cell.get(f"{prefix}_{q}_ms", float("nan")), 0) for q in ("p50", "p99", "max"))
+
+
+_WRITER_COLUMNS: tables.Columns = {
+    "database": "db",
+    "hold": lambda c: f"{c['hold_ms']:g} ms",
+    "shape": "shape",
+    "manager": "manager",
+    **{f"{kind}: writes (p50/max ms); failed; db errors": partial(_writer, kind) for kind in writers.KINDS},
+}
 
 
 def format_tables(raw: dict[str, Any]) -> str:
@@ -263,9 +261,10 @@ def event_to_run_ms(
             unplaced += 1
             continue
         visible = queued_at
+        own = passes.get(job, ()) if job is not None else ()
         index = bisect.bisect_right(starts.get(job, []), queued_at) - 1 if job is not None else -1
-        if index >= 0 and passes[job][index][1] >= queued_at:
-            visible = passes[job][index][1]
+        if index >= 0 and own[index][1] >= queued_at:
+            visible = own[index][1]
         else:
             unplaced += 1
         latencies.append((visible - commits[event_id]) * 1000)

@@ -104,5 +104,5 @@ def loop(kind: str, schedules: dict[str, list[str]], extra: list[str], pattern: 
         if me.stop.is_set():
             break
     ms.sort()
-    found = {"kind": kind, "writes": len(ms), "p50_ms": ms[len(ms) // 2], "max_ms": ms[-1]}
-    return found | {"errors": dict(errors), "db_errors": dict(me.db_errors)}
+    made: dict[str, Any] = {"kind": kind, "writes": len(ms), "p50_ms": ms[len(ms) // 2], "max_ms": ms[-1]}
+    return made | {"errors": dict(errors), "db_errors": dict(me.db_errors)}

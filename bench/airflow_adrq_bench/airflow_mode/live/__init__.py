@@ -3,6 +3,7 @@
     airflow-adrq bench --airflow --live                         # every PostgreSQL / MariaDB server found
     airflow-adrq bench --airflow --live --backend mysql --producer-dags 4
     airflow-adrq bench --airflow --live --backend postgresql --schedulers 2 --pgbouncer --executor celery
+    airflow-adrq bench --airflow --live --backend postgresql --pause-churn --reparse-s 2   # other dag writers
 
 Per manager (stock: Airflow's AssetManager; plugin: airflow_adrq.airflow.AdrqAssetManager) and
 database server, a deployment of the Airflow installed here on a scratch database made by `airflow
@@ -10,7 +11,9 @@ db migrate`: api-server, scheduler(s) and dag-processor on 127.0.0.1, with Local
 CeleryExecutor workers on Redis, directly or through a throwaway PgBouncer. It writes producer
 DAGs whose mapped instances finish together and consumer DAGs on their assets, triggers bursts
 through the REST API, drains the queue, sends one more event per asset, drains again, and counts
-on the database what every event became. The deployments run one after another. SQLite is not
+on the database what every event became (with --pause-churn, REST pause/unpause and the bulk PATCH
+/api/v2/dags run during the bursts, and on PostgreSQL a sampler records who each producer waited for:
+:mod:`.churn`, :mod:`.lock_waits`). The deployments run one after another. SQLite is not
 measured: Airflow does not support the LocalExecutor on it. Prints the verdict; the detail is in
 live.md and live.json.
 """

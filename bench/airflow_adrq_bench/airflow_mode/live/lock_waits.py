@@ -43,6 +43,30 @@ PRODUCER_WAIT: Final = re.compile(r"FOR SHARE OF dag(?!.*(NOWAIT|SKIP LOCKED))",
 #: A transaction: (pid, xact_start).
 Xact = tuple[int, dt.datetime]
 
+#: Who a transaction is, by the statements the samples saw it run (the first kind that matches any of
+#: them, in this order): Airflow 3.3.2's writers of ``dag`` rows and the producers' task-success calls.
+KINDS: Final = (
+    ("pause churn", re.compile(r"SET is_paused")),
+    ("DAG processor", re.compile(r"FOR NO KEY UPDATE|\bdag_tag\b|\bdag_code\b|\bimport_error\b")),
+    ("scheduler", re.compile(r"DELETE FROM asset_dag_run_queue|INSERT INTO dag_run\b|FOR UPDATE OF dag\b")),
+    ("producer", re.compile(r"FOR SHARE OF dag|INSERT INTO asset_event\b|UPDATE task_instance SET state")),
+)
+
+
+def kind_of(queries: Iterable[str]) -> str:
+    """The first of :data:`KINDS` that any of ``queries`` matches, else ``other``."""
+    seen = list(queries)
+    return next((kind for kind, pattern in KINDS if any(pattern.search(q) for q in seen)), "other")
+
+
+@dataclass
+class Seen:
+    """A transaction as the samples saw it: when last, its statement then, and every statement seen."""
+
+    last_seen: dt.datetime
+    query: str
+    queries: set[str] = field(default_factory=set)
+
 
 @dataclass
 class Wait:
@@ -57,11 +81,11 @@ class Wait:
 
 @dataclass
 class Samples:
-    """What the samples saw: the waits by (pid, query_start), each transaction's last sighting and its
-    statement then, and when each sample was taken (monotonic seconds)."""
+    """What the samples saw: the waits by (pid, query_start), the transactions, and when each sample was
+    taken (monotonic seconds)."""
 
     waits: dict[Xact, Wait] = field(default_factory=dict)
-    xacts: dict[Xact, tuple[dt.datetime, str]] = field(default_factory=dict)
+    xacts: dict[Xact, Seen] = field(default_factory=dict)
     taken: list[float] = field(default_factory=list)
 
     def add(self, rows: Iterable[Sequence[Any]], taken: float) -> None:
@@ -71,7 +95,9 @@ class Samples:
         started = {int(r[1]): r[2] for r in rows}
         blocking = {int(r[1]): [int(p) for p in r[5] or ()] for r in rows if r[4]}
         for at, pid, xact_start, query_start, waiting, _, query in rows:
-            self.xacts[(int(pid), xact_start)] = (at, str(query))
+            seen = self.xacts.setdefault((int(pid), xact_start), Seen(at, str(query)))
+            seen.last_seen, seen.query = at, str(query)
+            seen.queries.add(str(query)[:200])
             if not waiting or query_start is None:
                 continue
             wait = self.waits.setdefault((int(pid), query_start), Wait(str(query), xact_start, at))
@@ -96,11 +122,8 @@ def _ms(span: dt.timedelta) -> float:
 
 
 def summarize(samples: Samples) -> dict[str, Any]:
-    """The producers' waits for consumer rows against the transactions they waited for: how many, the
-    longest wait, the longest holder, the worst wait minus its own longest holder (with both
-    statements); the same per queue write (a producer transaction's waits summed, against the longest
-    transaction any of them waited for); the other lock waits (count, longest, its statement); the
-    sampling's resolution."""
+    """The producers' waits for consumer rows against the transactions they waited for (:func:`_judge`),
+    the other lock waits (how many, the longest and its statement) and the sampling's resolution."""
     gaps = [b - a for a, b in zip(samples.taken, samples.taken[1:], strict=False)]
     out: dict[str, Any] = {
         "samples": len(samples.taken),
@@ -108,42 +131,56 @@ def summarize(samples: Samples) -> dict[str, Any]:
             "p50": _round(percentile(gaps, 50) * 1000),
             "max": _round(percentile(gaps, 100) * 1000),
         },
-        "producer_waits": 0,
-        "producer_wait_max_ms": None,
-        "holder_max_ms": None,
-        "excess_max_ms": None,
-        "worst": None,
-        "writes": 0,
-        "write_wait_max_ms": None,
-        "write_excess_max_ms": None,
         "other_waits": 0,
         "other_wait_max_ms": None,
         "other_longest": None,
     }
-    writes: dict[Xact, list[float]] = {}  # per producer transaction: its waits summed, its longest holder
+    producers = []
     for (pid, query_start), wait in samples.waits.items():
         waited = _ms(wait.last_seen - query_start)
-        if not PRODUCER_WAIT.search(wait.query):
+        if PRODUCER_WAIT.search(wait.query):
+            producers.append((pid, wait, waited))
+        else:
             out["other_waits"] += 1
             if out["other_wait_max_ms"] is None or waited > out["other_wait_max_ms"]:
                 out["other_wait_max_ms"], out["other_longest"] = waited, wait.query[:120]
-            continue
-        held = {b: _ms(samples.xacts[b][0] - b[1]) for b in wait.blockers if b in samples.xacts}
+    return {**_judge(samples, producers), **out}
+
+
+def _judge(samples: Samples, producers: Sequence[tuple[int, Wait, float]]) -> dict[str, Any]:
+    """Producer waits ``(pid, wait, ms waited)``: how many, the longest, the longest holder, the worst
+    wait minus its own longest holder (with both statements); per kind of longest holder (:func:`kind_of`)
+    the waits, the longest and the longest holder; per queue write (a producer transaction) its waits
+    summed, the longest such sum and the worst sum minus the longest transaction any of them waited for."""
+    out: dict[str, Any] = {
+        "producer_waits": len(producers),
+        "producer_wait_max_ms": None,
+        "holder_max_ms": None,
+    }
+    out |= {"excess_max_ms": None, "worst": None, "by_holder": {}, "writes": 0}
+    out |= {"write_wait_max_ms": None, "write_excess_max_ms": None}
+    writes: dict[Xact, list[float]] = {}  # per producer transaction: its waits summed, its longest holder
+    for pid, wait, waited in producers:
+        held = {b: _ms(samples.xacts[b].last_seen - b[1]) for b in wait.blockers if b in samples.xacts}
         holder = max(held, key=held.__getitem__, default=None)
         longest = held[holder] if holder is not None else 0.0
-        out["producer_waits"] += 1
-        write = writes.setdefault((pid, wait.xact_start), [0.0, 0.0])
-        write[0], write[1] = write[0] + waited, max(write[1], longest)
         out["producer_wait_max_ms"] = max(out["producer_wait_max_ms"] or 0.0, waited)
         out["holder_max_ms"] = max(out["holder_max_ms"] or 0.0, longest)
         if out["excess_max_ms"] is None or waited - longest > out["excess_max_ms"]:
             out["excess_max_ms"] = round(waited - longest, 1)
+            statement = samples.xacts[holder].query[:120] if holder is not None else None
             out["worst"] = {
                 "wait_ms": waited,
                 "holder_ms": longest,
                 "waiter": wait.query[:120],
-                "holder": samples.xacts[holder][1][:120] if holder is not None else None,
+                "holder": statement,
             }
+        kind = kind_of(samples.xacts[holder].queries) if holder is not None else "unseen"
+        by = out["by_holder"].setdefault(kind, {"waits": 0, "wait_max_ms": 0.0, "holder_max_ms": 0.0})
+        by["waits"], by["wait_max_ms"] = by["waits"] + 1, max(by["wait_max_ms"], waited)
+        by["holder_max_ms"] = max(by["holder_max_ms"], longest)
+        write = writes.setdefault((pid, wait.xact_start), [0.0, 0.0])
+        write[0], write[1] = write[0] + waited, max(write[1], longest)
     if writes:
         out["writes"] = len(writes)
         out["write_wait_max_ms"] = round(max(w for w, _ in writes.values()), 1)

@@ -97,6 +97,17 @@ def _waits(key: str, count: str = "producer_waits", noun: str = "waits") -> Call
     return shown
 
 
+def _by_holder(c: Cell) -> str:
+    """``scheduler 12 (300 / 450), ...``: producer waits per kind of longest holder, with the longest
+    wait / the longest holder in ms."""
+    waits = c.get("lock_waits")
+    if not waits:
+        return "not sampled"
+    kinds = sorted(waits.get("by_holder", {}).items(), key=lambda kv: -kv[1]["waits"])
+    shown = [f"{k} {v['waits']} ({v['wait_max_ms']:.0f} / {v['holder_max_ms']:.0f})" for k, v in kinds]
+    return ", ".join(shown) or "-"
+
+
 def _sampling(c: Cell) -> str:
     waits = c.get("lock_waits")
     if not waits:
@@ -162,6 +173,7 @@ ROWS: list[tuple[str, str | Callable[[Cell], str]]] = [
     ("lock samples during the bursts", _sampling),
     ("producer waits for a consumer's dag row: longest, ms", _waits("producer_wait_max_ms")),
     ("longest holder a producer waited for, ms", _waits("holder_max_ms")),
+    ("producer waits by longest holder: n (longest wait / holder, ms)", _by_holder),
     ("worst producer wait beyond its longest holder, ms", _waits("excess_max_ms")),
     ("the same per queue write, its waits summed, ms", _waits("write_excess_max_ms", "writes", "writes")),
     ("other lock waits: longest, ms", _waits("other_wait_max_ms", "other_waits")),
