@@ -17,10 +17,11 @@ fan-out: the p50 and p90 of the call + COMMIT, the statements sent, and the
 p50 time per step, measured around the driver's ``cursor.execute`` (the
 round trip and the server's work) and the DBAPI COMMIT; what is left is
 Python (Airflow's, SQLAlchemy's and ours). ``--pyinstrument`` writes a sampling
-profile of each cell; ``--route`` counts, for one warm call + COMMIT per manager and fan-out, the Python
-calls into ``airflow_adrq`` (``sys.setprofile``: functions, per file) and the statements sent, the number a
-maintainer follows from ``register_asset_change`` to the SQL; ``--explain`` prints the server's plan and timing of
-the plug-in's queue statement (PostgreSQL ``EXPLAIN (ANALYZE, BUFFERS)``,
+profile of each cell; ``--route`` counts, for one warm call + COMMIT per manager
+and fan-out, the Python calls into ``airflow_adrq`` (``sys.setprofile``:
+functions, per file) and the statements sent, the route a maintainer follows
+from ``register_asset_change`` to the SQL; ``--explain`` prints the server's
+plan and timing of the plug-in's queue statement (PostgreSQL ``EXPLAIN (ANALYZE, BUFFERS)``,
 MariaDB ``ANALYZE FORMAT=JSON``), in a transaction rolled back afterwards.
 
 Not part of either distribution: a tool for BENCHMARKS.md's profile section.
@@ -65,7 +66,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=300, help="timed calls per manager and fan-out")
     parser.add_argument("--pyinstrument", type=Path, help="write a pyinstrument profile per cell here")
     parser.add_argument("--explain", action="store_true", help="print the queue statement's server plan")
-    parser.add_argument("--route", action="store_true", help="count the calls into airflow_adrq of one warm call")
+    route = "count the calls into airflow_adrq of one warm call"
+    parser.add_argument("--route", action="store_true", help=route)
     args = parser.parse_args()
     os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = args.db
     import sqlalchemy as sa
