@@ -18,11 +18,9 @@
     SELECT dag_id ... FOR SHARE OF dag SKIP LOCKED  -- ... minus those free now
     ROLLBACK TO SAVEPOINT adrq_share_lock         -- holds no dag row of ours from here
     SELECT current_setting('lock_timeout')
-    -- per busy row, in byte order:
     SELECT set_config('lock_timeout', '<ms left>ms', true)
-    SELECT dag_id FROM dag WHERE dag_id = :dag_id FOR SHARE OF dag    -- waits for its holder
-    ROLLBACK TO SAVEPOINT adrq_share_lock         -- (not after the last: see below)
-    SELECT set_config('lock_timeout', '<as before>', true)
+    SELECT dag_id FROM dag WHERE dag_id = :dag_id FOR SHARE OF dag    -- the first busy row: waits for
+    SELECT set_config('lock_timeout', '<as before>', true)           -- its holder, and keeps it
     -- then the statement above again
 
 The event ids are its only parameter, bound twice (to read the events and to stamp them).
@@ -50,8 +48,10 @@ that ends in a deadlock (40P01) or lock timeout (55P03) goes back to the SAVEPOI
 tuple lock, leaving the cycle to the other two) and waits again, unless someone waits for a lock the
 transaction took before the SAVEPOINT (``pg_blocking_pids``: then the cycle is its own, and the error
 is raised). A wait lasts as long as the row's holder (and whoever queued for the row first), plus two
-round trips. The row waited for last stays share-locked while the statement is tried again: a
-scheduler's next pass would otherwise take it again first.
+round trips; then the statement is tried again at once, since the rows one transaction held are free
+together when it ends (a wait per busy row, in turn, let a DAG processor saving its file back to back
+take the next row first every time). The row waited for stays share-locked while the statement is
+tried again: a scheduler's next pass would otherwise take it again first.
 
 **Does not promise**: an end before ``lock_wait_s`` (:class:`~airflow_adrq.errors.LockWaitTimeoutError`:
 the transaction fails), survival of a cycle through locks the transaction took before, or the
@@ -207,9 +207,12 @@ def _wait_for_busy_rows(
     deadline: _Deadline,
     metrics: Metrics,
 ) -> None:
-    """Wait, holding no ``dag`` row of ours, until each busy consumer row was released once.
+    """Wait, holding no ``dag`` row of ours, for the first busy consumer row's holder; keep that row.
 
-    The last one stays locked: a scheduler's next pass would take it again before the retry.
+    One wait, then the statement again: rows held by one transaction (a scheduler's pass, the DAG
+    processor's save of a file, a bulk ``PATCH``) are free together once it ends, and waiting for each of
+    them in turn would let a writer that starts again (the DAG processor's next save) take the next one
+    first, every time. The row stays share-locked, so a scheduler's next pass cannot take it back first.
     """
     wanted = set(conn.execute(statement.referencing_dags(form), params, execution_options=options).scalars())
     lock_free = _share_lock(form, "skip_locked")
@@ -219,21 +222,18 @@ def _wait_for_busy_rows(
     if not busy:
         return
     previous = conn.execute(_LOCK_TIMEOUT).scalar_one()
-    for n, dag_id in enumerate(busy, 1):
-        try:
-            conn.execute(_SET_LOCK_TIMEOUT, {"value": f"{deadline.left_ms([dag_id])}ms"})
-            conn.execute(_ONE_DAG_SHARE_LOCK, {"dag_id": dag_id}, execution_options=options)
-        except DBAPIError as exc:
-            if _ended_by(exc) not in _WAIT_ENDED:
-                raise
-            # Back to the SAVEPOINT (its lock_timeout too): the tuple lock we were queued on goes.
-            conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
-            if conn.execute(_WAITED_FOR).scalar_one():
-                raise  # a cycle through what the transaction locked before: ours, not someone else's
-            metrics.incr("queue_write.wait_retries")
-            return
-        if n < len(busy):
-            conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+    try:
+        conn.execute(_SET_LOCK_TIMEOUT, {"value": f"{deadline.left_ms(busy)}ms"})
+        conn.execute(_ONE_DAG_SHARE_LOCK, {"dag_id": busy[0]}, execution_options=options)
+    except DBAPIError as exc:
+        if _ended_by(exc) not in _WAIT_ENDED:
+            raise
+        # Back to the SAVEPOINT (its lock_timeout too): the tuple lock we were queued on goes.
+        conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+        if conn.execute(_WAITED_FOR).scalar_one():
+            raise  # a cycle through what the transaction locked before: ours, not someone else's
+        metrics.incr("queue_write.wait_retries")
+        return
     conn.execute(_SET_LOCK_TIMEOUT, {"value": previous})
 
 
