@@ -80,8 +80,8 @@ class AccountingSizes(Checked):
     consumer_pause_ms: float = nonnegative(1.0, "the consumer's pause between scheduler passes")
     fan_in: bool = size(
         False,
-        "also fan-in cells: each producer emits an asset of its own, one consumer DAG is scheduled on any "
-        "of them (the race between producers of different assets, through DagModel.dags_needing_dagruns)",
+        "also fan-in cells: each producer emits an asset of its own, --fan-in-consumers DAGs are scheduled "
+        "on any of them (producers of different assets racing through DagModel.dags_needing_dagruns)",
     )
     fan_in_consumers: int = count(1, "consumer DAGs of the fan-in cells, each on any producer's asset")
     schedulers: int = count(1, "consumer processes, each a scheduler (a Job of its own) on the same DAGs")
