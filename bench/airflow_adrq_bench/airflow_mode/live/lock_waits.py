@@ -6,7 +6,8 @@ by its ``query_start``) lasts from ``query_start`` to the last sample that saw i
 transactions it waited for (its blockers, and theirs in the same sample: a waiter queued ahead of it
 holds the row's tuple lock) last from their ``xact_start`` to the last sample that saw them open.
 A producer's wait for a consumer's ``dag`` row is the plug-in's ``SELECT ... FOR SHARE OF dag``
-(:mod:`airflow_adrq.nowait`); stock's producers take no such lock, their waits count as ``other``.
+(:mod:`airflow_adrq.dialects.postgresql`); stock's producers take no such lock, their waits count as
+``other``.
 """
 
 from __future__ import annotations
