@@ -275,7 +275,8 @@ SUPPORTED = tuple(SHAPES)
 def airflow_stats() -> Any:
     """What Airflow's manager module counts with (3.3+: ``stats``; 3.1 and 3.2: ``Stats``).
 
-    Read there on every call, so that patching it there patches it here.
+    Read there on every call (Airflow's ``asset.updates``), so that patching it there patches it here;
+    :class:`AirflowStats` keeps what it read when the settings were first built.
     """
     from airflow.assets import manager
 
