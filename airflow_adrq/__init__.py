@@ -5,8 +5,8 @@ registered with ONE ``INSERT ... SELECT ... ORDER BY asset_id, dag_id`` statemen
 ``asset_event`` rows, run just before its COMMIT, so concurrent producers lock queue rows in the same
 global order and cannot deadlock on them; the rows appear when the transaction commits and never if it
 rolls back, and the events' ``timestamp`` and the rows' ``created_at`` get one value of the database's
-clock once the rows are locked, just before COMMIT. Deadlocks through other tables remain possible: run
-producer transactions under :func:`run_in_transaction`, which retries them from BEGIN.
+clock, read just before the rows are written (GUARANTEES.md, "Timing"). Deadlocks through other tables
+remain possible: run producer transactions under :func:`run_in_transaction`, which retries them from BEGIN.
 
 Public API (every name in ``__all__``; anything else is internal):
 
