@@ -15,8 +15,10 @@ sleeps:
    DAG processor -> PATCH -> producer -> DAG processor is closed.
 
 The producer waited longest, so its ``deadlock_timeout`` fires first and it
-is the victim (each session's ``deadlock_timeout`` is set so that this is so
-whatever the machine's speed: 3 s for the producer, 4.5 s for the writers).
+is the victim. PostgreSQL checks for a cycle once per wait, when the timeout
+fires, so each session's ``deadlock_timeout`` is set for that order: 5 s for
+the producer (steps 3-5 take well under that, even on a loaded machine), 6 s
+for the writers, who start waiting after it.
 The control, a producer that waits for the row blocking (as a plain
 ``SELECT ... FOR SHARE`` does, and as airflow-adrq did), fails with 40P01.
 airflow-adrq's producer goes back to its SAVEPOINT, dropping the tuple
@@ -50,7 +52,7 @@ _DAG = DagModel.__table__
 SENT = Recorded()
 CONSUMERS = ["d1", "d3"]  # the producer's; d1 is the busy one
 #: Each party's deadlock_timeout (PostgreSQL): the producer's fires first.
-PRODUCER_TIMEOUT, WRITER_TIMEOUT = "3s", "4500ms"
+PRODUCER_TIMEOUT, WRITER_TIMEOUT = "5s", "6s"
 
 
 @pytest.fixture
