@@ -33,23 +33,16 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from airflow_adrq import create_engine, register_asset_change
-from airflow_adrq.errorcodes import RetryableKind, classify
-from airflow_adrq.metrics import Recorded
+from airflow_adrq import create_engine
 from airflow_adrq.models import DagModel
 from tests.concurrency.test_dag_share_lock import HeldCommit
-from tests.factories import add_asset, add_dags, asset_ref, queued, schedule_on_asset
+from tests.factories import add_asset, add_dags, queued, schedule_on_asset
+from tests.support.dag_writers import SENT, blocking_control, deadlocked, find_orm_dags, ours
 from tests.support.locks import backend_id, blocked_by
 
 _DAG = DagModel.__table__
-#: What the producers' queue writes counted (the operator's metrics).
-SENT = Recorded()
 #: Byte order puts "B" before "a"; en_US and most collations put it after.
 DAGS = ["B", "a"]
-
-
-def _for_no_key_update(conn: sa.Connection, dag_id: str) -> None:
-    conn.execute(sa.select(_DAG.c.dag_id).where(_DAG.c.dag_id == dag_id).with_for_update(key_share=True))
 
 
 def _update(column: str, value: object):
@@ -60,7 +53,7 @@ def _update(column: str, value: object):
 
 
 WRITERS = {
-    "dag processor (find_orm_dags)": _for_no_key_update,
+    "dag processor (find_orm_dags)": find_orm_dags,
     "pause through the REST API": _update("is_paused", False),
     "deactivation": _update("is_stale", False),
     "scheduler (exceeds_max_non_backfill)": _update("exceeds_max_non_backfill", False),
@@ -79,23 +72,7 @@ def world(db_url):
     engine.dispose()
 
 
-def _ours(session: Session) -> None:
-    register_asset_change(asset=asset_ref("x"), session=session, on_conflict="refresh", metrics=SENT)
-    session.commit()
-
-
-def _control(session: Session) -> None:
-    """The share locks taken first, blocking, in byte order (as a plain ``ORDER BY ... FOR SHARE`` does)."""
-    conn = session.connection()
-    by_bytes = _DAG.c.dag_id.collate("C") if conn.dialect.name == "postgresql" else _DAG.c.dag_id
-    lock = sa.select(_DAG.c.dag_id).where(_DAG.c.dag_id.in_(DAGS)).order_by(by_bytes)
-    conn.execute(lock.with_for_update(read=True))
-    _ours(session)
-
-
-def _deadlocked(exc: BaseException | None) -> bool:
-    found = classify(exc) if exc is not None else None
-    return found is not None and found.kind is RetryableKind.DEADLOCK
+_control = blocking_control(DAGS)
 
 
 def _writer_first(engine: sa.Engine, producer, writer, order: list[str]) -> tuple[bool, bool]:
@@ -133,9 +110,9 @@ def _writer_first(engine: sa.Engine, producer, writer, order: list[str]) -> tupl
     assert not thread.is_alive()
     producer_error = errors[0] if errors else None
     for error in (producer_error, writer_error):
-        if error is not None and not _deadlocked(error):
+        if error is not None and not deadlocked(error):
             raise error
-    return _deadlocked(producer_error), _deadlocked(writer_error)
+    return deadlocked(producer_error), deadlocked(writer_error)
 
 
 def _producer_first(engine: sa.Engine, writer) -> None:
@@ -146,7 +123,7 @@ def _producer_first(engine: sa.Engine, writer) -> None:
     def produce() -> None:
         try:
             with Session(engine) as s:
-                _ours(s)
+                ours(s)
         except BaseException as exc:
             errors.append(exc)
 
@@ -186,7 +163,7 @@ def test_postgresql_no_deadlock_in_either_order_the_blocking_control_deadlocks(w
     with engine.begin() as conn:
         conn.exec_driver_sql("DELETE FROM asset_dag_run_queue")
     for order in (["a", "B"], ["B", "a"]):
-        assert _writer_first(engine, _ours, write, order) == (False, False), order
+        assert _writer_first(engine, ours, write, order) == (False, False), order
         assert queued(engine) == {(asset_id, "B"), (asset_id, "a")}
     # Each time ours met the writer's row (NOWAIT), the operator's counter says so.
     assert SENT.sent.count(("incr", "queue_write.lock_waits", 1)) >= 2
@@ -199,10 +176,10 @@ def test_postgresql_no_deadlock_in_either_order_the_blocking_control_deadlocks(w
 def test_mysql_no_deadlock_in_primary_key_order(world, writer):
     engine, asset_id = world
     write = WRITERS[writer]
-    assert _writer_first(engine, _ours, write, ["B", "a"]) == (False, False)  # utf8mb3_bin: "B" < "a"
+    assert _writer_first(engine, ours, write, ["B", "a"]) == (False, False)  # utf8mb3_bin: "B" < "a"
     assert queued(engine) == {(asset_id, "B"), (asset_id, "a")}
     _producer_first(engine, write)
     # The reverse order is what it does not survive (InnoDB keeps a savepoint's row locks).
     with engine.begin() as conn:
         conn.exec_driver_sql("DELETE FROM asset_dag_run_queue")
-    assert _writer_first(engine, _ours, write, ["a", "B"]) != (False, False)
+    assert _writer_first(engine, ours, write, ["a", "B"]) != (False, False)

@@ -40,16 +40,14 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from airflow_adrq import create_engine, register_asset_change
-from airflow_adrq.errorcodes import RetryableKind, classify
-from airflow_adrq.metrics import Recorded
+from airflow_adrq import create_engine
+from airflow_adrq.errorcodes import classify
 from airflow_adrq.models import DagModel
-from tests.factories import add_asset, add_dags, asset_ref, queued, schedule_on_asset
+from tests.factories import add_asset, add_dags, queued, schedule_on_asset
+from tests.support.dag_writers import SENT, blocking_control, deadlocked, find_orm_dags, ours
 from tests.support.locks import backend_id, blocked_by
 
 _DAG = DagModel.__table__
-#: What the producers' queue writes counted (the operator's metrics).
-SENT = Recorded()
 CONSUMERS = ["d1", "d3"]  # the producer's; d1 is the busy one
 #: Each party's deadlock_timeout (PostgreSQL): the producer's fires first.
 PRODUCER_TIMEOUT, WRITER_TIMEOUT = "5s", "6s"
@@ -67,22 +65,7 @@ def world(db_url):
     engine.dispose()
 
 
-def _ours(session: Session) -> None:
-    register_asset_change(asset=asset_ref("x"), session=session, on_conflict="refresh", metrics=SENT)
-    session.commit()
-
-
-def _control(session: Session) -> None:
-    """Waits for the busy row blocking, queued on it (a plain ordered ``SELECT ... FOR SHARE``)."""
-    conn = session.connection()
-    by_bytes = _DAG.c.dag_id.collate("C") if conn.dialect.name == "postgresql" else _DAG.c.dag_id
-    lock = sa.select(_DAG.c.dag_id).where(_DAG.c.dag_id.in_(CONSUMERS)).order_by(by_bytes)
-    conn.execute(lock.with_for_update(read=True))
-    _ours(session)
-
-
-def _find_orm_dags(conn: sa.Connection, dag_id: str) -> None:
-    conn.execute(sa.select(_DAG.c.dag_id).where(_DAG.c.dag_id == dag_id).with_for_update(key_share=True))
+_control = blocking_control(CONSUMERS)
 
 
 def _bulk_patch(conn: sa.Connection, dag_ids: list[str]) -> None:
@@ -136,10 +119,10 @@ class _Producer(_Party):
 
 
 def _deadlocked(error: BaseException | None) -> bool:
-    found = classify(error) if error is not None else None
-    if error is not None and found is None:
+    """:func:`deadlocked`; an error that is no database error at all is raised as it is."""
+    if error is not None and classify(error) is None:
         raise error
-    return found is not None and found.kind is RetryableKind.DEADLOCK
+    return deadlocked(error)
 
 
 def _postgresql_cycle(engine: sa.Engine, produce: Callable[[Session], None]) -> tuple[bool, bool, bool]:
@@ -149,7 +132,7 @@ def _postgresql_cycle(engine: sa.Engine, produce: Callable[[Session], None]) -> 
             _deadlock_timeout(conn, WRITER_TIMEOUT)
             conn.commit()
         patch_id = backend_id(patch)
-        _find_orm_dags(processor, "d1")  # 1.
+        find_orm_dags(processor, "d1")  # 1.
         _bulk_patch(patch, ["d2"])  # 2.
         producer = _Producer(engine, produce, PRODUCER_TIMEOUT)  # 3.
         assert blocked_by(engine, producer.backend, backend_id(processor), producer.thread.is_alive)
@@ -168,7 +151,7 @@ def _postgresql_cycle(engine: sa.Engine, produce: Callable[[Session], None]) -> 
         assert blocked_by(engine, [patch_id], producer.backend[0], waiting_patch.is_alive)
         processor_error: BaseException | None = None
         try:  # 5.
-            _find_orm_dags(processor, "d2")
+            find_orm_dags(processor, "d2")
             processor.commit()
         except sa.exc.DBAPIError as exc:
             processor_error = exc
@@ -189,7 +172,7 @@ def test_postgresql_producer_survives_a_cycle_between_the_dag_processor_and_a_bu
     assert queued(engine) == set()
     # Ours: back to its SAVEPOINT, waits again, commits; the cycle is the two writers' own.
     SENT.sent.clear()
-    producer, processor, patch = _postgresql_cycle(engine, _ours)
+    producer, processor, patch = _postgresql_cycle(engine, ours)
     assert not producer
     assert processor or patch, "the writers' own cycle was not resolved by a deadlock"
     assert queued(engine) == {(asset_id, "d1"), (asset_id, "d3")}
@@ -199,8 +182,8 @@ def test_postgresql_producer_survives_a_cycle_between_the_dag_processor_and_a_bu
 def _mysql_three_parties(engine: sa.Engine, patch_order: list[str]) -> list[BaseException]:
     """The DAG processor holds d1; the producer waits for it; the PATCH updates ``patch_order`` row by row."""
     with engine.connect() as processor:
-        _find_orm_dags(processor, "d1")
-        producer = _Producer(engine, _ours, None)
+        find_orm_dags(processor, "d1")
+        producer = _Producer(engine, ours, None)
         assert blocked_by(engine, producer.backend, backend_id(processor), producer.thread.is_alive)
 
         def patch(conn: sa.Connection) -> None:
@@ -211,7 +194,7 @@ def _mysql_three_parties(engine: sa.Engine, patch_order: list[str]) -> list[Base
         assert blocked_by(engine, writer.backend, backend_id(processor), writer.thread.is_alive)
         errors: list[BaseException] = []
         try:
-            _find_orm_dags(processor, "d2")
+            find_orm_dags(processor, "d2")
             processor.commit()
         except sa.exc.DBAPIError as exc:
             errors.append(exc)
