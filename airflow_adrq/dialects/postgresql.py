@@ -218,12 +218,12 @@ def _wait_for_busy_rows(
     lock_free = _share_lock(form, "skip_locked")
     busy = sorted(wanted - set(conn.execute(lock_free, params, execution_options=options).scalars()))
     conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
-    deadline.left_ms(busy)  # none left: raise, however often the rows changed hands
+    left_ms = deadline.left_ms(busy)  # none left: raise, however often the rows changed hands
     if not busy:
         return
     previous = conn.execute(_LOCK_TIMEOUT).scalar_one()
     try:
-        conn.execute(_SET_LOCK_TIMEOUT, {"value": f"{deadline.left_ms(busy)}ms"})
+        conn.execute(_SET_LOCK_TIMEOUT, {"value": f"{left_ms}ms"})
         conn.execute(_ONE_DAG_SHARE_LOCK, {"dag_id": busy[0]}, execution_options=options)
     except DBAPIError as exc:
         if _ended_by(exc) not in _WAIT_ENDED:
