@@ -134,11 +134,7 @@ _DEFERRED: TransactionScoped[_Deferred] = TransactionScoped("deferred_events", o
 
 
 def _pending(session: Session) -> list[_Deferred]:
-    pending = []
-    for entry in _DEFERRED.items(session):
-        if entry.written_in is None:
-            pending.append(entry)
-    return pending
+    return [entry for entry in _DEFERRED.items(session) if entry.written_in is None]
 
 
 def defer_events(
@@ -155,16 +151,16 @@ def defer_events(
 ) -> None:
     """Record ``events`` to be stamped and queued by ONE statement just before COMMIT.
 
-    The session's ``before_commit`` hook (after a final flush) passes every event deferred in the
+    The commit step (:func:`write_at_commit`, after a final flush) passes every event deferred in the
     transaction to one :func:`queue_events` call: one lock order for all of them, held only for the
     commit; the database's clock is read once, after the consumers' share locks and before the rows
-    are written, then COMMIT. One statement has one ``on_conflict``, shape and
-    schema: those of the first deferral still pending; another raises :class:`ValueError` (deferring
-    no events checks that, before any write). ``events``: flushed ``asset_event`` objects, or
-    anything with integer ``id`` and ``asset_id``. ``on_conflict``, ``allowed_dags``, ``shape``,
-    ``schema``, ``lock_wait_s`` and ``metrics`` as in :func:`queue_events`. ``alias_names`` (event id -> the
-    aliases it was emitted through): their alias rows are written at COMMIT too, just before the
-    statement (:func:`airflow_adrq.aliases.write_alias_rows`).
+    are written, then COMMIT. One statement has one set of settings (``on_conflict``, shape, schema,
+    ``lock_wait_s``, ``metrics``): those of the first deferral still pending; others raise
+    :class:`ValueError` (:func:`check_settings` asks before any write). ``events``: flushed
+    ``asset_event`` objects, or anything with integer ``id`` and ``asset_id``. ``on_conflict``,
+    ``allowed_dags``, ``shape``, ``schema``, ``lock_wait_s`` and ``metrics`` as in :func:`queue_events`.
+    ``alias_names`` (event id -> the aliases it was emitted through): their alias rows are written at
+    COMMIT too, just before the statement (:func:`airflow_adrq.aliases.write_alias_rows`).
 
     Nothing is visible before the commit (or :func:`flush_queue`); a rollback queues nothing; events
     of a rolled-back SAVEPOINT are dropped, those of a released one queued at the outermost COMMIT.

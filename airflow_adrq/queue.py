@@ -88,10 +88,7 @@ def _chunks(events: Iterable[EventLike]) -> list[list[int]]:
     # reads depends on which events are in it.)
     chunks: list[list[int]] = []
     last_asset: int | None = None
-    keys = set()
-    for event in events:
-        keys.add((event.asset_id, event.id))
-    for asset_id, event_id in sorted(keys):
+    for asset_id, event_id in sorted({(event.asset_id, event.id) for event in events}):
         if not chunks or (len(chunks[-1]) >= IDS_PER_STATEMENT and asset_id != last_asset):
             chunks.append([])
         chunks[-1].append(event_id)
