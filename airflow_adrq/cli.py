@@ -23,16 +23,21 @@ from airflow_adrq import __version__, doctor, migrate
 from airflow_adrq.doctor.report import first_line
 from airflow_adrq.errors import AdrqError
 
-__all__ = ["COMMANDS_GROUP", "URL_ENV", "build_parser", "main", "one_line"]
+__all__ = ["COMMANDS_GROUP", "EXIT_COULD_NOT_RUN", "URL_ENV", "build_parser", "main", "one_line"]
 
 #: Environment variable that ``--url`` defaults to.
 URL_ENV = "AIRFLOW_ADRQ_DATABASE_URL"
 #: Entry-point group of commands other distributions add (see the module docstring).
 COMMANDS_GROUP = "airflow_adrq.commands"
 
+#: ``db``'s exit status when it could not run (no server or driver, a refused database, an error):
+#: the same as ``doctor``'s "no report". 0 is success, 1 ``db check``'s "not at head or not identical",
+#: 2 a usage error (argparse's), 130 interrupted.
+EXIT_COULD_NOT_RUN = 4
+
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 success, 1 failure, 2 usage, 130 interrupted)."""
+    """Run the command line; returns the exit status (:data:`EXIT_COULD_NOT_RUN` and the codes beside it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         external = _external_commands()
@@ -49,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             status = args.func(args)
         except (AdrqError, SQLAlchemyError, ValueError) as exc:
             print(f"airflow-adrq: error: {one_line(exc)}", file=sys.stderr)
-            return 1
+            return EXIT_COULD_NOT_RUN
         return status
     except KeyboardInterrupt:
         print("airflow-adrq: interrupted", file=sys.stderr)
@@ -113,7 +118,7 @@ def add_db_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
             "target revision, or 'base' (required)",
         ),
         ("current", _db_current, "print the database's revision", None),
-        ("check", _db_check, "exit 1 unless at head and identical to the models", None),
+        ("check", _db_check, "exit 1 unless at head and identical to the models (4: could not check)", None),
     ):
         command = commands.add_parser(name, allow_abbrev=False, help=help_text)
         command.add_argument(
@@ -143,11 +148,11 @@ def _db_migrate(args: argparse.Namespace) -> int:
     """``db upgrade`` (default revision: head) or ``db downgrade`` (a revision is required)."""
     given = [r for r in (args.revision, args.revision_option) if r is not None]
     if len(given) == 2 and given[0] != given[1]:
-        raise AdrqError(f"two different revisions given: {given[0]!r} and --revision {given[1]!r}")
+        args.command_parser.error(f"two different revisions given: {given[0]!r} and --revision {given[1]!r}")
     upgrade = args.db_command == "upgrade"
     revision = given[0] if given else ("head" if upgrade else None)
     if revision is None:
-        raise AdrqError("a revision is required, e.g. `airflow-adrq db downgrade base`")
+        args.command_parser.error("a revision is required, e.g. `airflow-adrq db downgrade base`")
     result = (migrate.upgrade if upgrade else migrate.downgrade)(args.url, revision)
     print(f"database: {_show(args.url)}")
     if not result.steps:

@@ -7,6 +7,7 @@ __all__ = [
     "AirflowSchemaError",
     "CommitOutcomeUnknownError",
     "DeferredTooLateError",
+    "DriverNotInstalledError",
     "IsolationLevelError",
     "LockWaitTimeoutError",
     "RetriesExhaustedError",
@@ -25,6 +26,10 @@ class AdrqError(Exception):
 
 class UnsupportedDialectError(AdrqError):
     """This database backend is not supported by airflow-adrq."""
+
+
+class DriverNotInstalledError(AdrqError, ImportError):
+    """The URL's database driver (DBAPI module) is not installed."""
 
 
 class UnsupportedSchemaError(AdrqError):

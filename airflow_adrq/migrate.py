@@ -369,17 +369,8 @@ def _current(connection: Connection) -> str | None:
 @contextlib.contextmanager
 def _connect(bind: Bind) -> Iterator[Connection]:
     """One connection in one transaction, committed on success, refused first if Airflow's database."""
-    try:
-        engine = bind if isinstance(bind, Engine) else create_engine(bind, poolclass=sa.pool.NullPool)
-    except ImportError as exc:
-        # SQLAlchemy imports the driver here; a missing one is a setup
-        # problem the command line should name, not a traceback.
-        driver = sa.engine.make_url(str(bind)).drivername
-        raise AdrqError(
-            f"no database driver for {driver!r} ({exc}); install it, e.g. "
-            "pip install 'airflow-adrq[postgres]' (psycopg2: use postgresql+psycopg2://) or "
-            "'airflow-adrq[mysql]'"
-        ) from exc
+    # A missing driver raises DriverNotInstalledError, naming the extra that installs it.
+    engine = bind if isinstance(bind, Engine) else create_engine(bind, poolclass=sa.pool.NullPool)
     try:
         with engine.begin() as connection:
             _refuse_airflow_schema(connection)

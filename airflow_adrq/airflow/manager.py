@@ -79,15 +79,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         """
         compat.check_manager_kwargs({"on_conflict": on_conflict, "slow_write_ms": slow_write_ms, **kwargs})
         super().__init__()  # type: ignore[no-untyped-call,unused-ignore]
-        # Lets an operator confirm in any component's log that it is used. The policy is the one
-        # registrations read (what "auto" means on the backend is logged at the first queue write).
-        log.info(
-            "airflow-adrq: %s.%s queues asset-triggered runs at commit, sorted by %s, on_conflict=%s",
-            type(self).__module__,
-            type(self).__qualname__,
-            compat.current().queue_order,
-            compat.conflict_policy(),
-        )
+        _log_in_use(type(self), compat.current().queue_order, compat.conflict_policy())
 
     @classmethod
     def register_asset_change(
@@ -204,6 +196,23 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
                 # carries its stored timestamp. One event per transaction there: nothing to order against.
                 deferral.flush_queue(session)
         return asset_event
+
+
+@functools.cache
+def _log_in_use(manager: type, queue_order: str, policy: ConflictPolicy) -> None:
+    """Let an operator confirm in any component's log that the plug-in is used: once per process.
+
+    Airflow builds the manager on every ``resolve_asset_manager()`` call (at import, and again in
+    some code paths); the policy is the one registrations read (what ``"auto"`` means on the backend
+    is logged at the first queue write).
+    """
+    log.info(
+        "airflow-adrq: %s.%s queues asset-triggered runs at commit, sorted by %s, on_conflict=%s",
+        manager.__module__,
+        manager.__qualname__,
+        queue_order,
+        policy,
+    )
 
 
 # [database] sql_alchemy_schema or None: read off Airflow's own model, where it writes.

@@ -64,6 +64,8 @@ class Backend(Protocol):
     name: str
     #: The connection settings the guarantees rely on, applied by :func:`airflow_adrq.engine.create_engine`.
     engine_kwargs: Mapping[str, Any]
+    #: The airflow-adrq extra that installs this backend's drivers (``None``: in Python itself).
+    driver_extra: str | None
     #: The database's clock, one value per statement (``None``: Python's, a database on this host).
     clock: Callable[[], ColumnElement[dt.datetime]] | None
     #: Data-modifying CTEs: the refresh path stamps its rows and the events in one statement.

@@ -119,6 +119,7 @@ def check_before_ddl(connection: Connection) -> None:
 name = "mysql"
 #: As Airflow forces on MySQL (settings.prepare_engine_args).
 engine_kwargs: Mapping[str, Any] = {"isolation_level": "READ COMMITTED"}
+driver_extra: str | None = "mysql"
 stamp_in_one_statement = False
 transactional_ddl = False
 

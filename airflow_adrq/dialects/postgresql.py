@@ -87,6 +87,7 @@ from airflow_adrq.tables import UtcDateTime
 name = "postgresql"
 #: PostgreSQL's default READ COMMITTED is what the guarantees assume: no engine settings.
 engine_kwargs: Mapping[str, Any] = {}
+driver_extra: str | None = "postgres"
 stamp_in_one_statement = True
 transactional_ddl = True
 

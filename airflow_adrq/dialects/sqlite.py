@@ -55,6 +55,7 @@ def rows_written(connection: Connection, result: CursorResult[Any]) -> int:
 name = "sqlite"
 #: The engine's settings are listeners (:func:`configure_engine`).
 engine_kwargs: Mapping[str, Any] = {}
+driver_extra: str | None = None
 #: Python's clock: SQLite runs on this host.
 clock = None
 stamp_in_one_statement = False

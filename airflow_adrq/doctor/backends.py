@@ -35,6 +35,7 @@ from airflow_adrq.doctor.report import (
     QueueInsert,
     first_line,
 )
+from airflow_adrq.engine import driver_not_installed
 
 #: Seconds doctor waits for a server to accept a connection.
 CONNECT_TIMEOUT = 10
@@ -71,6 +72,10 @@ class Probe:
     deadlock_counter: str | None = None
 
 
+#: Whether a schema exists (the SQL standard's catalog view; only PostgreSQL takes ``--schema``).
+_SCHEMA_EXISTS = sa.text("SELECT count(*) FROM information_schema.schemata WHERE schema_name = :schema")
+
+
 @contextlib.contextmanager
 def read_only_connection(url: str | URL, schema: str | None = None) -> Iterator[Connection]:
     """A connection to ``url`` in one read-only transaction, rolled back at the end.
@@ -84,7 +89,10 @@ def read_only_connection(url: str | URL, schema: str | None = None) -> Iterator[
     url = probe.read_only_url(url)
     drivers = ("psycopg2", "psycopg", "mysqldb", "pymysql")  # the DBAPIs that take connect_timeout
     connect_args = {"connect_timeout": CONNECT_TIMEOUT} if url.get_driver_name() in drivers else {}
-    engine = sa.create_engine(url, poolclass=NullPool, connect_args=connect_args)
+    try:
+        engine = sa.create_engine(url, poolclass=NullPool, connect_args=connect_args)
+    except ImportError as exc:
+        raise DoctorError(str(driver_not_installed(url, exc))) from exc
     try:
         with engine.connect() as conn:
             # SQLAlchemy's first-connect checks ran in a transaction of their
@@ -99,6 +107,8 @@ def read_only_connection(url: str | URL, schema: str | None = None) -> Iterator[
                             f"[database] sql_alchemy_schema ({schema!r}) is only checked on PostgreSQL; on "
                             "MySQL/MariaDB name Airflow's database in the URL instead"
                         )
+                    if not conn.scalar(_SCHEMA_EXISTS, {"schema": schema}):
+                        raise DoctorError(f"no such schema {schema!r} in this database (--schema)")
                     conn.execute(sa.text(probe.search_path), {"schema": schema})
                 yield conn
             finally:

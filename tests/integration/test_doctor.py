@@ -153,6 +153,29 @@ def test_an_unreachable_server_is_a_one_line_error(capsys):
     )
 
 
+@pytest.mark.parametrize(
+    ("url", "extra"),
+    [
+        ("postgresql+pg8000://u@127.0.0.1/airflow", "postgres"),
+        ("mysql+pymysql://u@127.0.0.1/airflow", "mysql"),
+    ],
+)
+def test_a_driver_not_installed_names_the_extra(url, extra, capsys):
+    """No traceback and not a verdict: the extra that installs a driver, and "no report"."""
+    for module in ("pg8000", "pymysql"):
+        with contextlib.suppress(ImportError):
+            __import__(module)
+            pytest.fail(f"{module} is installed here: the test needs a driver that is not")
+    _assert_one_line_error(*run_cli(capsys, "--url", url), f"pip install 'airflow-adrq[{extra}]'")
+
+
+@pytest.mark.backends("postgresql")
+def test_a_schema_that_does_not_exist_is_no_report(fresh_db_url, backend, capsys):
+    airflow_like(fresh_db_url).dispose()
+    code, out, err = run_cli(capsys, "--url", fresh_db_url, "--schema", "nosuchschema")
+    _assert_one_line_error(code, out, err, "no such schema 'nosuchschema'")
+
+
 def test_no_url_without_airflow_asks_for_one(monkeypatch, capsys):
     try:
         importlib.metadata.distribution("apache-airflow-core")

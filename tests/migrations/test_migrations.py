@@ -426,7 +426,7 @@ def test_refuses_an_airflow_database_and_changes_nothing(fresh_db_url, fresh_eng
 def test_cli_refuses_an_airflow_database(fresh_db_url, fresh_engine, capsys):
     _make_airflow_version_table(fresh_engine)
     before = _snapshot(fresh_engine)
-    assert cli.main(["db", "upgrade", "--url", fresh_db_url]) == 1
+    assert cli.main(["db", "upgrade", "--url", fresh_db_url]) == cli.EXIT_COULD_NOT_RUN
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith("airflow-adrq: error: refusing to run airflow-adrq migrations on ")
@@ -469,17 +469,22 @@ def test_cli_db_commands(fresh_db_url, fresh_engine, capsys):
 
 
 def test_cli_downgrade_needs_an_explicit_revision(capsys):
-    assert cli.main(["db", "downgrade", "--url", "sqlite://"]) == 1
-    assert capsys.readouterr().err == (
-        "airflow-adrq: error: a revision is required, e.g. `airflow-adrq db downgrade base`\n"
-    )
+    """A usage error (2), not "could not run" (4) nor ``db check``'s finding (1)."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["db", "downgrade", "--url", "sqlite://"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: airflow-adrq db downgrade")
+    assert err.endswith("error: a revision is required, e.g. `airflow-adrq db downgrade base`\n")
 
 
 def test_cli_revision_is_positional_as_in_alembic(fresh_db_url, fresh_engine, capsys):
     assert cli.main(["db", "upgrade", "--url", fresh_db_url, "head"]) == 0
     assert cli.main(["db", "downgrade", "--url", fresh_db_url, "base"]) == 0
     assert f"revision: {HEAD} -> <base>" in capsys.readouterr().out
-    assert cli.main(["db", "upgrade", "--url", fresh_db_url, "head", "--revision", "base"]) == 1
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["db", "upgrade", "--url", fresh_db_url, "head", "--revision", "base"])
+    assert exited.value.code == 2
     assert "two different revisions" in capsys.readouterr().err
 
 
@@ -576,6 +581,8 @@ def test_runtime_package_never_imports_the_benchmark():
 def test_cli_names_a_missing_database_driver(monkeypatch, capsys):
     # SQLAlchemy imports the DBAPI module while creating the engine.
     monkeypatch.setitem(sys.modules, "pg8000", None)  # import raises ModuleNotFoundError
-    assert cli.main(["db", "upgrade", "--url", "postgresql+pg8000://nobody@127.0.0.1/none"]) == 1
+    url = "postgresql+pg8000://nobody@127.0.0.1/none"
+    assert cli.main(["db", "upgrade", "--url", url]) == cli.EXIT_COULD_NOT_RUN
     err = capsys.readouterr().err
-    assert err.startswith("airflow-adrq: error: no database driver for 'postgresql+pg8000'"), err
+    assert err.startswith("airflow-adrq: error: no driver for postgresql+pg8000:// URLs"), err
+    assert "pip install 'airflow-adrq[postgres]'" in err

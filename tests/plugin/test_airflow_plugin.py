@@ -636,8 +636,9 @@ def test_config_line_and_local_settings_in_a_real_airflow_process(airflow_db, tm
     env["AIRFLOW__CORE__ASSET_MANAGER_CLASS"] = "airflow_adrq.airflow.AdrqAssetManager"
     code = textwrap.dedent(
         """
-        from airflow.assets.manager import asset_manager
+        from airflow.assets.manager import asset_manager, resolve_asset_manager
         import airflow.models.trigger as t
+        resolve_asset_manager(), resolve_asset_manager()  # as some of Airflow's code paths do
         print(type(asset_manager).__name__, t.AssetManager.__name__)
         """
     )
@@ -646,7 +647,8 @@ def test_config_line_and_local_settings_in_a_real_airflow_process(airflow_db, tm
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[-2:] == ["AdrqAssetManager", "AdrqAssetManager"]
-    assert "queues asset-triggered runs at commit" in result.stdout + result.stderr
+    # Once per process, however often Airflow builds the manager.
+    assert (result.stdout + result.stderr).count("queues asset-triggered runs at commit") == 1
 
 
 def test_refuses_to_load_without_the_members_its_line_calls(monkeypatch):
