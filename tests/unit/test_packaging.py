@@ -78,6 +78,8 @@ def test_the_sdist_holds_what_tox_and_the_readme_need(tmp_path, monkeypatch):
         "bench/pyproject.toml",
         ".ci/run",
         "RELIABILITY.md",  # linked from the README
+        "docs/operator-guide.md",
+        "docs/sql/postgresql.sql",
         "GUARANTEES.md",
         "BENCHMARKS.md",
         "LICENSE",

@@ -1,4 +1,4 @@
-"""The README's Python examples run as written, so they cannot rot."""
+"""The Python examples of the README and of docs/ run as written, so they cannot rot."""
 
 from __future__ import annotations
 
@@ -7,18 +7,23 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCKS = [
+    (f"{page.relative_to(ROOT)} python block {number}", block)
+    for page in PAGES
+    for number, block in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.DOTALL), 1)
+]
 
 
-def test_the_readme_has_examples():
-    assert BLOCKS, "no ```python block in README.md"
+def test_the_library_guide_has_its_quick_start():
+    assert any(name.startswith("docs/library.md") for name, _ in BLOCKS), "no ```python block in docs/library.md"
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_python_block_runs(index, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(("name", "block"), BLOCKS, ids=[name for name, _ in BLOCKS])
+def test_python_block_runs(name, block, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # relative SQLite paths land here
-    code = compile(BLOCKS[index], f"README.md python block {index + 1}", "exec")
+    code = compile(block, name, "exec")
     exec(code, {"__name__": "__readme__"})
     # Any number of times, in the same directory (it left its database behind once).
     exec(code, {"__name__": "__readme__"})
