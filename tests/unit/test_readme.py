@@ -27,3 +27,10 @@ def test_python_block_runs(name, block, tmp_path, monkeypatch, capsys):
     exec(code, {"__name__": "__readme__"})
     # Any number of times, in the same directory (it left its database behind once).
     exec(code, {"__name__": "__readme__"})
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
+def test_no_line_is_wider_than_100_columns(page):
+    """A terminal or a diff shows every line whole (issue 38)."""
+    wide = [n for n, line in enumerate(page.read_text().splitlines(), 1) if len(line) > 100]
+    assert wide == [], f"{page.name}: lines {wide} are over 100 columns"
