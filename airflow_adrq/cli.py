@@ -147,12 +147,13 @@ def _show(url: str) -> str:
 def _db_migrate(args: argparse.Namespace) -> int:
     """``db upgrade`` (default revision: head) or ``db downgrade`` (a revision is required)."""
     given = [r for r in (args.revision, args.revision_option) if r is not None]
+    parser: argparse.ArgumentParser = args.command_parser
     if len(given) == 2 and given[0] != given[1]:
-        args.command_parser.error(f"two different revisions given: {given[0]!r} and --revision {given[1]!r}")
+        parser.error(f"two different revisions given: {given[0]!r} and --revision {given[1]!r}")
     upgrade = args.db_command == "upgrade"
     revision = given[0] if given else ("head" if upgrade else None)
     if revision is None:
-        args.command_parser.error("a revision is required, e.g. `airflow-adrq db downgrade base`")
+        parser.error("a revision is required, e.g. `airflow-adrq db downgrade base`")
     result = (migrate.upgrade if upgrade else migrate.downgrade)(args.url, revision)
     print(f"database: {_show(args.url)}")
     if not result.steps:

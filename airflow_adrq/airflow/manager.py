@@ -79,7 +79,8 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
         """
         compat.check_manager_kwargs({"on_conflict": on_conflict, "slow_write_ms": slow_write_ms, **kwargs})
         super().__init__()  # type: ignore[no-untyped-call,unused-ignore]
-        _log_in_use(type(self), compat.current().queue_order, compat.conflict_policy())
+        manager = f"{type(self).__module__}.{type(self).__qualname__}"
+        _log_in_use(manager, compat.current().queue_order, compat.conflict_policy())
 
     @classmethod
     def register_asset_change(
@@ -199,7 +200,7 @@ class AdrqAssetManager(AssetManager):  # type: ignore[misc,unused-ignore]
 
 
 @functools.cache
-def _log_in_use(manager: type, queue_order: str, policy: ConflictPolicy) -> None:
+def _log_in_use(manager: str, queue_order: str, policy: ConflictPolicy) -> None:
     """Let an operator confirm in any component's log that the plug-in is used: once per process.
 
     Airflow builds the manager on every ``resolve_asset_manager()`` call (at import, and again in
@@ -207,9 +208,8 @@ def _log_in_use(manager: type, queue_order: str, policy: ConflictPolicy) -> None
     is logged at the first queue write).
     """
     log.info(
-        "airflow-adrq: %s.%s queues asset-triggered runs at commit, sorted by %s, on_conflict=%s",
-        manager.__module__,
-        manager.__qualname__,
+        "airflow-adrq: %s queues asset-triggered runs at commit, sorted by %s, on_conflict=%s",
+        manager,
         queue_order,
         policy,
     )

@@ -17,7 +17,7 @@ BLOCKS = [
 
 
 def test_the_library_guide_has_its_quick_start():
-    assert any(name.startswith("docs/library.md") for name, _ in BLOCKS), "no ```python block in docs/library.md"
+    assert any(name.startswith("docs/library.md") for name, _ in BLOCKS), "no python block in docs/library.md"
 
 
 @pytest.mark.parametrize(("name", "block"), BLOCKS, ids=[name for name, _ in BLOCKS])
