@@ -34,8 +34,7 @@ def test_relative_links_resolve(page):
             continue  # https:, mailto:
         path, _, anchor = target.partition("#")
         linked = (page.parent / path).resolve() if path else page
-        if not linked.exists():
-            broken.append(target)
-        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+        missing_anchor = linked.exists() and anchor and linked.suffix == ".md"
+        if not linked.exists() or (missing_anchor and anchor not in anchors(linked)):
             broken.append(target)
     assert broken == [], f"{page.name}: {broken}"
