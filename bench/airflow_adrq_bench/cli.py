@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import make_url
 
-from airflow_adrq_bench import options, progress, report, runner, tables, verdict
+from airflow_adrq_bench import exits, options, progress, report, runner, tables, verdict
 from airflow_adrq_bench.config import DEFAULT, DEFAULT_STRATEGY, QUICK, SCENARIOS, STRATEGIES, Sizes
 from airflow_adrq_bench.config import clear_of_deadlock_timeout as clear
 from airflow_adrq_bench.errors import BenchError
@@ -77,6 +77,8 @@ def bench_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         allow_abbrev=False,
         prog="airflow-adrq bench",
+        epilog=exits.EPILOG,
+        formatter_class=options.HelpFormatter,
         description=(
             "Concurrent producer processes register asset events through Airflow "
             "3.3.2's whole register_asset_change (and two later loop variants) and through airflow-adrq's, "
@@ -89,8 +91,8 @@ def bench_parser() -> argparse.ArgumentParser:
     )
     quick = ("--quick", "small sizes (the --quick values below)")
     options.add_common(parser, db_help=DB_HELP, preset=quick, out="")
-    check = "exit 1 when a target of the verdict (printed last) is missed, for an operator's own CI"
-    parser.add_argument("--check", action="store_true", help=check)
+    parser.add_argument("--check", action="store_true", help=exits.CHECK_HELP)
+    parser.add_argument("--allow-unclear", action="store_true", help=exits.ALLOW_UNCLEAR_HELP)
     scratch = "keep the scratch files in --out (barrier files, per-process records)"
     parser.add_argument("--keep-scratch", action="store_true", help=scratch)
     group = parser.add_argument_group(
@@ -139,10 +141,10 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     text = "\n".join(part for part in (*detail, report.format_ratio(raw), board) if part)
     tables.write_json(out / "bench.json", {"summary": rows, "lost_events": lost, **raw})
     written = [out / "bench.json", *report.plot(raw, rows, lost, out)]
-    missed = verdict.missed(lines) if args.check else []
-    errors = report.problems(raw, rows, lost)
-    errors += [f"target missed: {m.db} {m.what}: {m.measured} (target {m.goal})" for m in missed]
-    return options.publish(out / "bench.md", text, written, errors, took=raw["duration_s"], shown=board)
+    judged = exits.judge(
+        report.problems(raw, rows, lost), lines, check=args.check, allow_unclear=args.allow_unclear
+    )
+    return options.publish(out / "bench.md", text, written, judged, took=raw["duration_s"], shown=board)
 
 
 def _pairs(counts: dict[str, int]) -> str:
@@ -213,6 +215,8 @@ def _run(mode: str, argv: list[str]) -> int:
         allow_abbrev=False,
         prog=f"airflow-adrq bench --{mode}",
         description=f"{spec['about']}. PostgreSQL and MySQL/MariaDB.",
+        epilog=exits.EPILOG,
+        formatter_class=options.HelpFormatter,
     )
     options.add_common(
         parser,
@@ -248,4 +252,4 @@ def _measure(mode: str, spec: dict[str, Any], args: argparse.Namespace, sizes: A
     text = tables.table(results, spec["columns"], left=1) + "\n\n" + tables.legend(mode)
     bad = [r["server"] for r in results if not spec["ok"](r)]
     failed = [f"{server}: the {mode} checks failed (the table says which)" for server in bad]
-    return options.publish(out / f"{mode}.md", text, [out / f"{mode}.json"], failed)
+    return options.publish(out / f"{mode}.md", text, [out / f"{mode}.json"], exits.judge(failed))

@@ -1,12 +1,15 @@
 """How every report writes numbers (``fmt``, ``times``), Markdown tables (on ``tabulate``), their legends
-(from ``legends.md``) and JSON (``null`` where a measurement is missing or unbounded)."""
+(from ``legends.md``), prose wrapped to :data:`WIDTH` columns (``wrap``), JSON (``null`` where a
+measurement is missing or unbounded) and CSV (the wide detail the Markdown leaves out)."""
 
 from __future__ import annotations
 
+import csv
 import functools
 import json
 import math
 import re
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -14,7 +17,22 @@ from typing import Any
 
 from tabulate import tabulate
 
-__all__ = ["Columns", "fmt", "legend", "markdown", "ratio", "table", "times", "write_json"]
+__all__ = [
+    "WIDTH",
+    "Columns",
+    "fmt",
+    "legend",
+    "markdown",
+    "ratio",
+    "table",
+    "times",
+    "wrap",
+    "write_csv",
+    "write_json",
+]
+
+#: The widest line a report prints or writes: a terminal of 100 columns shows it unbroken.
+WIDTH = 100
 
 #: A table's columns: header -> the row's key (shown with ``fmt``) or what shows the row's cell.
 Columns = Mapping[str, str | Callable[[dict[str, Any]], str]]
@@ -53,6 +71,39 @@ def table(rows: Sequence[dict[str, Any]], columns: Columns, left: int = 2) -> st
     """``markdown`` of ``rows``, one column per entry of ``columns``."""
     body = [[show(r) if callable(show) else fmt(r[show]) for show in columns.values()] for r in rows]
     return markdown(list(columns), body, left)
+
+
+def wrap(text: str, width: int = WIDTH) -> str:
+    """``text`` with every line longer than ``width`` wrapped at spaces: a ``* `` item or a ``> `` note
+    continues indented or quoted; a table row (``|``) or a word longer than ``width`` (a path) stays
+    as it is, so tables must be made narrow enough."""
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width or line.startswith("|"):
+            out.append(line)
+            continue
+        lead = line[: len(line) - len(line.lstrip())]
+        more = {"* ": "  ", "- ": "  ", "> ": "> "}.get(line.lstrip()[:2], "  " if lead else "")
+        fill = textwrap.fill(
+            line.lstrip(),
+            width,
+            initial_indent=lead,
+            subsequent_indent=lead + more,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+        out.append(fill)
+    return "\n".join(out)
+
+
+def write_csv(path: Path, rows: Sequence[dict[str, Any]], columns: Columns) -> None:
+    """``rows`` as CSV, one column per entry of ``columns``, cells as :func:`table` shows them."""
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(list(columns))
+        writer.writerows(
+            [show(r) if callable(show) else fmt(r[show]) for show in columns.values()] for r in rows
+        )
 
 
 def write_json(path: Path, data: Any) -> None:
