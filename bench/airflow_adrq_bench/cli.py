@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -120,27 +121,36 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         sizes, notes = clear(sizes, deadlock_s, keep=frozenset(options.given(args, Sizes)))
         if "sqlite" in {t.name for t in targets}:
             notes.append(f"note: {report.SQLITE_NOTE}")
-        summary = (
-            f"benchmarking {', '.join(t.version for t in targets)} on {os.cpu_count()} CPUs; "
-            f"{sizes.producers} producers x {sizes.transactions} transactions per round, fan-out "
-            f"{sizes.fanout}, {sizes.outlets} outlets, hold {sizes.hold_ms:g} ms, round timeout "
-            f"{sizes.round_timeout_s:g} s, lock timeout {sizes.lock_timeout_s:g} s; lost events: "
-            f"{sizes.lost_producers} producers, {sizes.lost_events} events, holds "
-            f"{options.show(sizes.lost_holds_ms)} ms; output in {out}"
-        )
-        options.say("\n".join([summary, *notes]))
+        # One line per subject, each under 100 columns once say() wraps it.
+        summary = [
+            f"benchmarking {', '.join(t.version for t in targets)} on {os.cpu_count()} CPUs",
+            f"rounds: {sizes.producers} producers x {sizes.transactions} transactions (single: "
+            f"{sizes.single_transactions}), fan-out {sizes.fanout}, {sizes.outlets} outlets, hold "
+            f"{sizes.hold_ms:g} ms, round timeout {sizes.round_timeout_s:g} s, lock timeout "
+            f"{sizes.lock_timeout_s:g} s",
+            f"lost events: {sizes.lost_producers} producers, {sizes.lost_events} events, holds "
+            f"{options.show(sizes.lost_holds_ms)} ms",
+            f"output in {out}",
+        ]
+        for line in [*summary, *notes]:
+            options.say(line)
         strategies, scenarios = args.strategy or STRATEGIES, args.scenario or SCENARIOS
         raw = runner.run(
             targets, sizes, out, strategies=strategies, scenarios=scenarios, keep_scratch=args.keep_scratch
         )
     rows, lost = report.aggregate(raw), report.aggregate_lost(raw)
     lines = verdict.standalone(raw, rows, lost)
-    board = verdict.format_verdict(lines)
-    # The detail goes to bench.md; the terminal gets the verdict, what the user came for.
+    board = verdict.format_sides(raw, lines)
+    # The detail goes to bench.md (its widest columns to CSV); the terminal gets the verdict.
     detail = [report.format_table(raw, rows), report.format_lost(raw, lost), report.format_sweep(raw)]
     text = "\n".join(part for part in (*detail, report.format_ratio(raw), board) if part)
-    tables.write_json(out / "bench.json", {"summary": rows, "lost_events": lost, **raw})
-    written = [out / "bench.json", *report.plot(raw, rows, lost, out)]
+    found = {"summary": rows, "lost_events": lost, "verdict": [dataclasses.asdict(ln) for ln in lines]}
+    tables.write_json(out / "bench.json", found | raw)
+    written = [
+        out / "bench.json",
+        *report.write_csv(raw, rows, lost, out),
+        *report.plot(raw, rows, lost, out),
+    ]
     judged = exits.judge(
         report.problems(raw, rows, lost), lines, check=args.check, allow_unclear=args.allow_unclear
     )

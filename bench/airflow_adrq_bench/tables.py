@@ -1,4 +1,4 @@
-"""How every report writes numbers (``fmt``, ``times``), Markdown tables (on ``tabulate``), their legends
+"""How every report writes numbers (``fmt``, ``times``), Markdown tables, their legends
 (from ``legends.md``), prose wrapped to :data:`WIDTH` columns (``wrap``), JSON (``null`` where a
 measurement is missing or unbounded) and CSV (the wide detail the Markdown leaves out)."""
 
@@ -14,8 +14,6 @@ from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
-
-from tabulate import tabulate
 
 __all__ = [
     "WIDTH",
@@ -62,9 +60,18 @@ def ratio(a: float, b: float) -> float:
 
 
 def markdown(header: Sequence[str], body: Sequence[Sequence[str]], left: int = 2) -> str:
-    """A Markdown table of text cells: the first ``left`` columns flush left, the rest (numbers) right."""
-    align = ["left" if i < left else "right" for i in range(len(header))]
-    return str(tabulate(body, headers=header, tablefmt="pipe", colalign=align, disable_numparse=True))
+    """A Markdown (pipe) table of text cells: the first ``left`` columns flush left, the rest (numbers)
+    right; each column as wide as its widest cell, no wider, so that the table's width is foreseeable."""
+    widths = [max(map(len, column)) for column in zip(header, *body, strict=True)]
+
+    def row(cells: Sequence[str]) -> str:
+        padded = (
+            c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
+        return "| " + " | ".join(padded) + " |"
+
+    rule = [":" + "-" * (w + 1) if i < left else "-" * (w + 1) + ":" for i, w in enumerate(widths)]
+    return "\n".join([row(header), "|" + "|".join(rule) + "|", *map(row, body)])
 
 
 def table(rows: Sequence[dict[str, Any]], columns: Columns, left: int = 2) -> str:
