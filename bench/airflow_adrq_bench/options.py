@@ -230,7 +230,7 @@ def guarded(
     except Exception as exc:
         # A bug, not a verdict: exit 1 must only ever mean a finished run with a bad answer.
         traceback.print_exc()
-        say(f"{prog}: error: could not run: {one_line(exc)}")
+        say(f"{prog}: error: could not run: {type(exc).__name__}: {exc}")
         return Exit.COULD_NOT_RUN
 
 

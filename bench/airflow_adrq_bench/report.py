@@ -232,7 +232,7 @@ _LOST_MD: tables.Columns = {
     "hold ms": lambda r: f"{r['hold_ms']:g}",
     "producer": lambda r: short_label(r["strategy"]),
     "events": "events",
-    "not committed": lambda r: fmt(r["abandoned"] + r["not_started"]),
+    "not done": lambda r: fmt(r["abandoned"] + r["not_started"]),
     "unconsumed": "lost_pairs",
     "vs 3.3": lambda r: "-" if r["strategy"] == "airflow_3_3" else times(r["vs_airflow_shaped"]),
     "late": "late_pairs",
@@ -241,8 +241,8 @@ _LOST_MD: tables.Columns = {
 }
 _RATIO: tables.Columns = {
     "fan-out": lambda r: f"F={r['fanout']:,}",
-    "ours p50 ms": lambda r: _spread(r, "ours_"),
-    "raw p50 ms": lambda r: _spread(r, "raw_"),
+    "ours p50 ms": lambda r: fmt(r["ours_p50_ms"], 2),
+    "raw p50 ms": lambda r: fmt(r["raw_p50_ms"], 2),
     "ratio p50": lambda r: times(r["ratio_p50"]),
     "stmts ours/raw": lambda r: f"{r['ours_statements']} / {r['raw_statements']}",
     "exact": "rows_exact",
@@ -250,6 +250,8 @@ _RATIO: tables.Columns = {
 _RATIO_CSV: tables.Columns = {
     "database": "db",
     **_RATIO,
+    "ours p50 [p25-p75] ms": lambda r: _spread(r, "ours_"),
+    "raw p50 [p25-p75] ms": lambda r: _spread(r, "raw_"),
     "ratio p95": lambda r: times(r["ratio_p95"]),
     "ours p95 ms": lambda r: fmt(r["ours_p95_ms"], 2),
     "raw p95 ms": lambda r: fmt(r["raw_p95_ms"], 2),

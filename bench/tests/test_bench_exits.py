@@ -91,4 +91,8 @@ def test_ctrl_c_exits_130_and_a_bug_4_with_its_traceback(capsys):
     assert _guarded(interrupted) == Exit.INTERRUPTED == 130
     assert _guarded(buggy) == Exit.COULD_NOT_RUN
     err = capsys.readouterr().err
-    assert "interrupted" in err and "Traceback" in err and "could not run: division by zero" in err
+    assert (
+        "interrupted" in err
+        and "Traceback" in err
+        and "could not run: ZeroDivisionError: division by zero" in err
+    )

@@ -322,7 +322,7 @@ def test_every_table_has_a_legend_of_its_columns_and_marks_the_default_strategy(
         assert word in ratio, word
 
     lost_legend = " ".join(report.LOST_LEGEND.split())
-    for word in ("hold ms:", "events, not committed:", "pairs:", "unconsumed:", "late:", "bench-lost.csv"):
+    for word in ("hold ms:", "events, not done:", "pairs:", "unconsumed:", "late:", "bench-lost.csv"):
         assert word in lost_legend, word
     assert "runs:" in lost_legend and "passes:" in lost_legend
 
