@@ -96,3 +96,32 @@ def test_ctrl_c_exits_130_and_a_bug_4_with_its_traceback(capsys):
         and "Traceback" in err
         and "could not run: ZeroDivisionError: division by zero" in err
     )
+
+
+@pytest.mark.parametrize("mode", [[], ["--faults"], ["--soak"], ["--airflow"], ["--airflow", "--accounting"]])
+def test_every_modes_help_ends_with_the_table(capsys, mode):
+    with pytest.raises(SystemExit) as exited:
+        cli.main([*mode, "--help"])
+    assert exited.value.code == 0
+    assert exits.EPILOG in capsys.readouterr().out
+
+
+def test_the_live_modes_help_says_what_fails_it_then_the_table():
+    from airflow_adrq_bench.airflow_mode import live
+
+    text = live.build_parser().format_help()
+    assert "--allow-unclear" in text and "--expect-stock-worse also" in text and exits.EPILOG in text
+
+
+def test_the_airflow_modes_end_with_the_status_they_were_judged(tmp_path, capsys):
+    """--airflow, --accounting and --live all end in report.conclude: the verdict printed, the files
+    written, the reasons said, the status of the judgement returned."""
+    from airflow_adrq_bench.airflow_mode import report
+
+    raw = {"duration_s": 1.0}
+    judged = exits.judge([], [MET, UNCLEAR], check=True)
+    assert report.conclude(tmp_path / "airflow-bench", raw, "detail", [MET, UNCLEAR], judged) == Exit.UNCLEAR
+    printed = capsys.readouterr()
+    assert "1 met, 0 MISSED, 1 unclear of 2 targets" in printed.out
+    assert "ERROR: target unclear: postgresql tx/s single outlet" in printed.err
+    assert raw["problems"] == judged.reasons and (tmp_path / "airflow-bench.md").exists()
