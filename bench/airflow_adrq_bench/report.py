@@ -7,6 +7,7 @@ do not fit beside them are in the CSV files (:func:`write_csv`).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -158,6 +159,11 @@ def short_label(strategy: str) -> str:
     return f"{strategy}*" if strategy == DEFAULT_STRATEGY else strategy
 
 
+def _ms(key: str, row: Row) -> str:
+    """A timed cell of ``row[key]`` (ms), ``-`` where it was not measured."""
+    return fmt(row.get(key, math.nan), 2)
+
+
 def _spread(row: Row, prefix: str = "") -> str:
     """A timed cell: its median and, in brackets, its spread (p25-p75), in ms."""
     p25, p50, p75 = (fmt(row.get(f"{prefix}p{q}_ms", math.nan), 2) for q in (25, 50, 75))
@@ -260,7 +266,7 @@ _SWEEP: tables.Columns = {
     "database": "db",
     "strategy": "strategy",
     "fan-out": "fanout",
-    **{f"p{q} ms": (lambda r, q=q: fmt(r.get(f"p{q}_ms", math.nan), 2)) for q in (25, 50, 75)},
+    **{f"p{q} ms": functools.partial(_ms, f"p{q}_ms") for q in (25, 50, 75)},
     "statements": lambda r: fmt(r.get("statements", math.nan)),
     "rows exact": lambda r: fmt(r.get("rows_exact")),
     "skipped": lambda r: r.get("skipped", ""),
@@ -377,7 +383,10 @@ def format_sweep(raw: Row) -> str:
         strategies = sorted(dict.fromkeys(r["strategy"] for r in results), key=lambda s: _ORDER.get(s, 99))
         out = []
         for what, cell in (
-            ("median latency (ms) of one register_asset_change + COMMIT on an empty queue", _median),
+            (
+                "median latency (ms) of one register_asset_change + COMMIT on an empty queue",
+                functools.partial(_ms, "p50_ms"),
+            ),
             ("statements it sent", lambda r: f"{r['statements']:,}"),
         ):
             body = [[short_label(s), *(_swept(by[(s, f)], cell) for f in fanouts)] for s in strategies]
@@ -387,10 +396,6 @@ def format_sweep(raw: Row) -> str:
 
     legend = tables.legend("sweep", repeats=raw.get("sizes", {}).get("sweep_repeats", "sweep_repeats"))
     return _by_db(raw, "fan-out sweep, ", lambda db: raw["sweeps"].get(db, []), section, legend)
-
-
-def _median(row: Row) -> str:
-    return fmt(row.get("p50_ms", math.nan), 2)
 
 
 def _swept(row: Row, cell: Callable[[Row], str]) -> str:
