@@ -131,7 +131,15 @@ def test_one_round_speed_takes_its_spread_from_the_transactions_latencies():
     latency = {"ci_low_ms": 50.0, "p50_ms": 100.0, "ci_high_ms": 200.0}
     ours, base = {**_row("commit_time", tx_per_s=9.5), **latency}, {**_row("sorted_loop"), **latency}
     line = _by_what(verdict.standalone(RAW, [ours, base], []))["tx/s, single outlet"]
-    assert line.beside == ("-", "0.95x (overlap)") and line.verdict == "unclear"
+    assert line.beside == ("-", "0.95x (0.24-3.80x)") and line.verdict == "unclear"
+    # The same 0.95x from surer medians: not slower beyond the noise (at least 0.8x), met.
+    latency = {"ci_low_ms": 95.0, "p50_ms": 100.0, "ci_high_ms": 105.0}
+    ours, base = {**ours, **latency}, {**base, **latency}
+    line = _by_what(verdict.standalone(RAW, [ours, base], []))["tx/s, single outlet"]
+    assert line.beside == ("-", "0.95x (0.86-1.05x)") and line.verdict == "met"
+    # 0.5x, as sure: slower, MISSED.
+    line = _by_what(verdict.standalone(RAW, [{**ours, "tx_per_s": 5.0}, base], []))["tx/s, single outlet"]
+    assert line.verdict == "MISSED"
 
 
 def test_the_counts_add_up_to_the_rows_n_a_included():
