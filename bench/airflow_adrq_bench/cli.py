@@ -126,8 +126,8 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             f"benchmarking {', '.join(t.version for t in targets)} on {os.cpu_count()} CPUs",
             f"rounds: {sizes.producers} producers x {sizes.transactions} transactions (single: "
             f"{sizes.single_transactions}), fan-out {sizes.fanout}, {sizes.outlets} outlets, hold "
-            f"{sizes.hold_ms:g} ms, round timeout {sizes.round_timeout_s:g} s, lock timeout "
-            f"{sizes.lock_timeout_s:g} s",
+            f"{sizes.hold_ms:g} ms",
+            f"timeouts: round {sizes.round_timeout_s:g} s, lock {sizes.lock_timeout_s:g} s",
             f"lost events: {sizes.lost_producers} producers, {sizes.lost_events} events, holds "
             f"{options.show(sizes.lost_holds_ms)} ms",
             f"output in {out}",
