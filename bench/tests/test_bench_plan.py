@@ -50,6 +50,10 @@ def test_plan_order_is_random_within_each_database_and_indexed_in_run_order():
     key = [(c.db, c.scenario, c.strategy, c.hold_ms) for c in cells]
     assert key != [(c.db, c.scenario, c.strategy, c.hold_ms) for c in again]
     assert sorted(key) == sorted((c.db, c.scenario, c.strategy, c.hold_ms) for c in again)
+    # The single rounds, whose tx/s the verdict compares, one after the other in each database.
+    for db, _ in DATABASES:
+        at = [i for i, c in enumerate(cells) if c.db == db and c.scenario == "single"]
+        assert at == list(range(at[0], at[0] + len(at))) and len(at) > 1
 
 
 def test_plan_parties_cover_the_largest_cell(tmp_path):
