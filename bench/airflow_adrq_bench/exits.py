@@ -80,6 +80,8 @@ def judge(
         return Outcome(Exit.MISSED, reasons)
     unclear = [ln for ln in lines if ln.verdict == "unclear"]
     if check and unclear and not allow_unclear:
-        said = [f"target unclear: {ln.db} {ln.what}: {ln.measured} (target {ln.goal})" for ln in unclear]
-        return Outcome(Exit.UNCLEAR, [*said, "(--allow-unclear accepts unclear targets)"])
+        said = "target unclear: {}: {} (target {}; --allow-unclear accepts it)"
+        return Outcome(
+            Exit.UNCLEAR, [said.format(f"{ln.db} {ln.what}", ln.measured, ln.goal) for ln in unclear]
+        )
     return Outcome(Exit.OK)
