@@ -29,7 +29,7 @@ class Exit(enum.IntEnum):
     UNCLEAR = 3
     #: Nothing was judged: no server, no driver, a database refused or unreachable, a process failed.
     COULD_NOT_RUN = 4
-    #: Ctrl-C or SIGTERM: every process stopped, scratch databases dropped.
+    #: Ctrl-C (``--live``: SIGTERM too): every process stopped, scratch databases dropped.
     INTERRUPTED = 130
 
 
@@ -45,7 +45,8 @@ exit status (every mode of airflow-adrq bench):
        --allow-unclear makes this 0
   4    could not run: no server, no driver, a database refused or unreachable,
        a benchmark process failed (nothing was judged)
-  130  interrupted (Ctrl-C or SIGTERM): processes stopped, scratch dropped"""
+  130  interrupted (Ctrl-C; --live: SIGTERM too): processes stopped, scratch
+       databases dropped"""
 
 CHECK_HELP = "judge the verdict: exit 1 when a target is MISSED, 3 when one is unclear (see below)"
 ALLOW_UNCLEAR_HELP = "with --check: unclear targets do not fail the run (exit 0 instead of 3)"
