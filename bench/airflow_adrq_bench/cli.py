@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -16,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import make_url
 
-from airflow_adrq_bench import options, progress, report, runner, tables, verdict
+from airflow_adrq_bench import exits, options, progress, report, runner, tables, verdict
 from airflow_adrq_bench.config import DEFAULT, DEFAULT_STRATEGY, QUICK, SCENARIOS, STRATEGIES, Sizes
 from airflow_adrq_bench.config import clear_of_deadlock_timeout as clear
 from airflow_adrq_bench.errors import BenchError
@@ -77,6 +78,8 @@ def bench_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         allow_abbrev=False,
         prog="airflow-adrq bench",
+        epilog=exits.EPILOG,
+        formatter_class=options.HelpFormatter,
         description=(
             "Concurrent producer processes register asset events through Airflow "
             "3.3.2's whole register_asset_change (and two later loop variants) and through airflow-adrq's, "
@@ -89,8 +92,8 @@ def bench_parser() -> argparse.ArgumentParser:
     )
     quick = ("--quick", "small sizes (the --quick values below)")
     options.add_common(parser, db_help=DB_HELP, preset=quick, out="")
-    check = "exit 1 when a target of the verdict (printed last) is missed, for an operator's own CI"
-    parser.add_argument("--check", action="store_true", help=check)
+    parser.add_argument("--check", action="store_true", help=exits.CHECK_HELP)
+    parser.add_argument("--allow-unclear", action="store_true", help=exits.ALLOW_UNCLEAR_HELP)
     scratch = "keep the scratch files in --out (barrier files, per-process records)"
     parser.add_argument("--keep-scratch", action="store_true", help=scratch)
     group = parser.add_argument_group(
@@ -118,31 +121,40 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         sizes, notes = clear(sizes, deadlock_s, keep=frozenset(options.given(args, Sizes)))
         if "sqlite" in {t.name for t in targets}:
             notes.append(f"note: {report.SQLITE_NOTE}")
-        summary = (
-            f"benchmarking {', '.join(t.version for t in targets)} on {os.cpu_count()} CPUs; "
-            f"{sizes.producers} producers x {sizes.transactions} transactions per round, fan-out "
-            f"{sizes.fanout}, {sizes.outlets} outlets, hold {sizes.hold_ms:g} ms, round timeout "
-            f"{sizes.round_timeout_s:g} s, lock timeout {sizes.lock_timeout_s:g} s; lost events: "
-            f"{sizes.lost_producers} producers, {sizes.lost_events} events, holds "
-            f"{options.show(sizes.lost_holds_ms)} ms; output in {out}"
-        )
-        options.say("\n".join([summary, *notes]))
+        # One line per subject, each under 100 columns once say() wraps it.
+        summary = [
+            f"benchmarking {', '.join(t.version for t in targets)} on {os.cpu_count()} CPUs",
+            f"rounds: {sizes.producers} producers x {sizes.transactions} transactions (single: "
+            f"{sizes.single_transactions}), fan-out {sizes.fanout}, {sizes.outlets} outlets, hold "
+            f"{sizes.hold_ms:g} ms",
+            f"timeouts: round {sizes.round_timeout_s:g} s, lock {sizes.lock_timeout_s:g} s",
+            f"lost events: {sizes.lost_producers} producers, {sizes.lost_events} events, holds "
+            f"{options.show(sizes.lost_holds_ms)} ms",
+            f"output in {out}",
+        ]
+        for line in [*summary, *notes]:
+            options.say(line)
         strategies, scenarios = args.strategy or STRATEGIES, args.scenario or SCENARIOS
         raw = runner.run(
             targets, sizes, out, strategies=strategies, scenarios=scenarios, keep_scratch=args.keep_scratch
         )
     rows, lost = report.aggregate(raw), report.aggregate_lost(raw)
     lines = verdict.standalone(raw, rows, lost)
-    board = verdict.format_verdict(lines)
-    # The detail goes to bench.md; the terminal gets the verdict, what the user came for.
+    board = verdict.format_sides(raw, lines)
+    # The detail goes to bench.md (its widest columns to CSV); the terminal gets the verdict.
     detail = [report.format_table(raw, rows), report.format_lost(raw, lost), report.format_sweep(raw)]
     text = "\n".join(part for part in (*detail, report.format_ratio(raw), board) if part)
-    tables.write_json(out / "bench.json", {"summary": rows, "lost_events": lost, **raw})
-    written = [out / "bench.json", *report.plot(raw, rows, lost, out)]
-    missed = verdict.missed(lines) if args.check else []
-    errors = report.problems(raw, rows, lost)
-    errors += [f"target missed: {m.db} {m.what}: {m.measured} (target {m.goal})" for m in missed]
-    return options.publish(out / "bench.md", text, written, errors, took=raw["duration_s"], shown=board)
+    found = {"summary": rows, "lost_events": lost, "verdict": [dataclasses.asdict(ln) for ln in lines]}
+    tables.write_json(out / "bench.json", found | raw)
+    written = [
+        out / "bench.json",
+        *report.write_csv(raw, rows, lost, out),
+        *report.plot(raw, rows, lost, out),
+    ]
+    judged = exits.judge(
+        report.problems(raw, rows, lost), lines, check=args.check, allow_unclear=args.allow_unclear
+    )
+    return options.publish(out / "bench.md", text, written, judged, took=raw["duration_s"], shown=board)
 
 
 def _pairs(counts: dict[str, int]) -> str:
@@ -213,6 +225,8 @@ def _run(mode: str, argv: list[str]) -> int:
         allow_abbrev=False,
         prog=f"airflow-adrq bench --{mode}",
         description=f"{spec['about']}. PostgreSQL and MySQL/MariaDB.",
+        epilog=exits.EPILOG,
+        formatter_class=options.HelpFormatter,
     )
     options.add_common(
         parser,
@@ -248,4 +262,4 @@ def _measure(mode: str, spec: dict[str, Any], args: argparse.Namespace, sizes: A
     text = tables.table(results, spec["columns"], left=1) + "\n\n" + tables.legend(mode)
     bad = [r["server"] for r in results if not spec["ok"](r)]
     failed = [f"{server}: the {mode} checks failed (the table says which)" for server in bad]
-    return options.publish(out / f"{mode}.md", text, [out / f"{mode}.json"], failed)
+    return options.publish(out / f"{mode}.md", text, [out / f"{mode}.json"], exits.judge(failed))

@@ -28,7 +28,12 @@ class Sizes(Checked):
     fanout: int = count(32, "unpaused consumer DAGs of every asset the rounds emit")
     outlets: int = count(3, "assets each multi_outlet / with_consumer transaction emits, in random order")
     paused: int = size(2, "paused consumer DAGs of every asset, never to be queued (the rows check says so)")
-    transactions: int = count(4, "transactions each producer runs per round")
+    transactions: int = count(4, "transactions each producer runs per multi_outlet / with_consumer round")
+    # The verdict's speed row compares single-outlet tx/s: a round of a few transactions a producer
+    # lasts ~0.1 s, whose noise left the ratio unclear one run in three (notes-benchout.md).
+    single_transactions: int = count(
+        16, "transactions each producer runs per single round (the verdict's tx/s compares these)"
+    )
     hold_ms: float = nonnegative(
         5.0, "milliseconds a producer transaction stays open after queueing, before COMMIT"
     )
@@ -72,6 +77,8 @@ QUICK: Final = Sizes(
     # 3 left the one-round tx/s ratios' spreads so wide that runs flipped between met and unclear
     # (3-5 unclear rows, 82-89 s); 6: one unclear row a run, 116-125 s (BENCHMARKS.md).
     transactions=6,
+    # 6 in single rounds, as in the others, left one verdict row in three unclear; 24: none in 3 runs.
+    single_transactions=24,
     # Above PostgreSQL's usual deadlock_timeout (1 s): one deadlock wait must not end the round.
     round_timeout_s=5.0,
     lock_timeout_s=3.0,
@@ -115,9 +122,15 @@ class Cell:
     hold_ms: float
     producers: int
 
+    def transactions(self, sizes: Sizes) -> int:
+        """The transactions each producer of a contention round runs (``single`` has its own count)."""
+        return sizes.single_transactions if self.scenario == "single" else sizes.transactions
+
     def planned(self, sizes: Sizes) -> int:
         """The producer transactions this round plans (each is committed, gave up, or not started)."""
-        return sizes.lost_events if self.scenario == "lost_events" else self.producers * sizes.transactions
+        return (
+            sizes.lost_events if self.scenario == "lost_events" else self.producers * self.transactions(sizes)
+        )
 
     @property
     def label(self) -> str:

@@ -115,7 +115,7 @@ def run_producer(plan: Plan, party: int) -> None:
             _wait(plan, "warm", cell, party)
             _wait(plan, "start", cell, party)
             if active:
-                count = share(sizes.lost_events, cell.producers, party) if lost else sizes.transactions
+                count = share(sizes.lost_events, cell.producers, party) if lost else cell.transactions(sizes)
                 deadline = time.monotonic() + (sizes.lost_timeout_s if lost else sizes.round_timeout_s)
                 one = functools.partial(tx, assets, deadline=deadline, hold_s=cell.hold_ms / 1000)
                 for record in round_records(count, deadline, one):

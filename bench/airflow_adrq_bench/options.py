@@ -15,6 +15,7 @@ import functools
 import importlib.metadata
 import operator
 import sys
+import traceback
 import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,6 +25,8 @@ from sqlalchemy import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from airflow_adrq.errors import AdrqError
+from airflow_adrq_bench import tables
+from airflow_adrq_bench.exits import Exit, Outcome
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -70,6 +73,15 @@ def show(value: object) -> str:
     if isinstance(value, tuple):
         return ",".join(map(show, value))
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help, except that a text with indented lines (the exit-status table) stays as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if any(line.startswith(" ") for line in text.splitlines()):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
 
 
 def add_fields(
@@ -180,8 +192,9 @@ def servers_found(stack: contextlib.ExitStack, backends: Sequence[str] | None = 
 
 
 def say(message: str) -> None:
-    """A line of progress or diagnosis on stderr (the tables go to stdout)."""
-    print(message, file=sys.stderr, flush=True)
+    """A line of progress or diagnosis on stderr (the tables go to stdout), wrapped to
+    :data:`.tables.WIDTH` columns."""
+    print(tables.wrap(message), file=sys.stderr, flush=True)
 
 
 def guarded(
@@ -192,42 +205,53 @@ def guarded(
     airflow: str = "",
     prog: str = "",
 ) -> int:
-    """``measure()``'s exit status; 1 with one line for an error, 130 on Ctrl-C. Before it: a usage
-    error for ``--db`` with ``--backend``; 1 without Airflow when the mode needs it (``airflow``)."""
+    """``measure()``'s exit status; :attr:`Exit.COULD_NOT_RUN` with one line when it cannot run (an
+    error of the benchmark, the database or its driver; a traceback too for anything else), 130 on
+    Ctrl-C. Before it: a usage error for ``--db`` with ``--backend``; no Airflow when the mode needs it
+    (``airflow``) is :attr:`Exit.COULD_NOT_RUN` too."""
+    from airflow_adrq.cli import one_line  # here: the workers import this module for the sizes
+
     prog = prog or parser.prog
     if getattr(args, "backend", None) and args.db:
         parser.error("--backend selects among the servers found without --db; give one or the other")
     # The distribution, not `import airflow`: a directory named airflow on sys.path would pass for it.
     if airflow and not any(importlib.metadata.distributions(name="apache-airflow-core")):
         say(f"{prog}: error: needs {airflow} in this environment (from a checkout: tox -e airflow-bench)")
-        return 1
+        return Exit.COULD_NOT_RUN
     try:
         return measure()
-    except (AdrqError, SQLAlchemyError) as exc:
-        from airflow_adrq.cli import one_line  # here: the workers import this module for the sizes
-
+    except (AdrqError, SQLAlchemyError, ImportError) as exc:
+        # ImportError: a --db URL's driver is not installed (SQLAlchemy imports it when connecting).
         say(f"{prog}: error: {one_line(exc)}")
-        return 1
+        return Exit.COULD_NOT_RUN
     except KeyboardInterrupt:
         say(f"{prog}: interrupted (every process stopped, scratch databases dropped)")
-        return 130
+        return Exit.INTERRUPTED
+    except Exception as exc:
+        # A bug, not a verdict: exit 1 must only ever mean a finished run with a bad answer.
+        traceback.print_exc()
+        say(f"{prog}: error: could not run: {type(exc).__name__}: {exc}")
+        return Exit.COULD_NOT_RUN
 
 
 def publish(
     markdown: Path,
     text: str,
     written: Sequence[Path],
-    problems: Sequence[str],
+    outcome: Outcome,
     *,
     took: float | None = None,
     shown: str | None = None,
 ) -> int:
-    """Write ``text`` to ``markdown`` and print it (or only ``shown``: the rest is in the file), name the
-    files, say each problem; 1 if there is a problem."""
+    """Write ``text`` (wrapped to :data:`.tables.WIDTH`) to ``markdown`` and print it (or only ``shown``:
+    the rest is in the file), name the files, say why the run failed; ``outcome``'s exit status."""
+    text = tables.wrap(text)
     markdown.write_text(text)
-    print(text if shown is None else shown)
-    files = ", ".join(map(str, [*written[:1], markdown, *written[1:]]))
-    print(("" if took is None else f"took {took:.0f} s; ") + f"wrote {files}")
-    for problem in problems:
-        say(f"ERROR: {problem}")
-    return 1 if problems else 0
+    print(text if shown is None else tables.wrap(shown))
+    files = [*written[:1], markdown, *written[1:]]
+    where = markdown.parent
+    names = ", ".join(str(p.relative_to(where)) if p.parent == where else str(p) for p in files)
+    print(tables.wrap(("" if took is None else f"took {took:.0f} s; ") + f"wrote to {where}/: {names}"))
+    for reason in outcome.reasons:
+        say(f"ERROR: {reason}")
+    return int(outcome.status)

@@ -1,11 +1,13 @@
-"""The standalone run's report: raw records into summary rows, Markdown tables, JSON and PNG plots.
+"""The standalone run's report: raw records into summary rows, Markdown tables, CSV, JSON and PNG plots.
 
-Per database: the contention table (per scenario and strategy), the lost-events table, the fan-out sweep
-and the raw-SQL ratio, each with its legend.
+Per database: the contention tables (per scenario and strategy), the lost-events table, the fan-out sweep
+and the raw-SQL ratio, each with its legend; every Markdown table fits 100 columns, and the columns that
+do not fit beside them are in the CSV files (:func:`write_csv`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -122,8 +124,9 @@ def aggregate(raw: Row) -> list[Row]:
         )
     for row in rows:
         base = _baseline(rows, row, "scenario")
-        # No ratio where a side left transactions unfinished: it would measure the round's time budget.
-        finished = base and not any(r["abandoned"] + r["not_started"] for r in (row, base))
+        # No ratio where a side left transactions unfinished (it would measure the round's time budget)
+        # or deadlocked (PostgreSQL's deadlock_timeout): as the verdict says it.
+        finished = base and not any(r["abandoned"] + r["not_started"] + r["deadlocks"] for r in (row, base))
         for key, name in (("tx_per_s", "throughput_vs_airflow_3_3"), ("p99_ms", "p99_vs_airflow_3_3")):
             row[name] = tables.ratio(row[key], base[key]) if finished else math.nan
     # Scenarios in their documented order, whatever order the rounds ran in.
@@ -151,13 +154,25 @@ def strategy_label(strategy: str) -> str:
     return f"{strategy} (default)" if strategy == DEFAULT_STRATEGY else strategy
 
 
+def short_label(strategy: str) -> str:
+    """The strategy's name in the narrow Markdown tables: the default one marked ``*``."""
+    return f"{strategy}*" if strategy == DEFAULT_STRATEGY else strategy
+
+
+def _ms(key: str, row: Row) -> str:
+    """A timed cell of ``row[key]`` (ms), ``-`` where it was not measured."""
+    return fmt(row.get(key, math.nan), 2)
+
+
 def _spread(row: Row, prefix: str = "") -> str:
     """A timed cell: its median and, in brackets, its spread (p25-p75), in ms."""
     p25, p50, p75 = (fmt(row.get(f"{prefix}p{q}_ms", math.nan), 2) for q in (25, 50, 75))
     return f"{p50} [{p25}-{p75}]"
 
 
+#: Every column of the contention rows: the CSV (``bench-contention.csv``).
 _CONTENTION: tables.Columns = {
+    "database": "db",
     "scenario": "scenario",
     "strategy": lambda r: strategy_label(r["strategy"]),
     "planned": "planned",
@@ -179,7 +194,30 @@ _CONTENTION: tables.Columns = {
     "stmts/tx": lambda r: fmt(float(r["statements_per_tx"]), 0),
     "rows exact": "rows_exact",
 }
+#: The two Markdown tables of a database's contention rows, each within 100 columns.
+_OUTCOMES: tables.Columns = {
+    "scenario": "scenario",
+    "strategy": lambda r: short_label(r["strategy"]),
+    "ok": "committed",
+    "gave up": "abandoned",
+    "not started": "not_started",
+    "deadlocks": "deadlocks",
+    "other": lambda r: fmt(r["lock_timeouts"] + r["serializations"] + r["busys"]),
+    "retries": "retries",
+    "exact": "rows_exact",
+}
+_TIMINGS: tables.Columns = {
+    "scenario": "scenario",
+    "strategy": lambda r: short_label(r["strategy"]),
+    "tx/s": "tx_per_s",
+    "vs 3.3": lambda r: times(r["throughput_vs_airflow_3_3"]),
+    "p50 ms": "p50_ms",
+    "p99 ms": "p99_ms",
+    "max ms": "max_ms",
+    "stmts/tx": lambda r: fmt(float(r["statements_per_tx"]), 0),
+}
 _LOST: tables.Columns = {
+    "database": "db",
     "hold ms": lambda r: f"{r['hold_ms']:g}",
     "producer": lambda r: _PRODUCERS.get(r["strategy"]) or r["strategy"],
     "planned": "planned",
@@ -196,17 +234,60 @@ _LOST: tables.Columns = {
     "deadlocks": "deadlocks",
     "p50 ms": "p50_ms",
 }
+_LOST_MD: tables.Columns = {
+    "hold ms": lambda r: f"{r['hold_ms']:g}",
+    "producer": lambda r: short_label(r["strategy"]),
+    "events": "events",
+    "not done": lambda r: fmt(r["abandoned"] + r["not_started"]),
+    "unconsumed": "lost_pairs",
+    "vs 3.3": lambda r: "-" if r["strategy"] == "airflow_3_3" else times(r["vs_airflow_shaped"]),
+    "late": "late_pairs",
+    "runs": "runs",
+    "deadlocks": "deadlocks",
+}
 _RATIO: tables.Columns = {
     "fan-out": lambda r: f"F={r['fanout']:,}",
-    "ours p50 [p25-p75] ms": lambda r: _spread(r, "ours_"),
-    "ours p95 ms": lambda r: fmt(r["ours_p95_ms"], 2),
-    "raw p50 [p25-p75] ms": lambda r: _spread(r, "raw_"),
-    "raw p95 ms": lambda r: fmt(r["raw_p95_ms"], 2),
+    "ours p50 ms": lambda r: fmt(r["ours_p50_ms"], 2),
+    "raw p50 ms": lambda r: fmt(r["raw_p50_ms"], 2),
     "ratio p50": lambda r: times(r["ratio_p50"]),
-    "ratio p95": lambda r: times(r["ratio_p95"]),
-    "stmts ours / raw": lambda r: f"{r['ours_statements']} / {r['raw_statements']}",
-    "rows exact": "rows_exact",
+    "stmts ours/raw": lambda r: f"{r['ours_statements']} / {r['raw_statements']}",
+    "exact": "rows_exact",
 }
+_RATIO_CSV: tables.Columns = {
+    "database": "db",
+    **_RATIO,
+    "ours p50 [p25-p75] ms": lambda r: _spread(r, "ours_"),
+    "raw p50 [p25-p75] ms": lambda r: _spread(r, "raw_"),
+    "ratio p95": lambda r: times(r["ratio_p95"]),
+    "ours p95 ms": lambda r: fmt(r["ours_p95_ms"], 2),
+    "raw p95 ms": lambda r: fmt(r["raw_p95_ms"], 2),
+}
+_SWEEP: tables.Columns = {
+    "database": "db",
+    "strategy": "strategy",
+    "fan-out": "fanout",
+    **{f"p{q} ms": functools.partial(_ms, f"p{q}_ms") for q in (25, 50, 75)},
+    "statements": lambda r: fmt(r.get("statements", math.nan)),
+    "rows exact": lambda r: fmt(r.get("rows_exact")),
+    "skipped": lambda r: r.get("skipped", ""),
+}
+
+
+def write_csv(raw: Row, rows: Rows, lost: Rows, out_dir: Path) -> list[Path]:
+    """Every column of every table, also those the Markdown leaves out, as CSV: the files written."""
+    sweeps = [{"db": db, **r} for db, results in raw.get("sweeps", {}).items() for r in results]
+    ratios = [{"db": db, **r} for db, results in raw.get("raw_sql_ratio", {}).items() for r in results]
+    written = []
+    for name, found, columns in (
+        ("contention", rows, _CONTENTION),
+        ("lost", lost, _LOST),
+        ("sweep", sweeps, _SWEEP),
+        ("ratio", ratios, _RATIO_CSV),
+    ):
+        if found:
+            written.append(out_dir / f"bench-{name}.csv")
+            tables.write_csv(written[-1], found, columns)
+    return written
 
 
 def _by_db(
@@ -252,7 +333,14 @@ def format_table(raw: Row, rows: Rows) -> str:
 
     def section(target: Row, mine: Rows) -> list[str]:
         note = [f"> {SQLITE_NOTE}\n"] if target["name"].startswith("sqlite") else []
-        return [*note, tables.table(mine, _CONTENTION), *_notes(raw, mine, target["name"])]
+        planned = ", ".join(f"{s} {n}" for s, n in dict((r["scenario"], r["planned"]) for r in mine).items())
+        tables_ = [tables.table(mine, _OUTCOMES), "", tables.table(mine, _TIMINGS)]
+        return [
+            *note,
+            f"planned transactions per row: {planned}\n",
+            *tables_,
+            *_notes(raw, mine, target["name"]),
+        ]
 
     legend = tables.legend("contention", **raw.get("sizes", {}))
     return _by_db(raw, "", lambda db: [r for r in rows if r["db"] == db], section, legend)
@@ -262,8 +350,12 @@ def format_lost(raw: Row, lost: Rows) -> str:
     """The lost-events table (Markdown), one section per database."""
 
     def section(target: Row, mine: Rows) -> list[str]:
-        sizes = f"{mine[0]['producers']} producers of one asset, {mine[0]['consumers']} consumer DAGs\n"
-        return [sizes, tables.table(mine, _LOST), *_notes(raw, mine)]
+        first = mine[0]
+        sizes = (
+            f"{first['producers']} producers of one asset, {first['consumers']} consumer DAGs; per row "
+            f"{first['planned']} transactions planned, one event each: {first['pairs']} pairs\n"
+        )
+        return [sizes, tables.table(mine, _LOST_MD), *_notes(raw, mine)]
 
     return _by_db(raw, "lost events, ", lambda db: [r for r in lost if r["db"] == db], section, LOST_LEGEND)
 
@@ -283,24 +375,32 @@ def format_ratio(raw: Row) -> str:
 
 
 def format_sweep(raw: Row) -> str:
-    """Fan-out sweep: median single-call latency (ms) and statements, per database."""
-
-    def cell(r: Row) -> str:
-        if "skipped" in r:
-            return "skipped"
-        return f"{_spread(r)} / {r['statements']:,}" + ("" if r["rows_exact"] else " NOT EXACT")
+    """Fan-out sweep: median single-call latency (ms) and statements, per database (spreads: CSV)."""
 
     def section(target: Row, results: Rows) -> list[str]:
         fanouts = sorted({r["fanout"] for r in results})
         by = {(r["strategy"], r["fanout"]): r for r in results}
         strategies = sorted(dict.fromkeys(r["strategy"] for r in results), key=lambda s: _ORDER.get(s, 99))
-        body = [[strategy_label(s), *(cell(by[(s, f)]) for f in fanouts)] for s in strategies]
-        what = "latency (ms) of one register_asset_change + COMMIT on an empty queue / statements sent\n"
-        table = tables.markdown(["strategy", *(f"F={f:,}" for f in fanouts)], body, left=1)
-        return [what, table, *_notes(raw, [], target["name"])]
+        out = []
+        for what, cell in (
+            (
+                "median latency (ms) of one register_asset_change + COMMIT on an empty queue",
+                functools.partial(_ms, "p50_ms"),
+            ),
+            ("statements it sent", lambda r: f"{r['statements']:,}"),
+        ):
+            body = [[short_label(s), *(_swept(by[(s, f)], cell) for f in fanouts)] for s in strategies]
+            table = tables.markdown(["strategy", *(f"F={f:,}" for f in fanouts)], body, left=1)
+            out += [f"{what}\n", table, ""]
+        return [*out[:-1], *_notes(raw, [], target["name"])]
 
     legend = tables.legend("sweep", repeats=raw.get("sizes", {}).get("sweep_repeats", "sweep_repeats"))
     return _by_db(raw, "fan-out sweep, ", lambda db: raw["sweeps"].get(db, []), section, legend)
+
+
+def _swept(row: Row, cell: Callable[[Row], str]) -> str:
+    """A sweep cell: ``skipped``, else ``cell(row)``, marked where the queue rows were not exact."""
+    return "skipped" if "skipped" in row else cell(row) + ("" if row["rows_exact"] else " NOT EXACT")
 
 
 def problems(raw: Row, rows: Rows, lost: Rows = ()) -> list[str]:

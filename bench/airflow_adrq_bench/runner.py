@@ -143,7 +143,8 @@ def plan_cells(
     scenarios: Sequence[str],
     rng: random.Random,
 ) -> tuple[tuple[Cell, ...], list[dict[str, str]]]:
-    """Every round of the run, in random order within each database; and what was left out, why.
+    """Every round of the run, in random order within each database (the ``single`` rounds together);
+    and what was left out, why.
     ``lost_events`` runs the selected :data:`LOST_EVENT_STRATEGIES` once per hold of ``lost_holds_ms``."""
     cells: list[Cell] = []
     skipped: list[dict[str, str]] = []
@@ -162,8 +163,19 @@ def plan_cells(
                 rounds = range(sizes.rounds)
                 todo += [(s, scenario, r, sizes.hold_ms, sizes.producers) for s in runnable for r in rounds]
         rng.shuffle(todo)
-        cells += [Cell(len(cells) + k, db, url, *cell) for k, cell in enumerate(todo)]
+        cells += [Cell(len(cells) + k, db, url, *cell) for k, cell in enumerate(_single_together(todo))]
     return tuple(cells), skipped
+
+
+def _single_together(todo: list[tuple[str, str, int, float, int]]) -> list[tuple[str, str, int, float, int]]:
+    """``todo`` with its ``single`` rounds one after the other, where the first of them was, in their
+    random order: the verdict compares their tx/s across strategies, and another process's load, which
+    comes and goes over seconds, then falls on all of them alike rather than on one."""
+    single = [t for t in todo if t[1] == "single"]
+    if not single:
+        return todo
+    first, rest = todo.index(single[0]), [t for t in todo if t[1] != "single"]
+    return rest[:first] + single + rest[first:]
 
 
 def _run_parties(plan: Plan) -> None:

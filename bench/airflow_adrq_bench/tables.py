@@ -1,20 +1,36 @@
-"""How every report writes numbers (``fmt``, ``times``), Markdown tables (on ``tabulate``), their legends
-(from ``legends.md``) and JSON (``null`` where a measurement is missing or unbounded)."""
+"""How every report writes numbers (``fmt``, ``times``), Markdown tables, their legends
+(from ``legends.md``), prose wrapped to :data:`WIDTH` columns (``wrap``), JSON (``null`` where a
+measurement is missing or unbounded) and CSV (the wide detail the Markdown leaves out)."""
 
 from __future__ import annotations
 
+import csv
 import functools
 import json
 import math
 import re
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from tabulate import tabulate
+__all__ = [
+    "WIDTH",
+    "Columns",
+    "fmt",
+    "legend",
+    "markdown",
+    "ratio",
+    "table",
+    "times",
+    "wrap",
+    "write_csv",
+    "write_json",
+]
 
-__all__ = ["Columns", "fmt", "legend", "markdown", "ratio", "table", "times", "write_json"]
+#: The widest line a report prints or writes: a terminal of 100 columns shows it unbroken.
+WIDTH = 100
 
 #: A table's columns: header -> the row's key (shown with ``fmt``) or what shows the row's cell.
 Columns = Mapping[str, str | Callable[[dict[str, Any]], str]]
@@ -44,15 +60,57 @@ def ratio(a: float, b: float) -> float:
 
 
 def markdown(header: Sequence[str], body: Sequence[Sequence[str]], left: int = 2) -> str:
-    """A Markdown table of text cells: the first ``left`` columns flush left, the rest (numbers) right."""
-    align = ["left" if i < left else "right" for i in range(len(header))]
-    return str(tabulate(body, headers=header, tablefmt="pipe", colalign=align, disable_numparse=True))
+    """A Markdown (pipe) table of text cells: the first ``left`` columns flush left, the rest (numbers)
+    right; each column as wide as its widest cell, no wider, so that the table's width is foreseeable."""
+    widths = [max(map(len, column)) for column in zip(header, *body, strict=True)]
+
+    def row(cells: Sequence[str]) -> str:
+        padded = (
+            c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
+        return "| " + " | ".join(padded) + " |"
+
+    rule = [":" + "-" * (w + 1) if i < left else "-" * (w + 1) + ":" for i, w in enumerate(widths)]
+    return "\n".join([row(header), "|" + "|".join(rule) + "|", *map(row, body)])
 
 
 def table(rows: Sequence[dict[str, Any]], columns: Columns, left: int = 2) -> str:
     """``markdown`` of ``rows``, one column per entry of ``columns``."""
     body = [[show(r) if callable(show) else fmt(r[show]) for show in columns.values()] for r in rows]
     return markdown(list(columns), body, left)
+
+
+def wrap(text: str, width: int = WIDTH) -> str:
+    """``text`` with every line longer than ``width`` wrapped at spaces: a ``* `` item or a ``> `` note
+    continues indented or quoted; a table row (``|``) or a word longer than ``width`` (a path) stays
+    as it is, so tables must be made narrow enough."""
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width or line.startswith("|"):
+            out.append(line)
+            continue
+        lead = line[: len(line) - len(line.lstrip())]
+        more = {"* ": "  ", "- ": "  ", "> ": "> "}.get(line.lstrip()[:2], "  " if lead else "")
+        fill = textwrap.fill(
+            line.lstrip(),
+            width,
+            initial_indent=lead,
+            subsequent_indent=lead + more,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+        out.append(fill)
+    return "\n".join(out)
+
+
+def write_csv(path: Path, rows: Sequence[dict[str, Any]], columns: Columns) -> None:
+    """``rows`` as CSV, one column per entry of ``columns``, cells as :func:`table` shows them."""
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(list(columns))
+        writer.writerows(
+            [show(r) if callable(show) else fmt(r[show]) for show in columns.values()] for r in rows
+        )
 
 
 def write_json(path: Path, data: Any) -> None:

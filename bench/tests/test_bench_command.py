@@ -14,6 +14,9 @@ from airflow_adrq.cli import main
 from airflow_adrq_bench import report, runner
 from airflow_adrq_bench.config import QUICK
 
+#: The wide detail bench.md leaves out, beside it.
+CSV = ["bench-contention.csv", "bench-lost.csv", "bench-ratio.csv", "bench-sweep.csv"]
+
 
 @pytest.mark.slow
 def test_bench_command_runs_end_to_end(tmp_path, capsys):
@@ -61,13 +64,18 @@ def test_bench_command_runs_end_to_end(tmp_path, capsys):
     # Progress of the long work, on stderr.
     assert "concurrent rounds" in printed.err and "fan-out sweep" in printed.err
     # Only the results stay: the barrier files and per-process records are gone.
-    assert sorted(p.name for p in out.iterdir()) == ["bench-sqlite.png", "bench.json", "bench.md"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [*CSV, "bench-sqlite.png", "bench.json", "bench.md"]
+    )
     # The terminal gets the verdict, last in bench.md; every table there is followed by its legend.
     bench_md = (out / "bench.md").read_text()
     assert printed.out.startswith("## Verdict") and printed.out.split("\ntook ")[0] in bench_md
-    for legend in ("contention tables", "lost events", "fan-out sweep", "raw SQL"):
+    for legend in ("contention tables", "lost events", "fan-out sweep", "raw SQL", "verdict"):
         assert f"Legend ({legend})" in bench_md
-    assert "| commit_time (default) |" in bench_md and "| multi_outlet  | commit_time" in bench_md
+    assert "| commit_time* |" in bench_md and "| multi_outlet  | commit_time*" in bench_md
+    # Every line within 100 columns, on the terminal (progress aside: rich draws it) and in the file.
+    assert max(len(line) for text in (printed.out, bench_md) for line in text.splitlines()) <= 100
+    assert "commit_time (default)" in (out / "bench-contention.csv").read_text()
     # PR #69977 changed MySQL only: not run, and said so, on SQLite.
     assert "values_batch is apache/airflow PR #69977" in bench_md
     result = json.loads((out / "bench.json").read_text())
@@ -203,7 +211,9 @@ def test_counts_add_up_when_the_round_timeout_cuts_rounds_short(tmp_path, capsys
     assert len(outcomes) == 2 * QUICK.producers * 6
     assert set(outcomes) <= {"committed", "gave up", "not started"}
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["bench.json", "bench.md", f"bench-{result['targets'][0]['name']}.png"]
+        # No lost_events rounds: no bench-lost.csv.
+        [c for c in CSV if c != "bench-lost.csv"]
+        + ["bench.json", "bench.md", f"bench-{result['targets'][0]['name']}.png"]
     )
 
 
@@ -255,8 +265,13 @@ def test_report_aggregates_percentiles_failures_and_ratios():
     )
     # airflow_3_3 gave one up: no ratio (it would measure the round's time budget) ...
     assert math.isnan(ours["throughput_vs_airflow_3_3"]) and math.isnan(ours["p99_vs_airflow_3_3"])
-    # ... which there is once it committed everything.
+    # ... nor where it committed everything but deadlocked on the way (it would measure the wait for
+    # PostgreSQL's deadlock_timeout) ...
     raw["transactions"][1] = _tx(0, True, 100)
+    ours = {r["strategy"]: r for r in report.aggregate(raw)}["commit_time"]
+    assert math.isnan(ours["throughput_vs_airflow_3_3"])
+    # ... which there is once it committed everything without a deadlock.
+    raw["transactions"][0] = _tx(0, True, 100, statements=36)
     ours = {r["strategy"]: r for r in report.aggregate(raw)}["commit_time"]
     assert ours["throughput_vs_airflow_3_3"] == 50.0 and ours["p99_vs_airflow_3_3"] == pytest.approx(0.99)
     assert ours["statements_per_tx"] == 2 and base["statements_per_tx"] == 36

@@ -12,8 +12,9 @@ Needs apache-airflow-core 3.3 (with asyncpg / aiomysql for `airflow db migrate`)
 producer processes. Each database URL only names a server: a scratch database is created there, migrated by
 `airflow db migrate` and dropped afterwards; a URL whose database has Airflow tables is refused. Writes the
 tables (with a legend) as Markdown and JSON, and prints the verdict: the plug-in's targets, met or missed
-(--check: exit 1 on a miss). Also: --accounting (asset events no run consumes, with Airflow's own scheduler
-method as the consumer) and --live (a real deployment); each has its own --help."""
+(--check: exit 1 on a miss, 3 on an unclear target). Also: --accounting (asset events no run consumes,
+with Airflow's own scheduler method as the consumer) and --live (a real deployment); each has its own
+--help."""
 
 from __future__ import annotations
 
@@ -22,10 +23,9 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from airflow_adrq_bench import options
+from airflow_adrq_bench import exits, options
 from airflow_adrq_bench.airflow_mode import databases, report, run
 from airflow_adrq_bench.airflow_mode.config import DEFAULT, MANAGERS, QUICK, SCENARIOS, Sizes
-from airflow_adrq_bench.verdict import missed
 from airflow_adrq_testing import servers
 
 
@@ -37,6 +37,7 @@ def parser_for(
         allow_abbrev=False,
         prog=" ".join(("airflow-adrq bench --airflow", mode)).strip(),
         description=doc,
+        epilog=exits.EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     options.add_common(
@@ -53,7 +54,8 @@ def parser_for(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the Airflow mode; returns the exit status (1: a failure, rows not exact, or a plug-in deadlock)."""
+    """Run the Airflow mode; returns the exit status (:mod:`.exits`; 1: rows not exact, a plug-in
+    deadlock, or with ``--check`` a missed target)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     for mode in ("accounting", "live"):  # imported only when asked for
         if f"--{mode}" in argv:
@@ -67,7 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scenario", action="append", choices=SCENARIOS, help="only these (repeatable)")
     parser.add_argument("--no-sweep", action="store_true", help="skip the one-caller sweep")
     parser.add_argument("--no-contention", action="store_true", help="skip the contention runs")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a target of the verdict is missed")
+    parser.add_argument("--check", action="store_true", help=exits.CHECK_HELP)
+    parser.add_argument("--allow-unclear", action="store_true", help=exits.ALLOW_UNCLEAR_HELP)
     parser.add_argument(
         "--pg-deadlock-timeout-ms",
         type=int,
@@ -96,8 +99,8 @@ def _bench(args: argparse.Namespace, sizes: Sizes) -> int:
         raw = run.Bench(sizes, managers, scenarios, sweep, contend, timeout_ms).run(targets)
     summary = report.summarize(raw)
     lines = report.verdict(raw, summary)
-    problems = report.errors(raw, summary)
-    if args.check:
-        problems += [f"target missed: {m.db} {m.what}: {m.measured} (target {m.goal})" for m in missed(lines)]
+    judged = exits.judge(
+        report.errors(raw, summary), lines, check=args.check, allow_unclear=args.allow_unclear
+    )
     raw["summary"] = summary
-    return report.conclude(out / "airflow-bench", raw, report.format_tables(raw, summary), lines, problems)
+    return report.conclude(out / "airflow-bench", raw, report.format_tables(raw, summary), lines, judged)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_adrq_bench import options, tables
+from airflow_adrq_bench.exits import Outcome
 from airflow_adrq_bench.stats import latency, median
 from airflow_adrq_bench.tables import fmt, ratio, times
 from airflow_adrq_bench.verdict import (
@@ -59,15 +60,16 @@ def heading(title: str, raw: dict[str, Any]) -> str:
     return f"## {title}: Apache Airflow {raw.get('airflow_version', '?')}, {raw['cpus']} CPUs (load {loads})"
 
 
-def conclude(stem: Path, raw: dict[str, Any], detail: str, lines: Sequence[Line], problems: list[str]) -> int:
-    """Write ``raw`` with the verdict ``lines`` and ``problems`` as ``stem.json`` and ``detail`` with the
-    verdict as ``stem.md``; print the verdict, the files and each problem; 1 if there is a problem."""
+def conclude(stem: Path, raw: dict[str, Any], detail: str, lines: Sequence[Line], judged: Outcome) -> int:
+    """Write ``raw`` with the verdict ``lines`` and why the run failed (``judged``) as ``stem.json`` and
+    ``detail`` with the verdict as ``stem.md``; print the verdict, the files and the reasons; the exit
+    status ``judged`` gives."""
     stem.parent.mkdir(parents=True, exist_ok=True)
-    raw |= {"verdict": [dataclasses.asdict(line) for line in lines], "problems": problems}
+    raw |= {"verdict": [dataclasses.asdict(line) for line in lines], "problems": judged.reasons}
     tables.write_json(stem.with_suffix(".json"), raw)
     shown, md = format_verdict(lines), stem.with_suffix(".md")
     written = [stem.with_suffix(".json")]
-    return options.publish(md, f"{detail}\n{shown}", written, problems, took=raw["duration_s"], shown=shown)
+    return options.publish(md, f"{detail}\n{shown}", written, judged, took=raw["duration_s"], shown=shown)
 
 
 def _at_least(factor: float) -> Target:

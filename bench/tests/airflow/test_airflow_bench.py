@@ -178,7 +178,7 @@ def test_refuses_a_database_with_airflow_tables(tmp_path):
     engine.dispose()
     with pytest.raises(BenchError, match=r"has Airflow tables \(dag\)"):
         refuse_airflow_database(f"sqlite:///{metadata}")
-    assert main(["--db", f"sqlite:///{metadata}", "--out", str(tmp_path / "out")]) == 1
+    assert main(["--db", f"sqlite:///{metadata}", "--out", str(tmp_path / "out")]) == 4  # could not run
     assert not (tmp_path / "out").exists()
 
     refuse_airflow_database(f"sqlite:///{tmp_path / 'absent.db'}")

@@ -49,7 +49,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from airflow_adrq_bench import options, progress, stats, tables
+from airflow_adrq_bench import exits, options, progress, stats, tables
 from airflow_adrq_bench.airflow_mode import databases, parser_for, worker
 from airflow_adrq_bench.airflow_mode.accounting import consumer, writers
 from airflow_adrq_bench.airflow_mode.config import ACCOUNTING_DEFAULT as DEFAULT
@@ -61,7 +61,7 @@ from airflow_adrq_bench.airflow_mode.processes import close_all
 from airflow_adrq_bench.airflow_mode.report import conclude, heading, raw_opening
 from airflow_adrq_bench.airflow_mode.run import Controller
 from airflow_adrq_bench.errors import BenchError
-from airflow_adrq_bench.verdict import Line, line, missed
+from airflow_adrq_bench.verdict import Line, line
 from airflow_adrq_bench.verdict import Target as Goal
 
 
@@ -77,8 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with databases.targets(args.db or [], args.backend, sqlite=True) as found:
             raw = run(found, sizes)
         lines = verdict(raw["cells"])
-        problems = raw["problems"] + [f"{m.db} {m.what}: {m.measured}" for m in missed(lines)]
-        return conclude(out / "airflow-accounting", raw, format_tables(raw), lines, problems)
+        # Every target here is one of correctness: a miss fails the run, --check or not.
+        judged = exits.judge(raw["problems"], lines, check=True)
+        return conclude(out / "airflow-accounting", raw, format_tables(raw), lines, judged)
 
     return options.guarded(parser, args, measure, airflow="apache-airflow-core 3.3")
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import airflow_adrq
-from airflow_adrq_bench import options, progress
+from airflow_adrq_bench import exits, options, progress
 from airflow_adrq_bench.airflow_mode import parser_for
 from airflow_adrq_bench.airflow_mode.config import LIVE_DEFAULT as DEFAULT
 from airflow_adrq_bench.airflow_mode.config import LIVE_SMALL as SMALL
@@ -45,11 +45,13 @@ from airflow_adrq_bench.airflow_mode.live import deployment, report
 from airflow_adrq_bench.airflow_mode.live.driver import run_cell, steps
 from airflow_adrq_bench.airflow_mode.report import conclude, raw_finish, raw_opening
 
-_EPILOG = """\
-Exit status 1 when a deployment did not complete or the plug-in missed a target of correctness in
-the verdict (failed producer tasks, deadlocks, events lost or consumed twice ...); with --check also
-when it missed its speed target; with --expect-stock-worse also when stock had neither failed tasks
-nor stranded pairs anywhere."""
+_EPILOG = f"""\
+A failed check (exit status 1): a deployment that did not complete (no deployment at all: 4), the
+plug-in missing a target of correctness in the verdict (failed producer tasks, deadlocks, events lost
+or consumed twice ...); with --check also its speed target missed (3: unclear); with
+--expect-stock-worse also stock with neither failed tasks nor stranded pairs anywhere.
+
+{exits.EPILOG}"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     kwargs = """[core] asset_manager_kwargs of the plug-in's deployments, e.g. '{"on_conflict": "refresh"}'"""
     parser.add_argument("--plugin-kwargs", metavar="JSON", type=_json_object, help=kwargs)
     parser.add_argument("--check", action="store_true", help="exit 1 also when the speed target is missed")
+    parser.add_argument("--allow-unclear", action="store_true", help=exits.ALLOW_UNCLEAR_HELP)
     worse = "also fail unless stock had failed producer tasks or stranded pairs somewhere (for CI)"
     parser.add_argument("--expect-stock-worse", action="store_true", help=worse)
     shape = parser.add_argument_group("deployment shape (every manager gets the same)")
@@ -141,7 +144,10 @@ def _measure(args: argparse.Namespace, sizes: LiveSizes, shape: LiveShape) -> in
     raw_finish(raw, started)
     lines, worse = report.verdict_lines(raw["cells"]), args.expect_stock_worse
     problems = report.problems(raw["cells"], lines, check=args.check, expect_stock_worse=worse)
-    return conclude(out / "live", raw, report.format_tables(raw), lines, problems)
+    # The misses are in problems already (the speed target's with --check only): judged here, the unclear.
+    unclear = [ln for ln in lines if ln.verdict == "unclear"]
+    judged = exits.judge(problems, unclear, check=args.check, allow_unclear=args.allow_unclear)
+    return conclude(out / "live", raw, report.format_tables(raw), lines, judged)
 
 
 def _plugin_source() -> str:
