@@ -1,4 +1,6 @@
-"""Every command-line error is one clear line on stderr and a non-zero exit, never a traceback.
+"""Every command-line error is one clear message on stderr and a non-zero exit, never a traceback.
+
+``db`` prints it on one line; ``bench`` wraps it at 100 columns, as everything it prints.
 
 ``db`` exits 4 when it could not run (:data:`airflow_adrq.cli.EXIT_COULD_NOT_RUN`), 2 on a usage error,
 1 only for ``db check``'s finding; ``bench`` uses the same 2 and 4 (``airflow-adrq bench --help``).
@@ -16,10 +18,10 @@ def _one_line_error(capsys, argv, *, status=cli.EXIT_COULD_NOT_RUN):
     assert cli.main(argv) == status
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
-    assert len(lines) == 1, captured.err
+    assert len(lines) == 1 or (argv[0] == "bench" and max(map(len, lines)) <= 100), captured.err
     assert lines[0].startswith("airflow-adrq: error: "), captured.err
     assert "Traceback" not in captured.err and "[SQL:" not in captured.err
-    return lines[0]
+    return " ".join(lines)
 
 
 @pytest.mark.parametrize("command", [["db", "upgrade"], ["db", "check"], ["bench", "--quick"]])
