@@ -1,0 +1,114 @@
+"""What runs in the Airflow mode's worker processes for ``--db-cost``: task successes as Airflow makes them.
+
+A task success is Airflow 3.3.2's Execution API route ``ti_update_state`` (``PATCH
+/execution/task-instances/{id}/state`` with a ``TISuccessStatePayload``), called as a function with the
+worker's session: ``SELECT ... FOR UPDATE`` of the task instance, ``register_asset_changes_in_db`` (the
+process's ``[core] asset_manager_class``), ``UPDATE task_instance``, ``INSERT INTO log``, ``COMMIT``, then
+Airflow's asset callbacks. Only the HTTP layer is left out. Each call needs a RUNNING task instance of
+its own: :func:`seed` makes them (outside the measured window).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections import Counter
+from typing import Any
+
+from airflow_adrq.retry import classify
+from airflow_adrq_bench.airflow_mode import worker
+from airflow_adrq_bench.airflow_mode.worker import PRODUCER_DAG, asset_uri
+
+#: How long one task success may be retried after a retryable database error raised out of the route
+#: (the Task SDK's client retries the PATCH the same way, on HTTP 5xx).
+RETRY_FOR_S = 120.0
+
+
+def seed(run_id: str, task_ids: list[str]) -> list[str]:
+    """A running DAG run of the producing DAG with one RUNNING task instance per ``task_ids``; their ids."""
+    import sqlalchemy as sa
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance, uuid7
+    from airflow.utils.state import DagRunState
+    from airflow.utils.types import DagRunTriggeredByType, DagRunType
+
+    now = dt.datetime.now(dt.timezone.utc)
+    ids = [uuid7() for _ in task_ids]
+    rows = [
+        {
+            "id": ti_id,
+            "dag_id": PRODUCER_DAG,
+            "run_id": run_id,
+            "task_id": task_id,
+            "map_index": -1,
+            "try_number": 1,
+            "max_tries": 0,
+            "state": "running",
+            "start_date": now,
+            "pool": "default_pool",
+            "pool_slots": 1,
+            "queue": "default",
+            "priority_weight": 1,
+            "hostname": "adrq-bench",
+        }
+        for ti_id, task_id in zip(ids, task_ids, strict=True)
+    ]
+    with worker._worker.session_factory() as session:
+        run = DagRun(
+            dag_id=PRODUCER_DAG,
+            run_id=run_id,
+            run_type=DagRunType.MANUAL,
+            state=DagRunState.RUNNING,
+            run_after=now,
+            start_date=now,
+            triggered_by=DagRunTriggeredByType.TEST,
+        )
+        session.add(run)
+        session.flush()  # the task instances' FK to their run
+        session.execute(sa.insert(TaskInstance.__table__), rows)
+        session.commit()
+    return [str(ti_id) for ti_id in ids]
+
+
+def succeed(ti_ids: list[str], assets: list[str], start_at: float | None = None) -> dict[str, Any]:
+    """Each task instance of ``ti_ids`` succeeds in turn, the one at index ``i`` emitting ``assets[i]``,
+    from ``start_at`` (wall clock: the other producers start then too). Per call its seconds and
+    statements, with the attempts and what ended the failed ones (a retry follows a retryable error
+    raised out of the route; Airflow's own handling, which marks the task FAILED, is left to Airflow)."""
+    if start_at is not None:
+        time.sleep(max(0.0, start_at - time.time()))
+    calls = [_one(ti_id, asset) for ti_id, asset in zip(ti_ids, assets, strict=True)]
+    return {"calls": calls}
+
+
+def _one(ti_id: str, asset: str) -> dict[str, Any]:
+    from uuid import UUID
+
+    from airflow.api_fastapi.execution_api.datamodels.asset import AssetProfile
+    from airflow.api_fastapi.execution_api.datamodels.taskinstance import TISuccessStatePayload
+    from airflow.api_fastapi.execution_api.routes.task_instances import ti_update_state
+
+    failures: Counter[str] = Counter()
+    start = time.monotonic()
+    deadline = start + RETRY_FOR_S
+    while True:
+        payload = TISuccessStatePayload(
+            state="success",
+            end_date=dt.datetime.now(dt.timezone.utc),
+            task_outlets=[AssetProfile(name=asset, uri=asset_uri(asset), type="Asset")],
+            outlet_events=[],
+        )
+        worker._worker.statements = 0
+        with worker._worker.session_factory() as session:
+            try:
+                ti_update_state(UUID(ti_id), payload, session=session, dag_bag=None)
+            except Exception as exc:
+                session.rollback()
+                found = classify(exc)
+                if found is None or time.monotonic() > deadline:
+                    raise
+                failures[found.kind.value] += 1
+                continue
+        seconds, statements = time.monotonic() - start, worker._worker.statements
+        attempts = sum(failures.values()) + 1
+        return {"s": seconds, "statements": statements, "attempts": attempts, "failures": dict(failures)}
