@@ -166,6 +166,7 @@ class DbCost(Controller):
         ids = self.seed_tis("warmup", len(procs))
         for proc, ti_id in zip(procs, ids, strict=True):
             proc.call(success.succeed, ti_ids=[ti_id], assets=["adrq_dbc_warm"])
+        self.counters.settle(self.engine)
         self.bar.step("warm", 1)
         for cell in self.cells:
             self.bar.step(f"F={cell.fanout:,} {cell.scenario}, {cell.callers} caller(s): {cell.manager}", 1)

@@ -72,6 +72,10 @@ def prepare(engine: sa.Engine) -> None:
     """Nothing: the monitors are enabled at the server's start."""
 
 
+def settle(engine: sa.Engine) -> None:
+    """Nothing: each cell waits for purge and flushes every page as it opens."""
+
+
 def open_cell(engine: sa.Engine) -> dict[str, Any]:
     """Purge caught up and every page flushed; where the cell starts."""
     with engine.connect() as conn:

@@ -82,9 +82,9 @@ POSTGRESQL: tables.Columns = {
     "XIDs": _total("xids", 2),
     "subxacts": _total("committed_subxacts", 2),
     "WAL bytes": _total("wal_bytes", 0),
+    "w/o FPIs": lambda c: fmt(per(c, _without_fpis(c["totals"])), 0),
     "records": _total("wal_records", 1),
     "FPIs": _total("wal_fpi", 2),
-    "FPI bytes": _total("wal_fpi_bytes", 0),
     "MultiXacts": _total("multixacts", 2),
     "members": _total("multixact_members", 2),
     "dag pages": lambda c: fmt(per(c, pages(c, "dag")), 2),
@@ -111,6 +111,11 @@ MARIADB: tables.Columns = {
     "stmts": lambda c: fmt(_median(k["statements"] for k in c["calls"]), 0),
     "retries": lambda c: str(sum(k["attempts"] - 1 for k in c["calls"])),
 }
+
+
+def _without_fpis(totals: Row) -> int:
+    """WAL record bytes without their full-page images (whose size depends on how full a page is)."""
+    return int(totals["wal_record_bytes"] - totals["wal_fpi_bytes"])
 
 
 def _rows(cell: Row) -> int:
@@ -165,6 +170,9 @@ _FIRST: tables.Columns = {
     "1st FPIs": _first("wal_fpi"),
     "1st XIDs": _first("xids"),
     "next WAL bytes": _later("wal_bytes"),
+    "next w/o FPIs": lambda c: fmt(
+        sum(_without_fpis(r) for r in c["per_success"][1:]) / max(1, len(c["per_success"]) - 1), 0
+    ),
     "next records": _later("wal_records", 1),
     "next FPIs": _later("wal_fpi", 1),
     "next XIDs": _later("xids", 2),
@@ -195,7 +203,10 @@ def traces(raw: dict[str, Any]) -> str:
 
 
 _STATEMENT_HEADER = ("manager", "statement", "calls", "WAL bytes", "records", "FPIs", "dirtied")
-_KIND_HEADER = ("relation", "table", "record", "stock rec", "plugin rec", "stock B", "plugin B", "+B")
+_KIND_HEADER = (
+    "relation", "table", "record", "stock rec", "plugin rec", "stock B", "plugin B", "+B", "stock FPIs",
+    "plugin FPIs",
+)
 
 
 def label(query: str) -> str:
@@ -229,18 +240,20 @@ def _statement_rows(pair: dict[str, Row], top: int = 8) -> list[list[str]]:
 
 
 def _kind_rows(pair: dict[str, Row], top: int = 12) -> list[list[str]]:
-    kinds: dict[tuple[str, str, str], dict[str, tuple[float, float]]] = defaultdict(dict)
+    kinds: dict[tuple[str, str, str], dict[str, tuple[float, ...]]] = defaultdict(dict)
     for manager in ("stock", "plugin"):
         cell = pair[manager]
         for k in cell["wal"]:
             key = (k["relation"], k["table"], f"{k['rmgr']}/{k['type']}")
-            kinds[key][manager] = (per(cell, k["records"]), per(cell, k["bytes"]))
+            sums = (k["records"], k["bytes"] - k["fpi_bytes"], k["fpi"])
+            kinds[key][manager] = tuple(per(cell, v) for v in sums)
     rows = []
     for (relation, table, record), found in kinds.items():
-        stock, plugin = found.get("stock", (0.0, 0.0)), found.get("plugin", (0.0, 0.0))
+        stock, plugin = found.get("stock", (0.0, 0.0, 0.0)), found.get("plugin", (0.0, 0.0, 0.0))
         diff = plugin[1] - stock[1]
         cells = [fmt(stock[0], 2), fmt(plugin[0], 2), fmt(stock[1], 0), fmt(plugin[1], 0), f"{diff:+,.0f}"]
-        rows.append((abs(diff), [relation, table, record, *cells]))
+        cells += [fmt(stock[2], 2), fmt(plugin[2], 2)]
+        rows.append((abs(diff) + abs(plugin[2] - stock[2]), [relation, table, record, *cells]))
     return [r for _, r in sorted(rows, key=lambda r: -r[0])[:top]]
 
 
