@@ -152,6 +152,7 @@ class DbCost(Controller):
         return [f"adrq_dbc_f{cell.fanout}_n{i}" for i in range(n)]
 
     def measure(self, url: str) -> dict[str, Any]:
+        self.url = url
         self.counters = COUNTERS[self.engine.dialect.name]
         self.counters.prepare(self.engine)
         most = max(self.planned(c) for c in self.callers)
@@ -199,10 +200,13 @@ class DbCost(Controller):
         calls, each = [], []
         if cell.callers == 1:
             mark = opened["mark"]
+            # MariaDB has no per-statement counters: the caller reads the redo LSN around each statement.
+            probe = self.url if self.engine.dialect.name == "mysql" else None
             # No transaction of ours stays open across a success: it would hold back pruning.
             with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 for ti_id, asset in zip(ti_ids, assets, strict=True):
-                    calls += procs[0].call(success.succeed, ti_ids=[ti_id], assets=[asset])["calls"]
+                    one = {"ti_ids": [ti_id], "assets": [asset], "redo_probe": probe}
+                    calls += procs[0].call(success.succeed, **one)["calls"]
                     mark, before = self.counters.mark(conn), mark
                     each.append(self.counters.between(conn, before, mark))
         else:

@@ -11,12 +11,16 @@ throwaway server of its own (:data:`SETTINGS`: no statistics recalculation, no a
 * **Transaction ids**: the ``Trx id counter`` delta of ``SHOW ENGINE INNODB STATUS`` (InnoDB draws a
   read-write transaction's id and its commit number from that one counter: about 2 per transaction).
 * **InnoDB monitors** (``information_schema.INNODB_METRICS``, all enabled): read-write commits, rollbacks
-  to a savepoint, undo log slots used, record lock structures created, row lock waits, deadlocks.
-* **Handler and row counters** (``SHOW GLOBAL STATUS``): rows written, updated and deleted, savepoints
-  set, released and rolled back to.
+  to a savepoint, record lock requests, row lock waits, deadlocks.
+* **Handler counters** (``SHOW GLOBAL STATUS``): rows written, updated and deleted; savepoints set,
+  released and rolled back to.
 * **Pages dirtied**: every page is flushed before the cell (``innodb_max_dirty_pages_pct`` 0 until
-  none is dirty); the pages ``INNODB_BUFFER_PAGE`` shows modified after it, per table (undo and system
-  pages under their page type). ``buffer_pages_written`` during the cell says if any was flushed early.
+  none is dirty); the pages ``INNODB_BUFFER_PAGE`` shows modified after it, per table (pages of no
+  table under their page type: ``SYSTEM`` are mostly the 128 rollback segment headers, ``UNDO_LOG`` undo
+  pages). ``buffer_pages_written`` during the cell says if any was flushed early.
+* **Per statement** (one caller only): the worker reads ``Innodb_lsn_current`` on a connection of its
+  own before and after every statement it sends (:class:`.success.RedoProbe`); what the call wrote
+  outside its statements is its COMMIT's, and what the next purge wait adds, purge's.
 """
 
 from __future__ import annotations
@@ -37,11 +41,12 @@ SETTINGS = {
     "innodb-buffer-pool-size": "512M",
 }
 
+#: The ``table`` of the pages of no table (rollback segment headers, undo, file space pages ...).
+NO_TABLE = "(undo, system)"
 _METRICS = (
     "trx_rw_commits",
     "trx_rollbacks_savepoint",
-    "trx_undo_slots_used",
-    "lock_rec_lock_created",
+    "lock_rec_lock_requests",
     "lock_row_lock_waits",
     "lock_deadlocks",
     "buffer_pages_written",
@@ -56,9 +61,6 @@ _STATUS = (
     "Com_savepoint",
     "Com_release_savepoint",
     "Com_rollback_to_savepoint",
-    "Innodb_rows_inserted",
-    "Innodb_rows_updated",
-    "Innodb_rows_deleted",
 )
 
 
@@ -91,6 +93,8 @@ def open_cell(engine: sa.Engine) -> dict[str, Any]:
 
 
 def mark(conn: sa.Connection) -> Mark:
+    """Every counter, once purge has caught up."""
+    _purged(conn)
     status = dict(
         conn.exec_driver_sql(
             "SELECT variable_name, variable_value FROM information_schema.global_status "
@@ -109,7 +113,7 @@ def mark(conn: sa.Connection) -> Mark:
 
 
 def between(conn: sa.Connection, start: Mark, end: Mark) -> dict[str, Any]:
-    """The counters' deltas (redo bytes without waiting for purge)."""
+    """The counters' deltas (``end`` read once purge had caught up: :func:`mark`)."""
     delta = {k: end.counters[k] - start.counters[k] for k in end.counters}
     return {"redo_bytes": delta.pop("Innodb_lsn_current"), **delta}
 
@@ -117,13 +121,13 @@ def between(conn: sa.Connection, start: Mark, end: Mark) -> dict[str, Any]:
 def close_cell(engine: sa.Engine, opened: dict[str, Any]) -> dict[str, Any]:
     """Everything the cell cost since :func:`open_cell`, purge included."""
     with engine.connect() as conn:
-        _purged(conn)
         end = mark(conn)
         dirty = [
-            {"relation": str(index or kind), "table": _table(table) or str(kind), "pages": int(n)}
+            {"relation": str(index or kind), "table": _table(table) or NO_TABLE, "pages": int(n)}
             for table, index, kind, n in conn.exec_driver_sql(_DIRTY)
         ]
-    return {"totals": between(conn, opened["mark"], end), "dirty": dirty}
+        totals = between(conn, opened["mark"], end)
+    return {"totals": totals, "dirty": dirty}
 
 
 def _table(name: str | None) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_adrq_bench import options, tables
+from airflow_adrq_bench.airflow_mode.dbcost import mariadb
 from airflow_adrq_bench.airflow_mode.report import heading
 from airflow_adrq_bench.tables import fmt
 
@@ -100,12 +101,12 @@ MARIADB: tables.Columns = {
     "rw commits": _total("trx_rw_commits", 2),
     "savepoints": _total("Handler_savepoint", 1),
     "to savepoint": _total("Handler_savepoint_rollback", 1),
-    "undo slots": _total("trx_undo_slots_used", 2),
-    "lock structs": _total("lock_rec_lock_created", 1),
-    "rows written": lambda c: fmt(per(c, _rows(c)), 1),
+    "rows written": _total("Handler_write", 1),
+    "rows updated": _total("Handler_update", 1),
+    "lock requests": _total("lock_rec_lock_requests", 1),
     "dag pages": lambda c: fmt(per(c, pages(c, "dag")), 2),
     "adrq pages": lambda c: fmt(per(c, pages(c, _QUEUE)), 2),
-    "undo pages": lambda c: fmt(per(c, pages(c, "UNDO_LOG")), 2),
+    "undo, system pages": lambda c: fmt(per(c, pages(c, mariadb.NO_TABLE)), 2),
     "all pages": lambda c: fmt(per(c, pages(c)), 2),
     "flushed": _total("buffer_pages_written", 1),
     "stmts": lambda c: fmt(_median(k["statements"] for k in c["calls"]), 0),
@@ -116,11 +117,6 @@ MARIADB: tables.Columns = {
 def _without_fpis(totals: Row) -> int:
     """WAL record bytes without their full-page images (whose size depends on how full a page is)."""
     return int(totals["wal_record_bytes"] - totals["wal_fpi_bytes"])
-
-
-def _rows(cell: Row) -> int:
-    t = cell["totals"]
-    return int(t["Innodb_rows_inserted"] + t["Innodb_rows_updated"] + t["Innodb_rows_deleted"])
 
 
 def _median(values: Iterable[float]) -> float:
@@ -191,15 +187,38 @@ def _groups(cells: Sequence[Row]) -> dict[tuple[str, int, str, int], dict[str, R
 
 
 def traces(raw: dict[str, Any]) -> str:
-    """Per PostgreSQL cell pair: the statements and the WAL record kinds, per task success."""
+    """Per cell pair: the statements (and on PostgreSQL the WAL record kinds), per task success."""
     out = ["## Traces: per statement and per WAL record kind, per task success"]
     for (db, fanout, scenario, callers), pair in _groups(raw["cells"]).items():
-        if not {"stock", "plugin"} <= set(pair) or pair["stock"]["backend"] != "postgresql":
+        if not {"stock", "plugin"} <= set(pair):
             continue
-        out += ["", f"### {db}, F={fanout:,}, {scenario}, {callers} caller(s)", ""]
-        out += [tables.markdown(list(_STATEMENT_HEADER), _statement_rows(pair), left=2), ""]
-        out.append(tables.markdown(list(_KIND_HEADER), _kind_rows(pair), left=3))
+        title = f"### {db}, F={fanout:,}, {scenario}, {callers} caller(s)"
+        if pair["stock"]["backend"] == "postgresql":
+            out += ["", title, ""]
+            out += [tables.markdown(list(_STATEMENT_HEADER), _statement_rows(pair), left=2), ""]
+            out.append(tables.markdown(list(_KIND_HEADER), _kind_rows(pair), left=3))
+        elif callers == 1:
+            out += ["", title + " (redo per statement)", ""]
+            out.append(tables.markdown(["manager", "statement", "calls", "redo bytes"], _redo_rows(pair)))
     return "\n".join(out)
+
+
+def _redo_rows(pair: dict[str, Row], top: int = 8) -> list[list[str]]:
+    """MariaDB, one caller: the redo of each statement the worker sent (:class:`.success.RedoProbe`)."""
+    rows = []
+    for manager in ("stock", "plugin"):
+        cell = pair[manager]
+        merged: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for call in cell["calls"]:
+            for text, (calls, redo) in call.get("redo", {}).items():
+                merged[text][0] += calls
+                merged[text][1] += redo
+        ranked = sorted(merged.items(), key=lambda kv: -kv[1][1])
+        for text, (calls, redo) in ranked[:top]:
+            rows.append([manager, text, fmt(per(cell, calls), 2), fmt(per(cell, redo), 0)])
+        rest = per(cell, sum(r["redo_bytes"] for r in cell["per_success"]) - sum(v[1] for v in merged.values()))
+        rows.append([manager, "(after the call: purge)", "", fmt(rest, 0)])
+    return rows
 
 
 _STATEMENT_HEADER = ("manager", "statement", "calls", "WAL bytes", "records", "FPIs", "dirtied")
@@ -271,11 +290,15 @@ LEGEND = """Legend
   other table, catalogs included); stmts = statements one success sends (median); retries = a task
   success called again after a retryable error raised out of the route.
 * MariaDB: redo bytes = Innodb_lsn_current delta, purge caught up on both sides; trx ids = InnoDB's
-  Trx id counter delta; rw commits, undo slots (used), lock structs (record lock structures created),
-  flushed (pages written during the cell: a page flushed early is missing from `pages`):
-  INNODB_METRICS; savepoints / to savepoint: Handler_savepoint / Handler_savepoint_rollback; rows
-  written = Innodb_rows_inserted + updated + deleted; pages = pages modified at the end (not flushed),
-  per table (undo: UNDO_LOG pages).
+  Trx id counter delta (a read-write transaction's id and its commit number: 2 per transaction); rw
+  commits, lock requests (record lock requests), flushed (pages written during the cell: a page flushed
+  early is missing from `pages`): INNODB_METRICS; savepoints / to savepoint / rows written / rows
+  updated: Handler_savepoint / Handler_savepoint_rollback / Handler_write / Handler_update (internal
+  temporary tables' rows included); pages = pages modified at the end (not flushed), per table
+  (`undo, system`: pages of no table, mostly the rollback segment headers).
+* Traces, MariaDB (one caller): the redo LSN read before and after each statement the producer sent;
+  `(between statements)` is what the server wrote between them (COMMIT: from the COMMIT on);
+  `(after the call: purge)` = the success's redo minus its statements', written once purge caught up.
 * Traces (PostgreSQL): per statement, from pg_stat_statements (track = all: a foreign-key check is a
   nested statement, its WAL counted in its INSERT's too); `in no statement` = WAL record bytes outside
   every top-level statement (COMMIT records, written after the COMMIT statement's own accounting).

@@ -11,8 +11,9 @@ its own: :func:`seed` makes them (outside the measured window).
 from __future__ import annotations
 
 import datetime as dt
+import re
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from typing import Any
 
 from airflow_adrq.retry import classify
@@ -70,18 +71,88 @@ def seed(run_id: str, task_ids: list[str]) -> list[str]:
     return [str(ti_id) for ti_id in ids]
 
 
-def succeed(ti_ids: list[str], assets: list[str], start_at: float | None = None) -> dict[str, Any]:
+def succeed(
+    ti_ids: list[str], assets: list[str], start_at: float | None = None, redo_probe: str | None = None
+) -> dict[str, Any]:
     """Each task instance of ``ti_ids`` succeeds in turn, the one at index ``i`` emitting ``assets[i]``,
     from ``start_at`` (wall clock: the other producers start then too). Per call its seconds and
     statements, with the attempts and what ended the failed ones (a retry follows a retryable error
-    raised out of the route; Airflow's own handling, which marks the task FAILED, is left to Airflow)."""
+    raised out of the route; Airflow's own handling, which marks the task FAILED, is left to Airflow);
+    with ``redo_probe`` (a MariaDB URL; one caller only) the redo each statement wrote."""
     if start_at is not None:
         time.sleep(max(0.0, start_at - time.time()))
-    calls = [_one(ti_id, asset) for ti_id, asset in zip(ti_ids, assets, strict=True)]
+    probe = RedoProbe.on(redo_probe) if redo_probe else None
+    calls = [_one(ti_id, asset, probe) for ti_id, asset in zip(ti_ids, assets, strict=True)]
     return {"calls": calls}
 
 
-def _one(ti_id: str, asset: str) -> dict[str, Any]:
+class RedoProbe:
+    """Per statement this process sends, the redo InnoDB wrote meanwhile: ``Innodb_lsn_current`` read on a
+    connection of its own before and after it (so: one caller at a time, nothing else writing). What a
+    call wrote between its statements after its COMMIT began is the COMMIT's."""
+
+    _probes: dict[str, RedoProbe] = {}
+
+    def __init__(self, url: str) -> None:
+        import sqlalchemy as sa
+        from sqlalchemy.pool import NullPool
+
+        self.conn = sa.create_engine(url, poolclass=NullPool).connect()
+        self.active = False
+        self.last, self.gap = 0, ""
+        self.found: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for name, listener in (
+            ("before_cursor_execute", self.before),
+            ("after_cursor_execute", self.after),
+            ("commit", self.commit),
+        ):
+            sa.event.listen(worker._worker.engine, name, listener)
+
+    @classmethod
+    def on(cls, url: str) -> RedoProbe:
+        """This process's probe of ``url`` (listening on the worker's engine from its first use)."""
+        if url not in cls._probes:
+            cls._probes[url] = cls(url)
+        return cls._probes[url]
+
+    def lsn(self) -> int:
+        return int(self.conn.exec_driver_sql("SHOW GLOBAL STATUS LIKE 'Innodb_lsn_current'").one()[1])
+
+    def start(self) -> None:
+        self.active, self.last, self.gap = True, self.lsn(), "(between statements)"
+        self.found.clear()
+
+    def finish(self) -> dict[str, list[int]]:
+        self._add(self.gap, self.lsn(), calls=0)
+        self.active = False
+        return dict(self.found)
+
+    def _add(self, label: str, now: int, calls: int = 1) -> None:
+        self.found[label][0] += calls
+        self.found[label][1] += now - self.last
+        self.last = now
+
+    def before(self, *_args: Any) -> None:
+        if self.active:
+            self._add(self.gap, self.lsn(), calls=0)
+
+    def after(self, _conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if self.active:
+            self._add(statement_label(statement), self.lsn())
+
+    def commit(self, _conn: Any) -> None:
+        if self.active:
+            self._add(self.gap, self.lsn(), calls=0)
+            self.gap = "COMMIT"
+
+
+def statement_label(statement: str) -> str:
+    """A statement as the traces group it: whitespace collapsed, numbers as N, its first 70 characters."""
+    text = re.sub(r"\d+", "N", re.sub(r"\s+", " ", statement).strip())
+    return text[:70] + ("..." if len(text) > 70 else "")
+
+
+def _one(ti_id: str, asset: str, probe: RedoProbe | None) -> dict[str, Any]:
     from uuid import UUID
 
     from airflow.api_fastapi.execution_api.datamodels.asset import AssetProfile
@@ -99,6 +170,8 @@ def _one(ti_id: str, asset: str) -> dict[str, Any]:
             outlet_events=[],
         )
         worker._worker.statements = 0
+        if probe is not None:
+            probe.start()
         with worker._worker.session_factory() as session:
             try:
                 ti_update_state(UUID(ti_id), payload, session=session, dag_bag=None)
@@ -111,4 +184,5 @@ def _one(ti_id: str, asset: str) -> dict[str, Any]:
                 continue
         seconds, statements = time.monotonic() - start, worker._worker.statements
         attempts = sum(failures.values()) + 1
-        return {"s": seconds, "statements": statements, "attempts": attempts, "failures": dict(failures)}
+        found = {"s": seconds, "statements": statements, "attempts": attempts, "failures": dict(failures)}
+        return found | ({"redo": probe.finish()} if probe is not None else {})
