@@ -32,8 +32,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import sqlalchemy as sa
-
 from airflow_adrq_bench import options, progress
 from airflow_adrq_bench.airflow_mode import databases, parser_for, processes, worker
 from airflow_adrq_bench.airflow_mode.config import STOCK_AND_PLUGIN as MANAGERS
@@ -127,7 +125,12 @@ class DbCost(Controller):
     starting = "starting Airflow worker processes (task successes through ti_update_state)"
 
     def __init__(self, sizes: DbCostSizes, scenarios: Sequence[str], callers: Sequence[int]) -> None:
-        self.sizes, self.scenarios, self.callers, self.managers = sizes, list(scenarios), list(callers), MANAGERS
+        self.sizes, self.scenarios, self.callers, self.managers = (
+            sizes,
+            list(scenarios),
+            list(callers),
+            MANAGERS,
+        )
         self.raw = raw_opening("airflow-adrq bench --airflow --db-cost", sizes, self.managers)
         self.raw |= {"scenarios": self.scenarios, "callers": self.callers, "targets": [], "cells": []}
         self.dag_ids = [f"adrq_dbc_c{i:04d}" for i in range(max(sizes.fanouts))]
@@ -212,8 +215,12 @@ class DbCost(Controller):
         else:
             per, start_at = self.sizes.transactions, time.time() + 1.0  # every producer at once
             futures = [
-                proc.submit(success.succeed, ti_ids=ti_ids[i * per : (i + 1) * per],
-                            assets=assets[i * per : (i + 1) * per], start_at=start_at)
+                proc.submit(
+                    success.succeed,
+                    ti_ids=ti_ids[i * per : (i + 1) * per],
+                    assets=assets[i * per : (i + 1) * per],
+                    start_at=start_at,
+                )
                 for i, proc in enumerate(procs)
             ]
             for proc, future in zip(procs, futures, strict=True):
@@ -229,7 +236,9 @@ class DbCost(Controller):
         with self.engine.connect() as conn:
             states = Counter(
                 str(s)
-                for (s,) in databases.fetch(conn, "SELECT state FROM task_instance WHERE id IN :ids", ids=ti_ids)
+                for (s,) in databases.fetch(
+                    conn, "SELECT state FROM task_instance WHERE id IN :ids", ids=ti_ids
+                )
             )
             events = databases.fetch(
                 conn,

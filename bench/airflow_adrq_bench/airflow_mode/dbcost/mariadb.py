@@ -131,7 +131,7 @@ def close_cell(engine: sa.Engine, opened: dict[str, Any]) -> dict[str, Any]:
 
 
 def _table(name: str | None) -> str:
-    """``dag`` of ``\`adrq_bench_x\`.\`dag\```; empty for a page of no table."""
+    r"""``dag`` of ``\`adrq_bench_x\`.\`dag\```; empty for a page of no table."""
     return str(name).rpartition(".")[2].strip("`") if name else ""
 
 

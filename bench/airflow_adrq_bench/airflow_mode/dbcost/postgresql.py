@@ -101,7 +101,11 @@ def close_cell(engine: sa.Engine, opened: dict[str, Any]) -> dict[str, Any]:
         names = _relations(conn)
         wal = _wal_records(conn, start.lsn, end.lsn)
         dirty = [
-            {"relation": names.get(int(node), (str(node), "?"))[0], "table": _table(names, int(node)), "pages": n}
+            {
+                "relation": names.get(int(node), (str(node), "?"))[0],
+                "table": _table(names, int(node)),
+                "pages": n,
+            }
             for node, n in conn.exec_driver_sql(_DIRTY)
         ]
         statements = [dict(row) for row in conn.exec_driver_sql(_STATEMENTS).mappings()]

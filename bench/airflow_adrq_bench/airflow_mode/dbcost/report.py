@@ -216,14 +216,24 @@ def _redo_rows(pair: dict[str, Row], top: int = 8) -> list[list[str]]:
         ranked = sorted(merged.items(), key=lambda kv: -kv[1][1])
         for text, (calls, redo) in ranked[:top]:
             rows.append([manager, text, fmt(per(cell, calls), 2), fmt(per(cell, redo), 0)])
-        rest = per(cell, sum(r["redo_bytes"] for r in cell["per_success"]) - sum(v[1] for v in merged.values()))
+        rest = per(
+            cell, sum(r["redo_bytes"] for r in cell["per_success"]) - sum(v[1] for v in merged.values())
+        )
         rows.append([manager, "(after the call: purge)", "", fmt(rest, 0)])
     return rows
 
 
 _STATEMENT_HEADER = ("manager", "statement", "calls", "WAL bytes", "records", "FPIs", "dirtied")
 _KIND_HEADER = (
-    "relation", "table", "record", "stock rec", "plugin rec", "stock B", "plugin B", "+B", "stock FPIs",
+    "relation",
+    "table",
+    "record",
+    "stock rec",
+    "plugin rec",
+    "stock B",
+    "plugin B",
+    "+B",
+    "stock FPIs",
     "plugin FPIs",
 )
 

@@ -91,8 +91,6 @@ class RedoProbe:
     connection of its own before and after it (so: one caller at a time, nothing else writing). What a
     call wrote between its statements after its COMMIT began is the COMMIT's."""
 
-    _probes: dict[str, RedoProbe] = {}
-
     def __init__(self, url: str) -> None:
         import sqlalchemy as sa
         from sqlalchemy.pool import NullPool
@@ -111,9 +109,9 @@ class RedoProbe:
     @classmethod
     def on(cls, url: str) -> RedoProbe:
         """This process's probe of ``url`` (listening on the worker's engine from its first use)."""
-        if url not in cls._probes:
-            cls._probes[url] = cls(url)
-        return cls._probes[url]
+        if url not in _PROBES:
+            _PROBES[url] = cls(url)
+        return _PROBES[url]
 
     def lsn(self) -> int:
         return int(self.conn.exec_driver_sql("SHOW GLOBAL STATUS LIKE 'Innodb_lsn_current'").one()[1])
@@ -144,6 +142,10 @@ class RedoProbe:
         if self.active:
             self._add(self.gap, self.lsn(), calls=0)
             self.gap = "COMMIT"
+
+
+#: This process's probes, per URL.
+_PROBES: dict[str, RedoProbe] = {}
 
 
 def statement_label(statement: str) -> str:
