@@ -123,6 +123,8 @@ class DbCost(Controller):
     """The cells on every target, each between two CHECKPOINTs (:meth:`cell`)."""
 
     starting = "starting Airflow worker processes (task successes through ti_update_state)"
+    # Controller reads only ``producers`` of its sizes, which every mode's sizes have.
+    sizes: DbCostSizes  # type: ignore[assignment]
 
     def __init__(self, sizes: DbCostSizes, scenarios: Sequence[str], callers: Sequence[int]) -> None:
         self.sizes, self.scenarios, self.callers, self.managers = (
@@ -226,7 +228,7 @@ class DbCost(Controller):
             for proc, future in zip(procs, futures, strict=True):
                 calls += proc.result(future, 1800)["calls"]
         seconds = time.monotonic() - began
-        closed = self.counters.close_cell(self.engine, opened)
+        closed: dict[str, Any] = self.counters.close_cell(self.engine, opened)
         where = {"db": self.target.name, "backend": self.engine.dialect.name}
         found = {"planned": len(assets), "seconds": seconds, "calls": calls, "per_success": each}
         return where | vars(cell) | found | closed | {"checks": self.check(cell, ti_ids, assets)}

@@ -95,13 +95,13 @@ def open_cell(engine: sa.Engine) -> dict[str, Any]:
 def mark(conn: sa.Connection) -> Mark:
     """Every counter, once purge has caught up."""
     _purged(conn)
-    status = dict(
+    status: dict[str, Any] = dict(
         conn.exec_driver_sql(
             "SELECT variable_name, variable_value FROM information_schema.global_status "
             f"WHERE variable_name IN ({', '.join(repr(s.upper()) for s in _STATUS)})"
         ).all()
     )
-    metrics = dict(
+    metrics: dict[str, Any] = dict(
         conn.exec_driver_sql(
             "SELECT name, count FROM information_schema.innodb_metrics "
             f"WHERE name IN ({', '.join(map(repr, _METRICS))})"

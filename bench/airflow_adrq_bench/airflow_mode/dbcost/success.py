@@ -160,13 +160,16 @@ def _one(ti_id: str, asset: str, probe: RedoProbe | None) -> dict[str, Any]:
     from airflow.api_fastapi.execution_api.datamodels.asset import AssetProfile
     from airflow.api_fastapi.execution_api.datamodels.taskinstance import TISuccessStatePayload
     from airflow.api_fastapi.execution_api.routes.task_instances import ti_update_state
+    from airflow.utils.state import TerminalTIState
 
+    # The route reads Airflow's DAG bag only to fail a task fast: never on success.
+    no_dag_bag: Any = None
     failures: Counter[str] = Counter()
     start = time.monotonic()
     deadline = start + RETRY_FOR_S
     while True:
         payload = TISuccessStatePayload(
-            state="success",
+            state=TerminalTIState.SUCCESS,
             end_date=dt.datetime.now(dt.timezone.utc),
             task_outlets=[AssetProfile(name=asset, uri=asset_uri(asset), type="Asset")],
             outlet_events=[],
@@ -176,13 +179,13 @@ def _one(ti_id: str, asset: str, probe: RedoProbe | None) -> dict[str, Any]:
             probe.start()
         with worker._worker.session_factory() as session:
             try:
-                ti_update_state(UUID(ti_id), payload, session=session, dag_bag=None)
+                ti_update_state(UUID(ti_id), payload, session=session, dag_bag=no_dag_bag)
             except Exception as exc:
                 session.rollback()
-                found = classify(exc)
-                if found is None or time.monotonic() > deadline:
+                retryable = classify(exc)
+                if retryable is None or time.monotonic() > deadline:
                     raise
-                failures[found.kind.value] += 1
+                failures[retryable.kind.value] += 1
                 continue
         seconds, statements = time.monotonic() - start, worker._worker.statements
         attempts = sum(failures.values()) + 1
