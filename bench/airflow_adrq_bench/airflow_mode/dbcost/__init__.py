@@ -1,4 +1,4 @@
-"""``airflow-adrq bench --airflow --db-cost``: what one task success costs the database, stock vs plug-in.
+"""``airflow-adrq bench --airflow --db-cost``: what one task success costs the database, stock/plug-in.
 
     airflow-adrq bench --airflow --db-cost               # throwaway PostgreSQL and MariaDB servers
     airflow-adrq bench --airflow --db-cost --quick       # F=1,64; 3 successes; 4 producers x 2

@@ -237,7 +237,9 @@ _DIRTY = (
     "(0, (SELECT oid FROM pg_database WHERE datname = current_database())) GROUP BY 1 ORDER BY 2 DESC"
 )
 _STATEMENTS = (
-    "SELECT left(query, 300) AS query, toplevel, calls, wal_bytes::bigint AS wal_bytes, wal_records, "
+    # The plug-in's statement is long: its start and its end (UPDATE asset_event ... RETURNING) tell it.
+    "SELECT CASE WHEN length(query) > 700 THEN left(query, 300) || ' ... ' || right(query, 400) "
+    "ELSE query END AS query, toplevel, calls, wal_bytes::bigint AS wal_bytes, wal_records, "
     "wal_fpi, shared_blks_dirtied, shared_blks_written, rows FROM pg_stat_statements "
     "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
     "AND (wal_bytes > 0 OR shared_blks_dirtied > 0 OR query ~* '^(savepoint|release|rollback)') "
