@@ -147,6 +147,8 @@ _BLOCK = re.compile(r"rel \d+/\d+/(\d+)")
 
 def _wal_records(conn: sa.Connection, start: str, end: str) -> list[_Record]:
     """Every WAL record in ``[start, end)``, once WAL up to ``end`` is flushed (as pg_walinspect needs)."""
+    if start == end:  # nothing written (pg_walinspect refuses a start at the end of WAL)
+        return []
     for _ in range(100):  # the WAL writer flushes within wal_writer_delay (200 ms)
         if conn.exec_driver_sql(f"SELECT pg_current_wal_flush_lsn() >= '{end}'::pg_lsn").scalar():
             break
