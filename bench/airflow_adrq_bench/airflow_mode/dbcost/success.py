@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import time
+import warnings
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -159,8 +160,11 @@ def _one(ti_id: str, asset: str, probe: RedoProbe | None) -> dict[str, Any]:
 
     from airflow.api_fastapi.execution_api.datamodels.asset import AssetProfile
     from airflow.api_fastapi.execution_api.datamodels.taskinstance import TISuccessStatePayload
-    from airflow.api_fastapi.execution_api.routes.task_instances import ti_update_state
     from airflow.utils.state import TerminalTIState
+
+    with warnings.catch_warnings():  # the routes' first import warns of Starlette's test client, unused
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from airflow.api_fastapi.execution_api.routes.task_instances import ti_update_state
 
     # The route reads Airflow's DAG bag only to fail a task fast: never on success.
     no_dag_bag: Any = None
