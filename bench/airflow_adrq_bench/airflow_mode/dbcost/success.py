@@ -163,7 +163,7 @@ def _one(ti_id: str, asset: str, probe: RedoProbe | None) -> dict[str, Any]:
     from airflow.utils.state import TerminalTIState
 
     with warnings.catch_warnings():  # the routes' first import warns of Starlette's test client, unused
-        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message=r".*starlette\.testclient")
         from airflow.api_fastapi.execution_api.routes.task_instances import ti_update_state
 
     # The route reads Airflow's DAG bag only to fail a task fast: never on success.
