@@ -127,12 +127,8 @@ class DbCost(Controller):
     sizes: DbCostSizes  # type: ignore[assignment]
 
     def __init__(self, sizes: DbCostSizes, scenarios: Sequence[str], callers: Sequence[int]) -> None:
-        self.sizes, self.scenarios, self.callers, self.managers = (
-            sizes,
-            list(scenarios),
-            list(callers),
-            MANAGERS,
-        )
+        self.sizes, self.managers = sizes, MANAGERS
+        self.scenarios, self.callers = list(scenarios), list(callers)
         self.raw = raw_opening("airflow-adrq bench --airflow --db-cost", sizes, self.managers)
         self.raw |= {"scenarios": self.scenarios, "callers": self.callers, "targets": [], "cells": []}
         self.dag_ids = [f"adrq_dbc_c{i:04d}" for i in range(max(sizes.fanouts))]
