@@ -262,7 +262,8 @@ def _run_as(program: Path, account: pwd.struct_passwd | None, tmp: Path) -> str:
 
 
 @contextlib.contextmanager
-def _start_mysql() -> Iterator[ServerInfo]:
+def start_mysql(settings: Mapping[str, str] | None = None) -> Iterator[ServerInfo]:
+    """A throwaway MariaDB/MySQL from the installed binaries; ``settings``: more ``--name=value``."""
     mysqld = _which("mariadbd", "mysqld", extra_dirs=("/usr/sbin", "/usr/libexec", "/usr/local/mysql/bin"))
     if mysqld is None:
         raise ServerNotFoundError("no MariaDB/MySQL server binary (mariadbd or mysqld) found")
@@ -291,6 +292,7 @@ def _start_mysql() -> Iterator[ServerInfo]:
         command += [f"--socket={tmp / 'mysqld.sock'}", f"--pid-file={tmp / 'mysqld.pid'}", f"--tmpdir={tmp}"]
         # A throwaway server: no binary log, no flush at each commit.
         command += [f"--log-error={log}", "--skip-log-bin", "--innodb-flush-log-at-trx-commit=0"]
+        extra += [f"--{name}={value}" for name, value in (settings or {}).items()]
         executor = _executor([*command, "--max-connections=300", *extra], port, signal.SIGTERM, as_user)
         with _running(executor, "the throwaway mysql server", log):
             yield _throwaway("mysql", f"mysql+mysqldb://root@127.0.0.1:{port}/", Path(mysqld), as_user)
@@ -528,7 +530,7 @@ _BACKENDS: dict[str, _Backend] = {
         version_sql="SELECT VERSION()",
         create_sql="CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci",
         drop_sql="DROP DATABASE IF EXISTS {name}",
-        start=_start_mysql,
+        start=start_mysql,
         driver_hint="mysqlclient (pip install 'airflow-adrq[mysql]')",
     ),
 }

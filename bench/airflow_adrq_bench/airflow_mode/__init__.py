@@ -13,8 +13,8 @@ producer processes. Each database URL only names a server: a scratch database is
 `airflow db migrate` and dropped afterwards; a URL whose database has Airflow tables is refused. Writes the
 tables (with a legend) as Markdown and JSON, and prints the verdict: the plug-in's targets, met or missed
 (--check: exit 1 on a miss, 3 on an unclear target). Also: --accounting (asset events no run consumes,
-with Airflow's own scheduler method as the consumer) and --live (a real deployment); each has its own
---help."""
+with Airflow's own scheduler method as the consumer), --live (a real deployment) and --db-cost (what one
+task success costs the database: XIDs, WAL, MultiXacts, pages); each has its own --help."""
 
 from __future__ import annotations
 
@@ -47,8 +47,9 @@ def parser_for(
         preset=preset,
         out=f"airflow-{mode[2:]}-" if mode else "airflow-",
         routing=("--airflow", *([mode] if mode else [])),
-        # The live mode needs a server Airflow's LocalExecutor supports: not SQLite.
-        backends=servers.BACKENDS if mode == "--live" else ("sqlite", *servers.BACKENDS),
+        # The live mode needs a server Airflow's LocalExecutor supports; --db-cost reads a server's
+        # counters: not SQLite.
+        backends=servers.BACKENDS if mode in ("--live", "--db-cost") else ("sqlite", *servers.BACKENDS),
     )
     return parser
 
@@ -57,14 +58,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the Airflow mode; returns the exit status (:mod:`.exits`; 1: rows not exact, a plug-in
     deadlock, or with ``--check`` a missed target)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    for mode in ("accounting", "live"):  # imported only when asked for
-        if f"--{mode}" in argv:
+    # Imported only when asked for.
+    for flag, mode in (("--accounting", "accounting"), ("--live", "live"), ("--db-cost", "dbcost")):
+        if flag in argv:
             return int(importlib.import_module(f"{__name__}.{mode}").main(argv))
     parser = parser_for(__doc__ or "")
     parser.add_argument(
         "--accounting", action="store_true", help="instead: the accounting mode (--accounting --help)"
     )
     parser.add_argument("--live", action="store_true", help="instead: a live deployment (--live --help)")
+    parser.add_argument(
+        "--db-cost",
+        action="store_true",
+        help="instead: what one task success costs the database (--db-cost --help)",
+    )
     parser.add_argument("--manager", action="append", choices=MANAGERS, help="only these (repeatable)")
     parser.add_argument("--scenario", action="append", choices=SCENARIOS, help="only these (repeatable)")
     parser.add_argument("--no-sweep", action="store_true", help="skip the one-caller sweep")
