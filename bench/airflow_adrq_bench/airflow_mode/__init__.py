@@ -13,7 +13,8 @@ producer processes. Each database URL only names a server: a scratch database is
 `airflow db migrate` and dropped afterwards; a URL whose database has Airflow tables is refused. Writes the
 tables (with a legend) as Markdown and JSON, and prints the verdict: the plug-in's targets, met or missed
 (--check: exit 1 on a miss). Also: --accounting (asset events no run consumes, with Airflow's own scheduler
-method as the consumer) and --live (a real deployment); each has its own --help."""
+method as the consumer), --live (a real deployment) and --standby (a hot standby's reads while producers
+run); each has its own --help."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def parser_for(
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the Airflow mode; returns the exit status (1: a failure, rows not exact, or a plug-in deadlock)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    for mode in ("accounting", "live"):  # imported only when asked for
+    for mode in ("accounting", "live", "standby"):  # imported only when asked for
         if f"--{mode}" in argv:
             return int(importlib.import_module(f"{__name__}.{mode}").main(argv))
     parser = parser_for(__doc__ or "")
@@ -63,6 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--accounting", action="store_true", help="instead: the accounting mode (--accounting --help)"
     )
     parser.add_argument("--live", action="store_true", help="instead: a live deployment (--live --help)")
+    standby = "instead: a hot standby's reads while producers run (--standby --help)"
+    parser.add_argument("--standby", action="store_true", help=standby)
     parser.add_argument("--manager", action="append", choices=MANAGERS, help="only these (repeatable)")
     parser.add_argument("--scenario", action="append", choices=SCENARIOS, help="only these (repeatable)")
     parser.add_argument("--no-sweep", action="store_true", help="skip the one-caller sweep")

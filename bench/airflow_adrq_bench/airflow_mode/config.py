@@ -97,6 +97,43 @@ ACCOUNTING_DEFAULT: Final = AccountingSizes()
 ACCOUNTING_QUICK: Final = AccountingSizes(producers=4, transactions=15, budget_s=30.0)
 
 
+# --- --standby ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StandbySizes(Checked):
+    """How big a ``--standby`` run is: phases of one manager's producers at one rate, stock and the
+    plug-in in turn (ABBA), a transaction open on the primary throughout, readers on the standby."""
+
+    producers: int = count(4, "producer processes per manager")
+    fanout: int = count(64, "consumer DAGs of the one asset every producer emits")
+    rate: float = positive(24.0, "transactions per second of a phase, all producers together")
+    phase_s: float = positive(60.0, "seconds of a phase")
+    rounds: int = count(2, "rounds; each runs a stock and a plug-in phase, who goes first alternating")
+    hold_ms: float = nonnegative(5.0, "ms a transaction stays open after registering, before COMMIT")
+    readers: int = count(3, "reader sessions on the standby, each running scheduler passes in a loop")
+    reader_pause_ms: float = nonnegative(20.0, "ms a reader pauses between its passes")
+    sample_ms: float = positive(25.0, "ms between two samples of the standby's wait events")
+    consume_every_s: float = positive(
+        1.0, "on the primary, the queue rows are deleted this often (the scheduler's DELETE after a run)"
+    )
+    background_xids: float = nonnegative(
+        200.0,
+        "XIDs per second other writers take on the primary, every phase alike (the rest of Airflow); "
+        "they spread the producers' XIDs over more pg_subtrans pages",
+    )
+    overflow_control: bool = size(
+        False,
+        "then, for contrast, one transaction with 65 subtransactions (the standby's snapshots become "
+        "suboverflowed while the open transaction lasts) and one more phase per manager",
+    )
+
+
+STANDBY_DEFAULT: Final = StandbySizes()
+#: ``--quick``: one short round.
+STANDBY_QUICK: Final = StandbySizes(producers=2, rate=10.0, phase_s=10.0, rounds=1, readers=2)
+
+
 # --- --live ------------------------------------------------------------------------------
 
 #: ``AIRFLOW__CORE__EXECUTOR`` per ``--executor``.
