@@ -23,9 +23,14 @@ MANAGER_CLASSES: Final = {
     "stock": "airflow.assets.manager.AssetManager",
     "sorted_loop": "airflow_adrq_bench.airflow_mode.sorted_loop.SortedLoopAssetManager",
     "plugin": "airflow_adrq.airflow.AdrqAssetManager",
+    "plugin_ignore": "airflow_adrq.airflow.AdrqAssetManager",
 }
+#: ``[core] asset_manager_kwargs`` of a manager (none: Airflow's default, ``{}``). ``plugin_ignore``, only
+#: run by ``--standby``: the plug-in writing with ``ON CONFLICT DO NOTHING``, as stock does, instead of its
+#: PostgreSQL default ``refresh`` (``DO UPDATE``: a new version of every queued row at each event).
+MANAGER_KWARGS: Final = {"plugin_ignore": '{"on_conflict": "ignore"}'}
 #: ``--airflow``'s managers; ``--accounting`` and ``--live`` compare stock with the plug-in.
-MANAGERS: Final = tuple(MANAGER_CLASSES)
+MANAGERS: Final = ("stock", "sorted_loop", "plugin")
 STOCK_AND_PLUGIN: Final = ("stock", "plugin")
 
 #: ``single``: every transaction emits the same asset (one outlet); ``multi_outlet``: every
@@ -102,14 +107,16 @@ ACCOUNTING_QUICK: Final = AccountingSizes(producers=4, transactions=15, budget_s
 
 @dataclass(frozen=True)
 class StandbySizes(Checked):
-    """How big a ``--standby`` run is: phases of one manager's producers at one rate, stock and the
-    plug-in in turn (ABBA), a transaction open on the primary throughout, readers on the standby."""
+    """How big a ``--standby`` run is: phases of one manager's producers at one rate, the managers in
+    turn, a transaction open on the primary throughout, readers on the standby."""
 
     producers: int = count(4, "producer processes per manager")
     fanout: int = count(64, "consumer DAGs of the one asset every producer emits")
     rate: float = positive(24.0, "transactions per second of a phase, all producers together")
     phase_s: float = positive(60.0, "seconds of a phase")
-    rounds: int = count(2, "rounds; each runs a stock and a plug-in phase, who goes first alternating")
+    rounds: int = count(
+        3, "rounds, each a phase per manager, the first rotating (3: each manager in every place once)"
+    )
     hold_ms: float = nonnegative(5.0, "ms a transaction stays open after registering, before COMMIT")
     readers: int = count(3, "reader sessions on the standby, each running scheduler passes in a loop")
     reader_pause_ms: float = nonnegative(20.0, "ms a reader pauses between its passes")

@@ -23,7 +23,7 @@ from typing import Any
 
 from airflow_adrq.errors import RetriesExhaustedError
 from airflow_adrq.retry import Retryable, classify, run_in_transaction
-from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES
+from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES, MANAGER_KWARGS
 from airflow_adrq_bench.airflow_mode.processes import SPAWN, AirflowOrm, Child, airflow_settings, close_all
 
 #: The DAG bundle, and the producing DAG the task-instance stand-ins belong to.
@@ -252,6 +252,8 @@ class Workers:
         try:
             for index, manager in itertools.product(range(producers), managers):
                 settings = base | {"AIRFLOW__CORE__ASSET_MANAGER_CLASS": MANAGER_CLASSES[manager]}
+                if manager in MANAGER_KWARGS:
+                    settings |= {"AIRFLOW__CORE__ASSET_MANAGER_KWARGS": MANAGER_KWARGS[manager]}
                 seed = {"PYTHONHASHSEED": str(1000 + index)}
                 label, args = f"worker {manager}/{index}", (manager, index, barriers[manager])
                 self.procs[(manager, index)] = Child(label, settings, setup, *args, spawn_env=seed)

@@ -1,6 +1,6 @@
 """``airflow-adrq bench --airflow --standby``: does the plug-in's SAVEPOINT slow a hot standby?
 
-    airflow-adrq bench --airflow --standby                    # 2 rounds of 60 s phases
+    airflow-adrq bench --airflow --standby                    # 3 rounds of 60 s phases
     airflow-adrq bench --airflow --standby --overflow-control # then the known trigger, for contrast
     airflow-adrq bench --airflow --standby --quick            # one short round
 
@@ -12,18 +12,21 @@ starts a throwaway primary and a streaming standby of it (pg_basebackup -R, its 
 stopped and removed at the end, also on failure), makes an Airflow database on the primary with
 `airflow db migrate`, opens a transaction there (an XID, then idle) for the whole run, and runs
 phases: one manager's producer processes at a set rate through Airflow's own code, each process
-selecting its manager through [core] asset_manager_class; stock and the plug-in in turn (ABBA),
-every phase with the same load. Meanwhile, on the primary, the queue rows are consumed (deleted)
-every second and other writers take XIDs at a steady rate; on the standby, reader sessions run
-a scheduler pass's reads in a loop (queue rows joined with dag and asset, the dag scan, an
-asset's events) and a sampler counts the wait events of pg_stat_activity. Per phase: the
-readers' latency, the waits, the pg_stat_slru deltas on both servers (Subtrans: pg_subtrans
-lookups), the SAVEPOINTs sent, the XIDs taken, the open transaction's age.
---overflow-control then commits one transaction with 65 subtransactions (the standby's
-snapshots become suboverflowed while the open transaction lasts: the documented trigger) and
-runs one more phase per manager. Verdict: the readers' p99 with the plug-in within 1.2x of
-stock's (phases before any overflow). Needs the PostgreSQL server binaries (initdb,
-pg_basebackup, postgres); writes standby.md and standby.json."""
+selecting its manager through [core] asset_manager_class (and _kwargs): stock, the plug-in, and
+the plug-in with on_conflict="ignore" (the SAVEPOINT without the DO UPDATE of its default), in
+turn, the first rotating each round, every phase with the same load. Meanwhile, on the primary,
+the queue rows are consumed (deleted) every second and other writers take XIDs at a steady rate;
+on the standby, reader sessions run a scheduler pass's reads in a loop (queue rows joined with
+dag and asset, the dag scan, an asset's events) and a sampler counts the wait events of
+pg_stat_activity. Per phase: the readers' latency, the waits, the pg_stat_slru deltas on both
+servers (Subtrans: pg_subtrans lookups), the SAVEPOINTs sent, the XIDs taken, the open
+transaction's age.
+
+--overflow-control then commits one transaction with 65 subtransactions (the standby's snapshots
+become suboverflowed while the open transaction lasts: the documented trigger) and runs one more
+phase per manager. Verdict: the readers' p99 with the plug-in within 1.2x of stock's (phases
+before any overflow), for both plug-in configurations. Needs the PostgreSQL server binaries
+(initdb, pg_basebackup, postgres); writes standby.md and standby.json."""
 
 from __future__ import annotations
 
@@ -41,13 +44,15 @@ from airflow_adrq_bench import options
 from airflow_adrq_bench.airflow_mode import databases, worker
 from airflow_adrq_bench.airflow_mode.config import STANDBY_DEFAULT as DEFAULT
 from airflow_adrq_bench.airflow_mode.config import STANDBY_QUICK as QUICK
-from airflow_adrq_bench.airflow_mode.config import STOCK_AND_PLUGIN as MANAGERS
 from airflow_adrq_bench.airflow_mode.config import StandbySizes
 from airflow_adrq_bench.airflow_mode.report import raw_opening
 from airflow_adrq_bench.airflow_mode.run import Controller
 from airflow_adrq_bench.airflow_mode.standby import cluster, observe, report
 from airflow_adrq_bench.airflow_mode.standby.writers import Writers
 
+#: Stock, the plug-in as configured by default, and the plug-in with ``on_conflict="ignore"`` (its
+#: SAVEPOINT without its ``DO UPDATE``: which of the two a difference comes from).
+MANAGERS = ("stock", "plugin", "plugin_ignore")
 #: The one asset every producer emits; its consumers are the run's ``fanout`` DAGs.
 ASSET = "adrq_standby"
 #: Subtransactions of the --overflow-control transaction: one past the 64 a session caches.
@@ -69,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help=where)
     miss = "exit 1 when the plug-in's reader p99 is more than 1.2x stock's"
     parser.add_argument("--check", action="store_true", help=miss)
+    only = "only these (repeatable; default: all three)"
+    parser.add_argument("--manager", action="append", choices=MANAGERS, help=only)
     parser.set_defaults(out_prefix="airflow-standby-")
     options.add_fields(parser.add_argument_group("sizes"), DEFAULT, QUICK)
     return parser
@@ -85,7 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.monotonic()
         with cluster.primary_and_standby() as pair:
             options.say(f"{pair.version}: primary and hot standby started; output in {out}")
-            raw = StandbyBench(sizes, pair).run([databases.describe(pair.primary_url)])
+            managers = [m for m in MANAGERS if not args.manager or m in args.manager]
+            raw = StandbyBench(sizes, managers, pair).run([databases.describe(pair.primary_url)])
         return report.conclude(out, raw, check=args.check, started=started)
 
     return options.guarded(parser, args, measure, airflow="apache-airflow-core 3.3")
@@ -97,9 +105,9 @@ class StandbyBench(Controller):
 
     starting = "starting the producer processes"
 
-    def __init__(self, sizes: StandbySizes, pair: cluster.Pair) -> None:
+    def __init__(self, sizes: StandbySizes, managers: Sequence[str], pair: cluster.Pair) -> None:
         self.sizes: StandbySizes = sizes
-        self.managers, self.pair = MANAGERS, pair
+        self.managers, self.pair = list(managers), pair
         self.dag_ids = [f"adrq_standby_c{i:04d}" for i in range(sizes.fanout)]
         self.order = [m for r in range(sizes.rounds) for m in databases.rotate(self.managers, r)]
         self.order += list(self.managers) if sizes.overflow_control else []
@@ -119,7 +127,9 @@ class StandbyBench(Controller):
             seeder.call(worker.seed, dag_ids=self.dag_ids, assets={ASSET: sizes.fanout})
             databases.analyze(primary)
             for manager in self.managers:  # connections, mappers, statement caches; not measured
-                self.workers.broadcast(self.workers.group(manager), worker.warmup, assets=[ASSET], run_id=f"w-{manager}")
+                self.workers.broadcast(
+                    self.workers.group(manager), worker.warmup, assets=[ASSET], run_id=f"w-{manager}"
+                )
             databases.clear_queue(primary)
             self.bar.step("seeded and warmed up; the open transaction begins", 1)
             cluster.wait_for_replay(primary, standby)
@@ -171,10 +181,14 @@ class StandbyBench(Controller):
         readers.start(window_s=sizes.consume_every_s)
         began = time.monotonic()
         try:
-            args: dict[str, Any] = dict(assets=[ASSET], run_prefix=f"{manager}-p{n}-", transactions=per_producer)
+            args: dict[str, Any] = dict(
+                assets=[ASSET], run_prefix=f"{manager}-p{n}-", transactions=per_producer
+            )
             args |= dict(hold_s=sizes.hold_ms / 1000, budget_s=sizes.phase_s * 1.5 + 10, keep_going=True)
             group = self.workers.group(manager)
-            results = self.workers.broadcast(group, worker.round_of, sizes.phase_s * 3 + 600, pace_s=pace_s, **args)
+            results = self.workers.broadcast(
+                group, worker.round_of, sizes.phase_s * 3 + 600, pace_s=pace_s, **args
+            )
         finally:
             observed = readers.stop()
         duration = time.monotonic() - began

@@ -81,7 +81,12 @@ def primary_and_standby(extra: Mapping[str, str] | None = None) -> Iterator[Pair
         if made.returncode != 0:
             raise BenchError(f"pg_basebackup failed (exit {made.returncode}): {made.stderr.strip()}")
         port = servers.free_port()
-        settings = {**STANDBY_SETTINGS, **(extra or {}), "port": str(port), "unix_socket_directories": str(tmp)}
+        settings = {
+            **STANDBY_SETTINGS,
+            **(extra or {}),
+            "port": str(port),
+            "unix_socket_directories": str(tmp),
+        }
         command = [str(bindir / "postgres"), "-D", str(data)]
         command += [arg for name, value in settings.items() for arg in ("-c", f"{name}={value}")]
         # postgres logs to stderr, which the executor drops: sh sends it to the log file, then is postgres.
@@ -114,7 +119,9 @@ def _wait_for_hot_standby(url: str, log: Any) -> None:
             except sa.exc.OperationalError:
                 if time.monotonic() > deadline:
                     tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
-                    raise BenchError(f"the standby accepted no session in {_START_TIMEOUT_S:g} s:\n{tail}")
+                    raise BenchError(
+                        f"the standby accepted no session in {_START_TIMEOUT_S:g} s:\n{tail}"
+                    ) from None
                 time.sleep(0.2)
     finally:
         engine.dispose()

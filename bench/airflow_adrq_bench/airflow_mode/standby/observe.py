@@ -67,7 +67,9 @@ def slru(conn: sa.Connection) -> dict[str, dict[str, int]]:
     return {str(row["name"]): {k: int(v) for k, v in row.items() if k != "name"} for row in rows}
 
 
-def slru_delta(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+def slru_delta(
+    after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]
+) -> dict[str, dict[str, int]]:
     """Per SLRU, each counter's increase from ``before`` to ``after``."""
     return {
         name: {k: v - before.get(name, {}).get(k, 0) for k, v in counters.items()}
@@ -100,7 +102,9 @@ class Observers:
     def start(self, window_s: float) -> None:
         """Start the readers (``window_s``: the events' window) and the sampler."""
         self.window = dt.timedelta(seconds=window_s)
-        self.threads = [threading.Thread(target=self._read, args=(n,), daemon=True) for n in range(self.readers)]
+        self.threads = [
+            threading.Thread(target=self._read, args=(n,), daemon=True) for n in range(self.readers)
+        ]
         self.threads.append(threading.Thread(target=self._sample, daemon=True))
         for thread in self.threads:
             thread.start()

@@ -1,4 +1,4 @@
-"""The primary's other writers during every phase, alike for stock and the plug-in (threads of the controller).
+"""The primary's other writers during every phase, the same whatever the manager (controller threads).
 
 * the consumer: the queue rows deleted every ``consume_every_s``, as Airflow's scheduler deletes a DAG's
   rows once it made its run (``SchedulerJobRunner._create_dag_runs_asset_triggered``): without it the
