@@ -177,7 +177,7 @@ class StandbyBench(Controller):
             sample_s=sizes.sample_ms / 1000,
         )
         with primary.connect() as p, standby.connect() as s:
-            before = {"primary": observe.slru(p), "standby": observe.slru(s), "xmax": _xmax(p)}
+            before, xmax = {"primary": observe.slru(p), "standby": observe.slru(s)}, _xmax(p)
         readers.start(window_s=sizes.consume_every_s)
         began = time.monotonic()
         try:
@@ -194,7 +194,7 @@ class StandbyBench(Controller):
         duration = time.monotonic() - began
         lag = cluster.wait_for_replay(primary, standby)
         with primary.connect() as p, standby.connect() as s:
-            after = {"primary": observe.slru(p), "standby": observe.slru(s), "xmax": _xmax(p)}
+            after, xids = {"primary": observe.slru(p), "standby": observe.slru(s)}, _xmax(p) - xmax
             streaming = cluster.replication(p)
             age = held.age(p)
         txs = [tx for r in results for tx in r["transactions"]]
@@ -205,7 +205,7 @@ class StandbyBench(Controller):
             "duration_s": duration,
             "replay_catch_up_s": lag,
             "transactions": report.transactions(txs),
-            "xids": after["xmax"] - before["xmax"],
+            "xids": xids,
             "open_transaction_age": age,
             "replication": streaming,
             "slru": {side: observe.slru_delta(after[side], before[side]) for side in ("primary", "standby")},
@@ -213,19 +213,24 @@ class StandbyBench(Controller):
         }
 
     def checks(self, primary: sa.Engine, standby: sa.Engine) -> dict[str, Any]:
-        """After the last phase: the standby replayed everything, has the primary's rows, streamed."""
-        cluster.wait_for_replay(primary, standby)
+        """After the last phase: the standby has the primary's rows (counted on the primary first,
+        then once the standby replayed up to there), the primary streams to it, it is in recovery."""
         counts = {}
-        for side, engine in (("primary", primary), ("standby", standby)):
-            with engine.connect() as conn:
-                events = conn.exec_driver_sql("SELECT count(*) FROM asset_event").scalar_one()
-                queue = conn.exec_driver_sql("SELECT count(*) FROM asset_dag_run_queue").scalar_one()
-                counts[side] = {"asset_event": int(events), "asset_dag_run_queue": int(queue)}
-                if side == "primary":
-                    streaming = cluster.replication(conn)
-                else:
-                    in_recovery = bool(conn.exec_driver_sql("SELECT pg_is_in_recovery()").scalar_one())
+        with primary.connect() as conn:
+            counts["primary"] = _counts(conn)
+            streaming = cluster.replication(conn)
+        cluster.wait_for_replay(primary, standby)
+        with standby.connect() as conn:
+            counts["standby"] = _counts(conn)
+            in_recovery = bool(conn.exec_driver_sql("SELECT pg_is_in_recovery()").scalar_one())
         return {"counts": counts, "replication": streaming, "standby_in_recovery": in_recovery}
+
+
+def _counts(conn: sa.Connection) -> dict[str, int]:
+    """The rows of the tables the producers write (the events, the queue) on one server."""
+    tables = ("asset_event", "asset_dag_run_queue")
+    # Table names from the tuple above, never from input.
+    return {t: int(conn.exec_driver_sql(f"SELECT count(*) FROM {t}").scalar_one()) for t in tables}
 
 
 def _xmax(conn: sa.Connection) -> int:

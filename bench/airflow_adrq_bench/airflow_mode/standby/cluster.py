@@ -142,7 +142,7 @@ def _drop_slot(primary_url: str) -> None:
 
 _REPLICATION = """
 SELECT application_name, state, sync_state, sent_lsn::text, replay_lsn::text,
-       pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::bigint AS replay_behind_bytes,
+       pg_wal_lsn_diff(pg_current_wal_insert_lsn(), replay_lsn)::bigint AS replay_behind_bytes,
        extract(epoch FROM replay_lag)::float AS replay_lag_s
 FROM pg_stat_replication"""
 
@@ -156,7 +156,9 @@ def wait_for_replay(primary: sa.Engine, standby: sa.Engine, timeout_s: float = 1
     """Until the standby has replayed the primary's WAL as of now; seconds it took."""
     started = time.monotonic()
     with primary.connect() as conn:
-        target = str(conn.exec_driver_sql("SELECT pg_current_wal_lsn()::text").scalar_one())
+        # The insert position, not pg_current_wal_lsn() (written): an asynchronous COMMIT (the
+        # throwaway primary runs synchronous_commit=off) may still be in the WAL buffers.
+        target = str(conn.exec_driver_sql("SELECT pg_current_wal_insert_lsn()::text").scalar_one())
     with standby.connect() as conn:
         while True:
             sql = "SELECT pg_wal_lsn_diff(pg_last_wal_replay_lsn(), %(t)s::pg_lsn) >= 0"

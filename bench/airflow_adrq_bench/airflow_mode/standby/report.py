@@ -5,6 +5,7 @@ Markdown adds the per-phase detail, every wait event sampled and the legend."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -114,22 +115,29 @@ _SHORT: Final = {"plugin_ignore": "ignore"}
 
 
 def _label(row: Row) -> str:
-    return _SHORT.get(row["manager"], row["manager"]) + ("+ovf" if row["overflowed"] else "")
+    name = str(row["manager"])
+    return _SHORT.get(name, name) + ("+ovf" if row["overflowed"] else "")
 
 
 def _three(row: Row, digits: int = 1) -> str:
     return "/".join(fmt(row[f"{q}_ms"], digits) for q in ("p50", "p99", "max"))
 
 
+#: The terminal's table (the Markdown adds the transactions committed): within 100 columns.
 _SUMMARY: tables.Columns = {
     "manager": _label,
-    "tx ok": "committed",
     "savepts": "savepoints",
-    "pass ms p50/p99/max": _three,
+    "pass p50/p99/max ms": _three,
     "p99 x": lambda r: times(r["p99_vs_stock"]),
     "Subtrans waits": "stall_waits",
     "Subtrans hit/read": lambda r: f"{fmt(r['subtrans_hit'])}/{fmt(r['subtrans_read'])}",
 }
+_SUMMARY_MD: tables.Columns = {**_SUMMARY, "tx ok": "committed", "tx/s": "tx_per_s", "XIDs": "xids"}
+
+
+def _query(query: str, phase: Row) -> str:
+    return _three(phase["reader"]["latency"][query])
+
 
 _PHASES: tables.Columns = {
     "#": lambda p: str(p["phase"] + 1),
@@ -143,10 +151,7 @@ _PHASES: tables.Columns = {
     ),
     "passes": lambda p: fmt(p["reader"]["passes"]),
     "queue rows seen": lambda p: fmt(p["reader"]["queue_rows_seen"]),
-    **{
-        f"{q} p50/p99/max ms": (lambda p, q=q: _three(p["reader"]["latency"][q]))
-        for q in ("pass", "adrq", "dags", "events")
-    },
+    **{f"{q} p50/p99/max ms": functools.partial(_query, q) for q in ("pass", "adrq", "dags", "events")},
     "SubtransSLRU/Buffer/SLRURead": lambda p: "/".join(str(_waits([p], [e])) for e in STALL),
     "other LWLock+IO": lambda p: str(_waits([p]) - _waits([p], STALL)),
     "standby Subtrans hit/read": lambda p: "/".join(
@@ -178,14 +183,14 @@ _LEGEND = """\
 """
 
 
-def format_summary(raw: dict[str, Any], summary: Sequence[Row]) -> str:
-    """The per-manager table, within 100 columns."""
+def format_summary(raw: dict[str, Any], summary: Sequence[Row], columns: tables.Columns = _SUMMARY) -> str:
+    """The per-manager table (``_SUMMARY``: within 100 columns)."""
     s = raw["sizes"]
     head = (
         f"{s['producers']} producers per manager at {s['rate']:g} tx/s, fan-out {s['fanout']}, "
         f"{s['readers']} standby readers; phases of {s['phase_s']:g} s"
     )
-    return f"{head}\n\n{tables.table(summary, _SUMMARY, left=1)}\n"
+    return f"{head}\n\n{tables.table(summary, columns, left=1)}\n"
 
 
 def format_detail(raw: dict[str, Any], summary: Sequence[Row]) -> str:
@@ -203,7 +208,7 @@ def format_detail(raw: dict[str, Any], summary: Sequence[Row]) -> str:
             f"{fmt(age.get('xids_since'))} XIDs old, {age.get('seconds', 0):.0f} s. "
             f"Other writers: {target.get('writers')}.\n"
         )
-    out += [format_summary(raw, summary), tables.table(raw["phases"], _PHASES, left=2), ""]
+    out += [format_summary(raw, summary, _SUMMARY_MD), tables.table(raw["phases"], _PHASES, left=2), ""]
     waits = [{"phase": p["phase"] + 1, **w} for p in raw["phases"] for w in p["reader"]["waits"]]
     if waits:
         columns: tables.Columns = {"phase": lambda w: str(w["phase"]), "backend": "backend", "type": "type"}
