@@ -129,6 +129,12 @@ class StandbySizes(Checked):
         "XIDs per second other writers take on the primary, every phase alike (the rest of Airflow); "
         "they spread the producers' XIDs over more pg_subtrans pages",
     )
+    dag_lock_hold_ms: float = nonnegative(
+        0.0,
+        "on the primary, a writer locks every consumer's dag row (FOR NO KEY UPDATE, as the DAG "
+        "processor's find_orm_dags) for this many ms, then leaves them free as long, over and over: the "
+        "plug-in's NOWAIT then fails and it rolls back to its SAVEPOINT (0: no such writer)",
+    )
     overflow_control: bool = size(
         False,
         "then, for contrast, one transaction with 65 subtransactions (the standby's snapshots become "

@@ -41,14 +41,17 @@ class _Worker(AirflowOrm):
     def __init__(self, index: int, barrier: Any, info: dict[str, Any]) -> None:
         self.index, self.barrier, self.info = index, barrier, info
         self.statements = 0  # sent since the last reset (cursor executes; an executemany per set), BEGIN not
-        self.savepoints = 0  # of those, SAVEPOINT statements: each opens a subtransaction (--standby)
+        # Of those, SAVEPOINT and ROLLBACK TO SAVEPOINT statements: each opens a subtransaction (--standby).
+        self.savepoints = self.rollbacks_to = 0
 
     def count(self, _conn: Any, _cursor: Any, sql: str, parameters: Any, _context: Any, many: bool) -> None:
-        head = sql.lstrip()[:9].upper()
+        head = sql.lstrip()[:11].upper()
         if head[:5] != "BEGIN":
             self.statements += len(parameters) if many and parameters else 1
-        if head == "SAVEPOINT":
+        if head[:9] == "SAVEPOINT":
             self.savepoints += 1
+        elif head == "ROLLBACK TO":
+            self.rollbacks_to += 1
 
     def transaction(
         self, assets: list[str], run_id: str, hold_s: float, deadline: float, keep_going: bool = False
@@ -64,7 +67,7 @@ class _Worker(AirflowOrm):
         ti: Any = _task_instance(f"t{self.index}", run_id)
         failures: Counter[str] = Counter()
 
-        savepoints = self.savepoints  # every attempt's: a replayed attempt opened its own
+        savepoints, rollbacks_to = self.savepoints, self.rollbacks_to  # every attempt's, replays too
 
         def attempt(session: Any, _sink: list[Any]) -> Any:
             self.statements = 0
@@ -97,11 +100,12 @@ class _Worker(AirflowOrm):
             return NOT_STARTED | {"attempts": sum(failures.values()), "failures": dict(failures)}
         committed_at = time.time()
         latency, statements = time.monotonic() - start, self.statements
-        subtransactions = self.savepoints - savepoints
+        subtransactions = {"savepoints": self.savepoints - savepoints}
+        subtransactions["rollbacks_to"] = self.rollbacks_to - rollbacks_to
         for callback in callbacks:  # Airflow's, after the COMMIT that succeeded
             callback()
         done: dict[str, Any] = {"ok": True, "latency_s": latency, "attempts": sum(failures.values()) + 1}
-        done |= {"failures": dict(failures), "statements": statements, "savepoints": subtransactions}
+        done |= {"failures": dict(failures), "statements": statements, **subtransactions}
         return done | {"committed_at": committed_at}
 
 

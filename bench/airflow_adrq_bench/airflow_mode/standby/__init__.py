@@ -134,7 +134,13 @@ class StandbyBench(Controller):
             self.bar.step("seeded and warmed up; the open transaction begins", 1)
             cluster.wait_for_replay(primary, standby)
             held = cluster.OpenTransaction(url)
-            writers = Writers(url, consume_every_s=sizes.consume_every_s, xids_per_s=sizes.background_xids)
+            writers = Writers(
+                url,
+                consume_every_s=sizes.consume_every_s,
+                xids_per_s=sizes.background_xids,
+                dag_ids=self.dag_ids,
+                dag_lock_hold_s=sizes.dag_lock_hold_ms / 1000,
+            )
             found: dict[str, Any] = {"open_transaction_xid": held.xid}
             try:
                 writers.start()

@@ -40,6 +40,12 @@ def transactions(txs: Sequence[Row]) -> Row:
         "committed": len(ok),
         "abandoned": len(txs) - len(ok),
         "savepoints": sum(tx.get("savepoints", 0) for tx in ok),
+        "rollbacks_to": sum(tx.get("rollbacks_to", 0) for tx in ok),
+        # Subtransactions one task success opened, at most (replays of the whole transaction
+        # included): 64 XIDs in one transaction would make the standby's snapshots suboverflowed.
+        "max_subxacts_per_tx": max(
+            (tx.get("savepoints", 0) + tx.get("rollbacks_to", 0) for tx in ok), default=0
+        ),
         "failures": dict(failures),
         "commit_p50_ms": latencies["p50_ms"],
         "commit_p99_ms": latencies["p99_ms"],
@@ -145,6 +151,8 @@ _PHASES: tables.Columns = {
     "s": lambda p: fmt(p["duration_s"], 0),
     "tx ok/planned": lambda p: f"{p['transactions']['committed']}/{p['transactions']['planned']}",
     "savepoints": lambda p: fmt(p["transactions"]["savepoints"]),
+    "ROLLBACK TO": lambda p: fmt(p["transactions"].get("rollbacks_to", 0)),
+    "subxacts/tx max": lambda p: fmt(p["transactions"].get("max_subxacts_per_tx", 0)),
     "XIDs": lambda p: fmt(p["xids"]),
     "open tx age (XIDs, s)": lambda p: (
         f"{fmt(p['open_transaction_age']['xids_since'])}, {p['open_transaction_age']['seconds']:.0f}"
@@ -172,7 +180,9 @@ _LEGEND = """\
   newer than its xmin looks the XID up in pg_subtrans. Phases without +ovf are the comparison.
 * pass: one reader's scheduler pass (adrq: queue rows joined with dag and asset; dags: the dag
   scan; events: one consumer's events of the last consume interval), all readers pooled.
-* savepoints: SAVEPOINT statements the committed transactions sent (each a subtransaction).
+* savepoints: SAVEPOINT statements the committed transactions sent (each a subtransaction);
+  ROLLBACK TO: their ROLLBACK TO SAVEPOINT (each starts another); subxacts/tx max: the most of
+  both in one task success (its replays included): 64 in one transaction overflow the standby.
   XIDs: assigned on the primary during the phase, by everyone (background writers included).
   open tx age: XIDs assigned since the open transaction's own, and its age in seconds.
 * Subtrans waits (per manager) / SubtransSLRU/Buffer/SLRURead (per phase): samples of a standby
