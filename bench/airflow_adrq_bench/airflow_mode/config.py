@@ -111,7 +111,12 @@ class StandbySizes(Checked):
     turn, a transaction open on the primary throughout, readers on the standby."""
 
     producers: int = count(4, "producer processes per manager")
-    fanout: int = count(64, "consumer DAGs of the one asset every producer emits")
+    fanout: int = count(64, "consumer DAGs of every producer's asset (the same DAGs for all)")
+    shared_asset: bool = size(
+        False,
+        "every producer emits one asset (their queue rows collide: stock deadlocks, the plug-in's "
+        "refresh queues) instead of one asset each",
+    )
     rate: float = positive(24.0, "transactions per second of a phase, all producers together")
     phase_s: float = positive(60.0, "seconds of a phase")
     rounds: int = count(

@@ -53,7 +53,8 @@ from airflow_adrq_bench.airflow_mode.standby.writers import Writers
 #: Stock, the plug-in as configured by default, and the plug-in with ``on_conflict="ignore"`` (its
 #: SAVEPOINT without its ``DO UPDATE``: which of the two a difference comes from).
 MANAGERS = ("stock", "plugin", "plugin_ignore")
-#: The one asset every producer emits; its consumers are the run's ``fanout`` DAGs.
+#: The asset of the warm-ups, and with --shared-asset of every producer; else producer ``i`` emits
+#: ``adrq_standby_p<i>``. Every one has the run's ``fanout`` DAGs as its consumers.
 ASSET = "adrq_standby"
 #: Subtransactions of the --overflow-control transaction: one past the 64 a session caches.
 OVERFLOW = 65
@@ -124,7 +125,8 @@ class StandbyBench(Controller):
         standby = databases.control_engine(self.pair.standby_of(url))
         try:
             seeder = self.workers.group(self.managers[0])[0]
-            seeder.call(worker.seed, dag_ids=self.dag_ids, assets={ASSET: sizes.fanout})
+            own = [f"{ASSET}_p{i}" for i in range(sizes.producers)]
+            seeder.call(worker.seed, dag_ids=self.dag_ids, assets=dict.fromkeys([ASSET, *own], sizes.fanout))
             databases.analyze(primary)
             for manager in self.managers:  # connections, mappers, statement caches; not measured
                 self.workers.broadcast(
@@ -184,11 +186,15 @@ class StandbyBench(Controller):
         )
         with primary.connect() as p, standby.connect() as s:
             before, xmax = {"primary": observe.slru(p), "standby": observe.slru(s)}, _xmax(p)
+            queue_before = observe.queue_versions(p)
         readers.start(window_s=sizes.consume_every_s)
         began = time.monotonic()
         try:
             args: dict[str, Any] = dict(
-                assets=[ASSET], run_prefix=f"{manager}-p{n}-", transactions=per_producer
+                assets=[ASSET],
+                own_asset=not sizes.shared_asset,
+                run_prefix=f"{manager}-p{n}-",
+                transactions=per_producer,
             )
             args |= dict(hold_s=sizes.hold_ms / 1000, budget_s=sizes.phase_s * 1.5 + 10, keep_going=True)
             group = self.workers.group(manager)
@@ -201,6 +207,7 @@ class StandbyBench(Controller):
         lag = cluster.wait_for_replay(primary, standby)
         with primary.connect() as p, standby.connect() as s:
             after, xids = {"primary": observe.slru(p), "standby": observe.slru(s)}, _xmax(p) - xmax
+            queue = observe.queue_versions(p)
             streaming = cluster.replication(p)
             age = held.age(p)
         txs = [tx for r in results for tx in r["transactions"]]
@@ -212,6 +219,7 @@ class StandbyBench(Controller):
             "replay_catch_up_s": lag,
             "transactions": report.transactions(txs),
             "xids": xids,
+            "queue_table": {k: v - queue_before[k] for k, v in queue.items()} | {"dead": queue["dead"]},
             "open_transaction_age": age,
             "replication": streaming,
             "slru": {side: observe.slru_delta(after[side], before[side]) for side in ("primary", "standby")},

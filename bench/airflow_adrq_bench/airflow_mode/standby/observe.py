@@ -67,6 +67,20 @@ def slru(conn: sa.Connection) -> dict[str, dict[str, int]]:
     return {str(row["name"]): {k: int(v) for k, v in row.items() if k != "name"} for row in rows}
 
 
+#: The queue table's row versions written so far (on the primary): each insert and update leaves a
+#: version that standby readers scan until a VACUUM may remove it, which the open transaction forbids.
+_QUEUE_VERSIONS = """
+SELECT n_tup_ins AS inserted, n_tup_upd AS updated, n_tup_del AS deleted, n_dead_tup AS dead
+FROM pg_stat_user_tables WHERE relname = 'asset_dag_run_queue'"""
+
+
+def queue_versions(conn: sa.Connection) -> dict[str, int]:
+    """``asset_dag_run_queue``'s rows inserted, updated, deleted so far and dead now (statistics)."""
+    conn.exec_driver_sql("SELECT pg_stat_clear_snapshot()")
+    row = conn.exec_driver_sql(_QUEUE_VERSIONS).mappings().one()
+    return {k: int(v) for k, v in row.items()}
+
+
 def slru_delta(
     after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]
 ) -> dict[str, dict[str, int]]:

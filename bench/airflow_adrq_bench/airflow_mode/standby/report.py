@@ -154,6 +154,9 @@ _PHASES: tables.Columns = {
     "ROLLBACK TO": lambda p: fmt(p["transactions"].get("rollbacks_to", 0)),
     "subxacts/tx max": lambda p: fmt(p["transactions"].get("max_subxacts_per_tx", 0)),
     "XIDs": lambda p: fmt(p["xids"]),
+    "queue ins/upd/del": lambda p: "/".join(
+        fmt(p.get("queue_table", {}).get(k, 0)) for k in ("inserted", "updated", "deleted")
+    ),
     "open tx age (XIDs, s)": lambda p: (
         f"{fmt(p['open_transaction_age']['xids_since'])}, {p['open_transaction_age']['seconds']:.0f}"
     ),
@@ -184,6 +187,9 @@ _LEGEND = """\
   ROLLBACK TO: their ROLLBACK TO SAVEPOINT (each starts another); subxacts/tx max: the most of
   both in one task success (its replays included): 64 in one transaction overflow the standby.
   XIDs: assigned on the primary during the phase, by everyone (background writers included).
+  queue ins/upd/del: row versions of asset_dag_run_queue written on the primary during the phase
+  (pg_stat_user_tables): none can be vacuumed while the transaction is open, so every later pass
+  on the standby scans them all (the adrq column's growth through the run).
   open tx age: XIDs assigned since the open transaction's own, and its age in seconds.
 * Subtrans waits (per manager) / SubtransSLRU/Buffer/SLRURead (per phase): samples of a standby
   process waiting on that LWLock or IO event (one sample every sample_ms per waiting process).
@@ -197,7 +203,8 @@ def format_summary(raw: dict[str, Any], summary: Sequence[Row], columns: tables.
     """The per-manager table (``_SUMMARY``: within 100 columns)."""
     s = raw["sizes"]
     head = (
-        f"{s['producers']} producers per manager at {s['rate']:g} tx/s, fan-out {s['fanout']}, "
+        f"{s['producers']} producers per manager at {s['rate']:g} tx/s, fan-out {s['fanout']} "
+        f"({'one asset' if s.get('shared_asset') else 'an asset each'}), "
         f"{s['readers']} standby readers; phases of {s['phase_s']:g} s"
     )
     return f"{head}\n\n{tables.table(summary, columns, left=1)}\n"
