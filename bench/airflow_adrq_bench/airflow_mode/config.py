@@ -117,8 +117,8 @@ class StandbySizes(Checked):
         "every producer emits one asset (their queue rows collide: stock deadlocks, the plug-in's "
         "refresh queues) instead of one asset each",
     )
-    rate: float = positive(24.0, "transactions per second of a phase, all producers together")
-    phase_s: float = positive(60.0, "seconds of a phase")
+    rate: float = positive(16.0, "transactions per second of a phase, all producers together")
+    phase_s: float = positive(90.0, "seconds of a phase")
     rounds: int = count(
         3, "rounds, each a phase per manager, the first rotating (3: each manager in every place once)"
     )

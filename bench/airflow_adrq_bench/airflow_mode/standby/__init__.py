@@ -1,6 +1,6 @@
 """``airflow-adrq bench --airflow --standby``: does the plug-in's SAVEPOINT slow a hot standby?
 
-    airflow-adrq bench --airflow --standby                    # 3 rounds of 60 s phases
+    airflow-adrq bench --airflow --standby                    # 3 rounds of 90 s phases per manager
     airflow-adrq bench --airflow --standby --overflow-control # then the known trigger, for contrast
     airflow-adrq bench --airflow --standby --quick            # one short round
 
