@@ -115,6 +115,7 @@ class StandbyBench(Controller):
         self.raw: dict[str, Any] = {
             **raw_opening("airflow-adrq bench --airflow --standby", sizes, self.managers),
             "cluster": pair.settings,
+            "directories": list(pair.directories),
             "targets": [],
             "phases": [],
         }

@@ -16,6 +16,7 @@ import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -51,12 +52,14 @@ _START_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class Pair:
-    """The primary's and the standby's superuser URLs (database ``postgres``) and their versions."""
+    """The primary's and the standby's superuser URLs (database ``postgres``), the version, their
+    settings, and the scratch directories they run in (removed when they stop)."""
 
     primary_url: str
     standby_url: str
     version: str
     settings: dict[str, dict[str, str]]
+    directories: tuple[str, ...]
 
     def standby_of(self, url: str) -> str:
         """``url`` (a database on the primary) on the standby: the same database name, the standby's port."""
@@ -97,15 +100,23 @@ def primary_and_standby(extra: Mapping[str, str] | None = None) -> Iterator[Pair
         standby_url = f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
         _wait_for_hot_standby(standby_url, log)
         stack.callback(_drop_slot, primary.url)
+        settings_of = {"primary": {**PRIMARY_SETTINGS, **(extra or {})}, "standby": settings}
         yield Pair(
-            primary.url,
-            standby_url,
-            primary.version,
-            {"primary": {**PRIMARY_SETTINGS, **(extra or {})}, "standby": {**settings, "port": str(port)}},
+            primary.url, standby_url, primary.version, settings_of, (_directory_of(primary.url), str(tmp))
         )
 
 
-def _wait_for_hot_standby(url: str, log: Any) -> None:
+def _directory_of(url: str) -> str:
+    """The scratch directory a throwaway server runs in: its data directory's parent."""
+    engine = sa.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            return str(Path(conn.exec_driver_sql("SHOW data_directory").scalar_one()).parent)
+    finally:
+        engine.dispose()
+
+
+def _wait_for_hot_standby(url: str, log: Path) -> None:
     """Until the standby accepts read-only sessions (it refuses them until its replay is consistent)."""
     deadline = time.monotonic() + _START_TIMEOUT_S
     engine = sa.create_engine(url, poolclass=NullPool)
