@@ -13,8 +13,9 @@ producer processes. Each database URL only names a server: a scratch database is
 `airflow db migrate` and dropped afterwards; a URL whose database has Airflow tables is refused. Writes the
 tables (with a legend) as Markdown and JSON, and prints the verdict: the plug-in's targets, met or missed
 (--check: exit 1 on a miss, 3 on an unclear target). Also: --accounting (asset events no run consumes,
-with Airflow's own scheduler method as the consumer), --live (a real deployment) and --db-cost (what one
-task success costs the database: XIDs, WAL, MultiXacts, pages); each has its own --help."""
+with Airflow's own scheduler method as the consumer), --live (a real deployment), --db-cost (what one
+task success costs the database: XIDs, WAL, MultiXacts, pages) and --standby (a hot standby's reads while
+producers run); each has its own --help."""
 
 from __future__ import annotations
 
@@ -59,7 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     deadlock, or with ``--check`` a missed target)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # Imported only when asked for.
-    for flag, mode in (("--accounting", "accounting"), ("--live", "live"), ("--db-cost", "dbcost")):
+    for flag, mode in (
+        ("--accounting", "accounting"),
+        ("--live", "live"),
+        ("--db-cost", "dbcost"),
+        ("--standby", "standby"),
+    ):
         if flag in argv:
             return int(importlib.import_module(f"{__name__}.{mode}").main(argv))
     parser = parser_for(__doc__ or "")
@@ -72,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="instead: what one task success costs the database (--db-cost --help)",
     )
+    standby = "instead: a hot standby's reads while producers run (--standby --help)"
+    parser.add_argument("--standby", action="store_true", help=standby)
     parser.add_argument("--manager", action="append", choices=MANAGERS, help="only these (repeatable)")
     parser.add_argument("--scenario", action="append", choices=SCENARIOS, help="only these (repeatable)")
     parser.add_argument("--no-sweep", action="store_true", help="skip the one-caller sweep")

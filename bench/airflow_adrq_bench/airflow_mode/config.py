@@ -23,9 +23,14 @@ MANAGER_CLASSES: Final = {
     "stock": "airflow.assets.manager.AssetManager",
     "sorted_loop": "airflow_adrq_bench.airflow_mode.sorted_loop.SortedLoopAssetManager",
     "plugin": "airflow_adrq.airflow.AdrqAssetManager",
+    "plugin_ignore": "airflow_adrq.airflow.AdrqAssetManager",
 }
+#: ``[core] asset_manager_kwargs`` of a manager (none: Airflow's default, ``{}``). ``plugin_ignore``, only
+#: run by ``--standby``: the plug-in writing with ``ON CONFLICT DO NOTHING``, as stock does, instead of its
+#: PostgreSQL default ``refresh`` (``DO UPDATE``: a new version of every queued row at each event).
+MANAGER_KWARGS: Final = {"plugin_ignore": '{"on_conflict": "ignore"}'}
 #: ``--airflow``'s managers; ``--accounting`` and ``--live`` compare stock with the plug-in.
-MANAGERS: Final = tuple(MANAGER_CLASSES)
+MANAGERS: Final = ("stock", "sorted_loop", "plugin")
 STOCK_AND_PLUGIN: Final = ("stock", "plugin")
 
 #: ``single``: every transaction emits the same asset (one outlet); ``multi_outlet``: every
@@ -95,6 +100,56 @@ class AccountingSizes(Checked):
 
 ACCOUNTING_DEFAULT: Final = AccountingSizes()
 ACCOUNTING_QUICK: Final = AccountingSizes(producers=4, transactions=15, budget_s=30.0)
+
+
+# --- --standby ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StandbySizes(Checked):
+    """How big a ``--standby`` run is: phases of one manager's producers at one rate, the managers in
+    turn, a transaction open on the primary throughout, readers on the standby."""
+
+    producers: int = count(4, "producer processes per manager")
+    fanout: int = count(64, "consumer DAGs of every producer's asset (the same DAGs for all)")
+    shared_asset: bool = size(
+        False,
+        "every producer emits one asset (their queue rows collide: stock deadlocks, the plug-in's "
+        "refresh queues) instead of one asset each",
+    )
+    rate: float = positive(16.0, "transactions per second of a phase, all producers together")
+    phase_s: float = positive(90.0, "seconds of a phase")
+    rounds: int = count(
+        3, "rounds, each a phase per manager, the first rotating (3: each manager in every place once)"
+    )
+    hold_ms: float = nonnegative(5.0, "ms a transaction stays open after registering, before COMMIT")
+    readers: int = count(3, "reader sessions on the standby, each running scheduler passes in a loop")
+    reader_pause_ms: float = nonnegative(20.0, "ms a reader pauses between its passes")
+    sample_ms: float = positive(25.0, "ms between two samples of the standby's wait events")
+    consume_every_s: float = positive(
+        1.0, "on the primary, the queue rows are deleted this often (the scheduler's DELETE after a run)"
+    )
+    background_xids: float = nonnegative(
+        200.0,
+        "XIDs per second other writers take on the primary, every phase alike (the rest of Airflow); "
+        "they spread the producers' XIDs over more pg_subtrans pages",
+    )
+    dag_lock_hold_ms: float = nonnegative(
+        0.0,
+        "on the primary, a writer locks every consumer's dag row (FOR NO KEY UPDATE, as the DAG "
+        "processor's find_orm_dags) for this many ms, then leaves them free as long, over and over: the "
+        "plug-in's NOWAIT then fails and it rolls back to its SAVEPOINT (0: no such writer)",
+    )
+    overflow_control: bool = size(
+        False,
+        "then, for contrast, one transaction with 65 subtransactions (the standby's snapshots become "
+        "suboverflowed while the open transaction lasts) and one more phase per manager",
+    )
+
+
+STANDBY_DEFAULT: Final = StandbySizes()
+#: ``--quick``: one short round.
+STANDBY_QUICK: Final = StandbySizes(producers=2, rate=10.0, phase_s=10.0, rounds=1, readers=2)
 
 
 # --- --live ------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 from airflow_adrq_bench import progress
 from airflow_adrq_bench.airflow_mode import databases, processes, worker
-from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES, AccountingSizes, Sizes
+from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES, AccountingSizes, Sizes, StandbySizes
 from airflow_adrq_bench.airflow_mode.report import raw_finish, raw_opening
 from airflow_adrq_testing import dataset
 
@@ -44,7 +44,7 @@ class Controller:
     what is seeded and measured (:meth:`measure`), and each database's description in ``raw["targets"]``.
     A subclass sets ``sizes``, ``managers``, ``raw`` (with ``targets``), ``steps`` (progress per database)."""
 
-    sizes: Sizes | AccountingSizes
+    sizes: Sizes | AccountingSizes | StandbySizes
     managers: Sequence[str]
     raw: dict[str, Any]
     pg_deadlock_timeout_ms: int | None = None

@@ -23,7 +23,7 @@ from typing import Any
 
 from airflow_adrq.errors import RetriesExhaustedError
 from airflow_adrq.retry import Retryable, classify, run_in_transaction
-from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES
+from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES, MANAGER_KWARGS
 from airflow_adrq_bench.airflow_mode.processes import SPAWN, AirflowOrm, Child, airflow_settings, close_all
 
 #: The DAG bundle, and the producing DAG the task-instance stand-ins belong to.
@@ -41,10 +41,17 @@ class _Worker(AirflowOrm):
     def __init__(self, index: int, barrier: Any, info: dict[str, Any]) -> None:
         self.index, self.barrier, self.info = index, barrier, info
         self.statements = 0  # sent since the last reset (cursor executes; an executemany per set), BEGIN not
+        # Of those, SAVEPOINT and ROLLBACK TO SAVEPOINT statements: each opens a subtransaction (--standby).
+        self.savepoints = self.rollbacks_to = 0
 
     def count(self, _conn: Any, _cursor: Any, sql: str, parameters: Any, _context: Any, many: bool) -> None:
-        if sql.lstrip()[:5].upper() != "BEGIN":
+        head = sql.lstrip()[:11].upper()
+        if head[:5] != "BEGIN":
             self.statements += len(parameters) if many and parameters else 1
+        if head[:9] == "SAVEPOINT":
+            self.savepoints += 1
+        elif head == "ROLLBACK TO":
+            self.rollbacks_to += 1
 
     def transaction(
         self, assets: list[str], run_id: str, hold_s: float, deadline: float, keep_going: bool = False
@@ -59,6 +66,8 @@ class _Worker(AirflowOrm):
         outlets = [AssetProfile(name=name, uri=asset_uri(name), type="Asset") for name in assets]
         ti: Any = _task_instance(f"t{self.index}", run_id)
         failures: Counter[str] = Counter()
+
+        savepoints, rollbacks_to = self.savepoints, self.rollbacks_to  # every attempt's, replays too
 
         def attempt(session: Any, _sink: list[Any]) -> Any:
             self.statements = 0
@@ -91,10 +100,13 @@ class _Worker(AirflowOrm):
             return NOT_STARTED | {"attempts": sum(failures.values()), "failures": dict(failures)}
         committed_at = time.time()
         latency, statements = time.monotonic() - start, self.statements
+        subtransactions = {"savepoints": self.savepoints - savepoints}
+        subtransactions["rollbacks_to"] = self.rollbacks_to - rollbacks_to
         for callback in callbacks:  # Airflow's, after the COMMIT that succeeded
             callback()
         done: dict[str, Any] = {"ok": True, "latency_s": latency, "attempts": sum(failures.values()) + 1}
-        return done | {"failures": dict(failures), "statements": statements, "committed_at": committed_at}
+        done |= {"failures": dict(failures), "statements": statements, **subtransactions}
+        return done | {"committed_at": committed_at}
 
 
 #: This process's worker (set by :func:`setup`).
@@ -195,25 +207,27 @@ def round_of(
     budget_s: float,
     own_asset: bool = False,
     keep_going: bool = False,
+    pace_s: float = 0.0,
 ) -> dict[str, Any]:
     """Wait for the manager's other producers, then run ``transactions`` transactions until ``budget_s``
     (those not started by then: 0 attempts); with ``own_asset``, producer ``i`` emits ``{asset}_p{i}``.
-    ``keep_going``: :meth:`_Worker.transaction`'s; each transaction's ``run_id`` is in its result."""
+    ``keep_going``: :meth:`_Worker.transaction`'s; each transaction's ``run_id`` is in its result.
+    ``pace_s``: a sustained rate, the same whatever the manager: a producer starts its ``n``-th transaction
+    no earlier than ``(n + i / producers) * pace_s`` into the round (producer ``i``; spread, not in step)."""
     if own_asset:
         assets = [f"{asset}_p{_worker.index}" for asset in assets]
     _worker.barrier.wait(timeout=120)
     start = time.monotonic()
     deadline = start + budget_s
     run_ids = [f"{run_prefix}p{_worker.index}-t{n}" for n in range(transactions)]
-    txs = [
-        (
-            _worker.transaction(assets, run_id, hold_s, deadline, keep_going)
-            if time.monotonic() <= deadline
-            else NOT_STARTED
-        )
-        | {"run_id": run_id}
-        for run_id in run_ids
-    ]
+    offset = _worker.index / _worker.barrier.parties
+    txs = []
+    for n, run_id in enumerate(run_ids):
+        if pace_s:
+            time.sleep(max(0.0, start + (n + offset) * pace_s - time.monotonic()))
+        started = time.monotonic() <= deadline
+        tx = _worker.transaction(assets, run_id, hold_s, deadline, keep_going) if started else NOT_STARTED
+        txs.append(tx | {"run_id": run_id})
     return {"start": start, "end": time.monotonic(), "transactions": txs}
 
 
@@ -242,6 +256,8 @@ class Workers:
         try:
             for index, manager in itertools.product(range(producers), managers):
                 settings = base | {"AIRFLOW__CORE__ASSET_MANAGER_CLASS": MANAGER_CLASSES[manager]}
+                if manager in MANAGER_KWARGS:
+                    settings |= {"AIRFLOW__CORE__ASSET_MANAGER_KWARGS": MANAGER_KWARGS[manager]}
                 seed = {"PYTHONHASHSEED": str(1000 + index)}
                 label, args = f"worker {manager}/{index}", (manager, index, barriers[manager])
                 self.procs[(manager, index)] = Child(label, settings, setup, *args, spawn_env=seed)
