@@ -53,10 +53,9 @@ together when it ends (a wait per busy row, in turn, let a DAG processor saving 
 take the next row first every time). The row waited for stays share-locked while the statement is
 tried again: a scheduler's next pass would otherwise take it again first.
 
-**Does not promise**: an end before ``lock_wait_s``, or within :data:`MAX_WAITS` waits
-(:class:`~airflow_adrq.errors.LockWaitTimeoutError`: the transaction fails; the bound keeps its
-subtransaction XIDs below the 64 that would slow hot standbys), survival of a cycle through locks
-the transaction took before, or the one-statement path past the bound-parameter limit (more than
+**Does not promise**: an end before ``lock_wait_s`` (:class:`~airflow_adrq.errors.LockWaitTimeoutError`:
+the transaction fails), survival of a cycle through locks the transaction took before, or the
+one-statement path past the bound-parameter limit (more than
 :data:`~airflow_adrq.queue.IDS_PER_STATEMENT` events, or multi-team pairs): there the share locks are
 taken blocking, in byte order, then the clock is read and the rows are written chunk by chunk.
 """
@@ -172,7 +171,7 @@ def _one_statement_never_waiting_while_holding(
     stmt = one_statement(form)
     deadline = _Deadline(time.monotonic() + lock_wait_s, lock_wait_s)
     conn.exec_driver_sql(f"SAVEPOINT {_SAVEPOINT}")
-    for _attempt in range(MAX_WAITS + 1):
+    while True:
         try:
             result = conn.execute(stmt, params, execution_options=options)
         except DBAPIError as exc:
@@ -180,26 +179,11 @@ def _one_statement_never_waiting_while_holding(
                 raise
             metrics.incr("queue_write.lock_waits")
             conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
-            if _attempt == MAX_WAITS:
-                raise LockWaitTimeoutError(
-                    f"the queue write found its consumers' dag rows busy {MAX_WAITS + 1} times in a row "
-                    f"(MAX_WAITS): another writer of dag keeps taking them (pg_locks and pg_stat_activity "
-                    "tell who)"
-                ) from None
             _wait_for_busy_rows(conn, form, params, options, deadline, metrics)
             continue
         # RETURNING: a row per event, each (the stamp, the queue rows written); at least one event.
         return cast(tuple[dt.datetime, int], result.first())
-    raise AssertionError("unreachable: the last attempt returns or raises")
 
-
-#: Waits for busy rows one write may make before it fails. Each round assigns at most three
-#: subtransaction XIDs (the statement, the SKIP LOCKED probe, the wait; rolled-back ones count), so
-#: a write stays at 49 or fewer: below 64, PostgreSQL's per-transaction cache
-#: (``PGPROC_MAX_CACHED_SUBXIDS``), past which the transaction "overflows" and, while any older
-#: transaction is still open, every snapshot on a hot standby looks XIDs up in ``pg_subtrans``
-#: (the ``SubtransSLRU`` stalls; docs/operator-guide.md, "What it costs your database").
-MAX_WAITS = 16
 
 _LOCK_TIMEOUT = text("SELECT current_setting('lock_timeout')")
 _SET_LOCK_TIMEOUT = text("SELECT set_config('lock_timeout', :value, true)")

@@ -10,9 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from airflow_adrq import create_engine, queue_events
-from airflow_adrq.dialects.postgresql import MAX_WAITS
 from airflow_adrq.errors import LockWaitTimeoutError
-from airflow_adrq.metrics import Recorded
 from airflow_adrq.models import AssetEvent, DagModel
 from tests.factories import add_asset, add_dags, queued, schedule_on_asset
 from tests.support.locks import backend_id, blocked_by
@@ -84,50 +82,4 @@ def test_a_holder_that_never_ends_fails_the_write_after_lock_wait_s(world):
     assert isinstance(out.get("error"), LockWaitTimeoutError), out.get("error")
     assert "'d1'" in str(out["error"]) and "lock_wait_s" in str(out["error"])
     assert waited < 20  # ended by lock_wait_s, not by the holder (which ends after it)
-    assert queued(engine) == set()
-
-
-@pytest.mark.backends("postgresql")
-def test_a_write_waits_at_most_max_waits_times(world):
-    """Rows taken back every time it waits: it fails after MAX_WAITS waits, not at lock_wait_s.
-
-    Forced, not timed: each round, once the producer waits for the row one holder has, the other
-    holder takes the other row and only then the first lets go, so the producer's next try finds a
-    row busy again. The bound keeps the transaction's subtransaction XIDs below 64 (see MAX_WAITS).
-    """
-    engine, asset_id = world
-    metrics = Recorded()
-    out: dict = {"backend": [None]}
-
-    def produce() -> None:
-        try:
-            with Session(engine) as s:
-                out["backend"][0] = backend_id(s.connection())
-                event = AssetEvent(asset_id=asset_id)
-                s.add(event)
-                s.flush()
-                queue_events(s, [event], on_conflict="refresh", lock_wait_s=60.0, metrics=metrics)
-                s.commit()
-        except BaseException as exc:
-            out["error"] = exc
-
-    holders = [engine.connect(), engine.connect()]
-    try:
-        _hold(holders[0], "d1")
-        producer = threading.Thread(target=produce, daemon=True)
-        producer.start()
-        busy = 0  # the holder whose row the producer waits for
-        while producer.is_alive():
-            if not blocked_by(engine, out["backend"], backend_id(holders[busy]), producer.is_alive):
-                break
-            _hold(holders[1 - busy], "d2" if busy == 0 else "d1")  # the other row, taken first
-            holders[busy].rollback()  # then the row it waits for, let go
-            busy = 1 - busy
-        producer.join(30)
-    finally:
-        for holder in holders:
-            holder.close()
-    assert isinstance(out.get("error"), LockWaitTimeoutError), out.get("error")
-    assert f"busy {MAX_WAITS + 1} times in a row" in str(out["error"])
-    assert metrics.values("queue_write.lock_waits") == [1] * (MAX_WAITS + 1)
     assert queued(engine) == set()
