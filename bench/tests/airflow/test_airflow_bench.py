@@ -68,7 +68,7 @@ def test_quick_run_prints_the_verdict_and_plugin_rows_are_exact(tmp_path, capsys
     # The terminal gets the verdict, within 100 columns; the file has the detail and the verdict.
     verdict = captured.out[captured.out.index("## Verdict") : captured.out.index("\ntook ")]
     assert max(map(len, verdict.splitlines())) <= 100
-    assert "| sqlite " in verdict and "MISSED" not in verdict
+    assert "| sqlite " in verdict and "| MISSED" not in verdict and " 0 MISSED," in verdict
     detail = (out / "airflow-bench.md").read_text()
     assert "Legend" in detail and verdict.strip() in detail
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow_adrq_bench import options, tables
+from airflow_adrq_bench import exits, options, tables
 from airflow_adrq_bench.airflow_mode.dbcost import mariadb
 from airflow_adrq_bench.airflow_mode.report import heading
 from airflow_adrq_bench.tables import fmt
@@ -28,7 +28,8 @@ def conclude(stem: Path, raw: dict[str, Any]) -> int:
     detail = "\n".join([shown, "", traces(raw), "", LEGEND])
     written = [stem.with_suffix(".json")]
     took = raw["duration_s"]
-    return options.publish(stem.with_suffix(".md"), detail, written, problems, took=took, shown=shown)
+    outcome = exits.judge(problems)
+    return options.publish(stem.with_suffix(".md"), detail, written, outcome, took=took, shown=shown)
 
 
 def _problems(cell: Row) -> list[str]:
