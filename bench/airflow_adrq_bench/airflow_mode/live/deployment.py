@@ -169,6 +169,15 @@ class Deployment:
             "broker_url": None if self.broker_url is None else str(sa.make_url(self.broker_url)),
         }
 
+    @property
+    def database_port(self) -> int | None:
+        """The TCP port the components reach the database at (PgBouncer's once started with one; the
+        server's default where the URL names none); None through a Unix socket."""
+        url = sa.make_url(self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+        if url.host is None or url.host.startswith("/") or "unix_socket" in url.query:
+            return None
+        return url.port or {"postgresql": 5432, "mysql": 3306}.get(url.get_backend_name())
+
     def _settings(self, url: str) -> dict[str, str]:
         """The settings every component gets."""
         tasks = self.sizes.tasks_per_burst
