@@ -115,10 +115,11 @@ def summarize(samples: Samples, root: int) -> dict[str, Any]:
             "db_connections_before": samples.connections[0],
             "db_connections_max": max(samples.connections),
         }
+    # Each mark's samples run to the next mark's first (the last mark's, to the last sample).
     ends = [index for _, index in samples.marks[1:]] + [len(samples.rss)]
     out["per_mark"] = {
         label: _mb(max(samples.rss[start:end], default=None))
-        for (label, start), end in zip(samples.marks, ends, strict=True)
+        for (label, start), end in zip(samples.marks, ends, strict=False)
     }
     hwms = [p.hwm for p in samples.processes.values()]
     out["hwm_sum_mb"] = (
