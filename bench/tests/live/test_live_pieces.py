@@ -330,6 +330,35 @@ def test_memory_summary_gives_the_sums_peak_per_burst_and_each_process(tmp_path)
     ) == ("not sampled")
 
 
+def test_a_failed_deployment_still_shows_the_api_servers_memory_up_to_the_failure():
+    mb = 1024 * 1024
+    samples = memory.Samples(processes={10: memory.Process("airflow api_server --")})
+    samples.marks.append(("burst00", 0))
+    samples.add(1.0, [(10, 300 * mb, 50)])
+    samples.add(1.1, [(10, 500 * mb, 69)])
+    shape = {"executor": "CeleryExecutor", "celery_workers": 2, "pgbouncer": True, "schedulers": 2}
+    shape |= {"api_workers": 1, "reparse_s": 0}
+    failed = {"error": "POST /api/v2/dags/x/dagRuns: HTTP 500", "log_dir": "logs", "shape": shape}
+    cells = [
+        _cell("stock", api_server_memory=memory.summarize(samples, 10), **failed),
+        _cell("plugin", **failed),
+    ]
+    sizes = {"producer_dags": 1, "instances": 8, "outlets": 2, "consumers": 8, "bursts": 2, "spread_s": 0.3}
+    raw = {"sizes": {**sizes, "own_assets": False}, "cells": cells, "runs": 1, "cpus": 2}
+    raw |= {"plugin_source": "here", "plugin_kwargs": None, "load_average": {"start": [1.0]}}
+    rows = {
+        line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:4]]
+        for line in report.format_tables(raw).splitlines()
+        if line.startswith("| ")
+    }
+    assert rows["api-server RSS, sum of its processes: before the bursts / peak, MB"] == [
+        "300 / 500 (1 process; at 0 s)",
+        "not sampled",
+    ]
+    assert rows["api-server threads: before the bursts / most at once"] == ["50 / 69", "not sampled"]
+    assert rows["producer tasks failed"] == rows["PATCH .../state p50 / p99 / max ms"] == ["error", "error"]
+
+
 def test_deadlock_lines_match_both_servers_messages(tmp_path):
     log = tmp_path / "x.log"
     log.write_text(

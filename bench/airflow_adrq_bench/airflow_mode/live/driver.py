@@ -252,26 +252,29 @@ class _Driver:
     def _bursts(self, result: dict[str, Any]) -> list[str]:
         """Trigger every burst and wait for its producer runs (the api-server's memory sampler running
         meanwhile; with ``--pause-churn`` and on PostgreSQL also the churn and the lock sampler: their
-        summaries go into ``result``); returns when each burst was triggered."""
+        summaries go into ``result``; the memory's also when a burst fails: a stock api-server that
+        stopped answering mid-burst is #66853's case); returns when each burst was triggered."""
         triggered, churning, sampler = [], None, None
-        with contextlib.ExitStack() as during:
-            api_server, db = self.deployment.components["api-server"].pid, self.deployment.database_port
-            rss = during.enter_context(memory.Sampler(api_server, db))
-            if self.deployment.shape.pause_churn:
-                churning = Churn(self.deployment.base_url, self.http.headers, self.consumers)
-                during.enter_context(churning)
-            if self.deployment.target.backend == "postgresql":
-                sampler = during.enter_context(lock_waits.Sampler(self.engine))
-            for burst, run_id in enumerate(self.run_ids):
-                rss.mark(run_id)
-                triggered.append(dt.datetime.now(dt.timezone.utc).isoformat())
-                for dag_id in self.producers:
-                    self.trigger(dag_id, run_id)
-                self._wait_runs(f"burst {burst + 1}/{self.sizes.bursts}", self.producers, run_id)
+        rss = memory.Sampler(self.deployment.components["api-server"].pid, self.deployment.database_port)
+        try:
+            with contextlib.ExitStack() as during:
+                during.enter_context(rss)
+                if self.deployment.shape.pause_churn:
+                    churning = Churn(self.deployment.base_url, self.http.headers, self.consumers)
+                    during.enter_context(churning)
+                if self.deployment.target.backend == "postgresql":
+                    sampler = during.enter_context(lock_waits.Sampler(self.engine))
+                for burst, run_id in enumerate(self.run_ids):
+                    rss.mark(run_id)
+                    triggered.append(dt.datetime.now(dt.timezone.utc).isoformat())
+                    for dag_id in self.producers:
+                        self.trigger(dag_id, run_id)
+                    self._wait_runs(f"burst {burst + 1}/{self.sizes.bursts}", self.producers, run_id)
+        finally:
+            result["api_server_memory"] = rss.summary()  # after leaving: with each process's VmHWM
         calls = None if churning is None else {"toggled": churning.toggled, **summarize_churn(churning.calls)}
         result["churn"] = calls
         result["lock_waits"] = None if sampler is None else sampler.summary()
-        result["api_server_memory"] = rss.summary()  # after leaving: with each process's VmHWM
         return triggered
 
     def _waiting_rows(self, conn: sa.Connection) -> frozenset[tuple[int, str]]:

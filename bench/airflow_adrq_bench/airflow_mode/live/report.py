@@ -185,6 +185,30 @@ def _written(c: Cell) -> int:
     return sum(c["events"]["written"].values())
 
 
+#: The api-server's memory (:mod:`.memory`), shown for a failed deployment too: sampled until the
+#: burst that failed (an api-server that stopped answering is what #66853 is about).
+MEMORY_ROWS: list[tuple[str, Callable[[Cell], str]]] = [
+    ("api-server RSS, sum of its processes: before the bursts / peak, MB", _memory(_rss)),
+    (
+        "the same, peak per burst, MB",
+        _memory(lambda m: ", ".join(f"{v:.0f}" for v in m["per_mark"].values())),
+    ),
+    ("api-server peak per process: sampled RSS / VmHWM, MB", _memory(_per_process)),
+    ("api-server database connections: before the bursts / most", _memory(_connections)),
+    (
+        "api-server threads: before the bursts / most at once",
+        _memory(lambda m: f"{m['threads_before']} / {m['threads_max']}"),
+    ),
+    (
+        "memory samples during the bursts",
+        _memory(
+            lambda m: (
+                f"{m['samples']}, every {m['interval_ms']['p50']} ms (max gap {m['interval_ms']['max']} ms)"
+            )
+        ),
+    ),
+]
+
 #: The detail table: (row label, a format of the cell's fields or a function of it).
 ROWS: list[tuple[str, str | Callable[[Cell], str]]] = [
     ("producer tasks failed", _share("tasks", "failed", "tasks")),
@@ -212,26 +236,8 @@ ROWS: list[tuple[str, str | Callable[[Cell], str]]] = [
         ),
     ),
     ("PATCH .../state p50 / p99 / max ms", _latency),
-    ("api-server RSS, sum of its processes: before the bursts / peak, MB", _memory(_rss)),
-    (
-        "the same, peak per burst, MB",
-        _memory(lambda m: ", ".join(f"{v:.0f}" for v in m["per_mark"].values())),
-    ),
-    ("api-server peak per process: sampled RSS / VmHWM, MB", _memory(_per_process)),
+    *MEMORY_ROWS,
     ("api-server requests in flight, most at once: all / PATCH .../state", _in_flight),
-    ("api-server database connections: before the bursts / most", _memory(_connections)),
-    (
-        "api-server threads: before the bursts / most at once",
-        _memory(lambda m: f"{m['threads_before']} / {m['threads_max']}"),
-    ),
-    (
-        "memory samples during the bursts",
-        _memory(
-            lambda m: (
-                f"{m['samples']}, every {m['interval_ms']['p50']} ms (max gap {m['interval_ms']['max']} ms)"
-            )
-        ),
-    ),
     ("pause churn: requests (pause+unpause / bulk), answers; ms", _churn),
     ("lock samples during the bursts", _sampling),
     ("producer waits for a consumer's dag row: longest, ms", _waits("producer_wait_max_ms")),
@@ -242,6 +248,9 @@ ROWS: list[tuple[str, str | Callable[[Cell], str]]] = [
     ("other lock waits: longest, ms", _waits("other_wait_max_ms", "other_waits")),
     ("deployment, s", "{duration_s:.0f}"),
 ]
+
+
+_SHOWN_ON_ERROR = frozenset(row for _, row in MEMORY_ROWS)
 
 
 def format_tables(raw: dict[str, Any]) -> str:
@@ -264,7 +273,9 @@ def format_tables(raw: dict[str, Any]) -> str:
         managers = [m for m in MANAGERS if any(c["manager"] == m for c in mine)]
 
         def value(c: Cell, row: str | Callable[[Cell], str]) -> str:
-            return "error" if c["error"] else row.format_map(c) if isinstance(row, str) else row(c)
+            if c["error"] and row not in _SHOWN_ON_ERROR:
+                return "error"
+            return row.format_map(c) if isinstance(row, str) else row(c)
 
         body = [
             [label, *("; ".join(value(c, row) for c in mine if c["manager"] == m) for m in managers)]
