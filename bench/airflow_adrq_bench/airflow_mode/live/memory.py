@@ -1,8 +1,9 @@
 """The api-server's resident memory during the bursts: its process tree, sampled from the controller.
 
 apache/airflow#66853 reports api-servers killed for memory when 80+ task-success calls arrive at
-once: each call waits in a thread of the api-server while another transaction holds what it needs.
-What that costs is the resident memory of the whole api-server, so the figure is the sum over its
+once while ``register_asset_change`` runs under the task instance's row lock: the calls queue up
+inside the api-server. What that costs is the resident memory of the whole api-server (whatever
+holds it: threads, queued requests, connections), so the figure is the sum over its
 process tree: the ``airflow api-server`` process and its descendants (uvicorn's worker processes
 with ``[api] workers`` > 1). Every :data:`PERIOD_S` a thread reads each process's RSS and thread
 count (``/proc/<pid>/statm`` and ``status``, through psutil) and adds them up; the peak of that sum
