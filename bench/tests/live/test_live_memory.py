@@ -26,6 +26,9 @@ from airflow_adrq_bench.airflow_mode.live import memory, report
 
 #: What the child allocates (and touches, so that it is resident), MB.
 CHILD_MB = 200
+#: VmHWM against a sampled RSS, MB: the kernel's RSS counters are per-CPU and read approximately
+#: (statm and status a moment apart), and both are rounded to 0.1 MB: 272.7 against 272.8 was seen.
+SLACK_MB = 1.0
 
 # The parent starts the child and waits; the child waits for "go" on stdin (relayed by the parent),
 # allocates, says "held" and waits for its stdin to close.
@@ -93,8 +96,9 @@ def test_the_sum_covers_the_whole_tree_and_sees_a_child_allocate():
     assert allocating - idle >= 0.9 * CHILD_MB, summary
     assert summary["peak_mb"] == allocating and summary["before_mb"] <= idle
     child_seen = summary["processes"][1]
-    assert child_seen["peak_rss_mb"] >= CHILD_MB and child_seen["hwm_mb"] >= child_seen["peak_rss_mb"]
-    assert summary["hwm_sum_mb"] >= summary["peak_mb"]  # each process's own peak bounds the sum's
+    assert child_seen["peak_rss_mb"] >= CHILD_MB
+    assert child_seen["hwm_mb"] >= child_seen["peak_rss_mb"] - SLACK_MB
+    assert summary["hwm_sum_mb"] >= summary["peak_mb"] - SLACK_MB  # each process's own peak bounds the sum's
     assert summary["threads_before"] >= 2
 
 
@@ -133,7 +137,7 @@ def test_tiny_live_run_samples_the_api_servers_process_tree(fresh_db_url, broker
     assert len(workers) == 2, processes
     # Non-zero, and what an Airflow process takes: each worker imports the whole api-server (> 100 MB).
     for process in (root, *workers):
-        assert process["peak_rss_mb"] > 20 and process["hwm_mb"] >= process["peak_rss_mb"], process
+        assert process["peak_rss_mb"] > 20 and process["hwm_mb"] >= process["peak_rss_mb"] - SLACK_MB, process
     assert all(w["peak_rss_mb"] > 100 for w in workers), workers
     assert sampled["peak_mb"] >= sum(p["peak_rss_mb"] for p in (root, *workers)) * 0.8, sampled
     assert sampled["before_mb"] > 100 and sampled["threads_max"] >= sampled["threads_before"] > 3
