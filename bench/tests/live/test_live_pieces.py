@@ -488,9 +488,15 @@ def test_stranded_pairs_allowed_follow_the_plugins_policy_and_backend():
 
 def test_verdict_fits_100_columns_at_the_default_size():
     big = {"after_bursts__pairs": 49152, "after_bursts__stranded": 12096, "after_extra__pairs": 49152}
-    cells = [_cell(m, db="postgresql", version="MariaDB 10.11", **big) for m in ("stock", "plugin")]
+    big |= {"api_server_memory": {"samples": 9000, "peak_mb": 12345.0}}  # #66853's lines too
+    # The plug-in's p50 / p99 at 0.4x stock's: every target met (a missed one is named in the summary).
+    cells = [
+        _cell(m, p50, db="postgresql", version="MariaDB 10.11", **big)
+        for m, p50 in (("stock", 100.0), ("plugin", 40.0))
+    ]
     text = verdict.format_verdict(report.verdict_lines(cells))
     assert "12096 of 49152 (stock 12096)" in text and max(map(len, text.splitlines())) <= 100, text
+    assert report.MEMORY.what in text and report.P99_BURST.what in text
 
 
 # --- the pause churn and the lock sampler --------------------------------------------------------

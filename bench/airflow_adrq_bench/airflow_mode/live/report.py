@@ -33,7 +33,7 @@ P99_STOCK_DEADLOCKED = dataclasses.replace(P99, goal="<= 1x", met=lambda v: v <=
 #: apache/airflow#66853's (api-servers killed for memory by a burst of task-success calls), where the
 #: cells sampled the api-server's memory: its peak RSS no higher than stock's, the p99 half of it.
 MEMORY = Target("api-server peak RSS vs stock", "<= 1x", lambda v: v <= 1)
-P99_BURST = Target("PATCH .../state p99 vs stock (#66853)", "<= 0.5x", lambda v: v <= 0.5)
+P99_BURST = Target("PATCH .../state p99, #66853", "<= 0.5x", lambda v: v <= 0.5)
 #: With --pause-churn / on PostgreSQL (the lock sampler): only where the cells have them.
 CHURN_ERRORS = Target("pause churn requests answered 5xx", "0", lambda v: v == 0)
 WAIT = Target("producer wait beyond its longest holder", "<= 100 ms", lambda v: v <= 100)
