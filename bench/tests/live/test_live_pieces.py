@@ -25,6 +25,7 @@ from airflow_adrq_bench.airflow_mode.live import (
     driver,
     lock_waits,
     main,
+    memory,
     report,
     shape_from,
 )
@@ -266,6 +267,98 @@ def test_access_log_gives_the_state_calls_with_their_durations(tmp_path):
     assert (summary["calls"], summary["p50_ms"], summary["status"]) == (1, 1228.245, {"204": 1})
 
 
+def _finished(at, us, method, path):
+    """An access-log line of a request answered at ``at`` (UTC, no zone) after ``us`` microseconds."""
+    return (
+        f"{at}Z [info     ] request finished               [http.access] client_addr=127.0.0.1:1 "
+        f"duration_us={us} loc=http_access_log.py:130 method={method} path={path} query= status_code=204\n"
+    )
+
+
+def test_requests_in_flight_count_from_arrival_to_answer_during_the_bursts(tmp_path):
+    state = "/execution/task-instances/01a23099dfb37006bbdc96d8d8765c29/state"
+    beat = "/execution/task-instances/01a23099dfb37006bbdc96d8d8765c29/heartbeat"
+    log = tmp_path / "api-server.log"
+    log.write_text(
+        _finished("2026-12-01T07:55:10.000000", 500000, "PATCH", state)  # before the first trigger
+        + _finished("2026-12-01T07:55:21.000000", 1000000, "PATCH", state)  # 20.0-21.0
+        + _finished("2026-12-01T07:55:21.500000", 1000000, "PATCH", state)  # 20.5-21.5
+        + _finished("2026-12-01T07:55:20.800000", 200000, "PUT", beat)  # 20.6-20.8
+        + _finished("2026-12-01T07:55:22.000000", 500000, "PATCH", state)  # 21.5-22.0: as one ends
+        + _finished("2026-12-01T07:55:40.000000", 100000, "PATCH", state)  # after the last burst
+    )
+    bursts = [
+        {"triggered_at": "2026-12-01T07:55:15+00:00", "last_state_call_at": "2026-12-01T07:55:19+00:00"},
+        {"triggered_at": "2026-12-01T07:55:19+00:00", "last_state_call_at": "2026-12-01T07:55:22+00:00"},
+    ]
+    assert driver.in_flight(log, bursts) == {"all": 3, "patch_state": 2}
+    unanswered = [{**bursts[0], "last_state_call_at": None}]
+    assert driver.in_flight(log, unanswered) == {"all": None, "patch_state": None}
+
+
+def test_memory_summary_gives_the_sums_peak_per_burst_and_each_process(tmp_path):
+    mb = 1024 * 1024
+    samples = memory.Samples()
+    samples.processes = {10: memory.Process("airflow api_server --"), 11: memory.Process("spawn_main")}
+    samples.marks.append(("burst00", 0))
+    samples.add(1.0, [(10, 100 * mb, 2), (11, 200 * mb, 5)])
+    samples.add(1.1, [(10, 100 * mb, 2), (11, 260 * mb, 9)])
+    samples.marks.append(("burst01", 2))
+    samples.add(1.2, [(10, 110 * mb, 2), (11, 230 * mb, 7)])
+    samples.add(1.3, [(10, 101 * mb, 2)])  # the worker gone
+    samples.processes[10].hwm = 120 * mb
+    samples.connections += [3, 9]
+    summary = memory.summarize(samples, 10)
+    assert (summary["before_mb"], summary["peak_mb"], summary["peak_at_s"]) == (300.0, 360.0, 0.1)
+    assert summary["per_mark"] == {"burst00": 360.0, "burst01": 340.0}
+    assert (summary["threads_before"], summary["threads_max"]) == (7, 11)
+    assert (summary["db_connections_before"], summary["db_connections_max"]) == (3, 9)
+    assert summary["hwm_sum_mb"] == 120.0 and summary["interval_ms"] == {"p50": 100.0, "max": 100.0}
+    shown = [(p["pid"], p["peak_rss_mb"], p["hwm_mb"], p["peak_threads"]) for p in summary["processes"]]
+    assert shown == [(10, 110.0, 120.0, 2), (11, 260.0, None, 9)]
+    rows = dict(report.ROWS)
+    cell = {"api_server_memory": summary, "in_flight": {"all": 5, "patch_state": 3}}
+    assert rows["api-server RSS, sum of its processes: before the bursts / peak, MB"](cell) == (
+        "300 / 360 (2 processes; at 0 s)"
+    )
+    assert rows["the same, peak per burst, MB"](cell) == "360, 340"
+    assert rows["api-server peak per process: sampled RSS / VmHWM, MB"](cell) == "110 / 120, 260 / -"
+    assert rows["api-server requests in flight, most at once: all / PATCH .../state"](cell) == "5 / 3"
+    assert rows["api-server database connections: before the bursts / most"](cell) == "3 / 9"
+    assert rows["memory samples during the bursts"](
+        {"api_server_memory": memory.summarize(memory.Samples(), 1)}
+    ) == ("not sampled")
+
+
+def test_a_failed_deployment_still_shows_the_api_servers_memory_up_to_the_failure():
+    mb = 1024 * 1024
+    samples = memory.Samples(processes={10: memory.Process("airflow api_server --")})
+    samples.marks.append(("burst00", 0))
+    samples.add(1.0, [(10, 300 * mb, 50)])
+    samples.add(1.1, [(10, 500 * mb, 69)])
+    shape = {"executor": "CeleryExecutor", "celery_workers": 2, "pgbouncer": True, "schedulers": 2}
+    shape |= {"api_workers": 1, "reparse_s": 0}
+    failed = {"error": "POST /api/v2/dags/x/dagRuns: HTTP 500", "log_dir": "logs", "shape": shape}
+    cells = [
+        _cell("stock", api_server_memory=memory.summarize(samples, 10), **failed),
+        _cell("plugin", **failed),
+    ]
+    sizes = {"producer_dags": 1, "instances": 8, "outlets": 2, "consumers": 8, "bursts": 2, "spread_s": 0.3}
+    raw = {"sizes": {**sizes, "own_assets": False}, "cells": cells, "runs": 1, "cpus": 2}
+    raw |= {"plugin_source": "here", "plugin_kwargs": None, "load_average": {"start": [1.0]}}
+    rows = {
+        line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:4]]
+        for line in report.format_tables(raw).splitlines()
+        if line.startswith("| ")
+    }
+    assert rows["api-server RSS, sum of its processes: before the bursts / peak, MB"] == [
+        "300 / 500 (1 process; at 0 s)",
+        "not sampled",
+    ]
+    assert rows["api-server threads: before the bursts / most at once"] == ["50 / 69", "not sampled"]
+    assert rows["producer tasks failed"] == rows["PATCH .../state p50 / p99 / max ms"] == ["error", "error"]
+
+
 def test_deadlock_lines_match_both_servers_messages(tmp_path):
     log = tmp_path / "x.log"
     log.write_text(
@@ -395,9 +488,15 @@ def test_stranded_pairs_allowed_follow_the_plugins_policy_and_backend():
 
 def test_verdict_fits_100_columns_at_the_default_size():
     big = {"after_bursts__pairs": 49152, "after_bursts__stranded": 12096, "after_extra__pairs": 49152}
-    cells = [_cell(m, db="postgresql", version="MariaDB 10.11", **big) for m in ("stock", "plugin")]
+    big |= {"api_server_memory": {"samples": 9000, "peak_mb": 12345.0}}  # #66853's lines too
+    # The plug-in's p50 / p99 at 0.4x stock's: every target met (a missed one is named in the summary).
+    cells = [
+        _cell(m, p50, db="postgresql", version="MariaDB 10.11", **big)
+        for m, p50 in (("stock", 100.0), ("plugin", 40.0))
+    ]
     text = verdict.format_verdict(report.verdict_lines(cells))
     assert "12096 of 49152 (stock 12096)" in text and max(map(len, text.splitlines())) <= 100, text
+    assert report.MEMORY.what in text and report.P99_BURST.what in text
 
 
 # --- the pause churn and the lock sampler --------------------------------------------------------
@@ -537,6 +636,32 @@ def test_p99_target_is_1x_where_stock_deadlocked_else_2x_and_judged_with_check_o
     (p99,) = [ln for ln in report.verdict_lines(stormy) if ln.what == report.P99.what]
     assert (p99.goal, p99.verdict) == ("<= 1x", "MISSED")
     assert _problems(stormy) == [] and len(_problems(stormy, check=True)) == 2  # with the p50's
+
+
+def test_verdict_judges_66853s_targets_where_the_memory_was_sampled():
+    def cells(plugin_p50, plugin_peak):
+        stock = _cell("stock", 100.0, api_server_memory={"samples": 50, "peak_mb": 800.0})
+        return [stock, _cell("plugin", plugin_p50, api_server_memory={"samples": 50, "peak_mb": plugin_peak})]
+
+    lines = {ln.what: ln for ln in report.verdict_lines(cells(40.0, 780.0))}
+    memory_line, p99 = lines[report.MEMORY.what], lines[report.P99_BURST.what]
+    assert (memory_line.goal, memory_line.verdict, memory_line.measured) == (
+        "<= 1x",
+        "met",
+        "780 vs 800 MB: 0.97x",
+    )
+    assert (p99.goal, p99.verdict, p99.measured) == ("<= 0.5x", "met", "80 vs 200 ms: 0.40x")
+    worse = cells(60.0, 900.0)  # p99 120 vs 200 ms: within 2x, not within 0.5x
+    lines = {ln.what: ln for ln in report.verdict_lines(worse)}
+    assert lines[report.MEMORY.what].verdict == lines[report.P99_BURST.what].verdict == "MISSED"
+    assert lines[report.P99.what].verdict == "met"
+    assert _problems(worse) == [] and len(_problems(worse, check=True)) == 2  # judged with --check only
+    alone = {ln.what: ln for ln in report.verdict_lines(worse[1:])}
+    assert alone[report.MEMORY.what].verdict == "n/a" and "no stock" in alone[report.MEMORY.what].measured
+    # Cells of a run before the sampler (no api_server_memory): no such lines.
+    assert report.MEMORY.what not in {
+        ln.what for ln in report.verdict_lines([_cell("stock"), _cell("plugin")])
+    }
 
 
 def test_holders_are_named_by_the_statements_seen():

@@ -22,7 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from airflow_adrq_bench.airflow_mode.config import MANAGER_CLASSES, WARM_DAG, LiveError, LiveSizes
 from airflow_adrq_bench.airflow_mode.databases import control_engine, fetch, latest_deadlock, queue_rows
-from airflow_adrq_bench.airflow_mode.live import churn, lock_waits
+from airflow_adrq_bench.airflow_mode.live import churn, lock_waits, memory
 from airflow_adrq_bench.airflow_mode.live.churn import Churn
 from airflow_adrq_bench.airflow_mode.live.churn import summarize as summarize_churn
 from airflow_adrq_bench.airflow_mode.live.deployment import Deployment
@@ -245,25 +245,33 @@ class _Driver:
             "log_files": {**in_components, **in_tasks},
         }
         result |= state_calls(deployment.log_of("api-server"), result["bursts"], run_of)
+        result["in_flight"] = in_flight(deployment.log_of("api-server"), result["bursts"])
         result["plugin_start_up"] = plugin_line(deployment.log_of("api-server"))
         result["timeline"] = self.timeline
 
     def _bursts(self, result: dict[str, Any]) -> list[str]:
-        """Trigger every burst and wait for its producer runs (with ``--pause-churn`` and on PostgreSQL the
-        churn and the lock sampler running meanwhile: their summaries go into ``result``); returns when
-        each burst was triggered."""
+        """Trigger every burst and wait for its producer runs (the api-server's memory sampler running
+        meanwhile; with ``--pause-churn`` and on PostgreSQL also the churn and the lock sampler: their
+        summaries go into ``result``; the memory's also when a burst fails: a stock api-server that
+        stopped answering mid-burst is #66853's case); returns when each burst was triggered."""
         triggered, churning, sampler = [], None, None
-        with contextlib.ExitStack() as during:
-            if self.deployment.shape.pause_churn:
-                churning = Churn(self.deployment.base_url, self.http.headers, self.consumers)
-                during.enter_context(churning)
-            if self.deployment.target.backend == "postgresql":
-                sampler = during.enter_context(lock_waits.Sampler(self.engine))
-            for burst, run_id in enumerate(self.run_ids):
-                triggered.append(dt.datetime.now(dt.timezone.utc).isoformat())
-                for dag_id in self.producers:
-                    self.trigger(dag_id, run_id)
-                self._wait_runs(f"burst {burst + 1}/{self.sizes.bursts}", self.producers, run_id)
+        rss = memory.Sampler(self.deployment.components["api-server"].pid, self.deployment.database_port)
+        try:
+            with contextlib.ExitStack() as during:
+                during.enter_context(rss)
+                if self.deployment.shape.pause_churn:
+                    churning = Churn(self.deployment.base_url, self.http.headers, self.consumers)
+                    during.enter_context(churning)
+                if self.deployment.target.backend == "postgresql":
+                    sampler = during.enter_context(lock_waits.Sampler(self.engine))
+                for burst, run_id in enumerate(self.run_ids):
+                    rss.mark(run_id)
+                    triggered.append(dt.datetime.now(dt.timezone.utc).isoformat())
+                    for dag_id in self.producers:
+                        self.trigger(dag_id, run_id)
+                    self._wait_runs(f"burst {burst + 1}/{self.sizes.bursts}", self.producers, run_id)
+        finally:
+            result["api_server_memory"] = rss.summary()  # after leaving: with each process's VmHWM
         calls = None if churning is None else {"toggled": churning.toggled, **summarize_churn(churning.calls)}
         result["churn"] = calls
         result["lock_waits"] = None if sampler is None else sampler.summary()
@@ -440,6 +448,44 @@ def state_calls(
         burst["trigger_to_done_s"] = _seconds(burst["triggered_at"], burst["last_state_call_at"])
         burst["trigger_to_end_date_s"] = _seconds(burst["triggered_at"], burst["last_end"])
     return {"patch_state": latency_summary(records, run_of), "patch_state_all_calls": len(records)}
+
+
+# Any request's ``request finished`` line (the same middleware's as :data:`_STATE_CALL`).
+_REQUEST = re.compile(
+    r"^(?P<at>\S+) .*request finished.* duration_us=(?P<us>\d+) .*method=(?P<method>\S+) path=(?P<path>\S+)"
+)
+
+
+def in_flight(api_server_log: Path, bursts: Sequence[dict[str, Any]]) -> dict[str, int | None]:
+    """The most requests the api-server had in flight at once during the bursts (from the first
+    trigger to the last burst's last task-state call; a request's arrival is its logged end minus its
+    duration): all of them, and the task-state calls alone (None: no burst was answered)."""
+    ends = [b["last_state_call_at"] for b in bursts if b["last_state_call_at"]]
+    if not bursts or not ends:
+        return {"all": None, "patch_state": None}
+    start, stop = _at(bursts[0]["triggered_at"]), _at(max(ends))
+    spans: dict[str, list[tuple[dt.datetime, dt.datetime]]] = {"all": [], "patch_state": []}
+    with api_server_log.open(errors="replace") as lines:
+        for found in map(_REQUEST.match, lines):
+            end = _at(found["at"]) if found else None
+            if found is None or end is None or start is None or stop is None:
+                continue
+            arrived = end - dt.timedelta(microseconds=int(found["us"]))
+            if start <= arrived <= stop:
+                spans["all"].append((arrived, end))
+                if found["method"] == "PATCH" and found["path"].endswith("/state"):
+                    spans["patch_state"].append((arrived, end))
+    return {kind: _most_at_once(found) for kind, found in spans.items()}
+
+
+def _most_at_once(spans: Sequence[tuple[dt.datetime, dt.datetime]]) -> int:
+    """The most of ``spans`` (start, end) that overlap at one instant (one ending as another starts: not)."""
+    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], e[1]))
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
 
 
 def latency_summary(records: Sequence[AccessRecord], ti_ids: Collection[str]) -> dict[str, Any]:

@@ -30,11 +30,15 @@ SPEED = Target("PATCH .../state p50 vs stock", "<= 1x", lambda v: v <= 1)
 # The p99 against stock's: no worse where stock deadlocked, within 2x where it did not (the issue's goal).
 P99 = Target("PATCH .../state p99 vs stock", "<= 2x", lambda v: v <= 2)
 P99_STOCK_DEADLOCKED = dataclasses.replace(P99, goal="<= 1x", met=lambda v: v <= 1)
+#: apache/airflow#66853's (api-servers killed for memory by a burst of task-success calls), where the
+#: cells sampled the api-server's memory: its peak RSS no higher than stock's, the p99 half of it.
+MEMORY = Target("api-server peak RSS vs stock", "<= 1x", lambda v: v <= 1)
+P99_BURST = Target("PATCH .../state p99, #66853", "<= 0.5x", lambda v: v <= 0.5)
 #: With --pause-churn / on PostgreSQL (the lock sampler): only where the cells have them.
 CHURN_ERRORS = Target("pause churn requests answered 5xx", "0", lambda v: v == 0)
 WAIT = Target("producer wait beyond its longest holder", "<= 100 ms", lambda v: v <= 100)
 #: Judged against stock's speed: they fail the run only with --check.
-_SPEED_TARGETS = (SPEED.what, P99.what)
+_SPEED_TARGETS = (SPEED.what, P99.what, MEMORY.what, P99_BURST.what)
 
 
 def _at(section: str, key: str) -> Callable[[Cell], int]:
@@ -117,6 +121,45 @@ def _sampling(c: Cell) -> str:
     return f"{waits['samples']} samples, every {every['p50']} ms (max gap {every['max']} ms){error}"
 
 
+def _memory(show: Callable[[dict[str, Any]], str]) -> Callable[[Cell], str]:
+    """A detail cell of the api-server's memory samples (:mod:`.memory`), shown by ``show``."""
+
+    def shown(c: Cell) -> str:
+        sampled = c.get("api_server_memory")
+        return show(sampled) if sampled and sampled["samples"] else "not sampled"
+
+    return shown
+
+
+def _rss(m: dict[str, Any]) -> str:
+    """``301 / 455 (2 processes; at 84 s)``: the tree's RSS sum before the bursts / at its peak, MB."""
+    n = len(m["processes"])
+    return (
+        f"{m['before_mb']:.0f} / {m['peak_mb']:.0f} ({n} process{'es' * (n != 1)}; at {m['peak_at_s']:.0f} s)"
+    )
+
+
+def _per_process(m: dict[str, Any]) -> str:
+    """``455 / 470, 120 / 121``: each process's (the api-server's first) sampled peak / VmHWM, MB."""
+
+    def mb(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0f}"
+
+    return ", ".join(f"{mb(p['peak_rss_mb'])} / {mb(p['hwm_mb'])}" for p in m["processes"])
+
+
+def _connections(m: dict[str, Any]) -> str:
+    """``5 / 15``: the tree's TCP connections to the database's port (``-``: not counted)."""
+    before, most = m.get("db_connections_before"), m.get("db_connections_max")
+    return "-" if before is None else f"{before} / {most}"
+
+
+def _in_flight(c: Cell) -> str:
+    """``52 / 40``: the most requests in flight at once during the bursts, all / task-state calls."""
+    found = c.get("in_flight") or {}
+    return "-" if found.get("all") is None else f"{found['all']} / {found['patch_state']}"
+
+
 def _deadlock_server(c: Cell) -> str:
     d = c["deadlocks"]
     if d["server_scope"] == "database":
@@ -141,6 +184,30 @@ def _both(key: str) -> str:
 def _written(c: Cell) -> int:
     return sum(c["events"]["written"].values())
 
+
+#: The api-server's memory (:mod:`.memory`), shown for a failed deployment too: sampled until the
+#: burst that failed (an api-server that stopped answering is what #66853 is about).
+MEMORY_ROWS: list[tuple[str, Callable[[Cell], str]]] = [
+    ("api-server RSS, sum of its processes: before the bursts / peak, MB", _memory(_rss)),
+    (
+        "the same, peak per burst, MB",
+        _memory(lambda m: ", ".join(f"{v:.0f}" for v in m["per_mark"].values())),
+    ),
+    ("api-server peak per process: sampled RSS / VmHWM, MB", _memory(_per_process)),
+    ("api-server database connections: before the bursts / most", _memory(_connections)),
+    (
+        "api-server threads: before the bursts / most at once",
+        _memory(lambda m: f"{m['threads_before']} / {m['threads_max']}"),
+    ),
+    (
+        "memory samples during the bursts",
+        _memory(
+            lambda m: (
+                f"{m['samples']}, every {m['interval_ms']['p50']} ms (max gap {m['interval_ms']['max']} ms)"
+            )
+        ),
+    ),
+]
 
 #: The detail table: (row label, a format of the cell's fields or a function of it).
 ROWS: list[tuple[str, str | Callable[[Cell], str]]] = [
@@ -169,6 +236,8 @@ ROWS: list[tuple[str, str | Callable[[Cell], str]]] = [
         ),
     ),
     ("PATCH .../state p50 / p99 / max ms", _latency),
+    *MEMORY_ROWS,
+    ("api-server requests in flight, most at once: all / PATCH .../state", _in_flight),
     ("pause churn: requests (pause+unpause / bulk), answers; ms", _churn),
     ("lock samples during the bursts", _sampling),
     ("producer waits for a consumer's dag row: longest, ms", _waits("producer_wait_max_ms")),
@@ -179,6 +248,9 @@ ROWS: list[tuple[str, str | Callable[[Cell], str]]] = [
     ("other lock waits: longest, ms", _waits("other_wait_max_ms", "other_waits")),
     ("deployment, s", "{duration_s:.0f}"),
 ]
+
+
+_SHOWN_ON_ERROR = frozenset(row for _, row in MEMORY_ROWS)
 
 
 def format_tables(raw: dict[str, Any]) -> str:
@@ -201,7 +273,9 @@ def format_tables(raw: dict[str, Any]) -> str:
         managers = [m for m in MANAGERS if any(c["manager"] == m for c in mine)]
 
         def value(c: Cell, row: str | Callable[[Cell], str]) -> str:
-            return "error" if c["error"] else row.format_map(c) if isinstance(row, str) else row(c)
+            if c["error"] and row not in _SHOWN_ON_ERROR:
+                return "error"
+            return row.format_map(c) if isinstance(row, str) else row(c)
 
         body = [
             [label, *("; ".join(value(c, row) for c in mine if c["manager"] == m) for m in managers)]
@@ -294,7 +368,40 @@ def _judged(db: str, plugin: Sequence[Cell], stock: Sequence[Cell]) -> list[Line
         lines.append(line(CHURN_ERRORS, _churn_errors))
     if sampled := [c["lock_waits"] for c in plugin if c.get("lock_waits")]:
         lines.append(_wait(db, sampled))
+    if all(c.get("api_server_memory") for c in plugin):
+        lines += _burst(db, plugin, stock)
     return [*lines, _p99(db, plugin, stock), _speed(db, plugin, stock)]
+
+
+def _burst(db: str, plugin: Sequence[Cell], stock: Sequence[Cell]) -> list[Line]:
+    """#66853's targets: the api-server's peak RSS (the sum over its processes) and the PATCH p99 against
+    stock's (means over the runs); n/a without a completed stock deployment that measured them."""
+
+    def mean(cells: Sequence[Cell], of: Callable[[Cell], float | None]) -> float | None:
+        values = [v for c in cells if (v := of(c)) is not None]
+        return sum(values) / len(values) if values else None
+
+    lines = []
+    for target, of, unit in (
+        (MEMORY, lambda c: (c.get("api_server_memory") or {}).get("peak_mb"), "MB"),
+        (P99_BURST, lambda c: c["patch_state"]["p99_ms"] if c["patch_state"]["calls"] else None, "ms"),
+    ):
+        ours, base = mean(plugin, of), mean(stock, of)
+        if ours is None or base is None:
+            lines.append(
+                Line(
+                    db,
+                    target.what,
+                    target.goal,
+                    "not measured" if ours is None else "no stock to compare",
+                    "n/a",
+                )
+            )
+        else:
+            lines.append(
+                verdict.ratio_line(db, target, ours, base, shown=f"{ours:.0f} vs {base:.0f} {unit}: ")
+            )
+    return lines
 
 
 def _wait(db: str, sampled: Sequence[dict[str, Any]]) -> Line:
