@@ -65,8 +65,13 @@ def test_tiny_run_streams_to_the_standby_and_reports_both_managers(binaries, tmp
         assert phase["reader"]["passes"] > 0, manager
         assert phase["reader"]["samples"] > 0, manager
         assert "Subtrans" in phase["slru"]["standby"], phase["slru"]
-    # Every plug-in transaction opened its SAVEPOINT (a retry may open more); stock opens none.
-    assert phases["plugin"]["transactions"]["savepoints"] >= phases["plugin"]["transactions"]["committed"]
+    # Every plug-in transaction opened its SAVEPOINT (a retry may open more); stock opens none. 3.4's
+    # per-event queue needs no dag share lock, so the plug-in opens none there either.
+    plugin = phases["plugin"]["transactions"]
+    if LINE == (3, 4):
+        assert plugin["savepoints"] == 0, plugin
+    else:
+        assert plugin["savepoints"] >= plugin["committed"], plugin
     assert phases["stock"]["transactions"]["savepoints"] == 0
     # The standby's readers read queue rows the producers wrote on the primary.
     assert any(p["reader"]["queue_rows_seen"] for p in data["phases"])
